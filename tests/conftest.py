@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny real models (built once per session) and the embedded default."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+@pytest.fixture(scope="session")
+def embedded_base():
+    """Folder of the embedded SmolLM2 (converted into the cache on first use, ~30 s once)."""
+    from layerswap_core.models import DEFAULT_BASE, resolve
+    return resolve(DEFAULT_BASE)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory, embedded_base):
+    """dict(base=, task=, lang=): 8-layer Llama models (hidden 64, SmolLM2 tokenizer).
+
+    task: middle layers (2..5) changed strongly; lang: layers 0, 1 and 7 changed strongly;
+    all other layers changed slightly; embeddings/final norm changed slightly in both.
+    Treat as read-only: copy before modifying.
+    """
+    from layerswap_core.testing import tiny_family
+    return tiny_family(tmp_path_factory.mktemp("tiny"))
