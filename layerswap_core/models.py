@@ -219,17 +219,25 @@ def resolve(ref: str | os.PathLike, *, allow_bin: bool = False,
 
 
 def _from_hub(repo_id: str, progress: Progress | None) -> Path:
-    if is_offline():
-        raise ModelLoadError(f"{repo_id!r} looks like a Hugging Face Hub id, but the Hub is offline "
-                             "(HF_HUB_OFFLINE=1): download it elsewhere and give its folder")
+    """Hub repo id -> local snapshot folder. Offline, only an already-downloaded snapshot works."""
     from huggingface_hub import snapshot_download
 
-    _say(progress, f"Downloading {repo_id} from the Hugging Face Hub...")
-    try:
-        path = Path(snapshot_download(
-            repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
-    except Exception as e:  # noqa: BLE001 - network, auth, not found: all reported the same way
-        raise ModelLoadError(f"cannot download {repo_id!r} from the Hub: {type(e).__name__}: {e}") from e
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    if is_offline():
+        try:
+            path = Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+        except Exception:  # noqa: BLE001 - not in the local Hub cache
+            raise ModelLoadError(
+                f"{repo_id!r} looks like a Hugging Face Hub id, but the Hub is offline "
+                "(HF_HUB_OFFLINE=1) and it is not in the local Hub cache: download it where the "
+                "network is available, or give a local folder") from None
+    else:
+        _say(progress, f"Downloading {repo_id} from the Hugging Face Hub...")
+        try:
+            path = Path(snapshot_download(repo_id, allow_patterns=patterns))
+        except Exception as e:  # noqa: BLE001 - network, auth, not found: reported the same way
+            raise ModelLoadError(f"cannot download {repo_id!r} from the Hub: "
+                                 f"{type(e).__name__}: {e}") from e
     check_folder(path)
     return path
 

@@ -1,0 +1,141 @@
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from layerswap_core import models
+from layerswap_core.io import CheckpointError, CheckpointReader
+from layerswap_core.models import ModelLoadError, compatibility, describe, load_model, resolve
+
+
+def test_local_folder_resolves_and_describes(tiny):
+    assert resolve(tiny["base"]) == tiny["base"].resolve()
+    info = describe(tiny["base"])
+    assert (info.model_type, info.num_layers, info.hidden_size) == ("llama", 8, 64)
+    assert info.tied_embeddings and info.num_params > 0 and info.dtype == "F32"
+
+
+def test_nonexistent_path(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such folder"):
+        resolve(tmp_path / "missing")
+    with pytest.raises(ModelLoadError, match="no such folder"):
+        resolve("./not/here/at/all")
+
+
+def test_folder_without_weights(tmp_path, tiny):
+    shutil.copy(tiny["base"] / "config.json", tmp_path / "config.json")
+    with pytest.raises(ModelLoadError, match="no weights"):
+        resolve(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        resolve(tmp_path)
+
+
+def test_bin_only_checkpoint_refused_then_converted(tmp_path, tiny, monkeypatch):
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "binmodel"
+    src.mkdir()
+    for f in tiny["base"].iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy(f, src / f.name)
+    ref = CheckpointReader(tiny["base"])
+    torch.save({n: ref.get(n) for n in ref.names()}, src / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="allow_bin"):
+        resolve(src)
+    out = resolve(src, allow_bin=True)
+    conv = CheckpointReader(out)
+    assert sorted(conv.names()) == sorted(ref.names())
+    for n in ref.names():
+        assert torch.equal(conv.get(n), ref.get(n))
+    model, tok = load_model(src, allow_bin=True)
+    assert model.config.num_hidden_layers == 8
+    # a malicious pickle (not plain tensors) is refused by weights_only=True
+    shutil.rmtree(tmp_path / "cache")
+    torch.save({"x": subprocess.Popen}, src / "pytorch_model.bin")  # a pickled global
+    with pytest.raises(Exception, match="weights_only|Unsupported global"):
+        resolve(src, allow_bin=True)
+
+
+def test_repo_id_while_offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="offline"):
+        resolve("someone/some-model-that-is-not-cached")
+
+
+def test_repo_id_from_local_hub_cache(tmp_path, monkeypatch, tiny):
+    """A local folder laid out as a Hub cache snapshot stands in for the Hub."""
+    from huggingface_hub import constants
+
+    snap = tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / ("a" * 40)
+    shutil.copytree(tiny["base"], snap)
+    (tmp_path / "hub" / "models--acme--tiny-llama" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--tiny-llama" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = resolve("acme/tiny-llama")
+    assert path == snap and describe("acme/tiny-llama").num_layers == 8
+
+
+def test_adapter_folder_and_file_refused(tmp_path, tiny):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="adapter"):
+        resolve(tmp_path)
+    with pytest.raises(ModelLoadError, match="is a file"):
+        resolve(tiny["base"] / "config.json")
+
+
+def test_trust_remote_code_off_by_default(tmp_path, tiny):
+    d = tmp_path / "remote"
+    shutil.copytree(tiny["base"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "totally_custom_lm"
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_custom.CustomLM",
+                       "AutoConfig": "configuration_custom.CustomConfig"}
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "modeling_custom.py").write_text("raise RuntimeError('remote code must not run')\n")
+    (d / "configuration_custom.py").write_text("raise RuntimeError('remote code must not run')\n")
+    with pytest.raises(ModelLoadError):
+        load_model(d)
+
+
+def test_corrupt_safetensors(tmp_path, tiny):
+    d = tmp_path / "corrupt"
+    shutil.copytree(tiny["base"], d)
+    (d / "model.safetensors").write_bytes(b"\x00\x01not a safetensors file")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        CheckpointReader(d)
+
+
+def test_compatibility(tiny, tmp_path):
+    assert compatibility({"base": tiny["base"], "task": tiny["task"], "lang": tiny["lang"]}) == []
+    from layerswap_core.testing import make_tiny_model
+    other = make_tiny_model(tmp_path / "other", num_layers=6)
+    problems = compatibility({"task": tiny["task"], "lang": other})
+    assert problems and "6 layers" in problems[0]
+
+
+def test_unknown_embedded_name():
+    with pytest.raises(ModelLoadError, match="unknown embedded model"):
+        resolve("embedded:nope")
+
+
+@pytest.mark.slow
+def test_embedded_default_loads_from_cache_and_chats(embedded_base, monkeypatch):
+    """Once converted, loading reads the cache (the GGUF converter is not called) and chats.
+
+    The load time itself (< 2 s target) is measured by bench/load_bench.py.
+    """
+    def refuse(*a, **k):
+        raise AssertionError("the embedded model was converted again instead of read from cache")
+
+    emb = models.EMBEDDED["smollm2-135m-instruct"]
+    monkeypatch.setattr(emb, "build", refuse)
+    model, tok = load_model(models.DEFAULT_BASE)
+    assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=12, do_sample=False)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer
