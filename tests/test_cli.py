@@ -1,0 +1,44 @@
+import shutil
+import subprocess
+import sys
+
+from layerswap_core.cli import CLI_MODULES, build_parser, main
+
+
+def _subcommands():
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return set(action.choices)
+
+
+def test_help_lists_the_subcommands_that_exist():
+    res = subprocess.run([sys.executable, "-m", "layerswap_core", "--help"], capture_output=True,
+                         text=True, check=True)
+    for name in _subcommands():
+        assert name in res.stdout
+    assert {"info", "prepare"} <= _subcommands()
+
+
+def test_console_script_installed():
+    exe = shutil.which("layerswap")
+    assert exe, "pip install -e . should put `layerswap` on PATH"
+    res = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True)
+    assert "layer swapping" in res.stdout
+
+
+def test_every_cli_module_contributes_commands():
+    import importlib
+    for mod in CLI_MODULES:
+        try:
+            m = importlib.import_module(f"layerswap_core.{mod}")
+        except ModuleNotFoundError:
+            continue
+        assert hasattr(m, "add_cli"), f"layerswap_core.{mod} has no add_cli"
+
+
+def test_info_and_readable_errors(tiny, capsys, tmp_path):
+    assert main(["info", str(tiny["base"])]) == 0
+    assert "8 layers" in capsys.readouterr().out
+    assert main(["info", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "no such folder" in err and "Traceback" not in err
