@@ -49,10 +49,10 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
     total = float(sum(weights))
     if total <= 0:
         raise ValueError("linear blend: the weights sum to 0")
-    out = torch.zeros(tensors[0].shape, dtype=torch.float32, device=tensors[0].device)
-    for t, w in zip(tensors, weights):
+    out = float(weights[0]) * tensors[0].float()
+    for t, w in zip(tensors[1:], weights[1:]):
         out += float(w) * t.float()
-    return out / total
+    return out.div_(total)
 
 
 @register("task_arithmetic", "https://arxiv.org/abs/2212.04089",

@@ -1,0 +1,501 @@
+"""The merge executor: plan + io + methods. Streams to disk, or recomposes a model in memory.
+
+``merge_to_folder`` reads one tensor at a time (pread, no mmap), writes HF sharded safetensors
+into a temporary folder beside the output and renames it at the end: a failed or cancelled
+merge leaves nothing, and the inputs are never written. Single-source tensors are copied
+file-to-file (bit-identical); blends and baselines are computed in float32 (on CUDA if asked)
+and cast to the output dtype.
+
+``Recomposer`` holds the experts' tensors in memory once and updates a live torch model for a
+new config, touching only the parameters whose source changed (what the app evaluates/chats with).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import __version__, methods
+from .architectures import Architecture, get_architecture
+from .io import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError, CheckpointReader,
+                 ShardedWriter, atomic_output_dir, check_output_dir, parse_size)
+from .plan import MODELS, ConfigError, MergeConfig, MergePlan, Partition, build_plan
+
+Progress = Callable[[float, str], None]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")
+TIED_HEADS = ("lm_head.weight", "embed_out.weight")
+
+
+class MergeError(ValueError):
+    """Inputs that cannot be merged (architecture, shapes, vocabulary, missing tensors)."""
+
+
+def _say(progress: Progress | None, fraction: float, msg: str):
+    if progress is not None:
+        progress(min(max(fraction, 0.0), 1.0), msg)
+
+
+# --------------------------------------------------------------------------- inputs
+@dataclass
+class Inputs:
+    """The models of a merge, opened (headers only) and checked for compatibility."""
+    refs: dict[str, str]             # role -> reference as given
+    paths: dict[str, Path]
+    readers: dict[str, CheckpointReader]
+    configs: dict[str, dict]
+    arch: Architecture
+    names: list[str]                 # output tensor names (task's, minus a tied head)
+
+    @property
+    def tied(self) -> bool:
+        return bool(_text_config(self.configs["task"]).get("tie_word_embeddings",
+                                                            self.configs["task"].get("tie_word_embeddings", False)))
+
+
+def _text_config(cfg: dict) -> dict:
+    tc = cfg.get("text_config")
+    return tc if isinstance(tc, dict) and "num_hidden_layers" in tc else cfg
+
+
+def _vocab_fingerprint(folder: Path) -> str | None:
+    p = folder / "tokenizer.json"
+    if not p.exists():
+        return None
+    try:
+        tok = json.loads(p.read_text())
+        key = {"vocab": tok["model"].get("vocab"),
+               "added": [(a.get("id"), a.get("content")) for a in tok.get("added_tokens", [])]}
+    except (ValueError, KeyError, AttributeError):
+        return None
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
+                need: set[str] | None = None) -> Inputs:
+    """Resolve and check the models; MergeError with every problem found (nothing is read but
+    headers). ``need``: roles whose tensors the merge reads (all given roles by default)."""
+    from .models import resolve
+
+    refs = {"task": task, "lang": lang, "base": base}
+    refs = {r: str(v) for r, v in refs.items() if v is not None}
+    for role in ("task", "lang"):
+        if role not in refs:
+            raise MergeError(f"the {role} expert is missing (give --{role})")
+    paths = {role: resolve(ref) for role, ref in refs.items()}
+    readers = {role: CheckpointReader(p) for role, p in paths.items()}
+    configs = {}
+    for role, p in paths.items():
+        try:
+            configs[role] = json.loads((p / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise MergeError(f"{role} ({p}): cannot read config.json ({e})") from e
+    archs = {role: get_architecture(c) for role, c in configs.items()}
+    arch = archs["task"]
+    problems = []
+    for role, a in archs.items():
+        if (a.model_type, a.num_layers) != (arch.model_type, arch.num_layers):
+            problems.append(f"different architectures: {role} is {a.model_type} with {a.num_layers} "
+                            f"layers, task is {arch.model_type} with {arch.num_layers} layers")
+    if problems:
+        raise MergeError("; ".join(problems))
+    v_task = _text_config(configs["task"]).get("vocab_size")
+    for role, c in configs.items():
+        v = _text_config(c).get("vocab_size")
+        if v != v_task:
+            problems.append(f"different vocabulary sizes: {role} has {v}, task has {v_task}")
+    tied = bool(_text_config(configs["task"]).get("tie_word_embeddings", False))
+    names = [n for n in readers["task"].names() if not (tied and n in TIED_HEADS)]
+    for role in (need or set(refs)) - {"task"}:
+        if role not in readers:
+            continue
+        have = set(readers[role].names())
+        missing = [n for n in names if n not in have]
+        if missing:
+            problems.append(f"{role} ({paths[role]}) lacks {len(missing)} tensor(s) the task expert "
+                            f"has, e.g. {missing[0]!r}")
+            continue
+        for n in names:
+            if readers[role].shape(n) != readers["task"].shape(n):
+                problems.append(f"tensor {n}: shape {list(readers[role].shape(n))} in {role} but "
+                                f"{list(readers['task'].shape(n))} in task")
+                break
+    if tokenizer_source is None and not problems:
+        fp = {role: _vocab_fingerprint(p) for role, p in paths.items()}
+        for role in ("lang", "base"):
+            if fp.get(role) and fp["task"] and fp[role] != fp["task"]:
+                problems.append(f"the tokenizers of {role} and task have different vocabularies; "
+                                "choose the tokenizer explicitly (tokenizer_source / "
+                                "--tokenizer-source task|lang|base) if that is intended")
+    if problems:
+        raise MergeError("cannot merge: " + "; ".join(problems))
+    return Inputs(refs, paths, readers, configs, arch, names)
+
+
+# --------------------------------------------------------------------------- magnitude weights
+def magnitude_weights(readers: dict[str, CheckpointReader], names: list[str],
+                      progress: Progress | None = None) -> tuple[float, float]:
+    """(w_task, w_lang): inverse mean row-wise mean-absolute delta from the base (streamed)."""
+    if "base" not in readers:
+        raise ConfigError("magnitude-adjusted weights need the base model (--base)")
+    acc = methods.MagnitudeAccumulator(("task", "lang"))
+    eligible = [n for n in names if acc.eligible(readers["task"].shape(n))]
+    for i, n in enumerate(eligible):
+        base = readers["base"].read(n)
+        for e in ("task", "lang"):
+            acc.add(e, readers[e].read(n), base)
+        if i % 16 == 0:
+            _say(progress, i / max(1, len(eligible)), f"magnitude weights: {n}")
+    return acc.weights()
+
+
+# --------------------------------------------------------------------------- plans
+def plan_for(config: MergeConfig, task_ref=None) -> MergePlan:
+    """The plan of ``config`` for the task model's architecture, from headers only."""
+    from .models import resolve
+
+    ref = task_ref if task_ref is not None else config.task
+    if ref is None:
+        raise ConfigError("plan_for needs the task model (to know its layers and tensor names)")
+    path = resolve(ref)
+    reader = CheckpointReader(path)
+    cfg = reader.config()
+    arch = get_architecture(cfg)
+    tied = bool(_text_config(cfg).get("tie_word_embeddings", False))
+    names = [n for n in reader.names() if not (tied and n in TIED_HEADS)]
+    return build_plan(config, names, arch)
+
+
+def _ordered(names: list[str], reader: CheckpointReader) -> list[str]:
+    """Names in the task checkpoint's on-disk order (sequential reads)."""
+    def key(n):
+        loc = reader.location(n)
+        return (loc.path.name, loc.offset)
+    return sorted(names, key=key)
+
+
+# --------------------------------------------------------------------------- disk merge
+def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=None, *,
+                    device: str = "cpu", shard_size: int | str = "2GB", overwrite: bool = False,
+                    progress: Progress | None = None) -> Path:
+    """Merge into the folder ``out`` (HF format, loadable with from_pretrained); returns its path.
+
+    Models default to ``config.task/lang/base``; the config saved with the output records the
+    references actually used.
+    """
+    from .models import pick_device
+
+    if out is None:
+        raise ValueError("no output folder given (out=... / --out DIR)")
+    config = replace(config, task=str(task or config.task or "") or None,
+                     lang=str(lang or config.lang or "") or None,
+                     base=str(base or config.base or "") or None)
+    config.validate(has_base=config.base is not None)
+    max_shard = parse_size(shard_size)
+    device = pick_device(device)
+    t0 = time.time()
+    _say(progress, 0.0, "checking the models")
+    inputs = open_inputs(config.task, config.lang, config.base,
+                         tokenizer_source=config.tokenizer_source)
+    if config.method == "layer_swap" and config.partition is None:  # record concrete layer counts
+        b, u, _, _ = config.layer_counts(inputs.arch.num_layers)
+        config = replace(config, bottom=b, top=u)
+    plan = build_plan(config, inputs.names, inputs.arch)
+    check_output_dir(out, overwrite=overwrite, inputs=inputs.paths.values())
+    readers = inputs.readers
+    if config.uses_magnitude:
+        _say(progress, 0.0, "computing magnitude-adjusted weights")
+        mag = magnitude_weights(readers, inputs.names,
+                                None if progress is None else lambda f, m: progress(0.3 * f, m))
+        plan = plan.with_magnitude(mag)
+    missing_models = plan.needs - set(readers)
+    if missing_models:
+        raise ConfigError(f"the plan needs the {', '.join(sorted(missing_models))} model(s)")
+    out_dtype = TORCH_DTYPES.get(config.dtype) if config.dtype else None
+    names = _ordered(inputs.names, readers["task"])
+    start = 0.3 if config.uses_magnitude else 0.0
+
+    with atomic_output_dir(out, overwrite=overwrite, inputs=inputs.paths.values()) as tmp:
+        writer = ShardedWriter(tmp, max_shard, metadata={"layerswap": __version__})
+        for n in names:
+            dt = out_dtype or ST_TO_DTYPE[readers["task"].location(n).dtype]
+            writer.declare(n, readers["task"].shape(n), dt)
+        total = sum(readers["task"].location(n).nbytes for n in names) or 1
+        done = 0
+        try:
+            for i, n in enumerate(names):
+                _write_tensor(writer, n, plan.sources[n], readers, out_dtype, device)
+                done += readers["task"].location(n).nbytes
+                _say(progress, start + (1 - start) * 0.98 * done / total, n)
+            writer.finish()
+        finally:
+            writer.close()
+        _copy_side_files(inputs, config, tmp)
+        (tmp / "layerswap.yaml").write_text(config.to_yaml())
+        (tmp / "README.md").write_text(model_card(config, plan, inputs, time.time() - t0))
+    _say(progress, 1.0, f"merged into {out} in {time.time() - t0:.1f} s")
+    return Path(out).expanduser().resolve()
+
+
+def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype, device):
+    if src.method == "copy":
+        reader = readers[src.model]
+        loc = reader.location(name)
+        if out_dtype is None or DTYPE_TO_ST[out_dtype] == loc.dtype:
+            if out_dtype is None and loc.dtype != readers["task"].location(name).dtype:
+                writer.write(name, reader.read(name).to(ST_TO_DTYPE[readers["task"].location(name).dtype]))
+            else:
+                writer.copy_raw(name, loc)  # bit-identical, no arithmetic
+            return
+        writer.write(name, reader.read(name).to(out_dtype))
+        return
+    if src.weights is None:
+        raise ConfigError(f"{name}: blend weights not resolved (magnitude weights missing)")
+    tensors = [readers[m].read(name, device) for m in src.models]
+    dt = out_dtype or tensors[src.models.index("task")].dtype
+    merged = methods.apply(src.method, tensors, src.weights, src.kwargs())
+    writer.write(name, merged.to(dt).cpu())
+
+
+def _copy_side_files(inputs: Inputs, config: MergeConfig, dst: Path):
+    task = inputs.paths["task"]
+    cfg = dict(inputs.configs["task"])
+    if config.dtype:
+        cfg["dtype"] = config.dtype
+        cfg.pop("torch_dtype", None)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if (task / "generation_config.json").exists():
+        shutil.copy2(task / "generation_config.json", dst / "generation_config.json")
+    tok_src = inputs.paths[config.tokenizer_source or "task"]
+    for f in TOKENIZER_FILES:
+        if (tok_src / f).exists():
+            shutil.copy2(tok_src / f, dst / f)
+
+
+def model_card(config: MergeConfig, plan: MergePlan, inputs: Inputs, seconds: float) -> str:
+    models = "\n".join(f"- **{role}**: `{ref}`" for role, ref in inputs.refs.items())
+    return f"""---
+tags: [merge, layerswap, layer-swapping]
+---
+# Merged model (layerswap {__version__})
+
+{config.describe(plan.num_layers)}.
+
+Layer swapping composes a task expert and a language expert fine-tuned from one base: the
+bottom and top layers come from the language expert, the middle from the task expert
+(Bandarkar et al., 2024, https://arxiv.org/abs/2410.01335).
+
+## Models
+{models}
+
+## Plan
+```
+{plan.summary_text()}
+```
+
+## Exact configuration (`layerswap.yaml`)
+Re-run with `layerswap merge --config layerswap.yaml --out DIR`.
+```yaml
+{config.to_yaml().rstrip()}
+```
+
+Merged in {seconds:.1f} s.
+"""
+
+
+# --------------------------------------------------------------------------- in-memory recomposition
+class Recomposer:
+    """Apply merge configs to a live model without disk writes.
+
+    The experts' tensors are held once in memory (in their stored dtype); ``apply`` rebuilds only
+    the parameters whose source differs from the last applied plan.
+    """
+
+    def __init__(self, model, task: dict[str, torch.Tensor], lang: dict[str, torch.Tensor],
+                 base: dict[str, torch.Tensor] | None = None, arch: Architecture | None = None):
+        self.model = model
+        self.params = dict(model.named_parameters())
+        self.states = {"task": task, "lang": lang}
+        if base is not None:
+            self.states["base"] = base
+        self.arch = arch or get_architecture(model.config.to_dict())
+        missing = [n for n in self.params if n not in task]
+        if missing:
+            raise MergeError(f"the model has parameter {missing[0]!r} that the task state lacks")
+        self.names = list(self.params)
+        for role, st in self.states.items():
+            for n in self.names:
+                if n not in st:
+                    raise MergeError(f"{role} lacks tensor {n!r}")
+                if tuple(st[n].shape) != tuple(self.params[n].shape):
+                    raise MergeError(f"tensor {n}: shape {list(st[n].shape)} in {role} but "
+                                     f"{list(self.params[n].shape)} in the model")
+        self.plan: MergePlan | None = None
+        self._magnitude: tuple[float, float] | None = None
+        self.tokenizer = None
+
+    @classmethod
+    def from_refs(cls, task, lang, base=None, *, device: str = "cpu", dtype=None,
+                  progress: Progress | None = None) -> "Recomposer":
+        """Load the task model (torch) and the three checkpoints' tensors."""
+        from .models import load_model
+
+        inputs = open_inputs(task, lang, base)
+        _say(progress, 0.0, "loading the task model")
+        model, tok = load_model(inputs.paths["task"], device=device, dtype=dtype)
+        states = {}
+        for k, (role, reader) in enumerate(inputs.readers.items()):
+            _say(progress, 0.2 + 0.8 * k / len(inputs.readers), f"reading the {role} tensors")
+            states[role] = {n: reader.read(n) for n in inputs.names}
+        rec = cls(model, states["task"], states["lang"], states.get("base"), inputs.arch)
+        rec.tokenizer = tok
+        return rec
+
+    def magnitude(self) -> tuple[float, float]:
+        if self._magnitude is None:
+            if "base" not in self.states:
+                raise ConfigError("magnitude-adjusted weights need the base model")
+            acc = methods.MagnitudeAccumulator(("task", "lang"))
+            for n in self.names:
+                for e in ("task", "lang"):
+                    acc.add(e, self.states[e][n], self.states["base"][n])
+            self._magnitude = acc.weights()
+        return self._magnitude
+
+    def plan_for(self, config: MergeConfig) -> MergePlan:
+        config.validate(self.arch.num_layers, has_base="base" in self.states)
+        mag = self.magnitude() if config.uses_magnitude else None
+        return build_plan(config, self.names, self.arch, mag)
+
+    @torch.no_grad()
+    def apply(self, config: MergeConfig) -> list[str]:
+        """Make the model the merge of ``config``; returns the names of the parameters rewritten."""
+        plan = self.plan_for(config)
+        changed = plan.changed_names(self.plan)
+        for n in changed:
+            src = plan.sources[n]
+            param = self.params[n]
+            if src.method == "copy":
+                param.copy_(self.states[src.model][n])
+            else:
+                tensors = [self.states[m][n].to(param.device) for m in src.models]
+                param.copy_(methods.apply(src.method, tensors, src.weights, src.kwargs()))
+        self.plan = plan
+        return changed
+
+
+# --------------------------------------------------------------------------- CLI
+def _add_config_flags(s):
+    g = s.add_argument_group("models")
+    g.add_argument("--config", help="YAML merge config (flags given here override it)")
+    g.add_argument("--task", help="task (e.g. math) expert: folder, owner/name or embedded:NAME")
+    g.add_argument("--lang", help="language expert")
+    g.add_argument("--base", help="common base model (magnitude weights, task arithmetic, TIES)")
+    g = s.add_argument_group("method")
+    g.add_argument("--method", choices=["layer_swap", "soup", "magnitude_soup", "task_arithmetic", "ties"])
+    g.add_argument("--bottom", type=int, help="bottom layers from the language expert "
+                   "(default: 5 of 32, scaled to the model)")
+    g.add_argument("--top", type=int, help="top layers from the language expert (default: 2 of 32, scaled)")
+    g.add_argument("--transition-bottom", type=int, help="blended layers above the bottom ones")
+    g.add_argument("--transition-top", type=int, help="blended layers below the top ones")
+    g.add_argument("--w-task", type=float, help="blend weight of the task expert")
+    g.add_argument("--w-lang", type=float, help="blend weight of the language expert")
+    g.add_argument("--magnitude-weights", action="store_true", default=None,
+                   help="blend weights = inverse mean delta from the base (needs --base)")
+    g.add_argument("--partition", help="A, B, C, or a YAML file with a list of rules "
+                   "({layers: '0-5', kinds: attention})")
+    g.add_argument("--lambda-task", type=float, help="task arithmetic scale of the task delta")
+    g.add_argument("--lambda-lang", type=float, help="task arithmetic scale of the language delta")
+    g.add_argument("--ties-density", type=float, help="TIES: fraction of each delta kept")
+    g.add_argument("--ties-lambda", type=float, help="TIES: scale of the merged delta")
+    g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
+                   help="output dtype (default: the task expert's)")
+    g.add_argument("--tokenizer-source", choices=list(MODELS),
+                   help="take the tokenizer from this model (required if the vocabularies differ)")
+
+
+_FLAG_FIELDS = ("task", "lang", "base", "method", "bottom", "top", "transition_bottom",
+                "transition_top", "w_task", "w_lang", "magnitude_weights", "lambda_task",
+                "lambda_lang", "ties_density", "ties_lambda", "dtype", "tokenizer_source")
+
+
+def config_from_args(args) -> MergeConfig:
+    cfg = MergeConfig.load(args.config) if getattr(args, "config", None) else MergeConfig()
+    updates = {f: getattr(args, f) for f in _FLAG_FIELDS if getattr(args, f, None) is not None}
+    if getattr(args, "partition", None):
+        p = args.partition
+        if Path(p).is_file():
+            import yaml
+            rules = yaml.safe_load(Path(p).read_text())
+            if isinstance(rules, dict) and "partition" in rules:
+                rules = rules["partition"]
+            updates["partition"] = rules
+        elif p.upper() in ("A", "B", "C"):
+            updates["partition"] = p.upper()
+        else:
+            raise ConfigError(f"--partition {p!r}: give A, B, C or a YAML file of rules")
+    return replace(cfg, **updates)
+
+
+def _cli_progress():
+    from tqdm import tqdm
+
+    bar = tqdm(total=100, bar_format="{percentage:3.0f}%|{bar:30}| {elapsed}<{remaining} {desc}")
+
+    def progress(fraction: float, msg: str):
+        bar.n = round(fraction * 100, 1)
+        bar.set_description_str(msg[-50:], refresh=False)
+        bar.refresh()
+    return bar, progress
+
+
+def _cmd_merge(args) -> int:
+    cfg = config_from_args(args)
+    bar, progress = _cli_progress()
+    try:
+        out = merge_to_folder(cfg, out=args.out, device=args.device, shard_size=args.shard_size,
+                              overwrite=args.overwrite, progress=progress)
+    finally:
+        bar.close()
+    print(f"merged model written to {out}")
+    return 0
+
+
+def _cmd_plan(args) -> int:
+    cfg = config_from_args(args)
+    if cfg.task is None:
+        from .models import DEFAULT_BASE
+        cfg = replace(cfg, task=DEFAULT_BASE)
+        print(f"(no --task: showing the plan for the layers of {DEFAULT_BASE})")
+    print(plan_for(cfg).summary_text())
+    if args.show_config:
+        print("\n" + cfg.to_yaml())
+    return 0
+
+
+def add_cli(subparsers):
+    s = subparsers.add_parser("merge", help="merge a task expert and a language expert into a folder",
+                              description="Layer swapping (and soup / task arithmetic / TIES "
+                              "baselines), streamed tensor by tensor into HF sharded safetensors.")
+    _add_config_flags(s)
+    g = s.add_argument_group("output")
+    g.add_argument("--out", required=True, help="output folder (must not exist unless --overwrite)")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    g.add_argument("--device", default="cpu", help="cpu or cuda (blends on the GPU)")
+    g.add_argument("--shard-size", default="2GB", help="maximum shard size, e.g. 2GB, 500MB")
+    s.set_defaults(func=_cmd_merge)
+    s = subparsers.add_parser("plan", help="show which model every layer comes from (reads no tensors)")
+    _add_config_flags(s)
+    s.add_argument("--show-config", action="store_true", help="also print the config as YAML")
+    s.set_defaults(func=_cmd_plan)
+
+
+__all__ = ["MergeConfig", "MergePlan", "Partition", "MergeError", "merge_to_folder", "plan_for",
+           "Recomposer", "open_inputs", "magnitude_weights", "model_card", "add_cli"]
