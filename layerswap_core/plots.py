@@ -1,0 +1,425 @@
+"""Every plotly figure of the project: delta heatmaps, merge plan views, profiles, results.
+
+Functions take plain data (``analysis.DeltaStats``, plan cells/rows, lists of dicts) and return a
+``plotly.graph_objects.Figure``; nothing here reads tensors or files. Heatmaps put layer 0 at the
+bottom (as in the layer-swapping paper) and module kinds on the x axis in
+``architectures.LAYER_KIND_ORDER``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .architectures import LAYER_KIND_ORDER
+
+# One colour per source, used by every figure (language expert warm, task expert cool).
+COLORS = {"lang": "#E4572E", "task": "#2E86AB", "base": "#A0A0A0", "blend": "#9B5DE5",
+          "other": "#F2C14E", "mixed": "#6C757D"}
+SOURCE_NAMES = {"lang": "language expert", "task": "task expert", "base": "base model",
+                "blend": "blend", "mixed": "mixed"}
+METRIC_TITLES = {"frac_rows_above": "fraction of rows with MAV > τ",
+                 "mean_row_mav": "mean row MAV of Δ", "max_row_mav": "max row MAV of Δ",
+                 "mass": "Σ|Δ| (delta mass)"}
+KIND_LABELS = {"attn_q": "attn q", "attn_k": "attn k", "attn_v": "attn v", "attn_o": "attn o",
+               "attn_qkv": "attn qkv", "norm_qk": "q/k norm", "mlp_gate": "mlp gate",
+               "mlp_up": "mlp up", "mlp_gate_up": "mlp gate+up", "mlp_down": "mlp down",
+               "norm_attn": "attn norm", "norm_attn_post": "attn post-norm",
+               "norm_mlp": "mlp norm", "norm_mlp_post": "mlp post-norm", "other": "other"}
+
+
+def heatmap_height(num_layers: int) -> int:
+    """Pixels for a layer-per-row figure: readable rows for 30+ layers, bounded for 80."""
+    return int(min(1400, max(360, 160 + 20 * num_layers)))
+
+
+def _kind_label(k: str) -> str:
+    return KIND_LABELS.get(k, k)
+
+
+def _layout(fig: go.Figure, title: str, height: int, **kw) -> go.Figure:
+    fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), height=height,
+                      margin=dict(l=60, r=20, t=60, b=60), template="plotly_white", **kw)
+    return fig
+
+
+# --------------------------------------------------------------------------- delta heatmaps
+def _heatmap_trace(stats, metric: str, tau: float, log: bool, kinds, coloraxis: str | None,
+                   name: str) -> go.Heatmap:
+    layers, kinds, z = stats.grid(metric, tau, kinds)
+    # Hover shows every metric of the cell, whatever the colour shows.
+    extra = {m: stats.grid(m, tau, kinds)[2] for m in ("frac_rows_above", "mean_row_mav",
+                                                       "max_row_mav")}
+    custom = np.stack([extra["frac_rows_above"], extra["mean_row_mav"], extra["max_row_mav"]], -1)
+    shown = z
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shown = np.where(z > 0, np.log10(np.where(z > 0, z, 1)), np.nan)
+    tr = go.Heatmap(
+        z=shown, x=[_kind_label(k) for k in kinds], y=layers, customdata=custom, name=name,
+        hovertemplate=("<b>%{fullData.name}</b><br>layer %{y}, %{x}<br>"
+                       f"rows with MAV > {tau:.3g}: %{{customdata[0]:.1%}}<br>"
+                       "mean row MAV: %{customdata[1]:.3g}<br>max row MAV: %{customdata[2]:.3g}"
+                       "<extra></extra>"),
+        xgap=1, ygap=1)
+    if coloraxis:
+        tr.update(coloraxis=coloraxis)
+    return tr
+
+
+def _colorbar(metric: str, log: bool, zmin=None, zmax=None) -> dict:
+    title = METRIC_TITLES.get(metric, metric)
+    cb: dict = {"title": {"text": ("log₁₀ " if log else "") + title, "side": "right"}}
+    if metric == "frac_rows_above":
+        cb["tickformat"] = ".0%"
+    if log and zmin is not None and zmax is not None and np.isfinite([zmin, zmax]).all():
+        ticks = list(range(math.floor(zmin), math.ceil(zmax) + 1))
+        cb.update(tickvals=ticks, ticktext=[f"1e{t}" for t in ticks])
+    return cb
+
+
+def _range(zs: Iterable[np.ndarray], metric: str, log: bool) -> tuple[float, float]:
+    if metric == "frac_rows_above" and not log:
+        return 0.0, 1.0
+    vals = np.concatenate([z[np.isfinite(z)].ravel() for z in zs] or [np.zeros(0)])
+    if log:
+        vals = vals[vals > 0]
+        vals = np.log10(vals) if len(vals) else vals
+    if len(vals) == 0:
+        return 0.0, 1.0
+    lo, hi = float(vals.min()), float(vals.max())
+    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
+
+
+def delta_heatmap(stats, metric: str = "frac_rows_above", tau: float | None = None,
+                  log: bool = False, title: str | None = None, kinds: Sequence[str] | None = None,
+                  zrange: tuple[float, float] | None = None) -> go.Figure:
+    """Layer (y, 0 at the bottom) x module kind heatmap of one expert's delta.
+
+    metric: "frac_rows_above" (of threshold tau; the published view), "mean_row_mav",
+    "max_row_mav" or "mass"; ``log`` colours by log10 (for MAVs spanning decades).
+    """
+    tau = stats.tau(tau)
+    tr = _heatmap_trace(stats, metric, tau, log, kinds, None, stats.label)
+    lo, hi = zrange or _range([stats.grid(metric, tau, kinds)[2]], metric, log)
+    tr.update(zmin=lo, zmax=hi, colorscale="Viridis", colorbar=_colorbar(metric, log, lo, hi))
+    fig = go.Figure(tr)
+    what = METRIC_TITLES.get(metric, metric) + (f" (τ = {tau:.3g})" if metric == "frac_rows_above"
+                                                 else "")
+    _layout(fig, title or f"{stats.label}: {what}", heatmap_height(stats.num_layers))
+    fig.update_xaxes(title_text="module", tickangle=-35)
+    fig.update_yaxes(title_text="layer", dtick=1 if stats.num_layers <= 40 else 2)
+    return fig
+
+
+def mav_heatmap(stats, log: bool = True, **kw) -> go.Figure:
+    """Mean row MAV per cell, log colour scale by default."""
+    return delta_heatmap(stats, "mean_row_mav", log=log, **kw)
+
+
+def _union_kinds(*stats) -> list[str]:
+    present = {k for s in stats for k in s.kinds()}
+    return [k for k in LAYER_KIND_ORDER if k in present] + sorted(present - set(LAYER_KIND_ORDER))
+
+
+def side_by_side_heatmaps(first, second, metric: str = "frac_rows_above",
+                          tau: float | None = None, log: bool = False,
+                          title: str | None = None) -> go.Figure:
+    """Two experts' heatmaps next to each other with one shared colour scale.
+
+    One tau for both (the first's default unless given): the same threshold is what makes
+    the two panels comparable.
+    """
+    tau = first.tau(tau)
+    kinds = _union_kinds(first, second)
+    lo, hi = _range([s.grid(metric, tau, kinds)[2] for s in (first, second)], metric, log)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=(first.label, second.label))
+    for col, st in enumerate((first, second), start=1):
+        fig.add_trace(_heatmap_trace(st, metric, tau, log, kinds, "coloraxis", st.label), 1, col)
+    fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=lo, cmax=hi,
+                                     colorbar=_colorbar(metric, log, lo, hi)))
+    what = METRIC_TITLES.get(metric, metric) + (f" (τ = {tau:.3g})" if metric == "frac_rows_above"
+                                                 else "")
+    _layout(fig, title or f"Where each expert changed: {what}",
+            heatmap_height(max(first.num_layers, second.num_layers)))
+    fig.update_xaxes(title_text="module", tickangle=-35)
+    fig.update_yaxes(title_text="layer", dtick=1 if first.num_layers <= 40 else 2, col=1)
+    return fig
+
+
+def overlap_heatmap(task, lang, tau: float | None = None, title: str | None = None) -> go.Figure:
+    """Cells both experts changed strongly: min of their fractions of rows above tau.
+
+    A high value means both fine-tunings moved the same weights, so whichever expert a merge
+    takes there, the other's change is lost (or, blended, they interfere).
+    """
+    tau = task.tau(tau)
+    kinds = _union_kinds(task, lang)
+    layers, _, ft = task.grid("frac_rows_above", tau, kinds)
+    _, _, fl = lang.grid("frac_rows_above", tau, kinds)
+    both = np.fmin(ft, fl)
+    fig = go.Figure(go.Heatmap(
+        z=both, x=[_kind_label(k) for k in kinds], y=layers, zmin=0, zmax=1,
+        colorscale="Reds", customdata=np.stack([ft, fl], -1), xgap=1, ygap=1,
+        colorbar={"title": {"text": "both changed (min fraction)", "side": "right"},
+                  "tickformat": ".0%"},
+        hovertemplate=("layer %{y}, %{x}<br>both: %{z:.1%}<br>"
+                       f"{task.label}: %{{customdata[0]:.1%}}<br>{lang.label}: %{{customdata[1]:.1%}}"
+                       "<extra></extra>")))
+    _layout(fig, title or f"Interference risk: rows changed by both experts (τ = {tau:.3g})",
+            heatmap_height(task.num_layers))
+    fig.update_xaxes(title_text="module", tickangle=-35)
+    fig.update_yaxes(title_text="layer", dtick=1 if task.num_layers <= 40 else 2)
+    return fig
+
+
+# --------------------------------------------------------------------------- merge plan views
+_SHORT = {"task": "T", "lang": "L", "base": "B", "blend": "½", "mixed": "±"}
+
+
+def _source_key(value: str) -> str:
+    """'task' | 'lang' | 'base' | 'blend' | 'mixed' | 'other' (any other method name)."""
+    v = str(value)
+    if v in COLORS:
+        return v
+    return "blend" if v.startswith("blend") else "other"
+
+
+def plan_heatmap(cells: Mapping[tuple[int, str], str], num_layers: int | None = None,
+                 stats=None, metric: str = "frac_rows_above", tau: float | None = None,
+                 title: str | None = None) -> go.Figure:
+    """Which source every (layer, kind) cell takes under a merge plan.
+
+    ``cells``: ``MergePlan.cells()``, i.e. (layer, kind) -> "task" | "lang" | "base" | "blend"
+    | method name | "mixed". Without ``stats`` the cells are coloured by source; with an
+    expert's ``stats`` they are coloured by its delta metric and the source is written in each
+    cell (T/L/B/½), so one sees what the plan keeps and what it drops.
+    """
+    L = num_layers if num_layers is not None else (max((l for l, _ in cells), default=-1) + 1)
+    present = {k for _, k in cells}
+    kinds = [k for k in LAYER_KIND_ORDER if k in present] + sorted(present - set(LAYER_KIND_ORDER))
+    col = {k: j for j, k in enumerate(kinds)}
+    label = np.full((L, len(kinds)), "", dtype=object)
+    for (l, k), v in cells.items():
+        if 0 <= l < L:
+            label[l, col[k]] = v
+    keys = np.vectorize(lambda v: _source_key(v) if v else "")(label) if label.size else label
+    text = np.vectorize(lambda v: _SHORT.get(_source_key(v), "·") if v else "")(label) \
+        if label.size else label
+    x = [_kind_label(k) for k in kinds]
+    if stats is not None:
+        tau = stats.tau(tau)
+        _, _, z = stats.grid(metric, tau, kinds)
+        z = z[:L]
+        lo, hi = _range([z], metric, False)
+        tr = go.Heatmap(z=z, x=x, y=list(range(L)), text=text, texttemplate="%{text}",
+                        customdata=label, colorscale="Viridis", zmin=lo, zmax=hi, xgap=1, ygap=1,
+                        colorbar=_colorbar(metric, False),
+                        hovertemplate=("layer %{y}, %{x}<br>source: %{customdata}<br>"
+                                       f"{stats.label} {METRIC_TITLES.get(metric, metric)}: "
+                                       "%{z:.3g}<extra></extra>"))
+        fig = go.Figure(tr)
+        default_title = f"Merge plan over {stats.label}'s delta (T task, L language, ½ blend)"
+    else:
+        order = [k for k in ("lang", "blend", "task", "base", "mixed", "other")
+                 if (keys == k).any()] or ["task"]
+        idx = {k: i for i, k in enumerate(order)}
+        z = np.vectorize(lambda k: idx.get(k, np.nan) if k else np.nan, otypes=[float])(keys) \
+            if keys.size else np.zeros((L, 0))
+        n = len(order)
+        scale = []  # discrete colour bands, one per source
+        for i, k in enumerate(order):
+            scale += [[i / n, COLORS[k]], [(i + 1) / n, COLORS[k]]]
+        tr = go.Heatmap(z=z, x=x, y=list(range(L)), text=text, texttemplate="%{text}",
+                        customdata=label, colorscale=scale, zmin=-0.5, zmax=n - 0.5,
+                        xgap=1, ygap=1,
+                        colorbar=dict(title={"text": "source"}, tickvals=list(range(n)),
+                                      ticktext=[SOURCE_NAMES.get(k, k) for k in order]),
+                        hovertemplate="layer %{y}, %{x}<br>source: %{customdata}<extra></extra>")
+        fig = go.Figure(tr)
+        default_title = "Merge plan: source of every layer and module"
+    _layout(fig, title or default_title, heatmap_height(L))
+    fig.update_xaxes(title_text="module", tickangle=-35)
+    fig.update_yaxes(title_text="layer", dtick=1 if L <= 40 else 2)
+    return fig
+
+
+def _row_dict(row) -> dict:
+    """A layer row as {"layer", "source", "w_task", "w_lang", "label"}.
+
+    Accepts plain dicts in that form or ``plan.LayerRow`` objects (label "lang", "task", "base",
+    "blend 0.60/0.40" (task/lang), "blend (magnitude weights)", "mixed", or a method label).
+    """
+    if isinstance(row, Mapping):
+        d = dict(row)
+        src = _source_key(d.get("source", "other"))
+        w_task = d.get("w_task", 1.0 if src == "task" else 0.0)
+        w_lang = d.get("w_lang", 1.0 if src == "lang" else 0.0)
+        return {"layer": int(d["layer"]), "source": src, "w_task": float(w_task),
+                "w_lang": float(w_lang), "label": str(d.get("label", src))}
+    layer, label = int(row.layer), str(row.label)
+    text = row.text() if hasattr(row, "text") else label
+    if label in ("task", "lang"):
+        return {"layer": layer, "source": label, "w_task": float(label == "task"),
+                "w_lang": float(label == "lang"), "label": text}
+    m = re.fullmatch(r"blend ([\d.]+)/([\d.]+)", label)
+    if m:
+        return {"layer": layer, "source": "blend", "w_task": float(m.group(1)),
+                "w_lang": float(m.group(2)), "label": text}
+    if label.startswith("blend"):
+        return {"layer": layer, "source": "blend", "w_task": 0.5, "w_lang": 0.5, "label": text}
+    if label == "mixed":  # share of module kinds that go to each expert
+        kinds = list(getattr(row, "kinds", {}).values()) or ["task"]
+        t = sum(1.0 if k == "task" else 0.5 if k.startswith("blend") else 0.0 for k in kinds)
+        g = sum(1.0 if k == "lang" else 0.5 if k.startswith("blend") else 0.0 for k in kinds)
+        return {"layer": layer, "source": "mixed", "w_task": t / len(kinds),
+                "w_lang": g / len(kinds), "label": text}
+    return {"layer": layer, "source": _source_key(label), "w_task": 0.0, "w_lang": 0.0,
+            "label": text}
+
+
+def layer_stack_figure(rows: Sequence, title: str | None = None,
+                       names: Mapping[str, str] | None = None) -> go.Figure:
+    """The layer stack as in the published figure: one bar per layer, layer 0 at the bottom,
+    coloured by source; blended (transition) layers split by their weights.
+
+    rows: ``MergePlan.layer_rows()`` or dicts {"layer", "source", "w_task", "w_lang", "label"}.
+    names: display names for "task"/"lang" (e.g. the model names).
+    """
+    names = {**SOURCE_NAMES, **(names or {})}
+    rs = sorted((_row_dict(r) for r in rows), key=lambda r: r["layer"])
+    layers = [r["layer"] for r in rs]
+    w_lang, w_task, w_other = [], [], []
+    for r in rs:
+        total = r["w_task"] + r["w_lang"]
+        if total > 0:
+            w_lang.append(r["w_lang"] / total)
+            w_task.append(r["w_task"] / total)
+            w_other.append(0.0)
+        else:
+            w_lang.append(0.0)
+            w_task.append(0.0)
+            w_other.append(1.0)
+    hover = [f"layer {r['layer']}: {r['label']}" for r in rs]
+    fig = go.Figure()
+    for key, ws, lab in (("lang", w_lang, names["lang"]), ("task", w_task, names["task"]),
+                         ("base", w_other, "other (base / method)")):
+        if not any(ws):
+            continue
+        fig.add_trace(go.Bar(
+            y=layers, x=ws, orientation="h", name=lab, marker_color=COLORS[key],
+            marker_line=dict(color="white", width=1), customdata=hover,
+            text=[f"{w:.0%}" if 0 < w < 1 else "" for w in ws], textposition="inside",
+            hovertemplate="%{customdata}<br>" + lab + ": %{x:.0%}<extra></extra>"))
+    fig.update_layout(barmode="stack", bargap=0.08, legend=dict(orientation="h", y=-0.08))
+    fig.update_xaxes(range=[0, 1], tickformat=".0%", title_text="share of the layer's weights",
+                     showgrid=False)
+    fig.update_yaxes(title_text="layer", dtick=1 if len(layers) <= 40 else 2,
+                     range=[-0.5, (max(layers) if layers else 0) + 0.5])
+    return _layout(fig, title or "Layer stack of the merged model", heatmap_height(len(layers)))
+
+
+# --------------------------------------------------------------------------- profiles
+def layer_profile_figure(stats: Sequence | Mapping, normalize: bool = True,
+                         suggestion=None, title: str | None = None) -> go.Figure:
+    """Total delta mass per layer, one line per expert.
+
+    ``normalize``: each expert's share of its own total (comparable across experts trained
+    with different strengths; what ``suggest_config`` uses). ``suggestion`` (an
+    ``analysis.Suggestion``) shades the layers it gives the language expert.
+    """
+    items = list(stats.items()) if isinstance(stats, Mapping) else [(s.label, s) for s in stats]
+    fig = go.Figure()
+    L = 0
+    palette = [COLORS["task"], COLORS["lang"], "#3BB273", "#7768AE", "#E1BC29"]
+    for i, (name, st) in enumerate(items):
+        prof = st.layer_profile()
+        L = max(L, len(prof))
+        y = prof / prof.sum() if normalize and prof.sum() > 0 else prof
+        key = name if name in COLORS else None
+        fig.add_trace(go.Scatter(
+            x=list(range(len(prof))), y=y, mode="lines+markers", name=name,
+            line=dict(color=COLORS[key] if key else palette[i % len(palette)], width=2),
+            customdata=prof,
+            hovertemplate=(f"{name}<br>layer %{{x}}<br>"
+                           + ("share %{y:.1%}<br>" if normalize else "")
+                           + "Σ|Δ| %{customdata:.4g}<extra></extra>")))
+    if suggestion is not None and L:
+        spans = [(0, suggestion.bottom), (L - suggestion.top, L)]
+        for lo, hi in spans:
+            if hi > lo:
+                fig.add_vrect(x0=lo - 0.5, x1=hi - 0.5, fillcolor=COLORS["lang"], opacity=0.12,
+                              line_width=0, annotation_text="swap", annotation_position="top left")
+        tb, tu = suggestion.transition_bottom, suggestion.transition_top
+        for lo, hi in ((suggestion.bottom, suggestion.bottom + tb),
+                       (L - suggestion.top - tu, L - suggestion.top)):
+            if hi > lo:
+                fig.add_vrect(x0=lo - 0.5, x1=hi - 0.5, fillcolor=COLORS["blend"], opacity=0.12,
+                              line_width=0)
+    fig.update_xaxes(title_text="layer", dtick=1 if L <= 40 else 2)
+    fig.update_yaxes(title_text="share of the expert's total Σ|Δ|" if normalize else "Σ|Δ|",
+                     tickformat=".0%" if normalize else None, rangemode="tozero")
+    return _layout(fig, title or "Delta mass per layer", 380, hovermode="x unified",
+                   legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+
+
+# --------------------------------------------------------------------------- results
+def accuracy_bars(summary: Sequence[Mapping], title: str | None = None,
+                  ylabel: str = "accuracy") -> go.Figure:
+    """Accuracy per model with 95% confidence intervals.
+
+    summary: dicts {"model", "accuracy", "ci_low", "ci_high", "n"} (fractions in 0..1).
+    """
+    models = [str(r["model"]) for r in summary]
+    acc = np.array([float(r["accuracy"]) for r in summary])
+    lo = np.array([float(r.get("ci_low", r["accuracy"])) for r in summary])
+    hi = np.array([float(r.get("ci_high", r["accuracy"])) for r in summary])
+    n = [int(r.get("n", 0)) for r in summary]
+    colors = []
+    for m in models:
+        low = m.lower()
+        key = next((k for k in ("lang", "task", "base") if k in low), None)
+        colors.append(COLORS[key] if key else COLORS["blend"])
+    fig = go.Figure(go.Bar(
+        x=models, y=acc, marker_color=colors,
+        error_y=dict(type="data", symmetric=False, array=np.maximum(hi - acc, 0),
+                     arrayminus=np.maximum(acc - lo, 0), thickness=1.5, width=6),
+        text=[f"{a:.1%}" for a in acc], textposition="outside", cliponaxis=False,
+        customdata=np.stack([lo, hi, n], -1) if len(acc) else None,
+        hovertemplate=("%{x}<br>accuracy %{y:.1%}<br>95% CI [%{customdata[0]:.1%}, "
+                       "%{customdata[1]:.1%}]<br>n = %{customdata[2]:d}<extra></extra>")))
+    top = float(max(hi.max() if len(hi) else 0, acc.max() if len(acc) else 0))
+    fig.update_yaxes(title_text=ylabel, tickformat=".0%", range=[0, min(1.0, top * 1.15 + 0.05)])
+    fig.update_xaxes(title_text="model")
+    return _layout(fig, title or "Accuracy with 95% confidence intervals", 400, showlegend=False)
+
+
+def sweep_heatmap(x_values: Sequence, y_values: Sequence, scores, x_label: str = "top layers u",
+                  y_label: str = "bottom layers b", title: str | None = None,
+                  score_label: str = "score", fmt: str = ".1%") -> go.Figure:
+    """Scores of a grid sweep (e.g. bottom b x top u); ``scores[i][j]`` is for (y_values[i],
+    x_values[j]); NaN marks configurations not run or impossible. The best cell is starred."""
+    z = np.array(scores, dtype=float).reshape(len(y_values), len(x_values))
+    text = [[("" if not np.isfinite(v) else format(v, fmt)) for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[str(v) for v in x_values], y=[str(v) for v in y_values], text=text,
+        texttemplate="%{text}", colorscale="Viridis", xgap=2, ygap=2,
+        colorbar=dict(title={"text": score_label, "side": "right"},
+                      tickformat=fmt if fmt.endswith("%") else None),
+        hovertemplate=(f"{y_label} %{{y}}<br>{x_label} %{{x}}<br>{score_label} "
+                       f"%{{z:{fmt}}}<extra></extra>")))
+    if np.isfinite(z).any():
+        i, j = np.unravel_index(np.nanargmax(z), z.shape)
+        fig.add_trace(go.Scatter(x=[str(x_values[j])], y=[str(y_values[i])], mode="markers",
+                                 marker=dict(symbol="star", size=18, color="white",
+                                             line=dict(color="black", width=1)),
+                                 name="best", hoverinfo="skip", showlegend=False))
+    fig.update_xaxes(title_text=x_label, type="category")
+    fig.update_yaxes(title_text=y_label, type="category")
+    return _layout(fig, title or f"Sweep: {score_label} by {y_label} and {x_label}",
+                   max(320, 120 + 40 * len(y_values)))
