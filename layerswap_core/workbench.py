@@ -1,0 +1,663 @@
+"""The app-facing facade: everything the Gradio app does, as plain functions on a ``Session``.
+
+``app.py`` only lays out components and calls these. Every function takes plain arguments
+(strings, numbers, a ``MergeConfig``) and returns plain values or plotly figures, so it is
+testable without a browser. Errors meant for the page are ``WorkbenchError`` (or another
+``ValueError`` subclass from the library) and ``readable_error`` turns any exception into one
+short line: the page never shows a stack trace.
+
+Memory model: loaded *source* models (base, experts) are read-only and shared between
+sessions through a small process-wide cache (they are the same public weights for everyone);
+the merged model, the chosen references, the statistics and the results live in the
+``Session`` that ``gr.State`` keeps per visitor.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+import zipfile
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .models import DEFAULT_BASE, ModelLoadError, compatibility, describe, resolve
+
+Progress = Callable[[float, str], None]
+
+ROLES = ("base", "task", "lang")
+ROLE_LABELS = {"base": "base", "task": "task expert", "lang": "language expert", "merged": "merged"}
+DEMO_REFS = {"base": DEFAULT_BASE, "task": "embedded:smollm2-math-en",
+             "lang": "embedded:smollm2-swahili"}
+METHOD_LABELS = {  # UI label -> MergeConfig.method
+    "layer swap": "layer_swap", "model soup": "soup", "magnitude soup": "magnitude_soup",
+    "task arithmetic": "task_arithmetic", "TIES": "ties"}
+PARTITION_CHOICES = ("none (bottom/top sliders)", "A", "B", "C", "custom")
+CHAT_EXAMPLES = [
+    "Juma ana maembe 12. Anampa dada yake maembe 5. Juma amebaki na maembe mangapi?",
+    "Mama alinunua mikate 3 kwa shilingi 400 kila mmoja. Alilipa shilingi ngapi kwa jumla?",
+    "রহিমের কাছে ১৫টি আপেল আছে। সে ৭টি আপেল খেয়ে ফেলল। তার কাছে কয়টি আপেল আছে?",
+    "একটি বইয়ের দাম ১২০ টাকা। ৩টি বইয়ের দাম কত?",
+]
+
+
+class WorkbenchError(ValueError):
+    """A problem to show on the page as one readable sentence."""
+
+
+class Cancelled(Exception):
+    """The visitor pressed Cancel; the work stopped between two steps."""
+
+
+def readable_error(exc: BaseException) -> str:
+    """One line for the page: library errors as they are, anything else with its type."""
+    if isinstance(exc, Cancelled):
+        return "Cancelled."
+    if isinstance(exc, (ValueError, FileNotFoundError, FileExistsError, PermissionError)):
+        msg = str(exc) or type(exc).__name__
+    elif isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
+        msg = "out of memory: try fewer questions, shorter answers or a smaller model"
+    else:
+        msg = f"{type(exc).__name__}: {exc}"
+    msg = " ".join(msg.split())
+    return msg if len(msg) <= 600 else msg[:597] + "..."
+
+
+# --------------------------------------------------------------------------- limits
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Work allowed per request, so one visitor cannot exhaust a shared Space.
+
+    Each can be raised with an environment variable LAYERSWAP_MAX_<NAME> (e.g. on a GPU Space).
+    """
+    eval_questions: int = 20
+    shots: int = 8
+    new_tokens: int = 256
+    chat_chars: int = 2000
+    chat_turns: int = 8
+    sweep_cells: int = 25
+    sweep_items: int = 8
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        return cls(**{f: _env_int(f"LAYERSWAP_MAX_{f.upper()}", getattr(cls, f))
+                      for f in cls.__dataclass_fields__})
+
+
+LIMITS = Limits.from_env()
+
+
+def _bounded(name: str, value, lo: int, hi: int) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise WorkbenchError(f"{name}: expected a whole number, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise WorkbenchError(f"{name} must be between {lo} and {hi} on this server, got {v}")
+    return v
+
+
+# --------------------------------------------------------------------------- shared source models
+class _ModelCache:
+    """Process-wide LRU of loaded read-only models, keyed by folder (and device)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._items: OrderedDict[tuple, tuple] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, path: Path, device: str = "cpu"):
+        from .models import load_model
+        key = (str(path), device)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            model, tok = load_model(path, device=device)
+            for p in model.parameters():
+                p.requires_grad_(False)
+            self._items[key] = (model, tok)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+            return model, tok
+
+
+SOURCE_MODELS = _ModelCache(_env_int("LAYERSWAP_MAX_LOADED_MODELS", 6))
+
+
+# --------------------------------------------------------------------------- models tab
+@dataclass
+class ModelsReport:
+    refs: dict[str, str]
+    rows: list[list[str]]              # role, reference, architecture, layers, hidden, vocab, dtype, size
+    problems: list[str]
+    num_layers: int | None = None
+
+    HEADERS = ("role", "model", "architecture", "layers", "hidden", "vocab", "dtype", "size")
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def markdown(self) -> str:
+        if self.ok:
+            return (f"**Compatible**: same architecture, shapes and vocabulary "
+                    f"({self.num_layers} layers). Ready to configure.")
+        return "**Not compatible**:\n" + "\n".join(f"- {p}" for p in self.problems)
+
+
+def check_models(base: str, task: str, lang: str, progress: Progress | None = None) -> ModelsReport:
+    """Describe the three models from their headers and check they can be merged.
+
+    Nothing heavy runs: no weights are loaded. ``base`` may be empty (then the methods and
+    views that need it say so). Raises WorkbenchError when a reference cannot be used at all.
+    """
+    refs = {"base": (base or "").strip(), "task": (task or "").strip(), "lang": (lang or "").strip()}
+    for role in ("task", "lang"):
+        if not refs[role]:
+            raise WorkbenchError(f"give a {ROLE_LABELS[role]} (an embedded: name, a folder or a Hub id)")
+    refs = {r: v for r, v in refs.items() if v}
+    rows, infos = [], {}
+    for i, (role, ref) in enumerate(refs.items()):
+        _say(progress, i / (len(refs) + 1), f"reading {ROLE_LABELS[role]} {ref}")
+        try:
+            info = describe(ref, progress=lambda m: _say(progress, i / (len(refs) + 1), m))
+        except Exception as e:  # noqa: BLE001 - any unreadable model becomes one message
+            raise WorkbenchError(f"{ROLE_LABELS[role]} {ref!r}: {readable_error(e)}") from e
+        infos[role] = info
+        rows.append([ROLE_LABELS[role], ref, f"{info.model_type} ({info.family})",
+                     str(info.num_layers), str(info.hidden_size), str(info.vocab_size), info.dtype,
+                     f"{info.num_params / 1e6:.1f} M params, {info.size_bytes / 2**20:.0f} MiB"])
+    _say(progress, len(refs) / (len(refs) + 1), "checking compatibility")
+    problems = compatibility(refs)
+    return ModelsReport(refs, rows, problems, infos["task"].num_layers)
+
+
+def _say(progress: Progress | None, frac: float, msg: str):
+    if progress is not None:
+        progress(frac, msg)
+
+
+# --------------------------------------------------------------------------- session
+class Session:
+    """One visitor's workbench: chosen models, merge config, merged model, results."""
+
+    def __init__(self, report: ModelsReport):
+        if not report.ok:
+            raise WorkbenchError("these models cannot be merged: " + "; ".join(report.problems))
+        from .merge import open_inputs
+
+        self.refs = dict(report.refs)
+        self.report = report
+        # headers only: architecture, output tensor names (tied heads dropped), checks
+        inputs = open_inputs(self.refs["task"], self.refs["lang"], self.refs.get("base"))
+        self.paths = dict(inputs.paths)
+        self.arch = inputs.arch
+        self.num_layers = self.arch.num_layers
+        self.param_names = list(inputs.names)
+        self.cancel = threading.Event()
+        self.lock = threading.RLock()       # one heavy job per session at a time
+        self.stats: dict[str, Any] = {}     # role -> DeltaStats (base vs that expert)
+        self.recomposer = None
+        self.built_config = None            # MergeConfig of the merged model in memory
+        self.merged = None                  # (model, tokenizer)
+
+    @property
+    def has_base(self) -> bool:
+        return "base" in self.paths
+
+    def describe(self) -> str:
+        return ", ".join(f"{ROLE_LABELS[r]}: `{ref}`" for r, ref in self.refs.items())
+
+    def begin(self, progress: Progress | None) -> Progress:
+        """Start a job: forget an old Cancel, and return its guarded progress callback."""
+        self.cancel.clear()
+        return self.guard(progress)
+
+    def guard(self, progress: Progress | None) -> Progress:
+        """A progress callback that also stops the work when Cancel was pressed."""
+        def report(frac: float, msg: str):
+            if self.cancel.is_set():
+                raise Cancelled()
+            _say(progress, frac, msg)
+        return report
+
+    def model(self, role: str):
+        """(model, tokenizer) for base / task / lang (shared, read-only) or merged (this session)."""
+        if role == "merged":
+            if self.merged is None:
+                raise WorkbenchError("build the merged model first (Build tab)")
+            return self.merged
+        if role not in self.paths:
+            raise WorkbenchError(f"no {ROLE_LABELS.get(role, role)} model chosen (Models tab)")
+        return SOURCE_MODELS.get(self.paths[role])
+
+
+def open_session(base: str, task: str, lang: str, progress: Progress | None = None
+                 ) -> tuple[Session | None, ModelsReport]:
+    """The report, and a new Session when the models are compatible (else None)."""
+    report = check_models(base, task, lang, progress)
+    return (Session(report) if report.ok else None), report
+
+
+def demo_session() -> Session:
+    session, report = open_session(**DEMO_REFS)
+    if session is None:
+        raise WorkbenchError(report.markdown())
+    return session
+
+
+def require(session: Session | None) -> Session:
+    if session is None:
+        raise WorkbenchError("pick compatible models first (Models tab)")
+    return session
+
+
+# --------------------------------------------------------------------------- configure tab
+def parse_custom_rules(text: str) -> list[dict]:
+    """Custom partition rules, one per line: ``LAYERS [: KINDS]`` -> language expert.
+
+    e.g. ``first 6, last 2 : mlp`` or ``all : attention`` or ``0-3``; lines starting with # are
+    ignored. The rest of the parameters go to the task expert.
+    """
+    rules = []
+    for i, line in enumerate((text or "").splitlines()):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        layers, _, kinds = line.partition(":")
+        rule = {"layers": layers.strip() or "all"}
+        if kinds.strip():
+            rule["kinds"] = kinds.strip()
+        rules.append(rule)
+    if not rules:
+        raise WorkbenchError("custom partition: write at least one rule, e.g. 'first 6, last 2 : mlp'")
+    return rules
+
+
+def make_config(session: Session, method: str = "layer swap", bottom: int | None = None,
+                top: int | None = None, transition_bottom: int = 0, transition_top: int = 0,
+                w_task: float = 1.0, w_lang: float = 1.0, magnitude_weights: bool = False,
+                partition: str = PARTITION_CHOICES[0], custom_rules: str = "") :
+    """A validated MergeConfig from the Configure tab's controls (labels as shown there)."""
+    from .plan import MergeConfig
+
+    method_id = METHOD_LABELS.get(method, method)
+    part: Any = None
+    if method_id == "layer_swap" and partition and partition != PARTITION_CHOICES[0]:
+        part = parse_custom_rules(custom_rules) if partition == "custom" else partition
+        transition_bottom = transition_top = 0  # a partition replaces the sliders
+    config = MergeConfig(method=method_id, bottom=int(bottom) if bottom is not None else None,
+                         top=int(top) if top is not None else None,
+                         transition_bottom=int(transition_bottom or 0),
+                         transition_top=int(transition_top or 0),
+                         w_task=float(w_task), w_lang=float(w_lang),
+                         magnitude_weights=bool(magnitude_weights), partition=part,
+                         task=session.refs["task"], lang=session.refs["lang"],
+                         base=session.refs.get("base"))
+    return config.validate(session.num_layers, has_base=session.has_base)
+
+
+def default_config(session: Session):
+    from .plan import MergeConfig
+    return MergeConfig.default_for(session.num_layers, task=session.refs["task"],
+                                   lang=session.refs["lang"], base=session.refs.get("base"))
+
+
+def plan(session: Session, config):
+    """The merge plan (pure data: no tensors read)."""
+    from .plan import build_plan
+    return build_plan(config, session.param_names, session.arch)
+
+
+def plan_view(session: Session, config) -> tuple[Any, str]:
+    """(layer-stack figure, plan summary text) for a config. Reads no tensors: runs on every
+    slider move."""
+    from . import plots
+    p = plan(session, config)
+    return plots.layer_stack_figure(p.layer_rows()), p.summary_text()
+
+
+# --------------------------------------------------------------------------- deltas tab
+def delta_stats(session: Session, progress: Progress | None = None) -> dict[str, Any]:
+    """DeltaStats of each expert against the base (computed once per session; cached on disk)."""
+    from .analysis import delta_stats as compute
+
+    if not session.has_base:
+        raise WorkbenchError("the delta views need the base model (Models tab)")
+    guard = session.begin(progress)
+    for i, role in enumerate(("task", "lang")):
+        if role not in session.stats:
+            guard(i / 2, f"delta statistics of the {ROLE_LABELS[role]}")
+            session.stats[role] = compute(
+                session.paths["base"], session.paths[role], label=ROLE_LABELS[role],
+                progress=lambda f, m, i=i: guard((i + f) / 2, m))
+    return session.stats
+
+
+@dataclass
+class DeltaViews:
+    threshold: float       # tau used (the data-derived one when none was given)
+    heatmaps: Any          # side-by-side heatmaps of both experts
+    overlap: Any           # where both changed strongly
+    profile: Any           # per-layer delta mass
+    suggestion: Any        # analysis.Suggestion
+    suggestion_text: str
+
+
+def delta_views(session: Session, threshold: float | None = None, metric: str = "fraction",
+                log_scale: bool = False, progress: Progress | None = None) -> DeltaViews:
+    """Figures for the Deltas tab. ``threshold`` None: ``analysis.auto_threshold``. Moving the
+    threshold re-uses the stored statistics (no tensor reads)."""
+    from . import plots
+    from .analysis import auto_threshold
+
+    stats = delta_stats(session, progress)
+    task, lang = stats["task"], stats["lang"]
+    tau = float(threshold) if threshold is not None else auto_threshold(task, lang)
+    if not tau > 0:
+        raise WorkbenchError(f"the threshold must be positive, got {tau}")
+    metric = "frac_rows_above" if metric == "fraction" else "mean_row_mav"
+    heat = plots.side_by_side_heatmaps(task, lang, metric=metric, tau=tau, log=bool(log_scale))
+    overlap = plots.overlap_heatmap(task, lang, tau=tau)
+    suggestion = suggest(session)
+    profile = plots.layer_profile_figure([task, lang], suggestion=suggestion)
+    return DeltaViews(tau, heat, overlap, profile, suggestion, suggestion_text(suggestion))
+
+
+def suggest(session: Session):
+    """analysis.Suggestion from the stored statistics (Analyze first)."""
+    from .analysis import suggest_config
+    if "task" not in session.stats or "lang" not in session.stats:
+        raise WorkbenchError("analyze the deltas first (Deltas tab)")
+    return suggest_config(session.stats["task"], session.stats["lang"], session.num_layers)
+
+
+def suggestion_text(s) -> str:
+    head = (f"**Suggested configuration**: bottom {s.bottom}, top {s.top}, transitions "
+            f"{s.transition_bottom}/{s.transition_top}"
+            + (f", partition {s.partition}" if s.partition else ""))
+    return head + ("\n\n" + s.explanation if s.explanation else "")
+
+
+# --------------------------------------------------------------------------- build tab
+@dataclass
+class BuildResult:
+    seconds: float
+    changed: int            # tensors written into the merged model
+    total: int
+    summary: str
+
+    def markdown(self) -> str:
+        return (f"**Built in memory** in {self.seconds:.2f} s ({self.changed} of {self.total} "
+                f"tensors recomputed).\n\n```\n{self.summary}\n```")
+
+
+def build(session: Session, config, progress: Progress | None = None) -> BuildResult:
+    """Merge in memory. The first build copies the task model and keeps references to the
+    (shared, read-only) experts' tensors; later builds rewrite only the parameters whose source
+    changed."""
+    return _recompose(session, config, session.begin(progress))
+
+
+def _recompose(session: Session, config, guard: Progress) -> BuildResult:
+    import copy
+
+    from .merge import Recomposer
+
+    with session.lock:
+        t0 = time.perf_counter()
+        if session.recomposer is None:
+            states = {}
+            for i, role in enumerate(session.paths):
+                guard(0.1 + 0.2 * i, f"loading the {ROLE_LABELS[role]}")
+                model = session.model(role)[0]
+                states[role] = {n: p.detach() for n, p in model.named_parameters()}
+            guard(0.7, "copying the task model for the merge")
+            merged = copy.deepcopy(session.model("task")[0])
+            session.recomposer = Recomposer(merged, states["task"], states["lang"],
+                                            states.get("base"), session.arch)
+        guard(0.8, "recomposing the changed layers")
+        changed = session.recomposer.apply(config)
+        session.merged = (session.recomposer.model, session.model("task")[1])
+        session.built_config = config
+        p = session.recomposer.plan
+        return BuildResult(time.perf_counter() - t0, len(changed), len(p.sources),
+                           p.summary_text())
+
+
+def save(session: Session, config, folder: str, overwrite: bool = False,
+         progress: Progress | None = None) -> Path:
+    """Stream the merge to a folder on the server (sharded safetensors, config, card)."""
+    from .merge import merge_to_folder
+
+    if not (folder or "").strip():
+        raise WorkbenchError("give an output folder")
+    guard = session.begin(progress)
+    with session.lock:
+        return merge_to_folder(config, session.refs["task"], session.refs["lang"],
+                               session.refs.get("base"), Path(folder.strip()).expanduser(),
+                               overwrite=bool(overwrite), progress=guard)
+
+
+def export_zip(session: Session, config, out_dir: str | None = None) -> Path:
+    """A zip with the merge config (layerswap.yaml) and a model card (README.md)."""
+    from .merge import model_card, open_inputs
+
+    inputs = open_inputs(session.refs["task"], session.refs["lang"], session.refs.get("base"))
+    card = model_card(config, plan(session, config), inputs, 0.0)
+    card = card.replace("\nMerged in 0.0 s.\n", "\n")  # not merged yet: a recipe
+    out_dir = Path(out_dir or tempfile.mkdtemp(prefix="layerswap-"))
+    path = out_dir / "layerswap-merge.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("layerswap.yaml", config.to_yaml())
+        z.writestr("README.md", card)
+    return path
+
+
+# --------------------------------------------------------------------------- evaluate tab
+@dataclass
+class EvalResult:
+    headers: list[str]
+    rows: list[list]
+    summary_rows: list[list]
+    figure: Any
+    raw: Any = None
+
+
+def evaluate(session: Session, source: str = "mgsm", lang: str = "sw", n: int = 2, shots: int = 2,
+             cot: bool = False, roles: tuple[str, ...] = ("base", "task", "lang", "merged"),
+             max_new_tokens: int = 64, progress: Progress | None = None) -> EvalResult:
+    """Side-by-side evaluation of the chosen models on the first ``n`` items."""
+    from . import plots
+    from .data import load_items
+    from .evaluate import run_side_by_side
+
+    n = _bounded("number of questions", n, 1, LIMITS.eval_questions)
+    shots = _bounded("shots", shots, 0, LIMITS.shots)
+    max_new_tokens = _bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
+    if not roles:
+        raise WorkbenchError("choose at least one model to evaluate")
+    guard = session.begin(progress)
+    with session.lock:
+        models = {ROLE_LABELS[r]: session.model(r) for r in roles}
+        items = load_items(source, lang, n)
+        result = run_side_by_side(models, items, shots=shots, cot=bool(cot),
+                                  max_new_tokens=max_new_tokens, progress=guard)
+    headers, rows = _table(result)
+    return EvalResult(headers, rows, _summary_rows(result), plots.accuracy_bars(result.summary),
+                      result)
+
+
+def _table(result) -> tuple[list[str], list[list]]:
+    headers = ["#", "question", "gold"]
+    for m in result.models:
+        headers += [f"{m}: answer", f"{m}: ok", f"{m}: output"]
+    rows = []
+    for i, r in enumerate(result.rows):
+        row = [i + 1, r["question"], r["gold"]]
+        for m in result.models:
+            out = r["models"][m]
+            row += [out["answer"] or "", "✓" if out["correct"] else "✗", out["output"]]
+        rows.append(row)
+    return headers, rows
+
+
+SUMMARY_HEADERS = ["model", "accuracy", "95% CI", "strict", "gold NLL", "n"]
+
+
+def _summary_rows(result) -> list[list]:
+    return [[s["model"], f"{s['accuracy']:.2f}", f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
+             f"{s['strict_accuracy']:.2f}",
+             "" if s.get("mean_gold_nll") is None else f"{s['mean_gold_nll']:.3f}", s["n"]]
+            for s in result.summary]
+
+
+# --------------------------------------------------------------------------- sweep tab
+@dataclass
+class SweepResult:
+    axes: tuple[str, str]
+    xs: list[int]
+    ys: list[int]
+    scores: list[list[float | None]]   # scores[iy][ix]; None: impossible configuration
+    metric: str
+    figure: Any
+    rows: list[list]                   # x, y, score (for the table the visitor clicks)
+
+
+SWEEP_AXES = {"bottom / top": ("bottom", "top"),
+              "transition bottom / top": ("transition_bottom", "transition_top")}
+
+
+def parse_values(text: str, name: str, hi: int) -> list[int]:
+    """'0,2,4' or '0-4' or '0-8:2' -> sorted ints within 0..hi."""
+    out: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        rng, _, step = part.partition(":")
+        lo_s, dash, hi_s = rng.partition("-")
+        try:
+            lo = int(lo_s)
+            top = int(hi_s) if dash else lo
+            st = int(step) if step else 1
+        except ValueError:
+            raise WorkbenchError(f"{name}: cannot read {part!r} (use e.g. 0,2,4 or 0-6:2)") from None
+        if st <= 0 or top < lo:
+            raise WorkbenchError(f"{name}: {part!r} is an empty range")
+        out.update(range(lo, top + 1, st))
+    bad = [v for v in out if not 0 <= v <= hi]
+    if bad:
+        raise WorkbenchError(f"{name}: {bad[0]} is outside 0..{hi}")
+    if not out:
+        raise WorkbenchError(f"{name}: give at least one value")
+    return sorted(out)
+
+
+def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: str = "0,2,4",
+          y_values: str = "0,1,2", source: str = "gsm-symbolic", lang: str = "sw", n: int = 4,
+          shots: int = 0, metric: str = "nll", progress: Progress | None = None) -> SweepResult:
+    """Score a grid of configurations on a small fixed item set by in-memory recomposition."""
+    from dataclasses import replace
+
+    from . import plots
+    from .data import load_items
+    from .evaluate import run_side_by_side
+    from .plan import ConfigError
+
+    if metric not in ("nll", "accuracy"):
+        raise WorkbenchError(f"sweep score: 'nll' or 'accuracy', got {metric!r}")
+    fx, fy = SWEEP_AXES[axes]
+    xs = parse_values(x_values, fx.replace("_", " "), session.num_layers)
+    ys = parse_values(y_values, fy.replace("_", " "), session.num_layers)
+    if len(xs) * len(ys) > LIMITS.sweep_cells:
+        raise WorkbenchError(f"{len(xs)} x {len(ys)} = {len(xs) * len(ys)} configurations; this "
+                             f"server allows {LIMITS.sweep_cells} per sweep")
+    n = _bounded("sweep questions", n, 1, LIMITS.sweep_items)
+    items = load_items(source, lang, n)
+    if metric == "nll" and not all(it.solution for it in items):
+        raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
+    guard = session.begin(progress)
+    scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
+    rows = []
+    total = len(xs) * len(ys)
+    for iy, y in enumerate(ys):
+        for ix, x in enumerate(xs):
+            try:
+                cfg = replace(base_config, method="layer_swap", partition=None, **{fx: x, fy: y})
+                cfg.validate(session.num_layers, has_base=session.has_base)
+            except ConfigError:
+                continue  # impossible cell (more swapped layers than the model has): left empty
+            done = (iy * len(xs) + ix) / total
+            guard(done, f"{fx} {x}, {fy} {y}")
+            _recompose(session, cfg, guard=lambda f, m: guard(done, m))
+            with session.lock:
+                # NLL needs one forward pass per item; generation is cut to 1 token
+                res = run_side_by_side({"merged": session.merged}, items, shots=shots,
+                                       max_new_tokens=1 if metric == "nll" else 64,
+                                       with_nll=metric == "nll",
+                                       progress=lambda f, m: guard(done + f / total, m))
+            s = res.summary[0]
+            scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
+            rows.append([x, y, round(scores[iy][ix], 4)])
+    guard(1.0, "done")
+    if metric == "nll":  # the figure stars the highest score: plot -NLL
+        fig = plots.sweep_heatmap(xs, ys, [[None if v is None else -v for v in r] for r in scores],
+                                  x_label=fx.replace("_", " "), y_label=fy.replace("_", " "),
+                                  score_label="-gold NLL (higher is better)", fmt=".3f")
+    else:
+        fig = plots.sweep_heatmap(xs, ys, scores, x_label=fx.replace("_", " "),
+                                  y_label=fy.replace("_", " "), score_label="accuracy")
+    return SweepResult((fx, fy), xs, ys, scores, metric, fig, rows)
+
+
+# --------------------------------------------------------------------------- chat tab
+def check_chat_message(message: str, history: list | None) -> str:
+    text = (message or "").strip()
+    if not text:
+        raise WorkbenchError("type a message first")
+    if len(text) > LIMITS.chat_chars:
+        raise WorkbenchError(f"message too long ({len(text)} characters; at most {LIMITS.chat_chars})")
+    if history and len([m for m in history if m.get("role") == "user"]) >= LIMITS.chat_turns:
+        raise WorkbenchError(f"this conversation has {LIMITS.chat_turns} turns; press Clear to start again")
+    return text
+
+
+def plain_history(history: list | None) -> list[dict]:
+    """Chat history as [{"role", "content": str}] (Gradio may give content as a list of parts)."""
+    out = []
+    for m in history or []:
+        content = m.get("content")
+        if isinstance(content, (list, tuple)):
+            content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+        out.append({"role": m.get("role", "user"), "content": str(content or "")})
+    return out
+
+
+def chat(session: Session, message: str, history: list[dict] | None, role: str = "merged",
+         max_new_tokens: int = 128) -> Iterator[list[dict]]:
+    """Stream one (greedy) answer: yields the history with the answer growing."""
+    from .generation import chat as generate_chat
+
+    text = check_chat_message(message, history)
+    max_new_tokens = _bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
+    model, tok = session.model(role)
+    history = plain_history(history) + [{"role": "user", "content": text}]
+    answer = {"role": "assistant", "content": ""}
+    out = history + [answer]
+    for so_far in generate_chat(model, tok, history, max_new_tokens=max_new_tokens, stream=True):
+        answer["content"] = so_far
+        yield out
+    if not answer["content"].strip():
+        answer["content"] = "(no answer: the model stopped at once)"
+        yield out

@@ -1,0 +1,160 @@
+"""The app's facade on tiny real models: every tab's function, plain arguments, no browser."""
+from __future__ import annotations
+
+import time
+import zipfile
+
+import pytest
+import torch
+
+from layerswap_core import workbench as wb
+from layerswap_core.io import CheckpointReader
+from layerswap_core.plan import ConfigError, MergeConfig
+
+
+@pytest.fixture(scope="module")
+def session(tiny):
+    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert report.ok, report.problems
+    return s
+
+
+def swap(session, b, u, tb=0, tu=0, **kw):
+    return wb.make_config(session, "layer swap", b, u, tb, tu, **kw)
+
+
+# --------------------------------------------------------------------------- models
+def test_check_models_reads_headers(tiny):
+    report = wb.check_models(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert report.ok and report.num_layers == 8
+    assert [r[0] for r in report.rows] == ["base", "task expert", "language expert"]
+    assert all(r[3] == "8" and r[4] == "64" for r in report.rows)
+    assert "Compatible" in report.markdown()
+
+
+def test_incompatible_models_are_reported_not_opened(tiny, embedded_base):
+    session, report = wb.open_session(str(tiny["base"]), str(embedded_base), str(tiny["lang"]))
+    assert session is None and not report.ok
+    assert "30 layers" in report.markdown() and "8 layers" in report.markdown()
+
+
+@pytest.mark.parametrize("ref, words", [
+    ("/no/such/folder", "no such folder"),
+    ("nobody/no-such-model", "offline"),
+])
+def test_bad_references_give_readable_errors(tiny, ref, words):
+    with pytest.raises(wb.WorkbenchError) as e:
+        wb.open_session(str(tiny["base"]), ref, str(tiny["lang"]))
+    msg = wb.readable_error(e.value)
+    assert words in msg and "Traceback" not in msg and "task expert" in msg
+
+
+def test_missing_expert_is_a_readable_error(tiny):
+    with pytest.raises(wb.WorkbenchError, match="language expert"):
+        wb.check_models(str(tiny["base"]), str(tiny["task"]), "  ")
+
+
+# --------------------------------------------------------------------------- configure
+def test_config_validation_messages(session):
+    with pytest.raises(ConfigError, match="exceeds the model's 8 layers"):
+        swap(session, 5, 3, 1, 0)
+    cfg = wb.make_config(session, "layer swap", 2, 1, 0, 0, partition="custom",
+                         custom_rules="first 2 : mlp\n# comment\nall : attention")
+    assert cfg.partition == [{"layers": "first 2", "kinds": "mlp"},
+                             {"layers": "all", "kinds": "attention"}]
+    with pytest.raises(wb.WorkbenchError, match="at least one rule"):
+        wb.make_config(session, "layer swap", 2, 1, partition="custom", custom_rules="# none")
+    assert wb.make_config(session, "TIES").method == "ties"
+
+
+def test_plan_view_follows_the_sliders_without_reading_tensors(session, monkeypatch):
+    reads = []
+    monkeypatch.setattr(CheckpointReader, "get", lambda self, n, *a, **k: reads.append(n))
+    fig_a, text_a = wb.plan_view(session, swap(session, 2, 1))
+    fig_b, text_b = wb.plan_view(session, swap(session, 3, 2, 1, 0))
+    assert reads == []
+    assert text_a != text_b and "0-1       lang" in text_a and "0-2       lang" in text_b
+    assert fig_a.to_json() != fig_b.to_json()
+
+
+# --------------------------------------------------------------------------- build / save / zip
+def _tensor(folder, name):
+    with CheckpointReader(folder) as r:
+        return r.get(name)
+
+
+def test_build_in_memory_then_only_changed_layers(session, tiny):
+    first = wb.build(session, swap(session, 2, 1))
+    assert first.changed == first.total
+    state = session.merged[0].state_dict()
+    q = "model.layers.{}.self_attn.q_proj.weight"
+    assert torch.equal(state[q.format(0)], _tensor(tiny["lang"], q.format(0)))
+    assert torch.equal(state[q.format(3)], _tensor(tiny["task"], q.format(3)))
+    assert torch.equal(state[q.format(7)], _tensor(tiny["lang"], q.format(7)))
+    t0 = time.perf_counter()
+    second = wb.build(session, swap(session, 3, 1))     # only layer 2 changes source
+    assert time.perf_counter() - t0 < 5
+    assert 0 < second.changed < first.total / 4
+    state = session.merged[0].state_dict()
+    assert torch.equal(state[q.format(2)], _tensor(tiny["lang"], q.format(2)))
+    assert "Built in memory" in second.markdown()
+
+
+def test_save_and_zip(session, tmp_path):
+    cfg = swap(session, 2, 1)
+    out = wb.save(session, cfg, str(tmp_path / "merged"))
+    assert (out / "config.json").exists() and (out / "layerswap.yaml").exists()
+    with pytest.raises(Exception) as e:
+        wb.save(session, cfg, str(tmp_path / "merged"))
+    assert "exists" in wb.readable_error(e.value)
+    z = wb.export_zip(session, cfg, str(tmp_path))
+    with zipfile.ZipFile(z) as f:
+        assert set(f.namelist()) == {"layerswap.yaml", "README.md"}
+        again = MergeConfig.from_yaml(f.read("layerswap.yaml").decode())
+    assert again.layer_counts(8) == cfg.layer_counts(8)
+
+
+# --------------------------------------------------------------------------- deltas
+def test_delta_views_and_suggestion(session):
+    v = wb.delta_views(session)
+    assert v.threshold > 0
+    # the tiny language expert changed layers 0, 1 and 7: the suggestion swaps the bottom ones
+    assert v.suggestion.bottom >= 1 and "bottom" in v.suggestion_text
+    w = wb.delta_views(session, v.threshold * 10)
+    assert w.heatmaps.to_json() != v.heatmaps.to_json()
+
+
+# --------------------------------------------------------------------------- evaluate / sweep
+def test_evaluate_side_by_side(session):
+    wb.build(session, swap(session, 2, 1))
+    res = wb.evaluate(session, "mgsm", "sw", n=2, shots=1, roles=("task", "merged"),
+                      max_new_tokens=8)
+    assert len(res.rows) == 2 and len(res.rows[0]) == len(res.headers)
+    assert [r[0] for r in res.summary_rows] == ["task expert", "merged"]
+    with pytest.raises(wb.WorkbenchError, match="between 1 and"):
+        wb.evaluate(session, "mgsm", "sw", n=wb.LIMITS.eval_questions + 1)
+
+
+def test_sweep_grid(session):
+    res = wb.sweep(session, swap(session, 2, 1), "bottom / top", "0,2", "1,7", "gsm-symbolic",
+                   "sw", n=2, metric="nll")
+    assert res.xs == [0, 2] and res.ys == [1, 7]
+    assert res.scores[1][1] is None              # 2 + 7 > 8 layers: impossible, skipped
+    assert all(s is not None and s > 0 for s in (res.scores[0][0], res.scores[0][1], res.scores[1][0]))
+    assert len(res.rows) == 3
+    with pytest.raises(wb.WorkbenchError, match="outside"):
+        wb.sweep(session, swap(session, 2, 1), "bottom / top", "0-9", "0")
+
+
+# --------------------------------------------------------------------------- chat
+def test_chat_streams_and_rejects_empty(session):
+    wb.build(session, swap(session, 2, 1))
+    steps = [[dict(m) for m in h]
+             for h in wb.chat(session, "Habari?", [], "merged", max_new_tokens=12)]
+    assert steps and all(len(h) == 2 for h in steps)
+    final = steps[-1]
+    assert final[0] == {"role": "user", "content": "Habari?"} and final[1]["content"]
+    with pytest.raises(wb.WorkbenchError, match="type a message"):
+        next(wb.chat(session, "   ", [], "merged"))
+    gradio_style = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert wb.plain_history(gradio_style) == [{"role": "user", "content": "hi"}]
