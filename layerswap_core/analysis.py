@@ -472,10 +472,10 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
     names.sort(key=lambda n: base_r.shard(n))
     total = sum(math.prod(base_r.shape(n)) for n in names) or 1
 
-    def load(name):
-        b = base_r.get(name, device)
+    def load(name):  # pread (no mmap): resident memory stays at the tensors in flight
+        b = base_r.read(name, device)
         if exp_r is not None:
-            return b, exp_r.get(name, device), None
+            return b, exp_r.read(name, device), None
         d = delta_provider(name)
         if d is not None and tuple(d.shape) != tuple(b.shape):
             raise DeltaMismatchError(f"tensor {name}: the delta provider gave shape {list(d.shape)} "
@@ -634,8 +634,7 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
         return a / (a + m) if a + m > 0 else 0.0
 
     share_task, share_lang = att_share(task_stats), att_share(lang_stats)
-    partition = "A" if middle and share_task > 0 and share_lang >= ATTENTION_RATIO * share_task \
-        else None
+    partition = "A" if share_lang > 0 and share_lang >= ATTENTION_RATIO * share_task else None
     if partition:
         tb = tu = 0
 
