@@ -1,0 +1,488 @@
+"""Math evaluation: prompts, answer extraction, scoring with a 95% CI, gold-solution NLL,
+side-by-side runs of several models, and the ``layerswap eval`` command.
+
+Prompts and answer filters follow lm-eval's ``mgsm_direct_*`` and ``mgsm_native_cot_*`` tasks
+(prompt words per language in ``PROMPT_WORDS``, copied from lm-eval 0.4.13's
+``tasks/mgsm/utils.py``; tests check them against the installed YAML files), so our numbers
+compare with published ones. Two extraction filters, as in lm-eval:
+
+* ``strict``: CoT: the number after the language's "The answer is" phrase (first match);
+  direct: the whole output (whitespace stripped) must be the number;
+* ``flexible``: the last number-like span of the output.
+
+On top of lm-eval we normalise native digits (Bengali, Telugu, Thai, ...), thousands commas,
+"$" and trailing ".0" before comparing numbers; ``lm_eval_compatible=True`` turns that off
+and compares strings exactly as lm-eval's ``exact_match`` does (ignore case and punctuation).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .data import (Item, gsm_symbolic_items, load_items, load_mgsm, mgsm_lang, normalize_number,
+                   source_label, to_ascii_digits)
+from .generation import encode, generate
+
+Progress = Callable[[float, str], None]
+
+
+# --------------------------------------------------------------------------- prompt words
+@dataclass(frozen=True)
+class PromptWords:
+    question: str        # prefix of every question ("Swali:")
+    cot_answer: str      # chain-of-thought answer prefix ("Jibu la Hatua kwa Hatua:")
+    direct_answer: str   # direct answer prefix ("Answer:", "Antwort:")
+    answer_regex: str    # lm-eval's strict-match pattern, one capture group for the number
+
+
+# lm-eval 0.4.13 tasks/mgsm/utils.py LANGUAGES (note its own quirks, kept on purpose: several
+# languages use the English "Answer:" for direct prompts, and Bengali's strict pattern is English).
+PROMPT_WORDS: dict[str, PromptWords] = {
+    "bn": PromptWords("প্রশ্ন:", "ধাপে ধাপে উত্তর:", "Answer:", r"The answer is (\-?[0-9\.\,]+)"),
+    "de": PromptWords("Frage:", "Schritt-für-Schritt-Antwort:", "Antwort:",
+                      r"Die Antwort lautet (\-?[0-9\.\,]+)"),
+    "en": PromptWords("Question:", "Step-by-Step Answer:", "Answer:", r"The answer is (\-?[0-9\.\,]+)"),
+    "es": PromptWords("Pregunta:", "Respuesta paso a paso:", "Respuesta:",
+                      r"La respuesta es (\-?[0-9\.\,]+)"),
+    "fr": PromptWords("Question :", "Réponse étape par étape :", "Réponse :",
+                      r"La réponse est (\-?[0-9\.\,]+)"),
+    "ru": PromptWords("Задача:", "Пошаговоерешение:", "Answer:", r"Ответ — (\-?[0-9\.\,]+)"),
+    "sw": PromptWords("Swali:", "Jibu la Hatua kwa Hatua:", "Answer:", r"Jibu ni (\-?[0-9\.\,]+)"),
+    "te": PromptWords("ప్రశ్న:", "దశలవారీగా సమాధానం:", "Answer:", r"సమాధానం (\-?[0-9\.\,]+)"),
+    "th": PromptWords("โจทย์:", "คำตอบทีละขั้นตอน:", "Answer:", r"คำตอบคือ (\-?[0-9\.\,]+)"),
+    "ja": PromptWords("問題：", "ステップごとの答え:", "Answer:", r"答えは(\-?[0-9\.\,]+)です。"),
+    "zh": PromptWords("问题：", "逐步解答:", "Answer:", r"答案是 (\-?[0-9\.\,]+)。"),
+}
+FLEXIBLE_REGEX = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"   # lm-eval's flexible-extract, last match wins
+NUMBER_GROUP = r"(\-?[0-9\.\,]+)"
+CHAT_END_STOPS = ("</s>", "<|im_end|>")          # lm-eval's extra `until` strings
+
+
+def prompt_words(lang: str) -> PromptWords:
+    """Words for ``lang`` (MGSM or ISO 639-3 code); English for languages MGSM lacks."""
+    return PROMPT_WORDS.get(mgsm_lang(lang), PROMPT_WORDS["en"])
+
+
+def answer_phrase(lang: str, number: str) -> str:
+    """The language's "The answer is N." sentence, as lm-eval's exemplars end."""
+    pattern = prompt_words(lang).answer_regex
+    head, tail = pattern.split(NUMBER_GROUP)
+    unescape = lambda s: re.sub(r"\\(.)", r"\1", s)  # noqa: E731
+    tail = unescape(tail)
+    return f"{unescape(head)}{number}{tail if tail else '.'}"
+
+
+def target_delimiter(lang: str, cot: bool) -> str:
+    # lm-eval: direct_yaml sets ""; CoT uses " " except Japanese and Chinese ("").
+    if not cot:
+        return ""
+    return "" if mgsm_lang(lang) in ("ja", "zh") else " "
+
+
+def stop_strings(lang: str) -> list[str]:
+    """lm-eval's `until` for mgsm: the next question's prefix and chat end markers."""
+    return [prompt_words(lang).question, *CHAT_END_STOPS]
+
+
+# --------------------------------------------------------------------------- prompts
+def question_text(item: Item, lang: str, cot: bool) -> str:
+    w = prompt_words(lang)
+    return f"{w.question} {item.question}\n{w.cot_answer if cot else w.direct_answer}"
+
+
+def target_text(item: Item, lang: str, cot: bool) -> str:
+    """What follows the answer prefix in an exemplar (and what the gold NLL scores)."""
+    if not cot:
+        return item.answer
+    if not item.solution:
+        raise ValueError(f"{item.id} has no worked solution; chain-of-thought exemplars need one")
+    return f"{item.solution} {answer_phrase(lang, item.answer)}"
+
+
+def build_prompt(item: Item, exemplars: Sequence[Item] = (), *, cot: bool = False,
+                 tokenizer=None, chat_template: bool = False, lang: str | None = None) -> str:
+    """The n-shot prompt for ``item``, as lm-eval builds it.
+
+    Plain: exemplars "Q\\nA<delim>target" joined by blank lines, then "Q\\nA".
+    Chat template: exemplars as alternating user/assistant turns (lm-eval's
+    ``fewshot_as_multiturn``), the question as the last user turn, generation prompt added.
+    """
+    lang = lang or item.lang
+    delim = target_delimiter(lang, cot)
+    if chat_template:
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("chat_template=True needs a tokenizer that has a chat template")
+        messages = []
+        for ex in exemplars:
+            messages += [{"role": "user", "content": question_text(ex, lang, cot)},
+                         {"role": "assistant", "content": target_text(ex, lang, cot)}]
+        messages.append({"role": "user", "content": question_text(item, lang, cot)})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    shots = [question_text(ex, lang, cot) + delim + target_text(ex, lang, cot) for ex in exemplars]
+    return "\n\n".join([*shots, question_text(item, lang, cot)])
+
+
+def exemplar_pool(lang: str, *, cot: bool, source: str = "mgsm",
+                  data_dir=None) -> list[Item]:
+    """Candidate few-shot exemplars, best first, in the target language where possible.
+
+    1. GSM-Symbolic training templates (0000-0049) of the language: worked solutions, and
+       never scored (evaluation uses 0050-0099);
+    2. for direct prompts on MGSM: other MGSM rows of the language (``select_exemplars`` drops
+       the scored ones);
+    3. English GSM-Symbolic training templates (e.g. Bengali, which has almost no validated
+       templates).
+    """
+    pool: list[Item] = []
+    try:
+        pool += gsm_symbolic_items(lang, "train")
+    except ValueError:
+        pass
+    if not cot and source == "mgsm":
+        try:
+            pool += load_mgsm(lang, data_dir)
+        except ValueError:
+            pass
+    if mgsm_lang(lang) != "en":
+        pool += gsm_symbolic_items("en", "train")
+    return pool
+
+
+def select_exemplars(pool: Sequence[Item], scored: Sequence[Item], k: int) -> list[Item]:
+    """The first ``k`` pool items that share nothing with a scored item.
+
+    Excluded: same id, same question text, or same origin (the GSM8K problem both derive from,
+    so a GSM-Symbolic variant of a scored MGSM problem is never shown as an exemplar).
+    """
+    if k < 0 or k > 8:
+        raise ValueError(f"shots must be between 0 and 8, not {k}")
+    ids = {it.id for it in scored}
+    questions = {it.question.strip() for it in scored}
+    origins = {it.origin for it in scored if it.origin is not None}
+    chosen = []
+    for ex in pool:
+        if ex.id in ids or ex.question.strip() in questions or \
+                (ex.origin is not None and ex.origin in origins):
+            continue
+        if any(ex.id == c.id for c in chosen):
+            continue
+        chosen.append(ex)
+        if len(chosen) == k:
+            return chosen
+    raise ValueError(f"only {len(chosen)} exemplars available apart from the scored items "
+                     f"(asked for {k})")
+
+
+# --------------------------------------------------------------------------- extraction
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+@dataclass
+class Extraction:
+    strict: str | None     # lm-eval strict-match (CoT) / whole output (direct), normalised
+    flexible: str | None   # lm-eval flexible-extract (last number), normalised
+
+
+def _regex_first(pattern: str, text: str, group_select: int = 0) -> str | None:
+    """lm-eval's RegexFilter + take_first: findall, pick a match, first non-empty group."""
+    found = re.findall(pattern, text)
+    if not found:
+        return None
+    m = found[group_select]
+    if isinstance(m, tuple):
+        m = next((g for g in m if g), None)
+        if m is None:
+            return None
+    return m.strip()
+
+
+def extract_strict(output: str, lang: str, cot: bool, *, lm_eval_compatible: bool = False) -> str | None:
+    text = output if lm_eval_compatible else to_ascii_digits(output)
+    if cot:
+        raw = _regex_first(prompt_words(lang).answer_regex, text)
+    else:
+        raw = text.strip()  # lm-eval's remove_whitespace filter: the whole output is the answer
+    if raw is None or lm_eval_compatible:
+        return raw
+    return normalize_number(raw)
+
+
+def extract_flexible(output: str, *, lm_eval_compatible: bool = False) -> str | None:
+    if lm_eval_compatible:
+        return _regex_first(FLEXIBLE_REGEX, output, -1)
+    # Same pattern, but spans without a digit ("...", ",,") are skipped, so a final ellipsis
+    # does not hide the number before it.
+    spans = [a or b for a, b in re.findall(FLEXIBLE_REGEX, to_ascii_digits(output))]
+    spans = [s for s in spans if any(c.isdigit() for c in s)]
+    return normalize_number(spans[-1].strip()) if spans else None
+
+
+def extract_answer(output: str, lang: str, cot: bool, *, lm_eval_compatible: bool = False) -> Extraction:
+    return Extraction(extract_strict(output, lang, cot, lm_eval_compatible=lm_eval_compatible),
+                      extract_flexible(output, lm_eval_compatible=lm_eval_compatible))
+
+
+def is_correct(extracted: str | None, gold: str, *, lm_eval_compatible: bool = False) -> bool:
+    """Exact match of an extracted answer with the gold number.
+
+    lm-eval compatible: lower-case, drop all punctuation, compare strings (so "1,000" matches
+    "1000" but "18.0" does not match "18"); default: compare normalised numbers.
+    """
+    if extracted is None:
+        return False
+    if lm_eval_compatible:
+        return extracted.lower().translate(_PUNCT) == str(gold).lower().translate(_PUNCT)
+    gold_n = normalize_number(str(gold))
+    return gold_n is not None and normalize_number(extracted) == gold_n
+
+
+# --------------------------------------------------------------------------- statistics
+def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval for a proportion (well-behaved at 0 and at small n)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = correct / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+# --------------------------------------------------------------------------- gold NLL
+def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
+             batch_size: int = 8) -> list[float]:
+    """Teacher-forced mean negative log-likelihood (nats/token) of each target after its prompt.
+
+    A graded signal where exact-match accuracy is near zero: a merge that makes the gold
+    solution more likely helps even before the model gets answers right.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pairs = [(encode(tokenizer, p), encode(tokenizer, t)) for p, t in zip(prompts, targets)]
+    out = [math.nan] * len(pairs)
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            width = max(len(pairs[i][0]) + len(pairs[i][1]) for i in idx)
+            ids = torch.full((len(idx), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            labels = torch.full_like(ids, -100)
+            for row, i in enumerate(idx):   # right padding: positions stay 0..n-1
+                p, t = pairs[i]
+                seq = torch.tensor(p + t)
+                ids[row, :len(seq)] = seq
+                mask[row, :len(seq)] = 1
+                labels[row, len(p):len(seq)] = torch.tensor(t)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+            logp = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:].to(device),
+                                   ignore_index=-100, reduction="none")
+            counts = (labels[:, 1:] != -100).sum(1)
+            for row, i in enumerate(idx):
+                if counts[row] > 0:
+                    out[i] = float(logp[row].sum() / counts[row])
+    return out
+
+
+# --------------------------------------------------------------------------- running
+@dataclass
+class SideBySideResult:
+    """Per-item rows and per-model summary of one evaluation of several models.
+
+    rows[i] = {"id", "question", "gold", "models": {name: {"output", "answer", "strict_answer",
+    "correct", "strict_correct", "gold_nll"}}}; summary = [{"model", "accuracy", "ci_low",
+    "ci_high", "n", "strict_accuracy", "mean_gold_nll"}] (the format plots.accuracy_bars takes).
+    """
+    rows: list[dict]
+    summary: list[dict]
+    config: dict = field(default_factory=dict)
+
+    @property
+    def models(self) -> list[str]:
+        return [s["model"] for s in self.summary]
+
+    def flat_rows(self) -> list[dict]:
+        """One flat dict per item (columns "<model> output", "<model> answer", ...) for tables."""
+        flat = []
+        for r in self.rows:
+            d = {"id": r["id"], "question": r["question"], "gold": r["gold"]}
+            for m, v in r["models"].items():
+                d[f"{m} output"] = v["output"]
+                d[f"{m} answer"] = v["answer"]
+                d[f"{m} correct"] = v["correct"]
+            flat.append(d)
+        return flat
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "summary": self.summary, "rows": self.rows}
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), ensure_ascii=False, indent=1))
+        return path
+
+    def table(self) -> str:
+        """The summary as a fixed-width text table."""
+        head = f"{'model':<40} {'accuracy':>8} {'95% CI':>15} {'n':>4} {'strict':>7} {'gold NLL':>8}"
+        lines = [head, "-" * len(head)]
+        for s in self.summary:
+            nll = s.get("mean_gold_nll")
+            lines.append(f"{s['model'][-40:]:<40} {s['accuracy']:>8.3f} "
+                         f"{'[%.3f, %.3f]' % (s['ci_low'], s['ci_high']):>15} {s['n']:>4} "
+                         f"{s['strict_accuracy']:>7.3f} "
+                         f"{'-' if nll is None else format(nll, '.3f'):>8}")
+        return "\n".join(lines)
+
+
+def summarize(name: str, correct: Sequence[bool], strict: Sequence[bool],
+              nlls: Sequence[float] | None = None) -> dict:
+    n, k = len(correct), sum(bool(c) for c in correct)
+    lo, hi = wilson_interval(k, n)
+    good = [x for x in (nlls or []) if x is not None and not math.isnan(x)]
+    return {"model": name, "accuracy": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "n": n,
+            "strict_accuracy": sum(bool(c) for c in strict) / n if n else 0.0,
+            "mean_gold_nll": sum(good) / len(good) if good else None}
+
+
+def _ensure_loaded(spec, device):
+    if isinstance(spec, (str, Path)):
+        from .models import load_model
+        return load_model(str(spec), device=device), True
+    model, tokenizer = spec
+    return (model, tokenizer), False
+
+
+def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot: bool = False,
+                     chat_template: bool = False, max_new_tokens: int | None = None,
+                     batch_size: int = 16, exemplars: Sequence[Item] | None = None,
+                     data_dir=None, with_nll: bool = True, device: str | None = "cpu",
+                     progress: Progress | None = None) -> SideBySideResult:
+    """Evaluate the same items with the same prompts on each model (up to four, e.g. base,
+    task expert, language expert, merged).
+
+    ``models``: name -> (model, tokenizer) or a model reference (loaded with
+    ``models.load_model`` one at a time and freed after its run). Exemplars default to
+    ``select_exemplars(exemplar_pool(...), items, shots)``. Accuracy uses the flexible filter;
+    strict accuracy is reported beside it. Mean gold NLL is computed where items have worked
+    solutions (GSM-Symbolic).
+    """
+    if not items:
+        raise ValueError("no items to evaluate")
+    lang = items[0].lang
+    source = items[0].source
+    if exemplars is None:
+        exemplars = select_exemplars(exemplar_pool(lang, cot=cot, source=source, data_dir=data_dir),
+                                     items, shots) if shots else []
+    max_new_tokens = max_new_tokens or (256 if cot else 32)
+    stop = stop_strings(lang)
+    has_solutions = with_nll and all(it.solution for it in items)
+    rows = [{"id": it.id, "question": it.question, "gold": it.answer, "models": {}} for it in items]
+    summary = []
+    n_models = len(models)
+    for mi, (name, spec) in enumerate(models.items()):
+        def step(frac, msg, mi=mi, name=name):
+            if progress is not None:
+                progress((mi + frac) / n_models, f"{name}: {msg}")
+        step(0.0, "loading" if isinstance(spec, (str, Path)) else "starting")
+        (model, tokenizer), loaded_here = _ensure_loaded(spec, device)
+        try:
+            prompts = [build_prompt(it, exemplars, cot=cot, tokenizer=tokenizer,
+                                    chat_template=chat_template, lang=lang) for it in items]
+            gens = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop,
+                            batch_size=batch_size,
+                            progress=lambda f, m: step(0.9 * f if has_solutions else f, m))
+            nlls = None
+            if has_solutions:
+                step(0.9, "gold-solution NLL")
+                delim = target_delimiter(lang, True)
+                nlls = gold_nll(model, tokenizer,
+                                [build_prompt(it, exemplars, cot=cot, tokenizer=tokenizer,
+                                              chat_template=chat_template, lang=lang) for it in items],
+                                [(delim if not chat_template else "") + target_text(it, lang, True)
+                                 for it in items], batch_size=max(1, batch_size // 2))
+        finally:
+            if loaded_here:
+                del model
+        correct, strict = [], []
+        for i, (it, g) in enumerate(zip(items, gens)):
+            ex = extract_answer(g.text, lang, cot)
+            ok, ok_strict = is_correct(ex.flexible, it.answer), is_correct(ex.strict, it.answer)
+            correct.append(ok)
+            strict.append(ok_strict)
+            rows[i]["models"][name] = {"output": g.text, "answer": ex.flexible,
+                                       "strict_answer": ex.strict, "correct": ok,
+                                       "strict_correct": ok_strict,
+                                       "gold_nll": None if nlls is None else nlls[i]}
+        summary.append(summarize(name, correct, strict, nlls))
+        step(1.0, f"accuracy {summary[-1]['accuracy']:.3f}")
+    config = {"data": source_label(source), "lang": lang, "n": len(items), "shots": len(exemplars),
+              "format": "cot" if cot else "direct", "chat_template": chat_template,
+              "max_new_tokens": max_new_tokens, "exemplars": [e.id for e in exemplars],
+              "models": {n: (str(s) if isinstance(s, (str, Path)) else "in-memory")
+                         for n, s in models.items()}}
+    return SideBySideResult(rows, summary, config)
+
+
+# --------------------------------------------------------------------------- CLI
+def _eval_cli(args) -> int:
+    from tqdm import tqdm
+
+    items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir)
+    names = {}
+    for ref in args.model:   # short unique display names for the table
+        name = Path(ref).name if Path(ref).exists() else ref
+        names[name if name not in names else ref] = ref
+    bar = tqdm(total=1000, unit="‰", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {desc}")
+
+    def progress(frac, msg):
+        bar.n = int(frac * 1000)
+        bar.set_description_str(msg[:60])
+        bar.refresh()
+
+    try:
+        result = run_side_by_side(names, items, shots=args.shots, cot=args.cot,
+                                  chat_template=args.chat_template,
+                                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                                  data_dir=args.data_dir, device=args.device, progress=progress)
+    finally:
+        bar.close()
+    c = result.config
+    print(f"{c['data']} {c['lang']}: n={c['n']}, {c['shots']}-shot, {c['format']}"
+          f"{', chat template' if c['chat_template'] else ''} (accuracy: flexible extract; "
+          f"strict: lm-eval strict-match)")
+    print(result.table())
+    if args.out:
+        print(f"wrote {result.save(args.out)}")
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    s = subparsers.add_parser("eval", help="evaluate models on MGSM or GSM-Symbolic, side by side",
+                              description="Greedy n-shot math evaluation with lm-eval's mgsm "
+                              "prompts and filters; accuracy with a 95%% Wilson interval.")
+    s.add_argument("--model", action="append", required=True,
+                   help="model reference (folder, embedded:NAME, owner/name); repeat for up to 4")
+    s.add_argument("--data", choices=["mgsm", "gsm-symbolic"], default="mgsm")
+    s.add_argument("--data-dir", default=None,
+                   help="folder of mgsm_<lang>.tsv files (default: $LAYERSWAP_MGSM_DIR or "
+                   "../shared/data/mgsm)")
+    s.add_argument("--lang", default="sw", help="language code (sw, bn, te, en, ... or swh, ben)")
+    s.add_argument("--n", type=int, default=50, help="number of items (0: all)")
+    s.add_argument("--shots", type=int, default=2, help="few-shot exemplars, 0-8")
+    s.add_argument("--cot", action="store_true", help="chain-of-thought prompts (else direct)")
+    s.add_argument("--chat-template", action="store_true",
+                   help="wrap the prompt in the model's chat template (exemplars as turns)")
+    s.add_argument("--max-new-tokens", type=int, default=None,
+                   help="default: 32 direct, 256 chain-of-thought")
+    s.add_argument("--batch-size", type=int, default=16)
+    s.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    s.add_argument("--out", default=None, help="write per-item rows and summary as JSON")
+    s.set_defaults(func=_eval_cli)
