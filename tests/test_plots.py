@@ -1,0 +1,179 @@
+"""Figures are built from the right data: check traces, axes and layout (not pixels)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from layerswap_core import plots
+from layerswap_core.analysis import DeltaStats, TensorStats, delta_stats, suggest_config
+from layerswap_core.architectures import LAYER_KIND_ORDER, get_architecture
+from layerswap_core.io import CheckpointReader
+from layerswap_core.plan import MergeConfig, build_plan
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def stats(tiny):
+    return (delta_stats(tiny["base"], tiny["task"], label="task"),
+            delta_stats(tiny["base"], tiny["lang"], label="lang"))
+
+
+@pytest.fixture
+def tiny_arch(tiny):
+    r = CheckpointReader(tiny["task"])
+    return r.names(), get_architecture(r.config())
+
+
+def synthetic_stats(num_layers: int, label: str, strong: set[int]) -> DeltaStats:
+    """DeltaStats of a 30-layer Llama-like expert, built directly (no model needed for a figure)."""
+    kinds = {"self_attn.q_proj": "attn_q", "self_attn.o_proj": "attn_o",
+             "mlp.down_proj": "mlp_down", "input_layernorm": "norm_attn"}
+    rng = np.random.default_rng(0)
+    tensors = []
+    for l in range(num_layers):
+        for suffix, kind in kinds.items():
+            rows = 1 if kind.startswith("norm") else 16
+            scale = 1e-2 if l in strong else 1e-4
+            mav = np.sort(rng.uniform(0.5, 1.5, rows) * scale).astype(np.float32)
+            tensors.append(TensorStats(f"model.layers.{l}.{suffix}.weight", l, kind,
+                                       (rows, 8) if rows > 1 else (8,), float(mav.mean()),
+                                       float(mav[-1]), mav))
+    return DeltaStats("base", label, "llama", num_layers, tensors, threshold=1e-3, label=label)
+
+
+def test_fraction_heatmap_axes_and_values(stats):
+    task, _ = stats
+    fig = plots.delta_heatmap(task, tau=0.005)
+    (tr,) = fig.data
+    layers, kinds, z = task.grid("frac_rows_above", 0.005)
+    assert list(tr.y) == list(range(8)) and layers == list(range(8))  # layer 0 first = bottom
+    assert fig.layout.yaxis.autorange in (None, True)  # not reversed: layer 0 at the bottom
+    assert list(tr.x) == [plots.KIND_LABELS[k] for k in kinds]
+    assert kinds == [k for k in LAYER_KIND_ORDER if k in kinds]  # display order, present only
+    np.testing.assert_array_equal(np.array(tr.z, dtype=float), z)
+    assert (tr.zmin, tr.zmax) == (0.0, 1.0)
+    assert "0.005" in fig.layout.title.text and fig.layout.yaxis.title.text == "layer"
+    assert "mean row MAV" in tr.hovertemplate
+    custom = np.array(tr.customdata, dtype=float)
+    np.testing.assert_allclose(custom[..., 1], task.grid("mean_row_mav")[2])
+
+
+def test_mav_heatmap_log_scale(stats):
+    task, _ = stats
+    fig = plots.mav_heatmap(task)
+    z = np.array(fig.data[0].z, dtype=float)
+    np.testing.assert_allclose(z, np.log10(task.grid("mean_row_mav")[2]))
+    assert "log" in fig.data[0].colorbar.title.text
+    lin = plots.mav_heatmap(task, log=False)
+    np.testing.assert_allclose(np.array(lin.data[0].z, dtype=float), task.grid("mean_row_mav")[2])
+
+
+def test_side_by_side_shares_one_colour_scale(stats):
+    task, lang = stats
+    fig = plots.side_by_side_heatmaps(task, lang, metric="mean_row_mav", log=True, tau=0.005)
+    assert len(fig.data) == 2
+    assert {tr.coloraxis for tr in fig.data} == {"coloraxis"}
+    allz = np.concatenate([np.array(tr.z, dtype=float).ravel() for tr in fig.data])
+    allz = allz[np.isfinite(allz)]
+    assert fig.layout.coloraxis.cmin == pytest.approx(allz.min())
+    assert fig.layout.coloraxis.cmax == pytest.approx(allz.max())
+    assert [a.text for a in fig.layout.annotations] == ["task", "lang"]
+
+
+def test_overlap_is_the_minimum_of_both_fractions(stats):
+    task, lang = stats
+    fig = plots.overlap_heatmap(task, lang, tau=0.001)
+    _, _, ft = task.grid("frac_rows_above", 0.001)
+    _, _, fl = lang.grid("frac_rows_above", 0.001)
+    np.testing.assert_array_equal(np.array(fig.data[0].z, dtype=float), np.fmin(ft, fl))
+    at_auto = plots.overlap_heatmap(task, lang, tau=0.005)
+    # At the automatic threshold the planted experts never overlap: nothing at risk.
+    assert np.nanmax(np.array(at_auto.data[0].z, dtype=float)) == 0
+
+
+def test_plan_heatmap_colours_each_cell_by_its_source(tiny_arch, stats):
+    names, arch = tiny_arch
+    plan = build_plan(MergeConfig(bottom=2, top=1, transition_bottom=1, transition_top=0),
+                      names, arch)
+    cells = plan.cells()
+    fig = plots.plan_heatmap(cells, 8)
+    tr = fig.data[0]
+    ticktext = list(tr.colorbar.ticktext)
+    z = np.array(tr.z, dtype=float)
+    kinds = [k for k in LAYER_KIND_ORDER if k in {k for _, k in cells}]
+    for (l, k), src in cells.items():
+        assert ticktext[int(z[l, kinds.index(k)])] == plots.SOURCE_NAMES[src]
+    assert tr.text[0][0] == "L" and tr.text[2][0] == "½" and tr.text[4][0] == "T"
+    over = plots.plan_heatmap(cells, 8, stats=stats[1], tau=0.005)
+    np.testing.assert_array_equal(np.array(over.data[0].z, dtype=float),
+                                  stats[1].grid("frac_rows_above", 0.005, kinds)[2])
+    assert over.data[0].text[7][0] == "L"
+
+
+def test_layer_stack_from_plan_rows_and_dicts(tiny_arch):
+    names, arch = tiny_arch
+    plan = build_plan(MergeConfig(bottom=2, top=1, transition_bottom=1, transition_top=1,
+                                  w_task=0.6, w_lang=0.4), names, arch)
+    fig = plots.layer_stack_figure(plan.layer_rows())
+    by_name = {tr.name: tr for tr in fig.data}
+    lang, task = by_name["language expert"], by_name["task expert"]
+    assert list(lang.y) == list(range(8))
+    np.testing.assert_allclose(lang.x, [1, 1, 0.4, 0, 0, 0, 0.4, 1])
+    np.testing.assert_allclose(task.x, [0, 0, 0.6, 1, 1, 1, 0.6, 0])
+    assert fig.layout.barmode == "stack" and fig.layout.height >= 300
+    rows = [{"layer": l, "source": "lang" if l < 3 else "task", "w_task": float(l >= 3),
+             "w_lang": float(l < 3), "label": "x"} for l in range(30)]
+    fig30 = plots.layer_stack_figure(rows, names={"lang": "Swahili", "task": "math"})
+    assert {tr.name for tr in fig30.data} == {"Swahili", "math"}
+    assert fig30.layout.height >= 20 * 30
+    part = build_plan(MergeConfig(partition="A"), names, arch)
+    figA = plots.layer_stack_figure(part.layer_rows())
+    lang_x = dict(zip(figA.data[0].y, figA.data[0].x))
+    # Layer 0: attention + MLP to lang (norms stay task); middle: attention only (4 of 9 kinds).
+    assert lang_x[0] == pytest.approx(7 / 9) and lang_x[4] == pytest.approx(4 / 9)
+
+
+def test_profile_figure(stats):
+    task, lang = stats
+    s = suggest_config(task, lang, 8)
+    fig = plots.layer_profile_figure([task, lang], suggestion=s)
+    assert [tr.name for tr in fig.data] == ["task", "lang"]
+    np.testing.assert_allclose(fig.data[0].y, task.layer_profile() / task.layer_profile().sum())
+    assert len(fig.layout.shapes) == 2  # bottom and top swap zones
+    raw = plots.layer_profile_figure({"a": task}, normalize=False)
+    np.testing.assert_allclose(raw.data[0].y, task.layer_profile())
+
+
+def test_accuracy_bars_error_bars():
+    summary = [{"model": "task expert", "accuracy": 0.3, "ci_low": 0.2, "ci_high": 0.45, "n": 50},
+               {"model": "merged", "accuracy": 0.5, "ci_low": 0.36, "ci_high": 0.64, "n": 50}]
+    fig = plots.accuracy_bars(summary)
+    tr = fig.data[0]
+    assert list(tr.x) == ["task expert", "merged"]
+    np.testing.assert_allclose(tr.error_y.array, [0.15, 0.14])
+    np.testing.assert_allclose(tr.error_y.arrayminus, [0.1, 0.14])
+    assert fig.layout.yaxis.range[1] >= 0.64 and "95%" in tr.hovertemplate
+
+
+def test_sweep_heatmap_stars_the_best_cell():
+    scores = [[0.1, 0.2, None], [0.4, 0.3, 0.2]]
+    fig = plots.sweep_heatmap([0, 1, 2], [3, 4], scores, "top u", "bottom b")
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (2, 3) and np.isnan(z[0, 2])
+    star = fig.data[1]
+    assert (star.x[0], star.y[0]) == ("0", "4")
+    assert fig.layout.xaxis.title.text == "top u" and fig.layout.yaxis.title.text == "bottom b"
+    assert fig.data[0].text[0][2] == "" and fig.data[0].text[1][0] == "40.0%"
+
+
+def test_thirty_layer_heatmap_is_tall_enough():
+    st = synthetic_stats(30, "x", {0, 1, 29})
+    fig = plots.delta_heatmap(st)
+    assert fig.layout.height >= 20 * 30
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (30, 4)
+    assert set(np.nonzero(z[:, :3] > 0.5)[0]) == {0, 1, 29}
