@@ -13,6 +13,7 @@ import math
 import os
 
 import gradio as gr
+import pandas as pd
 
 from layerswap_core import workbench as wb
 from layerswap_core.spaces import GPU
@@ -49,6 +50,8 @@ def guarded(n_outputs: int):
             try:
                 return fn(*args, **kw)
             except Exception as e:  # noqa: BLE001 - everything reaches the page as one line
+                if n_outputs == 1:
+                    return warn(e)
                 return (warn(e),) + (gr.skip(),) * (n_outputs - 1)
         return wrapper
     return deco
@@ -131,7 +134,7 @@ def save(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, ru
     session = wb.require(session)
     config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
     out = wb.save(session, config, folder, overwrite, gr_progress(progress))
-    return (ok(f"Saved to `{out}`."),)
+    return ok(f"Saved to `{out}`.")
 
 
 @guarded(2)
@@ -154,7 +157,7 @@ def evaluate(session, source, lang, n, shots, cot, roles, max_new_tokens, progre
     roles = tuple(r for r, label in wb.ROLE_LABELS.items() if label in roles)
     res = wb.evaluate(session, source, lang, n, shots, cot, roles, max_new_tokens,
                       gr_progress(progress))
-    table = gr.update(value=res.rows, headers=res.headers)
+    table = pd.DataFrame(res.rows, columns=res.headers)
     return ok(f"Evaluated {len(res.rows)} questions."), res.summary_rows, res.figure, table
 
 

@@ -1,0 +1,130 @@
+"""The launched app, driven through its API with gradio_client: every tab's main function."""
+from __future__ import annotations
+
+import socket
+import zipfile
+from pathlib import Path
+
+import pytest
+
+NO_PARTITION = "none (bottom/top sliders)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny):
+    import app
+
+    demo = app.build_demo({role: str(tiny[role]) for role in ("base", "task", "lang")})
+    port = free_port()
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                        quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(app_url, tiny):
+    """One visitor (one session), with the tiny family picked."""
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    out = c.predict(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]), api_name="/pick_models")
+    assert out[0].startswith("✅") and "8 layers" in out[0]
+    return c
+
+
+def config(b=2, u=1, tb=0, tu=0, method="layer swap", partition=NO_PARTITION, rules=""):
+    return (method, b, u, tb, tu, 1.0, 1.0, False, partition, rules)
+
+
+def test_models_tab_bounds_the_sliders(client, tiny):
+    status, table, *sliders, fig, plan = client.predict(
+        str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]), api_name="/pick_models")
+    assert [row[0] for row in table["data"]] == ["base", "task expert", "language expert"]
+    assert all(s["maximum"] == 8 for s in sliders)
+    assert "layers    source" in plan
+
+
+def test_configure_plan_follows_sliders(client):
+    s1, fig1, plan1 = client.predict(*config(2, 1), api_name="/plan")
+    s2, fig2, plan2 = client.predict(*config(3, 1, 1, 0), api_name="/plan")
+    assert s1.startswith("✅") and plan1 != plan2 and fig1 != fig2
+    assert "0-2       lang" in plan2 and "blend" in plan2
+    bad, _, _ = client.predict(*config(5, 4), api_name="/plan")
+    assert bad.startswith("⚠️") and "exceeds the model's 8 layers" in bad
+
+
+def test_build_download_and_save(client, tmp_path):
+    status, yaml_text = client.predict(*config(2, 1), api_name="/build")
+    assert "Built in memory" in status and "bottom: 2" in yaml_text
+    status, zip_path = client.predict(*config(2, 1), api_name="/download")
+    with zipfile.ZipFile(zip_path) as z:
+        assert sorted(z.namelist()) == ["README.md", "layerswap.yaml"]
+    out = tmp_path / "merged"
+    status = client.predict(*config(2, 1), str(out), False, api_name="/save")
+    assert status.startswith("✅") and (out / "config.json").exists()
+    assert (out / "layerswap.yaml").exists() and list(out.glob("*.safetensors"))
+    again = client.predict(*config(2, 1), str(out), False, api_name="/save")
+    assert again.startswith("⚠️") and "exists" in again
+
+
+def test_deltas_and_suggestion(client):
+    status, heat, overlap, profile, suggestion, threshold = client.predict(
+        "fraction", False, api_name="/analyze")
+    assert status.startswith("✅") and "Suggested configuration" in suggestion
+    status, *sliders, partition = client.predict(api_name="/apply_suggestion")
+    assert status.startswith("✅") and isinstance(sliders[0]["value"], (int, float))
+
+
+def test_evaluate_two_questions(client):
+    client.predict(*config(2, 1), api_name="/build")
+    status, summary, bars, table = client.predict(
+        "mgsm", "sw", 2, 1, False, ["task expert", "merged"], 8, api_name="/evaluate")
+    assert status.startswith("✅")
+    assert [r[0] for r in summary["data"]] == ["task expert", "merged"]
+    assert len(table["data"]) == 2 and "merged: output" in table["headers"]
+
+
+def test_sweep(client):
+    status, fig, table = client.predict(*config(2, 1), "bottom / top", "0,2", "1", "gsm-symbolic",
+                                        "sw", 2, "nll", api_name="/sweep")
+    assert status.startswith("✅")
+    assert [r[:2] for r in table["data"]] == [[0, 1], [2, 1]]
+
+
+def test_chat_streams_and_empty_message_is_readable(client):
+    client.predict(*config(2, 1), api_name="/build")
+    job = client.submit("Habari yako?", [], [], "task expert", 16, api_name="/chat")
+    updates = list(job)
+    status, message, merged, other = job.result()
+    assert len(updates) >= 2 and status.startswith("✅")
+    assert merged[-1]["role"] == "assistant" and other[-1]["role"] == "assistant"
+    status, *_ = client.predict("   ", [], [], "task expert", 16, api_name="/chat")
+    assert status.startswith("⚠️") and "type a message" in status
+
+
+@pytest.mark.parametrize("role, ref, words", [
+    ("task", "/no/such/folder", "no such folder"),
+    ("lang", "nobody/not-a-model", "offline"),
+    ("task", "embedded:smollm2-135m-instruct", "30 layers"),   # incompatible with the 8-layer base
+])
+def test_bad_models_show_a_message_and_the_app_keeps_working(app_url, tiny, role, ref, words):
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    refs = {r: str(tiny[r]) for r in ("base", "task", "lang")}
+    refs[role] = ref
+    status, *_ = c.predict(refs["base"], refs["task"], refs["lang"], api_name="/pick_models")
+    assert status.startswith("⚠️") and words in status and "Traceback" not in status
+    # no session was opened: the other tabs say what to do
+    status, *_ = c.predict(*config(), api_name="/build")
+    assert status.startswith("⚠️") and "pick compatible models first" in status
+    status, *_ = c.predict(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]),
+                           api_name="/pick_models")
+    assert status.startswith("✅")
