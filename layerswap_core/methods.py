@@ -66,14 +66,14 @@ def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -
 
 
 def trim(delta: torch.Tensor, density: float) -> torch.Tensor:
-    """Keep the int(density * n) (at least 1) largest-magnitude entries of ``delta``, zero the rest."""
+    """Zero all but the largest-magnitude entries: keep |delta| >= the k-th largest |delta|,
+    k = int(density * n) (at least 1). Entries tied with the k-th are all kept (deterministic)."""
     if density >= 1:
         return delta
-    flat = delta.reshape(-1)
-    k = max(1, int(density * flat.numel()))
-    keep = torch.zeros_like(flat, dtype=torch.bool)
-    keep[flat.abs().topk(k, sorted=False).indices] = True
-    return (flat * keep).reshape(delta.shape)
+    mags = delta.abs().reshape(-1)
+    k = max(1, int(density * mags.numel()))
+    threshold = mags.kthvalue(mags.numel() - k + 1).values
+    return delta * (delta.abs() >= threshold)
 
 
 @register("ties", "https://arxiv.org/abs/2306.01708",

@@ -212,7 +212,8 @@ class Partition:
 @dataclass
 class MergeConfig:
     """Everything that defines a merge. ``bottom``/``top`` None: the 32-layer defaults (5, 2)
-    scaled to the model's depth. Model references are optional here (the CLI/API may give them)."""
+    scaled to the model's depth. A ``partition`` replaces bottom/top/transitions (they are then
+    ignored). Model references are optional here (the CLI/API may give them)."""
     method: str = "layer_swap"
     bottom: int | None = None
     top: int | None = None
@@ -260,9 +261,7 @@ class MergeConfig:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{f}: must be a non-negative number, got {v!r}")
-        uses_weights = self.method == "soup" or (
-            self.method == "layer_swap" and (self.transition_bottom or self.transition_top))
-        if uses_weights and not self.magnitude_weights and self.w_task + self.w_lang <= 0:
+        if self.has_blends and not self.uses_magnitude and self.w_task + self.w_lang <= 0:
             raise ConfigError("w_task + w_lang is 0: the blend has no weight (give a positive weight)")
         if not 0 < self.ties_density <= 1:
             raise ConfigError(f"ties_density: must be in (0, 1], got {self.ties_density!r}")
@@ -271,10 +270,6 @@ class MergeConfig:
         if self.tokenizer_source is not None and self.tokenizer_source not in MODELS:
             raise ConfigError(f"tokenizer_source: must be one of {', '.join(MODELS)}, "
                               f"got {self.tokenizer_source!r}")
-        if self.method == "layer_swap" and self.partition is not None and \
-                (self.transition_bottom or self.transition_top):
-            raise ConfigError("a partition replaces bottom/top/transition layers: set the transition "
-                              "layers to 0 or drop the partition")
         if has_base is False and self.needs_base:
             what = "magnitude-adjusted weights" if self.magnitude_weights else f"method {self.method}"
             raise ConfigError(f"{what} need(s) the base model (--base)")
@@ -289,15 +284,20 @@ class MergeConfig:
         return self
 
     @property
+    def has_blends(self) -> bool:
+        """Whether some tensors are a task/lang weighted blend (soups, transition layers)."""
+        return self.method in ("soup", "magnitude_soup") or (
+            self.method == "layer_swap" and self.partition is None
+            and bool(self.transition_bottom or self.transition_top))
+
+    @property
     def needs_base(self) -> bool:
-        blends = self.method in ("soup", "magnitude_soup") or (
-            self.method == "layer_swap" and (self.transition_bottom or self.transition_top))
-        return self.method in NEEDS_BASE or (self.magnitude_weights and blends)
+        return self.method in NEEDS_BASE or (self.magnitude_weights and self.has_blends)
 
     @property
     def uses_magnitude(self) -> bool:
-        return self.method == "magnitude_soup" or (
-            self.magnitude_weights and self.method in ("layer_swap", "soup"))
+        """Whether the blend weights are the magnitude-adjusted ones (computed from the deltas)."""
+        return self.method == "magnitude_soup" or (self.magnitude_weights and self.has_blends)
 
     # ---- serialisation
     def to_dict(self) -> dict:
