@@ -1,0 +1,111 @@
+"""Run lm-eval's own mgsm tasks on an in-memory model, offline, on the local MGSM TSV files.
+
+The task configuration is lm-eval's installed YAML (``tasks/mgsm/direct`` or ``native_cot``:
+prompt template, ``until`` strings, filters, metric) with one change: the documents come from
+our loaders instead of the Hub. Test documents are the MGSM rows; few-shot documents are the
+same exemplars ``evaluate.select_exemplars`` picks, written in the shape of the Hub's train
+split ("Swali: ..." question, "Jibu la Hatua kwa Hatua: ... Jibu ni N." answer), so lm-eval's
+prompts are identical to ours.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from .data import Item, load_mgsm, mgsm_lang
+from .evaluate import (answer_phrase, exemplar_pool, prompt_words, select_exemplars)
+
+
+def mgsm_task_dir() -> Path:
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("lm-eval is not installed (pip install lm-eval==0.4.13)")
+    return Path(list(spec.submodule_search_locations)[0]) / "tasks" / "mgsm"
+
+
+def installed_task_yaml(lang: str, cot: bool) -> dict:
+    """lm-eval's mgsm task config for ``lang`` with its ``include`` merged in."""
+    lang = mgsm_lang(lang)
+    folder, name = ("native_cot", f"mgsm_native_cot_{lang}") if cot else ("direct", f"mgsm_direct_{lang}")
+    path = mgsm_task_dir() / folder / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"lm-eval has no task {name} ({path} missing)")
+    cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    base = yaml.safe_load((path.parent / cfg.pop("include")).read_text(encoding="utf-8"))
+    return {**base, **cfg}   # the language file overrides whole keys, as lm-eval's loader does
+
+
+def _test_doc(item: Item) -> dict:
+    return {"question": item.question, "answer": None, "answer_number": int(float(item.answer))
+            if float(item.answer).is_integer() else float(item.answer), "equation_solution": None}
+
+
+def _fewshot_doc(item: Item, lang: str, cot: bool) -> dict:
+    w = prompt_words(lang)
+    answer = f"{w.cot_answer} {item.solution} {answer_phrase(lang, item.answer)}" if cot else None
+    if cot and not item.solution:
+        raise ValueError(f"{item.id} has no worked solution for a chain-of-thought exemplar")
+    return {"question": f"{w.question} {item.question}", "answer": answer or f"{w.cot_answer} {item.answer}",
+            "answer_number": _test_doc(item)["answer_number"], "equation_solution": None}
+
+
+def mgsm_task_config(lang: str, items: Sequence[Item], exemplars: Sequence[Item], *,
+                     cot: bool = False, max_gen_toks: int | None = None) -> dict:
+    """lm-eval task config dict: installed mgsm YAML + in-memory documents (no Hub access)."""
+    import datasets
+
+    lang = mgsm_lang(lang)
+    cfg = installed_task_yaml(lang, cot)
+    test = [_test_doc(it) for it in items]
+    train = [_fewshot_doc(ex, lang, cot) for ex in exemplars]
+
+    def documents(**_metadata):
+        return datasets.DatasetDict({"test": datasets.Dataset.from_list(test),
+                                     "train": datasets.Dataset.from_list(train or [_test_doc(items[0])])})
+
+    cfg.update(task=f"{cfg['task']}_local", dataset_path=None, dataset_name=None,
+               custom_dataset=documents, num_fewshot=len(exemplars),
+               # keep the chosen exemplars in order, as our prompts do
+               fewshot_config={"sampler": "first_n"})
+    cfg.pop("tag", None)
+    if max_gen_toks:
+        cfg["generation_kwargs"] = {**cfg.get("generation_kwargs", {}), "max_gen_toks": max_gen_toks}
+    return cfg
+
+
+def run_lm_eval(model, tokenizer, lang: str, *, n: int | None = None, shots: int = 2,
+                cot: bool = False, data_dir=None, items: Sequence[Item] | None = None,
+                exemplars: Sequence[Item] | None = None, batch_size: int = 8,
+                max_gen_toks: int | None = None, apply_chat_template: bool = False) -> dict:
+    """lm-eval's mgsm (direct or native CoT) on an in-memory HF model, offline.
+
+    Returns {"task", "metrics" (lm-eval's result dict for the task), "samples" (log_samples:
+    per doc the prompt, raw response and filtered responses), "exemplars"}.
+    """
+    import lm_eval
+    from lm_eval.api.task import ConfigurableTask
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    lang = mgsm_lang(lang)
+    if items is None:
+        items = load_mgsm(lang, data_dir)[: n or None]
+    if exemplars is None:
+        exemplars = select_exemplars(exemplar_pool(lang, cot=cot, source=items[0].source,
+                                                   data_dir=data_dir), items, shots) if shots else []
+    max_gen_toks = max_gen_toks or (256 if cot else 32)
+    cfg = mgsm_task_config(lang, items, exemplars, cot=cot, max_gen_toks=max_gen_toks)
+    task = ConfigurableTask(config=cfg)
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
+              max_gen_toks=max_gen_toks)
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=[task], num_fewshot=len(exemplars) if exemplars else None, log_samples=True,
+        task_manager=TaskManager(include_defaults=False), apply_chat_template=apply_chat_template,
+        fewshot_as_multiturn=apply_chat_template, bootstrap_iters=0, random_seed=0,
+        numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+    name = cfg["task"]
+    return {"task": name, "metrics": out["results"][name], "samples": out["samples"][name],
+            "exemplars": [e.id for e in exemplars]}
