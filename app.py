@@ -30,14 +30,14 @@ CSS = ".status p { margin: 0; } footer { display: none !important; }"
 
 
 def ok(msg: str) -> str:
-    return f"✅ {msg}"
+    return f"✔ {msg}"
 
 
 def warn(exc: BaseException) -> str:
     """Show the error as a toast and return it for the status line (never a stack trace)."""
     msg = wb.readable_error(exc)
     gr.Warning(msg)
-    return f"⚠️ {msg}"
+    return f"⚠ {msg}"
 
 
 def guarded(n_outputs: int):
@@ -78,7 +78,7 @@ def pick_models(base, task, lang, progress=gr.Progress()):
     session, report = wb.open_session(base, task, lang, gr_progress(progress))
     if session is None:
         gr.Warning("These models cannot be merged; see the list on the Models tab.")
-        return ("⚠️ " + report.markdown(), report.rows, gr.skip(), *[gr.skip()] * 6)
+        return ("⚠ " + report.markdown(), report.rows, gr.skip(), *[gr.skip()] * 6)
     fig, text = wb.plan_view(session, wb.default_config(session))
     return (ok(report.markdown()), report.rows, session, *slider_updates(session), fig, text)
 
@@ -147,7 +147,7 @@ def download(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition
 def cancel(session):
     if session is not None:
         session.cancel.set()
-    return "⏹️ Cancelling after the current step..."
+    return "■ Cancelling after the current step..."
 
 
 @GPU
@@ -282,23 +282,26 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                                   value="mgsm", label="Data")
                 eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
                 n_items = gr.Slider(1, wb.LIMITS.eval_questions, value=2, step=1,
-                                    label="Questions")
-                shots = gr.Slider(0, wb.LIMITS.shots, value=2, step=1, label="Shots")
+                                    label="Questions", elem_id="n-items")
+                shots = gr.Slider(0, wb.LIMITS.shots, value=2, step=1, label="Shots",
+                                  elem_id="shots")
             with gr.Row():
                 cot = gr.Checkbox(False, label="Chain of thought")
                 roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
                                          value=list(wb.ROLE_LABELS.values()), label="Models")
                 eval_tokens = gr.Slider(8, wb.LIMITS.new_tokens, value=64, step=8,
-                                        label="Max new tokens")
+                                        label="Max new tokens", elem_id="eval-tokens")
             with gr.Row():
                 eval_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-btn")
                 eval_cancel = gr.Button("Cancel", variant="stop")
             with gr.Row():
-                summary = gr.Dataframe(headers=["model", "accuracy", "95% CI", "gold NLL", "n"],
-                                       interactive=False, label="Summary", scale=2)
+                summary = gr.Dataframe(headers=wb.SUMMARY_HEADERS, interactive=False,
+                                       label="Summary", scale=2)
                 bars = gr.Plot(label="Accuracy", scale=3)
-            items_table = gr.Dataframe(interactive=False, wrap=True, label="Per question",
-                                       elem_id="eval-table")
+            items_table = gr.Dataframe(interactive=False, max_chars=90, max_height=600,
+                                       label="Per question: extracted answer ✓/✗, then the raw "
+                                             "outputs (full text: fullscreen or copy)",
+                                       elem_id="eval-table", buttons=["fullscreen", "copy"])
 
         with gr.Tab("Sweep", id="sweep"):
             gr.Markdown("Score a grid of configurations on a few fixed items, recomposing the merged "
@@ -402,8 +405,7 @@ def main(argv: list[str] | None = None):
         ensure_asset_packages(install=True)
     demo = build_demo({role: getattr(args, role) for role in wb.ROLES})
     demo.queue(default_concurrency_limit=1).launch(
-        server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-        theme=gr.themes.Soft())
+        server_name=args.host, server_port=args.port, share=args.share, css=CSS)
 
 
 if __name__ == "__main__":

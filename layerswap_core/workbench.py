@@ -500,16 +500,15 @@ def evaluate(session: Session, source: str = "mgsm", lang: str = "sw", n: int = 
 
 
 def _table(result) -> tuple[list[str], list[list]]:
-    headers = ["#", "question", "gold"]
-    for m in result.models:
-        headers += [f"{m}: answer", f"{m}: ok", f"{m}: output"]
+    """One row per question: gold, each model's extracted answer with a mark, then the outputs."""
+    models = result.models
+    headers = ["#", "question", "gold", *models, *(f"{m}: output" for m in models)]
     rows = []
     for i, r in enumerate(result.rows):
-        row = [i + 1, r["question"], r["gold"]]
-        for m in result.models:
-            out = r["models"][m]
-            row += [out["answer"] or "", "✓" if out["correct"] else "✗", out["output"]]
-        rows.append(row)
+        outs = [r["models"][m] for m in models]
+        rows.append([i + 1, r["question"], r["gold"],
+                     *(f"{o['answer'] or '-'} {'✓' if o['correct'] else '✗'}" for o in outs),
+                     *(o["output"].strip() for o in outs)])
     return headers, rows
 
 

@@ -1,0 +1,129 @@
+"""The app in a real browser: headless Debian Chromium driven by Playwright.
+
+Opens the page, moves a layer slider and sees the layer diagram change, builds the merge,
+evaluates two questions and sees the table, chats and sees the streamed answer, and saves a
+screenshot (to $LAYERSWAP_SCREENSHOT, e.g. assets/screenshot.png; else into the test's tmp dir).
+Uses the embedded demo when its experts are installed, else the tiny test family.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+pytestmark = pytest.mark.browser
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # pragma: no cover - CI installs it (requirements-dev.txt)
+    sync_playwright = None
+
+
+def _skip_reason() -> str | None:
+    if sync_playwright is None:
+        return "the Python package playwright is not installed (pip install -r requirements-dev.txt)"
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing (apt-get install -y chromium; .ci/run does it)"
+    return None
+
+
+def demo_refs(tiny) -> dict[str, str]:
+    from layerswap_core import workbench as wb
+    from layerswap_core.models import EMBEDDED, EMBEDDED_PREFIX
+
+    names = [r[len(EMBEDDED_PREFIX):] for r in wb.DEMO_REFS.values()]
+    if all(n in EMBEDDED for n in names):
+        return dict(wb.DEMO_REFS)
+    return {role: str(tiny[role]) for role in ("base", "task", "lang")}
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import app
+
+    refs = demo_refs(tiny)
+    demo = app.build_demo(refs)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                        quiet=True, css=app.CSS)
+    yield f"http://127.0.0.1:{port}/", refs
+    demo.close()
+
+
+def test_browser_walkthrough(served, tmp_path):
+    url, refs = served
+    shot = Path(os.environ.get("LAYERSWAP_SCREENSHOT") or tmp_path / "screenshot.png")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _walkthrough(page, url, refs, shot)
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 20_000
+
+
+def _walkthrough(page, url, refs, shot):
+    status = page.locator("#status")
+    t0 = time.perf_counter()
+    page.goto(url)
+    # the page load picks the preselected models and draws the default plan
+    expect(status).to_contain_text("Compatible", timeout=60_000)
+    print(f"\nfirst page load ready in {time.perf_counter() - t0:.1f} s ({refs['task']})")
+
+    # Configure: move the bottom slider, the diagram and the plan follow
+    page.get_by_role("tab", name="Configure").click()
+    plan = page.locator("#plan-text")
+    diagram = page.locator("#diagram")
+    expect(diagram.locator(".plot-container")).to_be_visible(timeout=30_000)
+    expect(plan).to_contain_text("layers    source", timeout=30_000)
+    before_plan, before_svg = plan.inner_text(), diagram.inner_html()
+    slider = page.locator("#bottom input[type=range]")
+    b = int(slider.input_value())
+    slider.fill(str(b + 1))
+    expect(plan).to_contain_text(f"0-{b}       lang", timeout=30_000)
+    expect(plan).not_to_have_text(before_plan)
+    assert diagram.inner_html() != before_svg
+
+    # Build in memory
+    page.get_by_role("tab", name="Build").click()
+    page.locator("#build-btn").click()
+    expect(page.locator("#build-status")).to_contain_text("Built in memory", timeout=180_000)
+
+    # Evaluate two questions on all four models
+    page.get_by_role("tab", name="Evaluate").click()
+    page.locator("#n-items input[type=number]").fill("2")
+    page.locator("#shots input[type=number]").fill("1")
+    page.locator("#eval-tokens input[type=number]").fill("16")
+    page.locator("#eval-btn").click()
+    expect(status).to_contain_text("Evaluated 2 questions", timeout=300_000)
+    table = page.locator("#eval-table")
+    expect(table).to_contain_text("merged: output")
+    expect(table.locator("[role=grid]")).to_have_attribute("aria-rowcount", "3")  # header + 2
+
+    # Chat: one message, the merged model's answer streams in
+    page.get_by_role("tab", name="Chat").click()
+    page.locator("#chat-input textarea").fill("Juma ana maembe 12. Anampa dada yake 5. Amebaki na mangapi?")
+    page.locator("#chat-send").click()
+    answer = page.locator("#chat-merged .message.bot").last
+    expect(answer).to_be_visible(timeout=120_000)
+    expect(status).to_contain_text("Done", timeout=300_000)
+    assert answer.inner_text().strip()
+
+    page.get_by_role("tab", name="Configure").click()
+    expect(diagram.locator(".plot-container")).to_be_visible()
+    page.wait_for_timeout(500)
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shot), full_page=True)
