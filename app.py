@@ -144,6 +144,14 @@ def download(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition
     return ok("Config and model card zipped."), str(wb.export_zip(session, config))
 
 
+@guarded(1)
+def push(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules, repo_id,
+         private, progress=gr.Progress()):
+    session = wb.require(session)
+    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
+    return ok(f"Pushed to {wb.push_to_hub(session, config, repo_id, private, gr_progress(progress))}")
+
+
 def cancel(session):
     if session is not None:
         session.cancel.set()
@@ -205,10 +213,12 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
     """The app; ``refs`` preselects base/task/lang (default: the embedded demo)."""
     refs = {**wb.DEMO_REFS, **(refs or {})}
     L0 = 30  # the embedded default's depth; pick_models re-bounds the sliders
-    with gr.Blocks(title="layerswap") as demo:
+    with gr.Blocks(title="layerswap", delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         status = gr.Markdown("Loading the embedded demo...", elem_id="status", elem_classes="status")
-        session = gr.State(None)
+        # per visitor; an idle visitor's merged model is freed after LIMITS.session_seconds
+        session = gr.State(None, time_to_live=wb.LIMITS.session_seconds,
+                           delete_callback=wb.close_session)
 
         with gr.Tab("Models", id="models"):
             with gr.Row():
@@ -275,6 +285,10 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
             with gr.Row():
                 zip_btn = gr.Button("Zip config + model card")
                 zip_file = gr.File(label="Download")
+            with gr.Row(visible=wb.hub_token() is not None):  # only with a token and the network
+                repo_id = gr.Textbox(label="Push to the Hub as", placeholder="your-name/merged-model")
+                private = gr.Checkbox(True, label="Private")
+                push_btn = gr.Button("Push")
 
         with gr.Tab("Evaluate", id="evaluate"):
             with gr.Row():
@@ -365,9 +379,11 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
         build_ev = build_btn.click(build, config_inputs, [build_md, config_yaml], api_name="build")
         save_ev = save_btn.click(save, [*config_inputs, folder, overwrite], [build_md],
                                  api_name="save")
-        cancel_btn.click(cancel, [session], [build_md], cancels=[build_ev, save_ev],
+        cancel_btn.click(cancel, [session], [build_md], cancels=[build_ev, save_ev, push_ev],
                          api_visibility="private")
         zip_btn.click(download, config_inputs, [build_md, zip_file], api_name="download")
+        push_ev = push_btn.click(push, [*config_inputs, repo_id, private], [build_md],
+                                 api_name="push")
 
         eval_ev = eval_btn.click(evaluate, [session, source, eval_lang, n_items, shots, cot, roles,
                                             eval_tokens],

@@ -87,6 +87,7 @@ class Limits:
     chat_turns: int = 8
     sweep_cells: int = 25
     sweep_items: int = 8
+    session_seconds: int = 3600     # an idle visitor's models are freed after this
 
     @classmethod
     def from_env(cls) -> "Limits":
@@ -116,8 +117,9 @@ class _ModelCache:
         self._items: OrderedDict[tuple, tuple] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, path: Path, device: str = "cpu"):
+    def get(self, path: Path, device: str | None = None):
         from .models import load_model
+        device = device or default_device()
         key = (str(path), device)
         with self._lock:
             if key in self._items:
@@ -130,6 +132,17 @@ class _ModelCache:
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
             return model, tok
+
+
+def default_device() -> str:
+    """$LAYERSWAP_DEVICE, else cuda when a GPU is here, else cpu. On a ZeroGPU Space models
+    stay on the CPU in the main process (CUDA exists only inside @spaces.GPU calls there)."""
+    from .spaces import HAVE_SPACES
+
+    if os.environ.get("LAYERSWAP_DEVICE"):
+        return os.environ["LAYERSWAP_DEVICE"]
+    import torch
+    return "cuda" if torch.cuda.is_available() and not HAVE_SPACES else "cpu"
 
 
 SOURCE_MODELS = _ModelCache(_env_int("LAYERSWAP_MAX_LOADED_MODELS", 6))
@@ -448,6 +461,46 @@ def save(session: Session, config, folder: str, overwrite: bool = False,
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],
                                session.refs.get("base"), Path(folder.strip()).expanduser(),
                                overwrite=bool(overwrite), progress=guard)
+
+
+def hub_token() -> str | None:
+    """A Hugging Face token from the environment, when the Hub may be used at all."""
+    from .models import is_offline
+    if is_offline():
+        return None
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+
+
+def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
+                progress: Progress | None = None) -> str:
+    """Merge into a temporary folder and upload it to a Hub model repo; returns its URL."""
+    token = hub_token()
+    if token is None:
+        raise WorkbenchError("pushing needs the network and a token: set HF_TOKEN and unset "
+                             "HF_HUB_OFFLINE")
+    repo_id = (repo_id or "").strip()
+    if repo_id.count("/") != 1:
+        raise WorkbenchError(f"repo id {repo_id!r}: expected owner/name")
+    from huggingface_hub import HfApi
+
+    guard = session.begin(progress)
+    with tempfile.TemporaryDirectory(prefix="layerswap-push-") as tmp:
+        out = save(session, config, str(Path(tmp) / "merged"),
+                   progress=lambda f, m: guard(0.8 * f, m))
+        guard(0.8, f"uploading to {repo_id}")
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=bool(private), exist_ok=True)
+        api.upload_folder(folder_path=str(out), repo_id=repo_id,
+                          commit_message="layerswap merge")
+    return f"https://huggingface.co/{repo_id}"
+
+
+def close_session(session: Session | None) -> None:
+    """Free a visitor's merged model (called when their session expires)."""
+    if session is not None:
+        session.cancel.set()
+        session.recomposer = session.merged = None
+        session.stats.clear()
 
 
 def export_zip(session: Session, config, out_dir: str | None = None) -> Path:

@@ -158,3 +158,39 @@ def test_chat_streams_and_rejects_empty(session):
         next(wb.chat(session, "   ", [], "merged"))
     gradio_style = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert wb.plain_history(gradio_style) == [{"role": "user", "content": "hi"}]
+
+
+# --------------------------------------------------------------------------- cancel, hub, sessions
+def test_cancel_stops_the_job_between_steps(session):
+    seen = []
+
+    def press_cancel(frac, msg):
+        seen.append(msg)
+        session.cancel.set()         # the visitor presses Cancel during the first step
+
+    with pytest.raises(wb.Cancelled):
+        wb.evaluate(session, "mgsm", "sw", n=2, shots=0, roles=("task",), max_new_tokens=4,
+                    progress=press_cancel)
+    assert len(seen) == 1 and wb.readable_error(wb.Cancelled()) == "Cancelled."
+    wb.evaluate(session, "mgsm", "sw", n=1, shots=0, roles=("task",), max_new_tokens=4)  # works again
+
+
+def test_push_needs_token_and_network(session, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_dummy")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert wb.hub_token() is None
+    with pytest.raises(wb.WorkbenchError, match="network and a token"):
+        wb.push_to_hub(session, swap(session, 2, 1), "me/merged")
+
+
+def test_sessions_do_not_share_merged_models(session, tiny):
+    other, _ = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    wb.build(session, swap(session, 2, 1))
+    with pytest.raises(wb.WorkbenchError, match="build the merged model first"):
+        other.model("merged")
+    wb.build(other, swap(other, 0, 0))
+    assert session.merged[0] is not other.merged[0]
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(session.merged[0].state_dict()[q], other.merged[0].state_dict()[q])
+    wb.close_session(other)
+    assert other.merged is None
