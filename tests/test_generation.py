@@ -1,0 +1,81 @@
+"""Batched greedy generation equals one-at-a-time generation; stop strings; streaming; chat."""
+from __future__ import annotations
+
+import pytest
+
+from layerswap_core.generation import chat, chat_prompt, cut_at_stop, generate, generate_one, stream_generate
+from layerswap_core.models import load_model
+
+PROMPTS = [
+    "Swali: Bata wa Janet hutaga mayai 16 kila siku.\nAnswer:",
+    "Hello",
+    "Question: Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning "
+    "and bakes muffins for her friends every day with four. How much does she make?\nAnswer:",
+    "প্রশ্ন: জ্যানেটের হাঁসগুলি প্রতিদিন 16টি করে ডিম পাড়ে।",
+    "12 + 7 =",
+    "a b c d e f g h i j k l m n o p q r s t",
+    "ప్రశ్న: 3 + 4?",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models on a shared 2-core machine: OpenMP threads spin against each other (20x slower).
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny):
+    return load_model(tiny["base"])   # float32 on CPU
+
+
+def test_batched_equals_one_by_one(tiny_lm):
+    model, tok = tiny_lm
+    batched = generate(model, tok, PROMPTS, max_new_tokens=12, batch_size=4)
+    single = [generate(model, tok, [p], max_new_tokens=12, batch_size=1)[0] for p in PROMPTS]
+    assert [g.text for g in batched] == [g.text for g in single]
+    assert [g.num_tokens for g in batched] == [g.num_tokens for g in single]
+    assert all(g.num_tokens == 12 for g in batched)   # random tiny model: no EOS within 12
+    assert len({g.text for g in batched}) > 1          # outputs differ per prompt
+
+
+def test_stop_strings_cut_output_and_count_tokens(tiny_lm):
+    model, tok = tiny_lm
+    free = generate(model, tok, PROMPTS, max_new_tokens=12, batch_size=8)
+    # stop at a piece of text each free-running output contains after its first token
+    for g, p in zip(free, PROMPTS):
+        stop = g.text[len(g.text) // 2:][:3]
+        if not stop.strip():
+            continue
+        cut = generate(model, tok, [p, PROMPTS[1]], max_new_tokens=12, stop=[stop], batch_size=2)[0]
+        assert cut.text == g.text[:g.text.find(stop)]
+        assert cut.stopped and cut.num_tokens < 12
+
+
+def test_cut_at_stop_takes_earliest():
+    assert cut_at_stop("18\n\nSwali: x", ["Swali:", "\n\n"]) == ("18", True)
+    assert cut_at_stop("18", ["Swali:"]) == ("18", False)
+
+
+def test_stream_ends_with_the_generated_text(tiny_lm):
+    model, tok = tiny_lm
+    pieces = list(stream_generate(model, tok, PROMPTS[0], max_new_tokens=10))
+    assert pieces and pieces[-1] == generate_one(model, tok, PROMPTS[0], max_new_tokens=10)
+    assert all(b.startswith(a) for a, b in zip(pieces, pieces[1:]))   # cumulative
+    # leaving the stream early stops the generating thread (no hang, no error)
+    stream = stream_generate(model, tok, PROMPTS[1], max_new_tokens=200)
+    next(stream)
+    stream.close()
+
+
+def test_chat_uses_template(tiny_lm):
+    model, tok = tiny_lm
+    prompt = chat_prompt(tok, "Hi", system="Be brief.")
+    assert "Be brief." in prompt and prompt.rstrip().endswith("assistant")
+    reply = chat(model, tok, [{"role": "user", "content": "Hi"}], max_new_tokens=5)
+    assert reply == generate_one(model, tok, chat_prompt(tok, "Hi"), max_new_tokens=5)
+    assert list(chat(model, tok, "Hi", max_new_tokens=5, stream=True))[-1] == reply
