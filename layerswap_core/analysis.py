@@ -22,12 +22,14 @@ import hashlib
 import io as _io
 import json
 import math
+import mmap
 import os
 import queue
 import re
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 from .architectures import KIND_GROUPS, LAYER_KIND_ORDER, get_architecture
-from .io import INDEX_NAME, CheckpointReader
+from .io import INDEX_NAME, ST_TO_DTYPE, CheckpointReader
 from .models import cache_dir, pick_device, resolve
 
 Progress = Callable[[float, str], None]
@@ -345,8 +347,8 @@ def lora_delta_provider(folder: str | Path) -> LoraDeltaProvider:
 
 
 # --------------------------------------------------------------------------- computation
-def _row_mavs(expert: torch.Tensor | None, base: torch.Tensor | None, delta: torch.Tensor | None,
-              buf: torch.Tensor) -> torch.Tensor:
+def _row_mavs(expert: torch.Tensor | None, base: torch.Tensor | None,
+              delta: torch.Tensor | None) -> torch.Tensor:
     """Row MAVs of (expert - base), or of ``delta``; chunked so each float32 chunk stays in cache."""
     src = delta if delta is not None else expert
     x = src.reshape(1, -1) if src.dim() == 1 else src
@@ -354,8 +356,7 @@ def _row_mavs(expert: torch.Tensor | None, base: torch.Tensor | None, delta: tor
     rows, cols = x.shape
     out = torch.empty(rows, dtype=torch.float32, device=x.device)
     step = max(1, CHUNK_ELEMS // max(cols, 1))
-    if buf.device != x.device or buf.numel() < step * cols:
-        buf = torch.empty(step * cols, dtype=torch.float32, device=x.device)
+    buf = torch.empty(step * cols, dtype=torch.float32, device=x.device)
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         d = buf[: (r1 - r0) * cols].view(r1 - r0, cols)
@@ -367,7 +368,80 @@ def _row_mavs(expert: torch.Tensor | None, base: torch.Tensor | None, delta: tor
     return out
 
 
-def _prefetch(items: list, load: Callable, depth: int = 2):
+def open_tensor(reader: CheckpointReader, name: str, device: str = "cpu"):
+    """(tensor, release) for one checkpoint tensor, read-only.
+
+    On CPU the tensor is a zero-copy view of the file through mmap: the page cache is read
+    once, by the computation itself (a pread copy would double the memory traffic). Only this
+    tensor's pages are mapped, and ``release()`` unmaps them, so resident memory stays at the
+    tensors in flight. On other devices, or for dtypes torch cannot view, it is read normally.
+    """
+    loc = reader.location(name)
+    dtype = ST_TO_DTYPE.get(loc.dtype)
+    if str(device) != "cpu" or dtype is None or loc.nbytes == 0:
+        return reader.read(name, device), lambda: None
+    start = loc.offset - loc.offset % mmap.ALLOCATIONGRANULARITY
+    with open(loc.path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), loc.offset + loc.nbytes - start, access=mmap.ACCESS_READ,
+                       offset=start)
+    if hasattr(mm, "madvise"):
+        mm.madvise(mmap.MADV_WILLNEED)  # start reading ahead before the computation gets there
+    with warnings.catch_warnings():  # "buffer is not writable": we only ever read it
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.frombuffer(mm, dtype=dtype, count=math.prod(loc.shape),
+                             offset=loc.offset - start).view(loc.shape)
+    reader.reads += 1
+
+    def release():
+        try:
+            mm.close()
+        except BufferError:  # a view is still alive somewhere: the GC unmaps it later
+            pass
+    return t, release
+
+
+def _row_mavs_parallel(expert, base, delta, pool) -> torch.Tensor:
+    """_row_mavs with the rows split over the pool's threads (each single-threaded torch).
+
+    Python threads over row blocks scale on a busy machine where torch's own OpenMP threads,
+    which synchronise on every small chunk, crawl.
+    """
+    src = delta if delta is not None else expert
+    rows = src.shape[0] if src.dim() == 2 else 1
+    parts = pool._max_workers if pool is not None else 1
+    if parts < 2 or rows < 64 * parts:
+        return _row_mavs(expert, base, delta)
+    cut = [rows * i // parts for i in range(parts + 1)]
+    part = lambda t, i: None if t is None else t[cut[i]:cut[i + 1]]  # noqa: E731
+    futures = [pool.submit(_row_mavs, part(expert, i), part(base, i), part(delta, i))
+               for i in range(parts)]
+    return torch.cat([f.result() for f in futures])
+
+
+_threads_lock = threading.Lock()
+_threads_state = {"users": 0, "saved": 1}
+
+
+def _single_threaded_torch(enter: bool) -> int:
+    """Set torch's intra-op threads to 1 while any analysis runs (restored by the last one).
+
+    torch's thread count is process-wide; the count keeps concurrent analyses (the app serves
+    several visitors) from restoring it early or to 1. Returns the thread count saved.
+    """
+    with _threads_lock:
+        if enter:
+            if _threads_state["users"] == 0:
+                _threads_state["saved"] = torch.get_num_threads()
+                torch.set_num_threads(1)
+            _threads_state["users"] += 1
+        else:
+            _threads_state["users"] -= 1
+            if _threads_state["users"] == 0:
+                torch.set_num_threads(_threads_state["saved"])
+        return _threads_state["saved"]
+
+
+def _prefetch(items: list, load: Callable, depth: int = 1):
     """Yield load(item) for each item, loading up to ``depth`` ahead in a background thread.
 
     Overlaps file reads with computation: reading a tensor releases the GIL, as does torch.
@@ -472,43 +546,48 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
     names.sort(key=lambda n: base_r.shard(n))
     total = sum(math.prod(base_r.shape(n)) for n in names) or 1
 
-    def load(name):  # pread (no mmap): resident memory stays at the tensors in flight
-        b = base_r.read(name, device)
+    def load(name):  # -> (base, expert, delta, releases)
         if exp_r is not None:
-            return b, exp_r.read(name, device), None
+            (b, rel_b), (e, rel_e) = open_tensor(base_r, name, device), open_tensor(exp_r, name, device)
+            return b, e, None, (rel_b, rel_e)
+        b = base_r.read(name, device)
         d = delta_provider(name)
         if d is not None and tuple(d.shape) != tuple(b.shape):
             raise DeltaMismatchError(f"tensor {name}: the delta provider gave shape {list(d.shape)} "
                                      f"but the base has {list(b.shape)}")
-        return b, None, (d.to(device) if d is not None else None)
+        return b, None, (d.to(device) if d is not None else None), ()
 
     tensors: list[TensorStats] = []
     done = 0
-    threads = torch.get_num_threads()
-    # One compute thread: the chunks are small, and the reader thread needs the other core.
-    # (Multi-threaded torch ops on ~1 MiB chunks are slower, badly so on a busy machine.)
+    pool = None
     if device == "cpu":
-        torch.set_num_threads(1)
-    buf = torch.empty(0)
+        # Single-threaded torch ops on ~1 MiB chunks, the rows split over our own threads.
+        threads = _single_threaded_torch(True)
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            pool = ThreadPoolExecutor(min(threads, 8), thread_name_prefix="layerswap-delta")
     try:
-        for name, (b, e, d) in _prefetch(names, load):
+        for name, (b, e, d, releases) in _prefetch(names, load):
             info = arch.classify(name)
             if exp_r is None and d is None:
                 rm = torch.zeros(1 if b.dim() == 1 else b.shape[0])
             else:
-                if d is None and buf.device != b.device:
-                    buf = torch.empty(0, device=b.device)
-                rm = _row_mavs(e, b, d, buf)
+                rm = _row_mavs_parallel(e, b, d, pool)
             rm_sorted = torch.sort(rm).values.cpu().numpy().astype(np.float32, copy=False)
             tensors.append(TensorStats(name, info.layer, info.kind, tuple(b.shape),
                                        float(rm.double().mean()) if rm.numel() else 0.0,
                                        float(rm_sorted[-1]) if rm.numel() else 0.0, rm_sorted))
             done += b.numel()
             del b, e, d
+            for release in releases:
+                release()
             if progress is not None:
                 progress(done / total, f"delta statistics: {name}")
     finally:
-        torch.set_num_threads(threads)
+        if device == "cpu":
+            _single_threaded_torch(False)
+        if pool is not None:
+            pool.shutdown()
         base_r.close()
         if exp_r is not None:
             exp_r.close()

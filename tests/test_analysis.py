@@ -41,6 +41,8 @@ def direct_row_mavs(base: Path, expert: Path) -> dict[str, np.ndarray]:
 
 def test_stats_equal_direct_computation(tiny):
     st = delta_stats(tiny["base"], tiny["task"], cache=False)
+    if Path("/proc/self/maps").exists():  # every mmap'd tensor was released again
+        assert str(tiny["task"]) not in Path("/proc/self/maps").read_text()
     ref = direct_row_mavs(tiny["base"], tiny["task"])
     assert {s.name for s in st.tensors} == set(ref)
     arch = get_architecture(CheckpointReader(tiny["base"]).config())
@@ -85,6 +87,8 @@ def test_tiny_family_at_the_automatic_threshold(tiny):
 
 
 def test_threshold_changes_read_no_tensors(tiny, monkeypatch):
+    """Spies (that call through) on every way a tensor can be loaded: the reader's read/get and
+    the analysis' mmap loader."""
     calls = []
     for meth in ("read", "get"):
         orig = getattr(CheckpointReader, meth)
@@ -93,6 +97,12 @@ def test_threshold_changes_read_no_tensors(tiny, monkeypatch):
             calls.append(name)
             return _orig(self, name, *a, **kw)
         monkeypatch.setattr(CheckpointReader, meth, spy)
+    orig_open = analysis.open_tensor
+
+    def spy_open(reader, name, *a, **kw):
+        calls.append(name)
+        return orig_open(reader, name, *a, **kw)
+    monkeypatch.setattr(analysis, "open_tensor", spy_open)
     st = delta_stats(tiny["base"], tiny["lang"])
     assert len(calls) == 2 * len(st.tensors)  # every tensor pair read exactly once
     calls.clear()
@@ -196,8 +206,10 @@ def test_lora_adapter_stats_equal_the_merged_dense_model(tiny, tmp_path):
 def test_bad_delta_provider_shape_names_the_tensor(tiny):
     def provider(name):
         return torch.zeros(3, 3) if name.endswith("layers.4.mlp.up_proj.weight") else None
+    threads = torch.get_num_threads()
     with pytest.raises(DeltaMismatchError, match=r"layers\.4\.mlp\.up_proj\.weight"):
         delta_stats(tiny["base"], delta_provider=provider)
+    assert torch.get_num_threads() == threads  # the analysis restores torch's thread count
 
 
 def test_csv_and_json_exports(tiny, tmp_path):
