@@ -113,7 +113,9 @@ def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
             problems.append(f"different vocabulary sizes: {role} has {v}, task has {v_task}")
     tied = bool(_text_config(configs["task"]).get("tie_word_embeddings", False))
     names = [n for n in readers["task"].names() if not (tied and n in TIED_HEADS)]
-    for role in (need or set(refs)) - {"task"}:
+    # Every header is parsed here (corrupt or truncated shards fail before anything is written).
+    task_locs = {n: readers["task"].location(n) for n in names}
+    for role in sorted((need or set(refs)) - {"task"}):
         if role not in readers:
             continue
         have = set(readers[role].names())
@@ -123,9 +125,10 @@ def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
                             f"has, e.g. {missing[0]!r}")
             continue
         for n in names:
-            if readers[role].shape(n) != readers["task"].shape(n):
-                problems.append(f"tensor {n}: shape {list(readers[role].shape(n))} in {role} but "
-                                f"{list(readers['task'].shape(n))} in task")
+            shape = readers[role].location(n).shape
+            if shape != task_locs[n].shape:
+                problems.append(f"tensor {n}: shape {list(shape)} in {role} but "
+                                f"{list(task_locs[n].shape)} in task")
                 break
     if tokenizer_source is None and not problems:
         fp = {role: _vocab_fingerprint(p) for role, p in paths.items()}
@@ -225,8 +228,8 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     with atomic_output_dir(out, overwrite=overwrite, inputs=inputs.paths.values()) as tmp:
         writer = ShardedWriter(tmp, max_shard, metadata={"layerswap": __version__})
         for n in names:
-            dt = out_dtype or ST_TO_DTYPE[readers["task"].location(n).dtype]
-            writer.declare(n, readers["task"].shape(n), dt)
+            loc = readers["task"].location(n)
+            writer.declare(n, loc.shape, out_dtype or ST_TO_DTYPE[loc.dtype])
         total = sum(readers["task"].location(n).nbytes for n in names) or 1
         done = 0
         try:
@@ -245,23 +248,20 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
 
 
 def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype, device):
+    target = out_dtype or ST_TO_DTYPE[readers["task"].location(name).dtype]
     if src.method == "copy":
         reader = readers[src.model]
         loc = reader.location(name)
-        if out_dtype is None or DTYPE_TO_ST[out_dtype] == loc.dtype:
-            if out_dtype is None and loc.dtype != readers["task"].location(name).dtype:
-                writer.write(name, reader.read(name).to(ST_TO_DTYPE[readers["task"].location(name).dtype]))
-            else:
-                writer.copy_raw(name, loc)  # bit-identical, no arithmetic
-            return
-        writer.write(name, reader.read(name).to(out_dtype))
+        if loc.dtype == DTYPE_TO_ST[target]:
+            writer.copy_raw(name, loc)  # bit-identical, no arithmetic
+        else:
+            writer.write(name, reader.read(name).to(target))
         return
     if src.weights is None:
         raise ConfigError(f"{name}: blend weights not resolved (magnitude weights missing)")
     tensors = [readers[m].read(name, device) for m in src.models]
-    dt = out_dtype or tensors[src.models.index("task")].dtype
     merged = methods.apply(src.method, tensors, src.weights, src.kwargs())
-    writer.write(name, merged.to(dt).cpu())
+    writer.write(name, merged.to(target).cpu())
 
 
 def _copy_side_files(inputs: Inputs, config: MergeConfig, dst: Path):
