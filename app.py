@@ -379,11 +379,11 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
         build_ev = build_btn.click(build, config_inputs, [build_md, config_yaml], api_name="build")
         save_ev = save_btn.click(save, [*config_inputs, folder, overwrite], [build_md],
                                  api_name="save")
+        push_ev = push_btn.click(push, [*config_inputs, repo_id, private], [build_md],
+                                 api_name="push")
         cancel_btn.click(cancel, [session], [build_md], cancels=[build_ev, save_ev, push_ev],
                          api_visibility="private")
         zip_btn.click(download, config_inputs, [build_md, zip_file], api_name="download")
-        push_ev = push_btn.click(push, [*config_inputs, repo_id, private], [build_md],
-                                 api_name="push")
 
         eval_ev = eval_btn.click(evaluate, [session, source, eval_lang, n_items, shots, cot, roles,
                                             eval_tokens],
