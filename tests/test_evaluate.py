@@ -1,0 +1,192 @@
+"""Prompts, answer extraction, scoring, gold NLL and side-by-side runs (tiny real models)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from layerswap_core import evaluate as ev
+from layerswap_core.data import Item, gsm_symbolic_items, load_items, load_mgsm
+from layerswap_core.models import load_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models on a shared 2-core machine: OpenMP threads spin against each other.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny):
+    return load_model(tiny["base"])
+
+
+# --------------------------------------------------------------------------- extraction
+EXTRACTION_TABLE = [
+    # output, lang, cot, strict, flexible
+    ("Jibu ni 18.", "sw", True, "18", "18"),
+    ("Anabaki na 16 - 3 - 4 = 9 mayai. 9 * $2 = $18. Jibu ni 18.", "sw", True, "18", "18"),
+    ("Jibu ni 18. Swali lingine: ana mayai 5", "sw", True, "18", "5"),      # several numbers
+    ("Jibu ni 1,000", "sw", True, "1000", "1000"),                           # thousands comma
+    ("The answer is ১৮.", "bn", True, "18", "18"),          # lm-eval's Bengali pattern is English
+    ("উত্তর হল ১৮", "bn", True, None, "18"),                 # Bengali digits, no strict phrase
+    ("సమాధానం ౧౮", "te", True, "18", "18"),                  # Telugu digits
+    ("คำตอบคือ ๑,๐๐๐ บาท", "th", True, "1000", "1000"),      # Thai digits and comma
+    ("答えは42です。", "ja", True, "42", "42"),
+    ("答案是 1,234。", "zh", True, "1234", "1234"),
+    ("Die Antwort lautet -5.", "de", True, "-5", "-5"),
+    ("Ответ — 7.", "ru", True, "7", "7"),
+    ("It costs 3 + 4 = 7 dollars. The answer is 7.0", "en", True, "7", "7"),  # trailing .0
+    ("No number in this answer at all.", "en", True, None, None),
+    ("I think 12 is right...", "en", True, None, "12"),       # ellipsis does not hide the 12
+    (" 18\n\n", "sw", False, "18", "18"),                     # direct: whole output is the answer
+    (" 1,000", "sw", False, "1000", "1000"),
+    (" 18.0", "en", False, "18", "18"),
+    ("$18", "en", False, "18", "18"),
+    (" 18 dollars", "en", False, None, "18"),
+    (" ১৮", "bn", False, "18", "18"),
+    ("", "sw", False, None, None),
+]
+
+
+@pytest.mark.parametrize("output, lang, cot, strict, flexible", EXTRACTION_TABLE)
+def test_extraction_table(output, lang, cot, strict, flexible):
+    got = ev.extract_answer(output, lang, cot)
+    assert (got.strict, got.flexible) == (strict, flexible)
+
+
+def test_correctness_compares_numbers():
+    assert ev.is_correct("18", "18") and ev.is_correct("18.0", "18") and ev.is_correct("1,000", "1000")
+    assert not ev.is_correct("18", "17") and not ev.is_correct(None, "18")
+    # lm-eval compatible: strings without punctuation, so "18.0" -> "180" is wrong there
+    assert ev.is_correct("1,000", "1000", lm_eval_compatible=True)
+    assert not ev.is_correct("18.0", "18", lm_eval_compatible=True)
+
+
+# --------------------------------------------------------------------------- prompts
+def test_prompt_format_direct_and_cot():
+    items = load_items("mgsm", "sw", 3)
+    ex = ev.select_exemplars(ev.exemplar_pool("sw", cot=True), items, 2)
+    cot = ev.build_prompt(items[0], ex, cot=True)
+    blocks = cot.split("\n\n")
+    assert len(blocks) == 3
+    assert blocks[0].startswith(f"Swali: {ex[0].question}\nJibu la Hatua kwa Hatua: {ex[0].solution}")
+    assert blocks[0].endswith(f"Jibu ni {ex[0].answer}.")
+    assert blocks[2] == f"Swali: {items[0].question}\nJibu la Hatua kwa Hatua:"
+    direct = ev.build_prompt(items[0], ex, cot=False)
+    assert direct.split("\n\n")[0] == f"Swali: {ex[0].question}\nAnswer:{ex[0].answer}"
+    assert ev.build_prompt(items[0], [], cot=False) == f"Swali: {items[0].question}\nAnswer:"
+    assert ev.answer_phrase("ja", "5") == "答えは5です。" and ev.answer_phrase("sw", "5") == "Jibu ni 5."
+
+
+def test_chat_template_prompt_has_exemplars_as_turns(tiny_lm):
+    _, tok = tiny_lm
+    items = load_items("gsm-symbolic", "sw", 1)
+    ex = ev.select_exemplars(ev.exemplar_pool("sw", cot=True, source="gsm-symbolic"), items, 2)
+    prompt = ev.build_prompt(items[0], ex, cot=True, tokenizer=tok, chat_template=True)
+    assert prompt.count("<|im_start|>user") == 3 and prompt.count("<|im_start|>assistant") == 3
+    assert prompt.rstrip().endswith("<|im_start|>assistant")
+    assert f"Jibu ni {ex[1].answer}." in prompt
+
+
+@pytest.mark.parametrize("source, lang, n, cot", [
+    ("mgsm", "sw", 250, False), ("mgsm", "sw", 20, False), ("mgsm", "bn", 250, True),
+    ("gsm-symbolic", "sw", None, True), ("gsm-symbolic", "te", None, False),
+    ("gsm-symbolic", "bn", None, True),
+])
+def test_exemplars_never_overlap_scored_items(source, lang, n, cot):
+    items = load_items(source, lang, n)
+    ex = ev.select_exemplars(ev.exemplar_pool(lang, cot=cot, source=source), items, 8)
+    assert len(ex) == 8 and len({e.id for e in ex}) == 8
+    assert not {e.id for e in ex} & {it.id for it in items}
+    assert not {e.question for e in ex} & {it.question for it in items}
+    assert not {e.origin for e in ex} & {it.origin for it in items}
+    if cot:
+        assert all(e.solution for e in ex)
+
+
+def test_exemplars_skip_variants_of_scored_problems():
+    # a GSM-Symbolic training template derived from a scored MGSM problem is not an exemplar
+    train = gsm_symbolic_items("sw", "train")
+    variant = next(t for t in train if t.origin is not None and t.origin < 250)
+    scored = [load_mgsm("sw")[variant.origin]]
+    pool = [variant] + [t for t in train if t.id != variant.id]
+    assert ev.select_exemplars(pool, [], 1) == [variant]
+    ex = ev.select_exemplars(pool, scored, 8)
+    assert variant.id not in {e.id for e in ex} and ex == pool[1:9]
+    with pytest.raises(ValueError, match="only 0 exemplars"):
+        ev.select_exemplars(train[:1], train[:1], 1)
+    with pytest.raises(ValueError, match="between 0 and 8"):
+        ev.select_exemplars(train, [], 9)
+
+
+# --------------------------------------------------------------------------- statistics
+def test_wilson_interval():
+    lo, hi = ev.wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    lo, hi = ev.wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    assert ev.wilson_interval(0, 0) == (0.0, 1.0)
+    s = ev.summarize("m", [True, False, True, True], [True, False, False, False], [1.0, math.nan, 3.0])
+    assert (s["accuracy"], s["strict_accuracy"], s["n"], s["mean_gold_nll"]) == (0.75, 0.25, 4, 2.0)
+    assert s["ci_low"] < 0.75 < s["ci_high"]
+
+
+# --------------------------------------------------------------------------- gold NLL
+def test_gold_nll_matches_direct_computation_and_batching(tiny_lm):
+    model, tok = tiny_lm
+    prompts = ["Swali: 2 + 3?\nJibu la Hatua kwa Hatua:", "Question: what is 10 - 4?\nStep-by-Step Answer:"]
+    targets = [" 2 + 3 = 5. Jibu ni 5.", " 10 - 4 = 6. The answer is 6."]
+    batched = ev.gold_nll(model, tok, prompts, targets, batch_size=2)
+    single = [ev.gold_nll(model, tok, [p], [t], batch_size=1)[0] for p, t in zip(prompts, targets)]
+    assert batched == pytest.approx(single, abs=1e-4)
+    p = tok(prompts[0], add_special_tokens=False)["input_ids"]
+    t = tok(targets[0], add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logp = model(torch.tensor([p + t])).logits.float().log_softmax(-1)[0]
+    manual = -sum(logp[len(p) - 1 + k, tok_id].item() for k, tok_id in enumerate(t)) / len(t)
+    assert batched[0] == pytest.approx(manual, abs=1e-4)
+
+
+# --------------------------------------------------------------------------- side by side
+def test_side_by_side_rows_and_summary(tiny, tiny_lm):
+    items = load_items("gsm-symbolic", "sw", 3)
+    seen = []
+    result = ev.run_side_by_side({"base": tiny_lm, "task": str(tiny["task"])}, items, shots=1,
+                                 max_new_tokens=6, batch_size=2,
+                                 progress=lambda f, m: seen.append(f))
+    assert result.models == ["base", "task"]
+    assert [r["id"] for r in result.rows] == [it.id for it in items]
+    assert not set(result.config["exemplars"]) & {it.id for it in items}
+    for s in result.summary:
+        col = [r["models"][s["model"]] for r in result.rows]
+        assert s["n"] == 3 and s["accuracy"] == sum(c["correct"] for c in col) / 3
+        assert s["ci_low"] <= s["accuracy"] <= s["ci_high"]
+        assert s["mean_gold_nll"] == pytest.approx(sum(c["gold_nll"] for c in col) / 3)
+        for c, r in zip(col, result.rows):
+            assert c["answer"] == ev.extract_flexible(c["output"])
+            assert c["correct"] == ev.is_correct(c["answer"], r["gold"])
+    # the two models differ (task expert changed its middle layers)
+    assert [r["models"]["base"]["output"] for r in result.rows] != \
+           [r["models"]["task"]["output"] for r in result.rows]
+    assert seen[-1] == pytest.approx(1.0) and seen == sorted(seen)
+    assert set(result.flat_rows()[0]) >= {"question", "gold", "base output", "task correct"}
+    assert "base" in result.table() and "95% CI" in result.table()
+
+
+def test_eval_cli_writes_json(tiny, tmp_path, capsys):
+    from layerswap_core.cli import main
+    out = tmp_path / "r.json"
+    rc = main(["eval", "--model", str(tiny["base"]), "--data", "mgsm", "--lang", "sw", "--n", "2",
+               "--shots", "1", "--max-new-tokens", "4", "--device", "cpu", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "MGSM sw: n=2, 1-shot, direct" in text and "95% CI" in text
+    saved = json.loads(out.read_text())
+    assert saved["config"]["data"] == "MGSM" and len(saved["rows"]) == 2
+    assert saved["summary"][0]["n"] == 2
