@@ -1,9 +1,9 @@
 """Where an expert changed: streaming per-row delta statistics, their cache, a suggested swap.
 
 For every 1-D and 2-D parameter we compute the row-wise mean absolute value (MAV) of
-``W_expert - W_base`` (a 1-D parameter is one row), reading one tensor pair at a time. Each tensor
-keeps its *sorted* row MAVs, so the fraction of rows above any threshold tau is a binary search:
-moving the threshold slider never touches a tensor. Results are cached on disk, keyed by the
+``W_expert - W_base`` (a 1-D parameter is one row), reading one tensor pair at a time
+(zero-copy mmap views on CPU). Each tensor keeps its *sorted* row MAVs, so the fraction of rows
+above any threshold tau is a binary search: moving the threshold slider never touches a tensor. Results are cached on disk, keyed by the
 identity of both checkpoints (resolved paths, file sizes and mtimes).
 
 Experts that are not dense checkpoints plug in through a *delta provider*: any callable
@@ -301,7 +301,8 @@ class LoraDeltaProvider:
         self.fan_in_fan_out = bool(cfg.get("fan_in_fan_out"))
         self._tensors = load_file(str(weights))  # adapters are small (MBs): keep them in memory
         self._modules: dict[str, tuple[str, str, bool]] = {}  # base name -> (A key, B key, embedding)
-        rx = re.compile(r"^(?:base_model\.model\.)?(.*)\.(lora_A|lora_embedding_A)(?:\.[^.]+)?(?:\.weight)?$")
+        rx = re.compile(r"^(?:base_model\.model\.)?(.*)\.(lora_A|lora_embedding_A)"
+                        r"(?:\.[^.]+)?(?:\.weight)?$")
         for key in self._tensors:
             m = rx.match(key)
             if not m:
@@ -400,7 +401,7 @@ def open_tensor(reader: CheckpointReader, name: str, device: str = "cpu"):
     return t, release
 
 
-def _row_mavs_parallel(expert, base, delta, pool) -> torch.Tensor:
+def _row_mavs_parallel(expert, base, delta, pool, parts: int) -> torch.Tensor:
     """_row_mavs with the rows split over the pool's threads (each single-threaded torch).
 
     Python threads over row blocks scale on a busy machine where torch's own OpenMP threads,
@@ -408,8 +409,7 @@ def _row_mavs_parallel(expert, base, delta, pool) -> torch.Tensor:
     """
     src = delta if delta is not None else expert
     rows = src.shape[0] if src.dim() == 2 else 1
-    parts = pool._max_workers if pool is not None else 1
-    if parts < 2 or rows < 64 * parts:
+    if pool is None or parts < 2 or rows < 64 * parts:
         return _row_mavs(expert, base, delta)
     cut = [rows * i // parts for i in range(parts + 1)]
     part = lambda t, i: None if t is None else t[cut[i]:cut[i + 1]]  # noqa: E731
@@ -502,9 +502,12 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
 
     base, expert: model references or folders (an expert folder holding a PEFT LoRA adapter is
     read through ``lora_delta_provider``). Instead of ``expert``, a ``delta_provider`` (see
-    ``DeltaProvider``) may give the deltas directly. Reads one tensor pair at a time (prefetching
-    the next), computes on ``device`` ("cuda" when asked and present). ``threshold`` is only the
-    default tau of the result (None: ``auto_threshold``); the statistics do not depend on it.
+    ``DeltaProvider``) may give the deltas directly. Reads one tensor pair at a time (on CPU as
+    zero-copy mmap views, unmapped after use; the next pair is mapped ahead) and computes on
+    ``device`` ("cuda" when asked and present). On CPU, torch runs single-threaded meanwhile
+    (restored afterwards) with the rows split over our own threads: faster on small chunks,
+    much faster on a busy machine. ``threshold`` is only the default tau of the result (None:
+    ``auto_threshold``); the statistics do not depend on it.
     ``cache``: reuse/write ``cache_dir()/deltas/<key>.npz`` keyed by both checkpoints' identity.
     """
     t0 = time.perf_counter()
@@ -518,11 +521,11 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
     expert_path = resolve(expert) if expert is not None else None
     if delta_provider is not None:
         ident = getattr(delta_provider, "identity", None)
-        expert_label = getattr(delta_provider, "folder", None) or ident or repr(delta_provider)
+        expert_label = getattr(delta_provider, "folder", None) or "delta provider"
     else:
         ident = checkpoint_identity(expert_path)
         expert_label = expert_path
-    label = label or Path(str(expert_label)).name
+    label = label or (Path(str(expert_label)).name if expert_label != "delta provider" else "expert")
 
     cpath = cache_path(base_path, ident) if (cache and ident is not None) else None
     if cpath is not None and cpath.exists():
@@ -559,20 +562,20 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
 
     tensors: list[TensorStats] = []
     done = 0
-    pool = None
+    pool, parts = None, 1
     if device == "cpu":
         # Single-threaded torch ops on ~1 MiB chunks, the rows split over our own threads.
-        threads = _single_threaded_torch(True)
-        if threads > 1:
+        parts = min(_single_threaded_torch(True), 8)
+        if parts > 1:
             from concurrent.futures import ThreadPoolExecutor
-            pool = ThreadPoolExecutor(min(threads, 8), thread_name_prefix="layerswap-delta")
+            pool = ThreadPoolExecutor(parts, thread_name_prefix="layerswap-delta")
     try:
         for name, (b, e, d, releases) in _prefetch(names, load):
             info = arch.classify(name)
             if exp_r is None and d is None:
                 rm = torch.zeros(1 if b.dim() == 1 else b.shape[0])
             else:
-                rm = _row_mavs_parallel(e, b, d, pool)
+                rm = _row_mavs_parallel(e, b, d, pool, parts)
             rm_sorted = torch.sort(rm).values.cpu().numpy().astype(np.float32, copy=False)
             tensors.append(TensorStats(name, info.layer, info.kind, tuple(b.shape),
                                        float(rm.double().mean()) if rm.numel() else 0.0,
