@@ -78,10 +78,9 @@ def answer_phrase(lang: str, number: str) -> str:
 
 
 def target_delimiter(lang: str, cot: bool) -> str:
-    # lm-eval: direct_yaml sets ""; CoT uses " " except Japanese and Chinese ("").
-    if not cot:
-        return ""
-    return "" if mgsm_lang(lang) in ("ja", "zh") else " "
+    # lm-eval: direct_yaml sets ""; cot_yaml " " for every language (its generator meant ""
+    # for Japanese and Chinese but never writes a falsy value, so the installed YAMLs keep " ").
+    return " " if cot else ""
 
 
 def stop_strings(lang: str) -> list[str]:

@@ -1,0 +1,109 @@
+"""Our prompts and scorer agree with lm-eval's installed mgsm tasks (filters, metric, prompts)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layerswap_core import evaluate as ev
+from layerswap_core.data import MGSM_LANGS, load_items
+from layerswap_core.generation import generate
+from layerswap_core.lmeval import installed_task_yaml, run_lm_eval
+from layerswap_core.models import load_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("lang", MGSM_LANGS)
+def test_prompt_words_match_installed_yaml(lang):
+    w = ev.PROMPT_WORDS[lang]
+    direct, cot = installed_task_yaml(lang, False), installed_task_yaml(lang, True)
+    assert f'"{w.question} "+question+"\\n{w.direct_answer}"' in direct["doc_to_text"]
+    assert f'"{w.question} "+question+"\\n{w.cot_answer}"' in cot["doc_to_text"]
+    strict = next(f for f in cot["filter_list"] if f["name"] == "strict-match")
+    assert strict["filter"][0]["regex_pattern"] == w.answer_regex
+    flexible = next(f for f in cot["filter_list"] if f["name"] == "flexible-extract")
+    assert flexible["filter"][0]["regex_pattern"] == ev.FLEXIBLE_REGEX
+    assert cot["generation_kwargs"]["until"] == ev.stop_strings(lang)
+    assert direct.get("target_delimiter", " ") == ev.target_delimiter(lang, False)
+    assert cot.get("target_delimiter", " ") == ev.target_delimiter(lang, True)
+
+
+def _lm_eval_scores(lang: str, cot: bool, outputs: list[str], gold: str) -> dict[str, list[bool]]:
+    """lm-eval's own filters (from the installed YAML) and exact_match on raw outputs."""
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+    import lm_eval.filters  # noqa: F401 - registers the filters
+    from lm_eval.api.registry import get_filter
+
+    scores = {}
+    for ensemble in installed_task_yaml(lang, cot)["filter_list"]:
+        resps = [[o] for o in outputs]
+        for step in ensemble["filter"]:
+            kwargs = {k: v for k, v in step.items() if k != "function"}
+            resps = list(get_filter(step["function"])(**kwargs).apply(resps, [None] * len(outputs)))
+        scores[ensemble["name"]] = [
+            bool(exact_match_hf_evaluate([r], [gold], ignore_case=True, ignore_punctuation=True)["exact_match"])
+            for r in resps]
+    return scores
+
+
+# Real-looking outputs; the ones marked True hold what our normalisation reads differently on
+# purpose (native digits, "18.0", a number hidden by a trailing ellipsis, decimal commas,
+# minus signs, which lm-eval's punctuation stripping throws away).
+AGREEMENT_OUTPUTS = [
+    (" 18", False), (" 18.", False), ("18\n\n", False), (" $18", False), (" 1,800", False),
+    (" 17", False), (" 18 dollars", False), ("Jibu ni 18.", False), ("Jibu ni 18. Kisha 20", False),
+    ("9 * 2 = 18. Jibu ni 18.", False), ("The answer is 18.", False), ("no number", False),
+    ("Jibu ni 1,800", False), ("", False), ("Jibu ni -18", True),   # lm-eval drops the "-"
+    (" 18.0", True), ("Jibu ni ১৮", True), ("Jibu ni 18 ...", True),
+    (" 1,8", True),     # a decimal comma to us (1.8), "18" once lm-eval drops punctuation
+]
+
+
+@pytest.mark.parametrize("lang, cot", [("sw", False), ("sw", True), ("en", True), ("bn", True)])
+def test_scorer_agrees_with_lm_eval_filters(lang, cot):
+    outputs = [o for o, _ in AGREEMENT_OUTPUTS]
+    theirs = _lm_eval_scores(lang, cot, outputs, "18")
+    strict_name = "strict-match" if cot else "remove_whitespace"
+    for i, (out, ours_differs) in enumerate(AGREEMENT_OUTPUTS):
+        compat = ev.extract_answer(out, lang, cot, lm_eval_compatible=True)
+        assert ev.is_correct(compat.strict, "18", lm_eval_compatible=True) == theirs[strict_name][i], out
+        assert ev.is_correct(compat.flexible, "18", lm_eval_compatible=True) == theirs["flexible-extract"][i], out
+        ours = ev.extract_answer(out, lang, cot)
+        if not ours_differs:
+            assert ev.is_correct(ours.strict, "18") == theirs[strict_name][i], out
+            assert ev.is_correct(ours.flexible, "18") == theirs["flexible-extract"][i], out
+    # where we differ, we are right and lm-eval is not
+    assert ev.is_correct(ev.extract_flexible(" 18.0"), "18") and not theirs["flexible-extract"][15]
+
+
+def test_simple_evaluate_on_in_memory_model_matches_our_run(tiny):
+    model, tok = load_model(tiny["base"])
+    items = load_items("mgsm", "sw", 3)
+    exemplars = ev.select_exemplars(ev.exemplar_pool("sw", cot=False), items, 1)
+    out = run_lm_eval(model, tok, "sw", items=items, exemplars=exemplars, max_gen_toks=6)
+    assert out["task"] == "mgsm_direct_sw_local" and out["metrics"]["sample_len"] == 3
+    samples = out["samples"]
+    assert {s["filter"] for s in samples} == {"remove_whitespace", "flexible-extract"}
+    ours = generate(model, tok, [ev.build_prompt(it, exemplars) for it in items],
+                    max_new_tokens=6, stop=ev.stop_strings("sw"))
+    for s in samples:
+        item = items[s["doc_id"]]
+        prompt = s["arguments"]["gen_args_0"]["arg_0"] if isinstance(s["arguments"], dict) \
+            else s["arguments"][0][0]
+        assert prompt == ev.build_prompt(item, exemplars)       # same prompt, from local data
+        raw = s["resps"][0][0]
+        assert raw == ours[s["doc_id"]].text                     # same greedy output
+        ex = ev.extract_answer(raw, "sw", False, lm_eval_compatible=True)
+        mine = ex.strict if s["filter"] == "remove_whitespace" else ex.flexible
+        assert ev.is_correct(mine, item.answer, lm_eval_compatible=True) == bool(s["exact_match"])
+        assert s["target"] == item.answer
+    assert out["exemplars"] == [e.id for e in exemplars]
+    flexible = [s for s in samples if s["filter"] == "flexible-extract"]
+    assert out["metrics"]["exact_match,flexible-extract"] == \
+        pytest.approx(sum(s["exact_match"] for s in flexible) / len(flexible))
