@@ -83,21 +83,25 @@ def pick_models(base, task, lang, progress=gr.Progress()):
     return (ok(report.markdown()), report.rows, session, *slider_updates(session), fig, text)
 
 
-@guarded(3)
+@guarded(4)
 def update_plan(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules):
     session = wb.require(session)
     config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
     fig, text = wb.plan_view(session, config)
-    return ok(config.describe(session.num_layers)), fig, text
+    return ok(config.describe(session.num_layers)), fig, text, wb.plan_cells_figure(session, config)
 
 
-@guarded(6)
-def analyze(session, metric, log_scale, progress=gr.Progress()):
-    """Statistics (cached) and figures at the data-derived threshold."""
+@guarded(7)
+def analyze(session, metric, log_scale, method, b, u, tb, tu, w_task, w_lang, magnitude, partition,
+            rules, progress=gr.Progress()):
+    """Statistics (cached) and figures at the data-derived threshold, with the current plan
+    drawn over the language expert's changes."""
     session = wb.require(session)
     v = wb.delta_views(session, None, metric, log_scale, gr_progress(progress))
+    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
     return (ok(f"Delta statistics ready (tau = {v.threshold:.2e})."), v.heatmaps, v.overlap,
-            v.profile, v.suggestion_text, gr.update(value=round(math.log10(v.threshold), 2)))
+            v.profile, v.suggestion_text, gr.update(value=round(math.log10(v.threshold), 2)),
+            wb.plan_cells_figure(session, config, over="lang"))
 
 
 @guarded(5)
@@ -160,10 +164,11 @@ def cancel(session):
 
 @GPU
 @guarded(4)
-def evaluate(session, source, lang, n, shots, cot, roles, max_new_tokens, progress=gr.Progress()):
+def evaluate(session, source, lang, n, shots, cot, roles, max_new_tokens, chat_template,
+             progress=gr.Progress()):
     session = wb.require(session)
     roles = tuple(r for r, label in wb.ROLE_LABELS.items() if label in roles)
-    res = wb.evaluate(session, source, lang, n, shots, cot, roles, max_new_tokens,
+    res = wb.evaluate(session, source, lang, n, shots, cot, roles, max_new_tokens, chat_template,
                       gr_progress(progress))
     table = pd.DataFrame(res.rows, columns=res.headers)
     return ok(f"Evaluated {len(res.rows)} questions."), res.summary_rows, res.figure, table
@@ -248,6 +253,8 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                 profile = gr.Plot(label="Per-layer delta mass")
             suggestion = gr.Markdown()
             apply_btn = gr.Button("Apply the suggested configuration")
+            plan_overlay = gr.Plot(label="Current plan (Configure tab) over the language expert's "
+                                         "changes")
 
         with gr.Tab("Configure", id="configure"):
             with gr.Row():
@@ -270,6 +277,8 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                 with gr.Column(scale=3):
                     diagram = gr.Plot(label="Layer stack", elem_id="diagram")
                     plan_text = gr.Code(label="Plan", language=None, elem_id="plan-text")
+                    with gr.Accordion("Source of every module", open=False):
+                        plan_cells = gr.Plot(show_label=False)
 
         with gr.Tab("Build", id="build"):
             with gr.Row():
@@ -300,7 +309,9 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                 shots = gr.Slider(0, wb.LIMITS.shots, value=2, step=1, label="Shots",
                                   elem_id="shots")
             with gr.Row():
-                cot = gr.Checkbox(False, label="Chain of thought")
+                with gr.Column(min_width=160):
+                    cot = gr.Checkbox(False, label="Chain of thought")
+                    chat_template = gr.Checkbox(False, label="Chat template")
                 roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
                                          value=list(wb.ROLE_LABELS.values()), label="Models")
                 eval_tokens = gr.Slider(8, wb.LIMITS.new_tokens, value=64, step=8,
@@ -363,11 +374,11 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
         demo.load(pick_models, [base, task, lang], pick_outputs, api_visibility="private")
 
         gr.on([c.change for c in config_inputs[1:]], update_plan, config_inputs,
-              [status, diagram, plan_text], api_name="plan", show_progress="hidden",
+              [status, diagram, plan_text, plan_cells], api_name="plan", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=None)
 
-        analyze_btn.click(analyze, [session, metric, log_scale],
-                          [status, heatmaps, overlap, profile, suggestion, threshold],
+        analyze_btn.click(analyze, [session, metric, log_scale, *config_inputs[1:]],
+                          [status, heatmaps, overlap, profile, suggestion, threshold, plan_overlay],
                           api_name="analyze")
         gr.on([threshold.release, metric.change, log_scale.change], rethreshold,
               [session, threshold, metric, log_scale],
@@ -386,7 +397,7 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
         zip_btn.click(download, config_inputs, [build_md, zip_file], api_name="download")
 
         eval_ev = eval_btn.click(evaluate, [session, source, eval_lang, n_items, shots, cot, roles,
-                                            eval_tokens],
+                                            eval_tokens, chat_template],
                                  [status, summary, bars, items_table], api_name="evaluate")
         eval_cancel.click(cancel, [session], [status], cancels=[eval_ev], api_visibility="private")
 

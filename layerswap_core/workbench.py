@@ -341,6 +341,19 @@ def plan_view(session: Session, config) -> tuple[Any, str]:
     return plots.layer_stack_figure(p.layer_rows()), p.summary_text()
 
 
+def plan_cells_figure(session: Session, config, over: str | None = None):
+    """Source of every (layer, module) cell; ``over`` = "task"/"lang" draws the plan over that
+    expert's delta heatmap (Analyze first). Reads no tensors."""
+    from . import plots
+    p = plan(session, config)
+    stats = None
+    if over is not None:
+        if over not in session.stats:
+            raise WorkbenchError("analyze the deltas first (Deltas tab)")
+        stats = session.stats[over]
+    return plots.plan_heatmap(p.cells(), session.num_layers, stats=stats)
+
+
 # --------------------------------------------------------------------------- deltas tab
 def delta_stats(session: Session, progress: Progress | None = None) -> dict[str, Any]:
     """DeltaStats of each expert against the base (computed once per session; cached on disk)."""
@@ -530,7 +543,8 @@ class EvalResult:
 
 def evaluate(session: Session, source: str = "mgsm", lang: str = "sw", n: int = 2, shots: int = 2,
              cot: bool = False, roles: tuple[str, ...] = ("base", "task", "lang", "merged"),
-             max_new_tokens: int = 64, progress: Progress | None = None) -> EvalResult:
+             max_new_tokens: int = 64, chat_template: bool = False,
+             progress: Progress | None = None) -> EvalResult:
     """Side-by-side evaluation of the chosen models on the first ``n`` items."""
     from . import plots
     from .data import load_items
@@ -546,6 +560,7 @@ def evaluate(session: Session, source: str = "mgsm", lang: str = "sw", n: int = 
         models = {ROLE_LABELS[r]: session.model(r) for r in roles}
         items = load_items(source, lang, n)
         result = run_side_by_side(models, items, shots=shots, cot=bool(cot),
+                                  chat_template=bool(chat_template),
                                   max_new_tokens=max_new_tokens, progress=guard)
     headers, rows = _table(result)
     return EvalResult(headers, rows, _summary_rows(result), plots.accuracy_bars(result.summary),

@@ -52,11 +52,12 @@ def test_models_tab_bounds_the_sliders(client, tiny):
 
 
 def test_configure_plan_follows_sliders(client):
-    s1, fig1, plan1 = client.predict(*config(2, 1), api_name="/plan")
-    s2, fig2, plan2 = client.predict(*config(3, 1, 1, 0), api_name="/plan")
+    s1, fig1, plan1, cells1 = client.predict(*config(2, 1), api_name="/plan")
+    s2, fig2, plan2, cells2 = client.predict(*config(3, 1, 1, 0), api_name="/plan")
     assert s1.startswith("✔") and plan1 != plan2 and fig1 != fig2
     assert "0-2       lang" in plan2 and "blend" in plan2
-    bad, _, _ = client.predict(*config(5, 4), api_name="/plan")
+    assert cells1 != cells2
+    bad, *_ = client.predict(*config(5, 4), api_name="/plan")
     assert bad.startswith("⚠") and "exceeds the model's 8 layers" in bad
 
 
@@ -75,8 +76,8 @@ def test_build_download_and_save(client, tmp_path):
 
 
 def test_deltas_and_suggestion(client):
-    status, heat, overlap, profile, suggestion, threshold = client.predict(
-        "fraction", False, api_name="/analyze")
+    status, heat, overlap, profile, suggestion, threshold, overlay = client.predict(
+        "fraction", False, *config(2, 1), api_name="/analyze")
     assert status.startswith("✔") and "Suggested configuration" in suggestion
     status, *sliders, partition = client.predict(api_name="/apply_suggestion")
     assert status.startswith("✔") and isinstance(sliders[0]["value"], (int, float))
@@ -85,7 +86,7 @@ def test_deltas_and_suggestion(client):
 def test_evaluate_two_questions(client):
     client.predict(*config(2, 1), api_name="/build")
     status, summary, bars, table = client.predict(
-        "mgsm", "sw", 2, 1, False, ["task expert", "merged"], 8, api_name="/evaluate")
+        "mgsm", "sw", 2, 1, False, ["task expert", "merged"], 8, False, api_name="/evaluate")
     assert status.startswith("✔")
     assert [r[0] for r in summary["data"]] == ["task expert", "merged"]
     assert len(table["data"]) == 2 and "merged: output" in table["headers"]

@@ -72,7 +72,10 @@ def test_plan_view_follows_the_sliders_without_reading_tensors(session, monkeypa
     monkeypatch.setattr(CheckpointReader, "get", lambda self, n, *a, **k: reads.append(n))
     fig_a, text_a = wb.plan_view(session, swap(session, 2, 1))
     fig_b, text_b = wb.plan_view(session, swap(session, 3, 2, 1, 0))
+    cells_a = wb.plan_cells_figure(session, swap(session, 2, 1))
+    cells_b = wb.plan_cells_figure(session, wb.make_config(session, "layer swap", partition="A"))
     assert reads == []
+    assert cells_a.to_json() != cells_b.to_json()
     assert text_a != text_b and "0-1       lang" in text_a and "0-2       lang" in text_b
     assert fig_a.to_json() != fig_b.to_json()
 
@@ -120,6 +123,7 @@ def test_delta_views_and_suggestion(session):
     assert v.threshold > 0
     # the tiny language expert changed layers 0, 1 and 7: the suggestion swaps the bottom ones
     assert v.suggestion.bottom >= 1 and "bottom" in v.suggestion_text
+    assert wb.plan_cells_figure(session, swap(session, 2, 1), over="lang").data
     w = wb.delta_views(session, v.threshold * 10)
     assert w.heatmaps.to_json() != v.heatmaps.to_json()
 
