@@ -353,7 +353,7 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
         with gr.Tab("Chat", id="chat"):
             with gr.Row():
                 chat_merged = gr.Chatbot(label="merged", height=360, elem_id="chat-merged")
-                chat_other = gr.Chatbot(label="other model", height=360, elem_id="chat-other")
+                chat_other = gr.Chatbot(label="task expert", height=360, elem_id="chat-other")
             with gr.Row():
                 message = gr.Textbox(placeholder="Ask a math question in Swahili or Bengali...",
                                      show_label=False, scale=5, elem_id="chat-input")
