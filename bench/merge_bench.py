@@ -11,6 +11,8 @@ run in its own subprocess (peak RSS from os.wait4 of that child alone):
   mergekit    the same layer swap as a mergekit passthrough config (only if mergekit-yaml is on PATH)
 For our merges, both the whole command (Python + torch start-up included) and the merge call
 alone are reported. Repetitions alternate copy/merge; medians are reported (shared machines).
+Then, in-memory recomposition for the app (Recomposer on the embedded 30-layer SmolLM2, CPU):
+the time of ``apply`` for a sequence of new configs (target < 1 s each for layer swaps).
 Targets: merge <= 1.3x the copy time, >= 2x faster than mergekit, peak RSS < 2 GB.
 """
 from __future__ import annotations
@@ -56,6 +58,26 @@ def run_measured(cmd: list[str]) -> dict:
         raise RuntimeError(f"{' '.join(cmd[:4])}... failed ({p.returncode}):\n{err[-2000:]}")
     return {"wall_s": wall, "rss_mib": usage.ru_maxrss / 1024, "stdout": out}
 
+
+RECOMPOSE = """
+import json, time
+from layerswap_core.merge import Recomposer
+from layerswap_core.models import DEFAULT_BASE
+from layerswap_core.plan import MergeConfig
+t0 = time.perf_counter()
+rec = Recomposer.from_refs(DEFAULT_BASE, DEFAULT_BASE, DEFAULT_BASE)
+out = {"load_s": time.perf_counter() - t0, "apply": []}
+for label, cfg in [("default (first apply)", MergeConfig()), ("bottom 6", MergeConfig(bottom=6)),
+                   ("top 4", MergeConfig(bottom=6, top=4)),
+                   ("transitions 2/2", MergeConfig(bottom=6, top=4, transition_bottom=2, transition_top=2)),
+                   ("weights 2:1", MergeConfig(bottom=6, top=4, transition_bottom=2, transition_top=2, w_task=2.0)),
+                   ("partition A", MergeConfig(partition="A")), ("partition C", MergeConfig(partition="C")),
+                   ("back to default", MergeConfig())]:
+    t = time.perf_counter()
+    changed = rec.apply(cfg)
+    out["apply"].append((label, len(changed), time.perf_counter() - t))
+print(json.dumps(out))
+"""
 
 SETUP = """
 import json, sys, time
@@ -104,8 +126,26 @@ def main():
     ap.add_argument("--params", type=float, default=1.1e9)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--keep", type=Path, help="keep the checkpoints in this folder (reused if present)")
+    ap.add_argument("--recompose-only", action="store_true", help="only the in-memory recomposition part")
     a = ap.parse_args()
+    if not a.recompose_only:
+        disk_merges(a)
+    recompose()
 
+
+def recompose():
+    r = run_measured([sys.executable, "-c", RECOMPOSE])
+    res = json.loads(r["stdout"].strip().splitlines()[-1])
+    print(f"\nin-memory recomposition (embedded SmolLM2-135M, 30 layers, CPU float32): experts "
+          f"loaded in {res['load_s']:.1f} s, peak RSS {r['rss_mib']:.0f} MiB")
+    print(f"{'new config':<24}{'params rewritten':>18}{'apply s':>10}")
+    for label, n, s in res["apply"]:
+        print(f"{label:<24}{n:>18}{s:>10.3f}")
+    worst = max(s for label, n, s in res["apply"][1:])
+    print(f"target < 1 s per new config: {'met' if worst < 1 else 'NOT met'} (worst {worst:.3f} s)")
+
+
+def disk_merges(a):
     root = a.keep or Path(tempfile.mkdtemp(prefix="layerswap-merge-bench-", dir="/tmp"))
     try:
         info = make_checkpoints(root, a.params)

@@ -343,11 +343,13 @@ class Recomposer:
 
     @classmethod
     def from_refs(cls, task, lang, base=None, *, device: str = "cpu", dtype=None,
+                  tokenizer_source: str | None = None,
                   progress: Progress | None = None) -> "Recomposer":
-        """Load the task model (torch) and the three checkpoints' tensors."""
-        from .models import load_model
+        """Load the task model (torch) and the checkpoints' tensors (kept in their stored dtype).
+        The model's tokenizer is the task expert's unless ``tokenizer_source`` names another."""
+        from .models import load_model, load_tokenizer
 
-        inputs = open_inputs(task, lang, base)
+        inputs = open_inputs(task, lang, base, tokenizer_source=tokenizer_source)
         _say(progress, 0.0, "loading the task model")
         model, tok = load_model(inputs.paths["task"], device=device, dtype=dtype)
         states = {}
@@ -355,7 +357,8 @@ class Recomposer:
             _say(progress, 0.2 + 0.8 * k / len(inputs.readers), f"reading the {role} tensors")
             states[role] = {n: reader.read(n) for n in inputs.names}
         rec = cls(model, states["task"], states["lang"], states.get("base"), inputs.arch)
-        rec.tokenizer = tok
+        rec.tokenizer = load_tokenizer(inputs.paths[tokenizer_source]) if tokenizer_source else tok
+        _say(progress, 1.0, "ready")
         return rec
 
     def magnitude(self) -> tuple[float, float]:
@@ -497,5 +500,5 @@ def add_cli(subparsers):
     s.set_defaults(func=_cmd_plan)
 
 
-__all__ = ["MergeConfig", "MergePlan", "Partition", "MergeError", "merge_to_folder", "plan_for",
+__all__ = ["MergeConfig", "MergePlan", "Partition", "MergeError", "CheckpointError", "merge_to_folder", "plan_for",
            "Recomposer", "open_inputs", "magnitude_weights", "model_card", "add_cli"]
