@@ -169,6 +169,46 @@ class ModelsReport:
         return "**Not compatible**:\n" + "\n".join(f"- {p}" for p in self.problems)
 
 
+def is_adapter(ref: str) -> bool:
+    p = Path(str(ref)).expanduser()
+    return p.is_dir() and (p / "adapter_config.json").exists()
+
+
+def dense_from_adapter(adapter: str, base: str | None, progress: Progress | None = None) -> Path:
+    """A PEFT LoRA adapter folder as a dense model folder: merged into its base once (float32,
+    so small deltas survive), cached by the identity of both."""
+    import hashlib
+
+    from .models import cache_dir, load_model
+
+    folder = Path(adapter).expanduser().resolve()
+    if not base:
+        raise WorkbenchError(f"{folder} is a PEFT adapter: give its base model too")
+    base_path = resolve(base)
+    ident = [str(base_path), *[(f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                               for f in sorted(folder.iterdir()) if f.is_file()]]
+    key = hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:16]
+    out = cache_dir() / "adapters" / f"{folder.name}-{key}"
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from peft import PeftModel
+
+    _say(progress, 0.1, f"merging the adapter {folder.name} into its base (once)")
+    model, tok = load_model(base_path, device="cpu", dtype=torch.float32)
+    try:
+        merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    except Exception as e:  # noqa: BLE001 - peft raises many types for a bad adapter
+        raise WorkbenchError(f"{folder}: cannot apply the adapter to {base}: "
+                             f"{readable_error(e)}") from e
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=out.parent))
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
 def check_models(base: str, task: str, lang: str, progress: Progress | None = None) -> ModelsReport:
     """Describe the three models from their headers and check they can be merged.
 
@@ -180,6 +220,12 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
         if not refs[role]:
             raise WorkbenchError(f"give a {ROLE_LABELS[role]} (an embedded: name, a folder or a Hub id)")
     refs = {r: v for r, v in refs.items() if v}
+    for role in ("task", "lang"):  # PEFT adapters: merged into the base once, then dense
+        if is_adapter(refs[role]):
+            try:
+                refs[role] = str(dense_from_adapter(refs[role], refs.get("base"), progress))
+            except ValueError as e:
+                raise WorkbenchError(f"{ROLE_LABELS[role]}: {readable_error(e)}") from e
     rows, infos = [], {}
     for i, (role, ref) in enumerate(refs.items()):
         _say(progress, i / (len(refs) + 1), f"reading {ROLE_LABELS[role]} {ref}")

@@ -198,3 +198,22 @@ def test_sessions_do_not_share_merged_models(session, tiny):
     assert not torch.equal(session.merged[0].state_dict()[q], other.merged[0].state_dict()[q])
     wb.close_session(other)
     assert other.merged is None
+
+
+def test_peft_adapter_is_picked_as_a_dense_expert(tiny, tmp_path, monkeypatch):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))  # the dense copy goes there
+    base = AutoModelForCausalLM.from_pretrained(tiny["base"], dtype=torch.float32)
+    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                           init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    expected = lora.merge_and_unload().state_dict()
+    session, report = wb.open_session(str(tiny["base"]), str(tmp_path / "adapter"), str(tiny["lang"]))
+    assert report.ok and session is not None
+    q = "model.layers.3.self_attn.q_proj.weight"
+    dense = _tensor(session.paths["task"], q)
+    assert torch.allclose(dense, expected[q]) and not torch.equal(dense, _tensor(tiny["base"], q))
+    with pytest.raises(wb.WorkbenchError, match="give its base model"):
+        wb.check_models("", str(tmp_path / "adapter"), str(tiny["lang"]))
