@@ -608,6 +608,7 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
 LAYER_COST = 0.1        # a swapped layer must add at least this much language advantage
 AMBIGUOUS = 0.25        # |advantage| below this: neither expert dominates -> transition layer
 SHARED = 0.5            # ... provided both experts changed it at least this much (else: task)
+ELIGIBLE = 0.5          # the language expert changed a swapped layer at least this much
 ATTENTION_RATIO = 1.5   # language expert this much more attention-heavy in the middle -> partition A
 ATTENTION_KINDS = tuple(k for k in KIND_GROUPS["attention"] if k != "norm_qk")
 MLP_KINDS = KIND_GROUPS["mlp"]
@@ -655,9 +656,11 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
     the language advantage is a(l) = p_lang(l) - p_task(l). In units of u = 1/L:
 
     1. protected: the task expert's k = max(1, round(L/8)) layers of largest p_task never swap;
-    2. bottom b maximises  sum_{l<b} a(l) - 0.1 u b  over b <= L/2 (ties: the smaller b), without
-       reaching a protected layer; top u likewise over the last layers. The 0.1 u cost per layer
-       keeps near-zero advantages (layers neither expert changed) out of the swap;
+    2. bottom b maximises  sum_{l<b} a(l) - 0.1 u b  over b <= L/2 (ties: the smaller b), the
+       block stopping before a protected layer or one the language expert barely changed
+       (p_lang < 0.5 u); top u likewise over the last layers. The 0.1 u cost per layer keeps
+       near-zero advantages out; the 0.5 u floor keeps out layers that neither expert changed
+       much (their shares differ only because the experts' totals do);
     3. transition layers: the layers right after the bottom block (right before the top block)
        that both experts changed (p_lang, p_task >= 0.5 u) and neither dominates (|a(l)| <
        0.25 u), at most max(1, L/8) on each side, never protected, always leaving at least one
@@ -684,7 +687,7 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
     def best_block(order: list[int]) -> int:
         best, best_n, total = 0.0, 0, 0.0
         for n, l in enumerate(order, start=1):
-            if l in protected:
+            if l in protected or p_lang[l] < ELIGIBLE * unit:
                 break
             total += adv[l] - LAYER_COST * unit
             if total > best + 1e-12:

@@ -23,8 +23,8 @@ MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "mlp_gate", "mlp_up", "m
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
-    """Each test gets an empty delta cache (session fixtures that need the embedded model's
-    tokenizer are built before this runs, from the real cache)."""
+    """Each test gets an empty delta cache. (Models built inside tests take their tokenizer from
+    the ``embedded_base`` folder: resolving the embedded reference here would rebuild it.)"""
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
 
 
@@ -264,7 +264,8 @@ def test_suggestion_recovers_the_tiny_family(tiny):
 
 @pytest.fixture(scope="module")
 def base12(tmp_path_factory, embedded_base):
-    return make_tiny_model(tmp_path_factory.mktemp("b12") / "base", seed=3, num_layers=12)
+    return make_tiny_model(tmp_path_factory.mktemp("b12") / "base", seed=3, num_layers=12,
+                           tokenizer_from=embedded_base)
 
 
 def _experts(base, root, task_layers, lang_layers, task_kinds=None, lang_kinds=None, extra=None):
@@ -316,6 +317,23 @@ def test_suggestion_rejects_an_unchanged_expert(tiny):
         suggest_config(task, same, 8)
     with pytest.raises(ValueError, match="must agree"):
         suggest_config(task, task, 12)
+
+
+def test_suggestion_on_a_30_layer_model(tmp_path, embedded_base):
+    """Planted like the published setting: language in the first 6 and last 2 of 30 layers, task
+    in 8..23; layers 6, 7 and 24..27 changed by neither beyond the common small drift (their
+    shares differ only because the experts' totals do: they must not be swapped)."""
+    base = make_tiny_model(tmp_path / "base", seed=4, num_layers=30, hidden=32,
+                           tokenizer_from=embedded_base)
+    task = make_expert(base, tmp_path / "task", seed=1, default_scale=0.01,
+                       layer_scale={l: 0.1 for l in range(8, 24)})
+    lang = make_expert(base, tmp_path / "lang", seed=2, default_scale=0.01,
+                       layer_scale={**{l: 0.1 for l in range(6)}, 28: 0.1, 29: 0.1})
+    t, g = delta_stats(base, task), delta_stats(base, lang)
+    s = suggest_config(t, g, 30)
+    assert (s.bottom, s.top, s.transition_bottom, s.transition_top, s.partition) == (6, 2, 0, 0, None)
+    layers, kinds, frac = g.grid(kinds=MATRIX_KINDS)
+    assert {layers[i] for i, _ in zip(*np.nonzero(frac > 0.5))} == {0, 1, 2, 3, 4, 5, 28, 29}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
