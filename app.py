@@ -73,17 +73,19 @@ def slider_updates(session: wb.Session):
     return [gr.update(maximum=L, value=v) for v in (b, u, tb, tu)]
 
 
-@guarded(9)
+@guarded(10)
 def pick_models(base, task, lang, progress=gr.Progress()):
     session, report = wb.open_session(base, task, lang, gr_progress(progress))
     if session is None:
         gr.Warning("These models cannot be merged; see the list on the Models tab.")
-        return ("⚠ " + report.markdown(), report.rows, gr.skip(), *[gr.skip()] * 6)
+        return ("⚠ " + report.markdown(), report.rows, gr.skip(), *[gr.skip()] * 6,
+                "⚠ " + report.markdown())
     fig, text = wb.plan_view(session, wb.default_config(session))
-    return (ok(report.markdown()), report.rows, session, *slider_updates(session), fig, text)
+    return (ok(report.markdown()), report.rows, session, *slider_updates(session), fig, text,
+            ok(report.markdown()))
 
 
-@guarded(4)
+@guarded(4)  # first output: the Configure tab's own status line
 def update_plan(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules):
     session = wb.require(session)
     config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
@@ -226,15 +228,18 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                            delete_callback=wb.close_session)
 
         with gr.Tab("Models", id="models"):
+            gr.Markdown("Each model is `embedded:NAME`, a local folder, or a Hub id (`owner/name`, "
+                        "needs the network); an expert may also be a PEFT adapter folder over the "
+                        "base. Checking reads headers only.")
             with gr.Row():
                 base = gr.Dropdown([wb.DEMO_REFS["base"]], value=refs["base"],
-                                   allow_custom_value=True, label="Base model",
-                                   info="embedded:NAME, a local folder or a Hub id (owner/name)")
+                                   allow_custom_value=True, label="Base model")
                 task = gr.Dropdown(EXPERT_CHOICES, value=refs["task"],
                                    allow_custom_value=True, label="Task expert (math)")
                 lang = gr.Dropdown(EXPERT_CHOICES, value=refs["lang"],
                                    allow_custom_value=True, label="Language expert")
             pick_btn = gr.Button("Check and use these models", variant="primary", elem_id="pick")
+            models_md = gr.Markdown(elem_id="models-status")
             models_table = gr.Dataframe(headers=list(wb.ModelsReport.HEADERS), interactive=False,
                                         label="Models (read from headers, no weights loaded)")
 
@@ -275,6 +280,7 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                     rules = gr.Textbox("first 6, last 2 : mlp\nall : attention", lines=3,
                                        label="Custom rules: LAYERS [: KINDS] per line -> language")
                 with gr.Column(scale=3):
+                    config_md = gr.Markdown(elem_id="config-status")
                     diagram = gr.Plot(label="Layer stack", elem_id="diagram")
                     plan_text = gr.Code(label="Plan", language=None, elem_id="plan-text")
                     with gr.Accordion("Source of every module", open=False):
@@ -369,12 +375,12 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
         # ---- wiring
         sliders = [bottom, top, t_bottom, t_top]
         config_inputs = [session, method, *sliders, w_task, w_lang, magnitude, partition, rules]
-        pick_outputs = [status, models_table, session, *sliders, diagram, plan_text]
+        pick_outputs = [status, models_table, session, *sliders, diagram, plan_text, models_md]
         pick_btn.click(pick_models, [base, task, lang], pick_outputs, api_name="pick_models")
         demo.load(pick_models, [base, task, lang], pick_outputs, api_visibility="private")
 
         gr.on([c.change for c in config_inputs[1:]], update_plan, config_inputs,
-              [status, diagram, plan_text, plan_cells], api_name="plan", show_progress="hidden",
+              [config_md, diagram, plan_text, plan_cells], api_name="plan", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=None)
 
         analyze_btn.click(analyze, [session, metric, log_scale, *config_inputs[1:]],

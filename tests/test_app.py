@@ -44,11 +44,11 @@ def config(b=2, u=1, tb=0, tu=0, method="layer swap", partition=NO_PARTITION, ru
 
 
 def test_models_tab_bounds_the_sliders(client, tiny):
-    status, table, *sliders, fig, plan = client.predict(
+    status, table, *sliders, fig, plan, models_md = client.predict(
         str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]), api_name="/pick_models")
     assert [row[0] for row in table["data"]] == ["base", "task expert", "language expert"]
     assert all(s["maximum"] == 8 for s in sliders)
-    assert "layers    source" in plan
+    assert "layers    source" in plan and "Compatible" in models_md
 
 
 def test_configure_plan_follows_sliders(client):
