@@ -41,9 +41,11 @@ def _kind_label(k: str) -> str:
     return KIND_LABELS.get(k, k)
 
 
-def _layout(fig: go.Figure, title: str, height: int, **kw) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int, margin: dict | None = None,
+            **kw) -> go.Figure:
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), height=height,
-                      margin=dict(l=60, r=20, t=60, b=60), template="plotly_white", **kw)
+                      margin={**dict(l=60, r=20, t=60, b=60), **(margin or {})},
+                      template="plotly_white", **kw)
     return fig
 
 
@@ -316,12 +318,25 @@ def layer_stack_figure(rows: Sequence, title: str | None = None,
             marker_line=dict(color="white", width=1), customdata=hover,
             text=[f"{w:.0%}" if 0 < w < 1 else "" for w in ws], textposition="inside",
             hovertemplate="%{customdata}<br>" + lab + ": %{x:.0%}<extra></extra>"))
+    # Zone labels on the right, one per run of equal rows ("language expert ×6", "blend ...").
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1]["label"] == rs[i]["label"]:
+            j += 1
+        src = rs[i]["source"]
+        text = names.get(src, src) if src in ("task", "lang", "base") else rs[i]["label"]
+        fig.add_annotation(x=1.01, xref="paper", xanchor="left", y=(layers[i] + layers[j]) / 2,
+                           text=f"{text} ×{j - i + 1}" if j > i else text, showarrow=False,
+                           font=dict(size=11, color=COLORS.get(src, "#444")))
+        i = j + 1
     fig.update_layout(barmode="stack", bargap=0.08, legend=dict(orientation="h", y=-0.08))
     fig.update_xaxes(range=[0, 1], tickformat=".0%", title_text="share of the layer's weights",
                      showgrid=False)
     fig.update_yaxes(title_text="layer", dtick=1 if len(layers) <= 40 else 2,
                      range=[-0.5, (max(layers) if layers else 0) + 0.5])
-    return _layout(fig, title or "Layer stack of the merged model", heatmap_height(len(layers)))
+    return _layout(fig, title or "Layer stack of the merged model", heatmap_height(len(layers)),
+                   margin=dict(r=200))
 
 
 # --------------------------------------------------------------------------- profiles
@@ -361,7 +376,7 @@ def layer_profile_figure(stats: Sequence | Mapping, normalize: bool = True,
             if hi > lo:
                 fig.add_vrect(x0=lo - 0.5, x1=hi - 0.5, fillcolor=COLORS["blend"], opacity=0.12,
                               line_width=0)
-    fig.update_xaxes(title_text="layer", dtick=1 if L <= 40 else 2)
+    fig.update_xaxes(title_text="layer", dtick=1 if L <= 40 else 2, range=[-0.5, L - 0.5])
     fig.update_yaxes(title_text="share of the expert's total Σ|Δ|" if normalize else "Σ|Δ|",
                      tickformat=".0%" if normalize else None, rangemode="tozero")
     return _layout(fig, title or "Delta mass per layer", 380, hovermode="x unified",
@@ -369,22 +384,39 @@ def layer_profile_figure(stats: Sequence | Mapping, normalize: bool = True,
 
 
 # --------------------------------------------------------------------------- results
+_ROLE_WORDS = (("base", ("base",)), ("task", ("task", "math")), ("lang", ("lang", "language")),
+               ("blend", ("merge", "swap", "soup", "ties", "arithmetic")))
+_PALETTE = ("#3BB273", "#7768AE", "#E1BC29", "#4D9DE0", "#E15554")
+
+
+def _model_color(row: Mapping, index: int) -> str:
+    """Colour of a model: its "role" key (base/task/lang/merged) if given, else words in its
+    name, else a palette colour by position."""
+    role = str(row.get("role", "")).lower()
+    if role in COLORS:
+        return COLORS[role]
+    if role == "merged":
+        return COLORS["blend"]
+    name = str(row.get("model", "")).lower()
+    for key, words in _ROLE_WORDS:
+        if any(w in name for w in words):
+            return COLORS[key]
+    return _PALETTE[index % len(_PALETTE)]
+
+
 def accuracy_bars(summary: Sequence[Mapping], title: str | None = None,
                   ylabel: str = "accuracy") -> go.Figure:
     """Accuracy per model with 95% confidence intervals.
 
-    summary: dicts {"model", "accuracy", "ci_low", "ci_high", "n"} (fractions in 0..1).
+    summary: dicts {"model", "accuracy", "ci_low", "ci_high", "n"} (fractions in 0..1), with
+    an optional "role" ("base" | "task" | "lang" | "merged") that picks the colour.
     """
     models = [str(r["model"]) for r in summary]
     acc = np.array([float(r["accuracy"]) for r in summary])
     lo = np.array([float(r.get("ci_low", r["accuracy"])) for r in summary])
     hi = np.array([float(r.get("ci_high", r["accuracy"])) for r in summary])
     n = [int(r.get("n", 0)) for r in summary]
-    colors = []
-    for m in models:
-        low = m.lower()
-        key = next((k for k in ("lang", "task", "base") if k in low), None)
-        colors.append(COLORS[key] if key else COLORS["blend"])
+    colors = [_model_color(r, i) for i, r in enumerate(summary)]
     fig = go.Figure(go.Bar(
         x=models, y=acc, marker_color=colors,
         error_y=dict(type="data", symmetric=False, array=np.maximum(hi - acc, 0),
@@ -406,6 +438,9 @@ def sweep_heatmap(x_values: Sequence, y_values: Sequence, scores, x_label: str =
     x_values[j]); NaN marks configurations not run or impossible. The best cell is starred."""
     z = np.array(scores, dtype=float).reshape(len(y_values), len(x_values))
     text = [[("" if not np.isfinite(v) else format(v, fmt)) for v in row] for row in z]
+    best = np.unravel_index(np.nanargmax(z), z.shape) if np.isfinite(z).any() else None
+    if best is not None:
+        text[best[0]][best[1]] = "★ " + text[best[0]][best[1]]
     fig = go.Figure(go.Heatmap(
         z=z, x=[str(v) for v in x_values], y=[str(v) for v in y_values], text=text,
         texttemplate="%{text}", colorscale="Viridis", xgap=2, ygap=2,
@@ -413,12 +448,10 @@ def sweep_heatmap(x_values: Sequence, y_values: Sequence, scores, x_label: str =
                       tickformat=fmt if fmt.endswith("%") else None),
         hovertemplate=(f"{y_label} %{{y}}<br>{x_label} %{{x}}<br>{score_label} "
                        f"%{{z:{fmt}}}<extra></extra>")))
-    if np.isfinite(z).any():
-        i, j = np.unravel_index(np.nanargmax(z), z.shape)
-        fig.add_trace(go.Scatter(x=[str(x_values[j])], y=[str(y_values[i])], mode="markers",
-                                 marker=dict(symbol="star", size=18, color="white",
-                                             line=dict(color="black", width=1)),
-                                 name="best", hoverinfo="skip", showlegend=False))
+    if best is not None:  # outline the best cell (category axes: cells at integer positions)
+        i, j = best
+        fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=i - 0.5, y1=i + 0.5,
+                      line=dict(color="white", width=3))
     fig.update_xaxes(title_text=x_label, type="category")
     fig.update_yaxes(title_text=y_label, type="category")
     return _layout(fig, title or f"Sweep: {score_label} by {y_label} and {x_label}",

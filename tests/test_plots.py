@@ -125,6 +125,9 @@ def test_layer_stack_from_plan_rows_and_dicts(tiny_arch):
     np.testing.assert_allclose(lang.x, [1, 1, 0.4, 0, 0, 0, 0.4, 1])
     np.testing.assert_allclose(task.x, [0, 0, 0.6, 1, 1, 1, 0.6, 0])
     assert fig.layout.barmode == "stack" and fig.layout.height >= 300
+    zones = [a.text for a in fig.layout.annotations]  # one label per run of equal layers
+    assert zones == ["language expert ×2", "blend 0.60/0.40", "task expert ×3",
+                     "blend 0.60/0.40", "language expert"]
     rows = [{"layer": l, "source": "lang" if l < 3 else "task", "w_task": float(l >= 3),
              "w_lang": float(l < 3), "label": "x"} for l in range(30)]
     fig30 = plots.layer_stack_figure(rows, names={"lang": "Swahili", "task": "math"})
@@ -154,6 +157,7 @@ def test_accuracy_bars_error_bars():
     fig = plots.accuracy_bars(summary)
     tr = fig.data[0]
     assert list(tr.x) == ["task expert", "merged"]
+    assert list(tr.marker.color) == [plots.COLORS["task"], plots.COLORS["blend"]]
     np.testing.assert_allclose(tr.error_y.array, [0.15, 0.14])
     np.testing.assert_allclose(tr.error_y.arrayminus, [0.1, 0.14])
     assert fig.layout.yaxis.range[1] >= 0.64 and "95%" in tr.hovertemplate
@@ -164,10 +168,11 @@ def test_sweep_heatmap_stars_the_best_cell():
     fig = plots.sweep_heatmap([0, 1, 2], [3, 4], scores, "top u", "bottom b")
     z = np.array(fig.data[0].z, dtype=float)
     assert z.shape == (2, 3) and np.isnan(z[0, 2])
-    star = fig.data[1]
-    assert (star.x[0], star.y[0]) == ("0", "4")
     assert fig.layout.xaxis.title.text == "top u" and fig.layout.yaxis.title.text == "bottom b"
-    assert fig.data[0].text[0][2] == "" and fig.data[0].text[1][0] == "40.0%"
+    assert fig.data[0].text[0][2] == "" and fig.data[0].text[1][0] == "★ 40.0%"
+    assert fig.data[0].text[1][1] == "30.0%"
+    (box,) = fig.layout.shapes  # outline around (b=4, u=0)
+    assert (box.x0, box.x1, box.y0, box.y1) == (-0.5, 0.5, 0.5, 1.5)
 
 
 def test_thirty_layer_heatmap_is_tall_enough():
