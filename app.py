@@ -81,6 +81,7 @@ def pick_models(base, task, lang, progress=gr.Progress()):
         return ("⚠ " + report.markdown(), report.rows, gr.skip(), *[gr.skip()] * 6,
                 "⚠ " + report.markdown())
     fig, text = wb.plan_view(session, wb.default_config(session))
+    wb.warm_up(session)  # load the models in the background while the visitor looks around
     return (ok(report.markdown()), report.rows, session, *slider_updates(session), fig, text,
             ok(report.markdown()))
 

@@ -309,6 +309,20 @@ def open_session(base: str, task: str, lang: str, progress: Progress | None = No
     return (Session(report) if report.ok else None), report
 
 
+def warm_up(session: Session) -> threading.Thread:
+    """Load the session's source models in the background (the first Build then only copies
+    and recomposes). Shared models: a second visitor with the same models finds them loaded."""
+    def load():
+        for role in session.paths:
+            try:
+                session.model(role)
+            except Exception:  # noqa: BLE001 - Build reports loading errors where they matter
+                return
+    thread = threading.Thread(target=load, name="layerswap-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 def demo_session() -> Session:
     session, report = open_session(**DEMO_REFS)
     if session is None:

@@ -217,3 +217,10 @@ def test_peft_adapter_is_picked_as_a_dense_expert(tiny, tmp_path, monkeypatch):
     assert torch.allclose(dense, expected[q]) and not torch.equal(dense, _tensor(tiny["base"], q))
     with pytest.raises(wb.WorkbenchError, match="give its base model"):
         wb.check_models("", str(tmp_path / "adapter"), str(tiny["lang"]))
+
+
+def test_warm_up_loads_the_source_models_once(session):
+    wb.warm_up(session).join(timeout=120)
+    loaded = {k[0] for k in wb.SOURCE_MODELS._items}
+    assert {str(p) for p in session.paths.values()} <= loaded
+    assert session.model("task") is session.model("task")     # shared, not reloaded
