@@ -411,7 +411,8 @@ def _add_config_flags(s):
     g.add_argument("--w-task", type=float, help="blend weight of the task expert")
     g.add_argument("--w-lang", type=float, help="blend weight of the language expert")
     g.add_argument("--magnitude-weights", action="store_true", default=None,
-                   help="blend weights = inverse mean delta from the base (needs --base)")
+                   help="blend weights = inverse mean delta from the base (needs --base; "
+                   "replaces --w-task/--w-lang)")
     g.add_argument("--partition", help="A, B, C, or a YAML file with a list of rules "
                    "({layers: '0-5', kinds: attention})")
     g.add_argument("--lambda-task", type=float, help="task arithmetic scale of the task delta")
@@ -430,6 +431,8 @@ _FLAG_FIELDS = ("task", "lang", "base", "method", "bottom", "top", "transition_b
 
 
 def config_from_args(args) -> MergeConfig:
+    if getattr(args, "magnitude_weights", None) and (args.w_task is not None or args.w_lang is not None):
+        raise ConfigError("give either --w-task/--w-lang or --magnitude-weights, not both")
     cfg = MergeConfig.load(args.config) if getattr(args, "config", None) else MergeConfig()
     updates = {f: getattr(args, f) for f in _FLAG_FIELDS if getattr(args, f, None) is not None}
     if getattr(args, "partition", None):
