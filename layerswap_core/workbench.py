@@ -20,11 +20,11 @@ import threading
 import time
 import zipfile
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .models import DEFAULT_BASE, ModelLoadError, compatibility, describe, resolve
+from .models import DEFAULT_BASE, compatibility, describe, resolve
 
 Progress = Callable[[float, str], None]
 
@@ -275,9 +275,6 @@ class Session:
     def has_base(self) -> bool:
         return "base" in self.paths
 
-    def describe(self) -> str:
-        return ", ".join(f"{ROLE_LABELS[r]}: `{ref}`" for r, ref in self.refs.items())
-
     def begin(self, progress: Progress | None) -> Progress:
         """Start a job: forget an old Cancel, and return its guarded progress callback."""
         self.cancel.clear()
@@ -321,13 +318,6 @@ def warm_up(session: Session) -> threading.Thread:
     thread = threading.Thread(target=load, name="layerswap-warm-up", daemon=True)
     thread.start()
     return thread
-
-
-def demo_session() -> Session:
-    session, report = open_session(**DEMO_REFS)
-    if session is None:
-        raise WorkbenchError(report.markdown())
-    return session
 
 
 def require(session: Session | None) -> Session:
@@ -704,6 +694,8 @@ def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: s
 
     if metric not in ("nll", "accuracy"):
         raise WorkbenchError(f"sweep score: 'nll' or 'accuracy', got {metric!r}")
+    if axes not in SWEEP_AXES:
+        raise WorkbenchError(f"sweep over {axes!r}? choose one of {', '.join(SWEEP_AXES)}")
     fx, fy = SWEEP_AXES[axes]
     xs = parse_values(x_values, fx.replace("_", " "), session.num_layers)
     ys = parse_values(y_values, fy.replace("_", " "), session.num_layers)
@@ -715,28 +707,34 @@ def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: s
     if metric == "nll" and not all(it.solution for it in items):
         raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
     guard = session.begin(progress)
+    built_before = session.built_config
     scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
     rows = []
     total = len(xs) * len(ys)
-    for iy, y in enumerate(ys):
-        for ix, x in enumerate(xs):
-            try:
-                cfg = replace(base_config, method="layer_swap", partition=None, **{fx: x, fy: y})
-                cfg.validate(session.num_layers, has_base=session.has_base)
-            except ConfigError:
-                continue  # impossible cell (more swapped layers than the model has): left empty
-            done = (iy * len(xs) + ix) / total
-            guard(done, f"{fx} {x}, {fy} {y}")
-            _recompose(session, cfg, guard=lambda f, m: guard(done, m))
-            with session.lock:
-                # NLL needs one forward pass per item; generation is cut to 1 token
-                res = run_side_by_side({"merged": session.merged}, items, shots=shots,
-                                       max_new_tokens=1 if metric == "nll" else 64,
-                                       with_nll=metric == "nll",
-                                       progress=lambda f, m: guard(done + f / total, m))
-            s = res.summary[0]
-            scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
-            rows.append([x, y, round(scores[iy][ix], 4)])
+    try:
+        for iy, y in enumerate(ys):
+            for ix, x in enumerate(xs):
+                try:
+                    cfg = replace(base_config, method="layer_swap", partition=None, **{fx: x, fy: y})
+                    cfg.validate(session.num_layers, has_base=session.has_base)
+                except ConfigError:
+                    continue  # impossible cell (more swapped layers than the model has): empty
+                done = (iy * len(xs) + ix) / total
+                guard(done, f"{fx} {x}, {fy} {y}")
+                _recompose(session, cfg, guard=lambda f, m: guard(done, m))
+                with session.lock:
+                    # NLL needs one forward pass per item; generation is cut to 1 token
+                    res = run_side_by_side({"merged": session.merged}, items, shots=shots,
+                                           max_new_tokens=1 if metric == "nll" else 64,
+                                           with_nll=metric == "nll",
+                                           progress=lambda f, m: guard(done + f / total, m))
+                s = res.summary[0]
+                scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
+                if scores[iy][ix] is not None:
+                    rows.append([x, y, round(scores[iy][ix], 4)])
+    finally:  # leave the visitor's own build in memory, not the last cell
+        if built_before is not None:
+            _recompose(session, built_before, guard=lambda f, m: None)
     guard(1.0, "done")
     if metric == "nll":  # the figure stars the highest score: plot -NLL
         fig = plots.sweep_heatmap(xs, ys, [[None if v is None else -v for v in r] for r in scores],

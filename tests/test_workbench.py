@@ -140,12 +140,15 @@ def test_evaluate_side_by_side(session):
 
 
 def test_sweep_grid(session):
+    wb.build(session, swap(session, 3, 2))
     res = wb.sweep(session, swap(session, 2, 1), "bottom / top", "0,2", "1,7", "gsm-symbolic",
                    "sw", n=2, metric="nll")
     assert res.xs == [0, 2] and res.ys == [1, 7]
     assert res.scores[1][1] is None              # 2 + 7 > 8 layers: impossible, skipped
     assert all(s is not None and s > 0 for s in (res.scores[0][0], res.scores[0][1], res.scores[1][0]))
     assert len(res.rows) == 3
+    assert session.built_config.layer_counts(8) == (3, 2, 0, 0)   # the visitor's build is back
+    assert session.recomposer.plan.config.layer_counts(8) == (3, 2, 0, 0)
     with pytest.raises(wb.WorkbenchError, match="outside"):
         wb.sweep(session, swap(session, 2, 1), "bottom / top", "0-9", "0")
 
