@@ -371,7 +371,8 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                 other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                          value="task expert", label="Compare with")
                 chat_tokens = gr.Slider(16, wb.LIMITS.new_tokens, value=96, step=16,
-                                        label="Max new tokens (greedy decoding)")
+                                        label="Max new tokens (greedy decoding)",
+                                        elem_id="chat-tokens")
 
         # ---- wiring
         sliders = [bottom, top, t_bottom, t_top]

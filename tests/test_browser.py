@@ -115,12 +115,27 @@ def _walkthrough(page, url, refs, shot):
 
     # Chat: one message, the merged model's answer streams in
     page.get_by_role("tab", name="Chat").click()
+    page.locator("#chat-tokens input[type=number]").fill("32")
     page.locator("#chat-input textarea").fill("Juma ana maembe 12. Anampa dada yake 5. Amebaki na mangapi?")
+    # record every text the merged pane shows while the answer streams in
+    page.evaluate("""() => {
+        window.__seen = [];
+        const pane = document.querySelector('#chat-merged');
+        new MutationObserver(() => {
+            const bots = pane.querySelectorAll('.message.bot');
+            const t = bots.length ? bots[bots.length - 1].innerText.trim() : '';
+            if (t && window.__seen[window.__seen.length - 1] !== t) window.__seen.push(t);
+        }).observe(pane, {subtree: true, childList: true, characterData: true});
+    }""")
     page.locator("#chat-send").click()
     answer = page.locator("#chat-merged .message.bot").last
     expect(answer).to_be_visible(timeout=120_000)
     expect(status).to_contain_text("Done", timeout=300_000)
-    assert answer.inner_text().strip()
+    final = answer.inner_text().strip()
+    assert final
+    growing = [t for t in page.evaluate("window.__seen") if final.startswith(t)]
+    print(f"chat: the merged answer was drawn in {len(growing)} growing steps")
+    assert len(growing) >= 2       # streamed: shown part by part, not all at once
 
     page.get_by_role("tab", name="Configure").click()
     expect(diagram.locator(".plot-container")).to_be_visible()
