@@ -270,8 +270,10 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                                        elem_id="bottom")
                     top = gr.Slider(0, L0, value=2, step=1, label="Top layers u (language)",
                                     elem_id="top")
-                    t_bottom = gr.Slider(0, L0, value=0, step=1, label="Transition t_b (blended)")
-                    t_top = gr.Slider(0, L0, value=0, step=1, label="Transition t_u (blended)")
+                    t_bottom = gr.Slider(0, L0, value=0, step=1, label="Transition t_b (blended)",
+                                         elem_id="t-bottom")
+                    t_top = gr.Slider(0, L0, value=0, step=1, label="Transition t_u (blended)",
+                                      elem_id="t-top")
                     with gr.Row():
                         w_task = gr.Slider(0, 1, value=1, step=0.05, label="w_task")
                         w_lang = gr.Slider(0, 1, value=1, step=0.05, label="w_lang")

@@ -96,6 +96,8 @@ def _walkthrough(page, url, refs, shot):
     expect(plan).to_contain_text(f"0-{b}       lang", timeout=30_000)
     expect(plan).not_to_have_text(before_plan)
     assert diagram.inner_html() != before_svg
+    page.locator("#t-bottom input[type=range]").fill("1")   # a blended transition layer
+    expect(plan).to_contain_text(f"{b + 1}         blend", timeout=30_000)
 
     # Build in memory
     page.get_by_role("tab", name="Build").click()
