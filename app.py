@@ -221,7 +221,7 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
     """The app; ``refs`` preselects base/task/lang (default: the embedded demo)."""
     refs = {**wb.DEMO_REFS, **(refs or {})}
     L0 = 30  # the embedded default's depth; pick_models re-bounds the sliders
-    with gr.Blocks(title="layerswap", delete_cache=(3600, 3600)) as demo:
+    with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         status = gr.Markdown("Loading the embedded demo...", elem_id="status", elem_classes="status")
         # per visitor; an idle visitor's merged model is freed after LIMITS.session_seconds
