@@ -227,3 +227,17 @@ def test_warm_up_loads_the_source_models_once(session):
     loaded = {k[0] for k in wb.SOURCE_MODELS._items}
     assert {str(p) for p in session.paths.values()} <= loaded
     assert session.model("task") is session.model("task")     # shared, not reloaded
+
+
+@pytest.mark.slow
+def test_the_embedded_demo_is_preselected_and_compatible():
+    experts = pytest.importorskip("layerswap_core.experts")
+    missing = [r for r in (experts.DEMO_TASK, experts.DEMO_LANG)
+               if not (experts.demo_adapter_dir(r) / "adapter_model.safetensors").exists()]
+    if missing:
+        pytest.skip(f"demo expert adapters not shipped in assets/experts: {missing}")
+    assert wb.DEMO_REFS == {"base": experts.DEMO_BASE, "task": experts.DEMO_TASK,
+                            "lang": experts.DEMO_LANG}
+    report = wb.check_models(**wb.DEMO_REFS)
+    assert report.ok, report.problems
+    assert report.num_layers == 30
