@@ -187,16 +187,18 @@ def sweep(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, r
             res.rows)
 
 
+@guarded(7)
 def load_sweep_row(axes, rows, evt: gr.SelectData):
-    """Clicking a sweep table row puts that configuration on the sliders."""
+    """Clicking a sweep table row puts that configuration on the sliders (a plain layer swap)."""
     fx, fy = wb.SWEEP_AXES[axes]
     row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
     values = rows.values.tolist()[row] if hasattr(rows, "values") else rows[row]
     x, y = int(values[0]), int(values[1])
     updates = {s: gr.skip() for s in SLIDERS}
     updates[fx], updates[fy] = gr.update(value=x), gr.update(value=y)
-    return (ok(f"Loaded {fx}={x}, {fy}={y} on the Configure tab; build it on the Build tab."),
-            *updates.values())
+    return (ok(f"Loaded {fx} = {x}, {fy} = {y} on the Configure tab; build it on the Build tab."),
+            *updates.values(), gr.update(value="layer swap"),
+            gr.update(value=wb.PARTITION_CHOICES[0]))
 
 
 @GPU
@@ -415,7 +417,7 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                                            sweep_n, sweep_metric],
                                    [status, sweep_plot, sweep_table], api_name="sweep")
         sweep_cancel.click(cancel, [session], [status], cancels=[sweep_ev], api_visibility="private")
-        sweep_table.select(load_sweep_row, [axes, sweep_table], [status, *sliders],
+        sweep_table.select(load_sweep_row, [axes, sweep_table], [status, *sliders, method, partition],
                            api_visibility="private")
 
         chat_inputs = [session, message, chat_merged, chat_other, other_role, chat_tokens]
