@@ -6,8 +6,11 @@ everywhere else the decorator is a no-op, so the app runs unchanged on a laptop 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 HAVE_SPACES = importlib.util.find_spec("spaces") is not None
+# ZeroGPU Spaces set this: CUDA exists only inside @spaces.GPU calls (in a forked worker).
+ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
 
 
 def GPU(fn=None, *, duration: int = 120):  # noqa: N802 - same name as spaces.GPU

@@ -143,12 +143,12 @@ class _ModelCache:
 def default_device() -> str:
     """$LAYERSWAP_DEVICE, else cuda when a GPU is here, else cpu. On a ZeroGPU Space models
     stay on the CPU in the main process (CUDA exists only inside @spaces.GPU calls there)."""
-    from .spaces import HAVE_SPACES
+    from .spaces import ZERO_GPU
 
     if os.environ.get("LAYERSWAP_DEVICE"):
         return os.environ["LAYERSWAP_DEVICE"]
     import torch
-    return "cuda" if torch.cuda.is_available() and not HAVE_SPACES else "cpu"
+    return "cuda" if not ZERO_GPU and torch.cuda.is_available() else "cpu"
 
 
 SOURCE_MODELS = _ModelCache(_env_int("LAYERSWAP_MAX_LOADED_MODELS", 6))

@@ -241,3 +241,14 @@ def test_the_embedded_demo_is_preselected_and_compatible():
     report = wb.check_models(**wb.DEMO_REFS)
     assert report.ok, report.problems
     assert report.num_layers == 30
+
+
+def test_spaces_gpu_decorator_is_a_no_op_without_spaces():
+    from layerswap_core import spaces
+
+    if spaces.HAVE_SPACES:
+        pytest.skip("the spaces package is installed here")
+
+    def work(x):
+        return x + 1
+    assert spaces.GPU(work) is work and spaces.GPU(duration=30)(work) is work
