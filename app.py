@@ -226,7 +226,7 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
     with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         status = gr.Markdown("Loading the embedded demo...", elem_id="status", elem_classes="status")
-        # per visitor; an idle visitor's merged model is freed after LIMITS.session_seconds
+        # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
         session = gr.State(None, time_to_live=wb.LIMITS.session_seconds,
                            delete_callback=wb.close_session)
 

@@ -93,7 +93,7 @@ class Limits:
     chat_turns: int = 8
     sweep_cells: int = 25
     sweep_items: int = 8
-    session_seconds: int = 3600     # an idle visitor's models are freed after this
+    session_seconds: int = 6 * 3600  # an open page keeps its models this long (closed: freed soon)
 
     @classmethod
     def from_env(cls) -> "Limits":
