@@ -431,10 +431,40 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
 
 
 # --------------------------------------------------------------------------- CLI
+def _lm_eval_cli(args, items) -> int:
+    """The same items through lm-eval's own mgsm task (its prompts, filters and metric)."""
+    from .lmeval import run_lm_eval
+    from .models import load_model
+
+    if args.data != "mgsm":
+        raise ValueError("--lm-eval runs lm-eval's mgsm tasks: use it with --data mgsm")
+    out = {}
+    for ref in args.model:
+        model, tok = load_model(ref, device=args.device)
+        res = run_lm_eval(model, tok, args.lang, items=items, shots=args.shots, cot=args.cot,
+                          data_dir=args.data_dir, batch_size=args.batch_size,
+                          max_gen_toks=args.max_new_tokens, apply_chat_template=args.chat_template)
+        del model
+        metrics = {k: float(v) for k, v in res["metrics"].items()
+                   if k.startswith("exact_match,") and not isinstance(v, str)}
+        out[ref] = {"task": res["task"], "metrics": metrics, "exemplars": res["exemplars"],
+                    "samples": [{"doc_id": s["doc_id"], "filter": s["filter"], "target": s["target"],
+                                 "resps": s["resps"], "filtered_resps": s["filtered_resps"],
+                                 "exact_match": s["exact_match"]} for s in res["samples"]]}
+        print(f"{ref}: lm-eval {res['task']} (n={len(items)}, {len(res['exemplars'])}-shot): "
+              + ", ".join(f"{k.split(',')[1]} {v:.3f}" for k, v in metrics.items()))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, ensure_ascii=False, indent=1, default=str))
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _eval_cli(args) -> int:
     from tqdm import tqdm
 
     items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir)
+    if args.lm_eval:
+        return _lm_eval_cli(args, items)
     names = {}
     for ref in args.model:   # short unique display names for the table
         name = Path(ref).name if Path(ref).exists() else ref
@@ -483,5 +513,7 @@ def add_cli(subparsers) -> None:
                    help="default: 32 direct, 256 chain-of-thought")
     s.add_argument("--batch-size", type=int, default=16)
     s.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    s.add_argument("--lm-eval", action="store_true",
+                   help="run lm-eval's own mgsm task (simple_evaluate, local data) instead")
     s.add_argument("--out", default=None, help="write per-item rows and summary as JSON")
     s.set_defaults(func=_eval_cli)

@@ -107,3 +107,19 @@ def test_simple_evaluate_on_in_memory_model_matches_our_run(tiny):
     flexible = [s for s in samples if s["filter"] == "flexible-extract"]
     assert out["metrics"]["exact_match,flexible-extract"] == \
         pytest.approx(sum(s["exact_match"] for s in flexible) / len(flexible))
+
+
+def test_eval_cli_lm_eval_mode(tiny, tmp_path, capsys):
+    import json
+
+    from layerswap_core.cli import main
+    out = tmp_path / "lm.json"
+    rc = main(["eval", "--lm-eval", "--model", str(tiny["base"]), "--lang", "sw", "--n", "2",
+               "--shots", "1", "--max-new-tokens", "4", "--device", "cpu", "--out", str(out)])
+    assert rc == 0
+    assert "lm-eval mgsm_direct_sw_local (n=2, 1-shot): remove_whitespace" in capsys.readouterr().out
+    saved = json.loads(out.read_text())[str(tiny["base"])]
+    assert set(saved["metrics"]) == {"exact_match,remove_whitespace", "exact_match,flexible-extract"}
+    assert len(saved["samples"]) == 4      # 2 items x 2 filters
+    assert main(["eval", "--lm-eval", "--model", str(tiny["base"]), "--data", "gsm-symbolic",
+                 "--n", "1"]) == 2          # lm-eval's tasks are MGSM only: a clear error
