@@ -359,9 +359,8 @@ def linear_modules(model, arch, kinds=LORA_KINDS) -> list[str]:
 
 def resolve_target_modules(model, arch, targets: list[str] | None) -> list[str]:
     """Short module names (q_proj, ...) to give LoRA; unknown names raise TrainError."""
-    linear = linear_modules(model, arch, kinds=None) if targets else linear_modules(model, arch)
     if not targets:
-        return sorted({n.rsplit(".", 1)[-1] for n in linear})
+        return sorted({n.rsplit(".", 1)[-1] for n in linear_modules(model, arch)})
     all_linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     short = sorted({n.rsplit(".", 1)[-1] for n in all_linear})
     unknown = [t for t in targets if not any(n == t or n.endswith("." + t) for n in all_linear)]
@@ -681,6 +680,8 @@ def add_cli(subparsers):
     s.add_argument("--eval-every", type=int, default=d.eval_every)
     s.add_argument("--eval-batches", type=int)
     s.set_defaults(func=_cmd_train)
+    from .lora import add_cli as add_lora_cli  # `layerswap merge-lora` lives with the adapters
+    add_lora_cli(subparsers)
 
 
 def config_from_args(args) -> TrainConfig:
