@@ -469,7 +469,7 @@ def _eval_cli(args) -> int:
     for ref in args.model:   # short unique display names for the table
         name = Path(ref).name if Path(ref).exists() else ref
         names[name if name not in names else ref] = ref
-    bar = tqdm(total=1000, unit="‰", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {desc}")
+    bar = tqdm(total=1000, bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
 
     def progress(frac, msg):
         bar.n = int(frac * 1000)

@@ -6,6 +6,7 @@ Batched and one-at-a-time runs give the same text (tests/test_generation.py chec
 """
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -79,17 +80,59 @@ def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
                 stopping_criteria=StoppingCriteriaList(criteria))
 
 
+MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix all sequences share."""
+    if not seqs:
+        return 0
+    n = min(len(s) for s in seqs)
+    first = seqs[0]
+    for k in range(n):
+        if any(s[k] != first[k] for s in seqs):
+            return k
+    return n
+
+
+def _prefix_cache(model, prefix: list[int], device):
+    """KV cache of the shared prefix (batch 1), or None if this model's cache cannot be reused."""
+    try:
+        out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True)
+        cache = out.past_key_values
+        if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+            return None
+        return cache
+    except (TypeError, ValueError, NotImplementedError, AttributeError):
+        return None
+
+
 @torch.inference_mode()
 def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 256,
-             stop: Sequence[str] = (), batch_size: int = 16,
+             stop: Sequence[str] = (), batch_size: int = 16, share_prefix: bool = True,
              progress: Progress | None = None) -> list[Generation]:
-    """Greedy continuations of ``prompts`` (in order), ``batch_size`` at a time, left-padded."""
+    """Greedy continuations of ``prompts`` (in order), ``batch_size`` at a time.
+
+    Prompts are sorted by length so a batch holds similar lengths. Few-shot prompts share their
+    exemplars: with ``share_prefix`` the common token prefix is run once and its KV cache
+    reused by every batch (the prompt pass dominates evaluation on CPU). Rows are then laid out
+    as [prefix | padding | own suffix] with the padding masked, so positions stay contiguous;
+    without a shared prefix rows are simply left-padded.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
     device = next(model.parameters()).device
     pad = _pad_id(tokenizer)
     eos = set(_eos_ids(model, tokenizer))
     encoded = [encode(tokenizer, p) for p in prompts]
+    n_prefix, cache = 0, None
+    if share_prefix and len(encoded) > 1:
+        # keep at least one own token per prompt: generation starts from a fresh forward pass
+        n_prefix = min(common_prefix_len(encoded), min(len(e) for e in encoded) - 1)
+        if n_prefix >= MIN_SHARED_PREFIX:
+            cache = _prefix_cache(model, encoded[0][:n_prefix], device)
+        if cache is None:
+            n_prefix = 0
     order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
     results: list[Generation | None] = [None] * len(prompts)
     for start in range(0, len(order), batch_size):
@@ -99,10 +142,16 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
         mask = torch.zeros((len(idx), width), dtype=torch.long)
         for row, i in enumerate(idx):
             n = len(encoded[i])
-            ids[row, width - n:] = torch.tensor(encoded[i])
-            mask[row, width - n:] = 1
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                             **_greedy_kwargs(model, tokenizer, max_new_tokens, stop, width))
+            ids[row, width - n + n_prefix:] = torch.tensor(encoded[i][n_prefix:])
+            mask[row, width - n + n_prefix:] = 1
+            ids[row, :n_prefix] = torch.tensor(encoded[i][:n_prefix])
+            mask[row, :n_prefix] = 1
+        kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width)
+        if cache is not None:
+            batch_cache = copy.deepcopy(cache)
+            batch_cache.batch_repeat_interleave(len(idx))
+            kw["past_key_values"] = batch_cache
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
         for row, i in enumerate(idx):
             new = out[row, width:].tolist()
             n_tok = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))

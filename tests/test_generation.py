@@ -79,3 +79,28 @@ def test_chat_uses_template(tiny_lm):
     reply = chat(model, tok, [{"role": "user", "content": "Hi"}], max_new_tokens=5)
     assert reply == generate_one(model, tok, chat_prompt(tok, "Hi"), max_new_tokens=5)
     assert list(chat(model, tok, "Hi", max_new_tokens=5, stream=True))[-1] == reply
+
+
+def test_shared_prefix_is_computed_once_and_changes_nothing(tiny_lm):
+    from layerswap_core.generation import common_prefix_len
+
+    model, tok = tiny_lm
+    shots = "Swali: Juma ana maembe 3 na ananunua 4 zaidi. Ana maembe mangapi?\nAnswer:7\n\n" * 3
+    prompts = [shots + f"Swali: {q}\nAnswer:" for q in
+               ("Bata wa Janet hutaga mayai 16 kila siku.", "Ana 5?", "Kuna ndege 12 mtini, 3 wanaruka.")]
+    encoded = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert common_prefix_len(encoded) >= 60
+    widths = []
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        shared = generate(model, tok, prompts, max_new_tokens=8, batch_size=2)
+        assert widths[0] == common_prefix_len(encoded)           # the prefix pass
+        assert max(widths[1:]) < max(len(e) for e in encoded)    # batches skip the prefix
+        widths.clear()
+        plain = generate(model, tok, prompts, max_new_tokens=8, batch_size=2, share_prefix=False)
+        assert max(widths) == max(len(e) for e in encoded)
+    finally:
+        hook.remove()
+    single = [generate(model, tok, [p], max_new_tokens=8)[0] for p in prompts]
+    assert [g.text for g in shared] == [g.text for g in plain] == [g.text for g in single]
