@@ -6,7 +6,6 @@ Batched and one-at-a-time runs give the same text (tests/test_generation.py chec
 """
 from __future__ import annotations
 
-import copy
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -113,11 +112,11 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
              progress: Progress | None = None) -> list[Generation]:
     """Greedy continuations of ``prompts`` (in order), ``batch_size`` at a time.
 
-    Prompts are sorted by length so a batch holds similar lengths. Few-shot prompts share their
-    exemplars: with ``share_prefix`` the common token prefix is run once and its KV cache
-    reused by every batch (the prompt pass dominates evaluation on CPU). Rows are then laid out
-    as [prefix | padding | own suffix] with the padding masked, so positions stay contiguous;
-    without a shared prefix rows are simply left-padded.
+    Prompts are grouped by how they start, then sorted by length, so a batch holds similar
+    prompts. Few-shot prompts share their exemplars: with ``share_prefix`` a batch's common
+    token prefix is run once and its KV cache shared by all rows (the prompt pass dominates
+    evaluation on CPU). Rows are laid out as [prefix | padding | own suffix] with the padding
+    masked, so positions stay contiguous; without a shared prefix rows are left-padded.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
@@ -125,32 +124,34 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     pad = _pad_id(tokenizer)
     eos = set(_eos_ids(model, tokenizer))
     encoded = [encode(tokenizer, p) for p in prompts]
-    n_prefix, cache = 0, None
-    if share_prefix and len(encoded) > 1:
-        # keep at least one own token per prompt: generation starts from a fresh forward pass
-        n_prefix = min(common_prefix_len(encoded), min(len(e) for e in encoded) - 1)
-        if n_prefix >= MIN_SHARED_PREFIX:
-            cache = _prefix_cache(model, encoded[0][:n_prefix], device)
-        if cache is None:
-            n_prefix = 0
-    order = sorted(range(len(prompts)), key=lambda i: -len(encoded[i]))
+    # Prompts that start alike go together (so a batch shares its few-shot prefix), longest first.
+    order = sorted(range(len(prompts)),
+                   key=lambda i: (tuple(encoded[i][:MIN_SHARED_PREFIX]), -len(encoded[i])))
     results: list[Generation | None] = [None] * len(prompts)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        width = max(len(encoded[i]) for i in idx)
+        rows = [encoded[i] for i in idx]
+        width = max(len(r) for r in rows)
+        n_prefix, cache = 0, None
+        if share_prefix and len(rows) > 1:
+            # keep >= 1 own token per row: generation starts from a fresh forward pass
+            n_prefix = min(common_prefix_len(rows), min(len(r) for r in rows) - 1)
+            if n_prefix >= MIN_SHARED_PREFIX:
+                cache = _prefix_cache(model, rows[0][:n_prefix], device)
+            if cache is None:
+                n_prefix = 0
         ids = torch.full((len(idx), width), pad, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            n = len(encoded[i])
-            ids[row, width - n + n_prefix:] = torch.tensor(encoded[i][n_prefix:])
+        for row, r in enumerate(rows):
+            n = len(r)
+            ids[row, width - n + n_prefix:] = torch.tensor(r[n_prefix:])
             mask[row, width - n + n_prefix:] = 1
-            ids[row, :n_prefix] = torch.tensor(encoded[i][:n_prefix])
+            ids[row, :n_prefix] = torch.tensor(r[:n_prefix])
             mask[row, :n_prefix] = 1
         kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width)
         if cache is not None:
-            batch_cache = copy.deepcopy(cache)
-            batch_cache.batch_repeat_interleave(len(idx))
-            kw["past_key_values"] = batch_cache
+            cache.batch_repeat_interleave(len(idx))
+            kw["past_key_values"] = cache
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
         for row, i in enumerate(idx):
             new = out[row, width:].tolist()

@@ -94,13 +94,18 @@ def test_shared_prefix_is_computed_once_and_changes_nothing(tiny_lm):
     hook = model.register_forward_pre_hook(
         lambda mod, args, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
     try:
-        shared = generate(model, tok, prompts, max_new_tokens=8, batch_size=2)
+        shared = generate(model, tok, prompts, max_new_tokens=8, batch_size=3)
         assert widths[0] == common_prefix_len(encoded)           # the prefix pass
         assert max(widths[1:]) < max(len(e) for e in encoded)    # batches skip the prefix
         widths.clear()
-        plain = generate(model, tok, prompts, max_new_tokens=8, batch_size=2, share_prefix=False)
+        plain = generate(model, tok, prompts, max_new_tokens=8, batch_size=3, share_prefix=False)
         assert max(widths) == max(len(e) for e in encoded)
     finally:
         hook.remove()
     single = [generate(model, tok, [p], max_new_tokens=8)[0] for p in prompts]
     assert [g.text for g in shared] == [g.text for g in plain] == [g.text for g in single]
+    # mixed languages: each batch shares its own prefix, results still in input order
+    mixed = [prompts[0], "Question: " + "two plus two, " * 10 + "?\nAnswer:", prompts[1],
+             "Question: " + "two plus two, " * 10 + "three?\nAnswer:"]
+    got = generate(model, tok, mixed, max_new_tokens=8, batch_size=2)
+    assert [g.text for g in got] == [generate(model, tok, [p], max_new_tokens=8)[0].text for p in mixed]
