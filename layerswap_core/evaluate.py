@@ -473,7 +473,7 @@ def _eval_cli(args) -> int:
 
     def progress(frac, msg):
         bar.n = int(frac * 1000)
-        bar.set_description_str(msg[:60])
+        bar.set_description_str(msg[:60], refresh=False)
         bar.refresh()
 
     try:
