@@ -738,9 +738,11 @@ def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: s
                 scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
                 if scores[iy][ix] is not None:
                     rows.append([x, y, round(scores[iy][ix], 4)])
-    finally:  # leave the visitor's own build in memory, not the last cell
+    finally:  # leave the visitor's own build in memory (or none), not the last cell
         if built_before is not None:
             _recompose(session, built_before, guard=lambda f, m: None)
+        else:
+            session.merged = session.built_config = None
     guard(1.0, "done")
     if metric == "nll":  # the figure stars the highest score: plot -NLL
         fig = plots.sweep_heatmap(xs, ys, [[None if v is None else -v for v in r] for r in scores],
