@@ -35,12 +35,14 @@ def _skip_reason() -> str | None:
 
 
 def demo_refs(tiny) -> dict[str, str]:
+    """The embedded demo when it opens here (its experts shipped), else the tiny family."""
     from layerswap_core import workbench as wb
-    from layerswap_core.models import EMBEDDED, EMBEDDED_PREFIX
 
-    names = [r[len(EMBEDDED_PREFIX):] for r in wb.DEMO_REFS.values()]
-    if all(n in EMBEDDED for n in names):
-        return dict(wb.DEMO_REFS)
+    try:
+        if wb.check_models(**wb.DEMO_REFS).ok:
+            return dict(wb.DEMO_REFS)
+    except ValueError:
+        pass
     return {role: str(tiny[role]) for role in ("base", "task", "lang")}
 
 
