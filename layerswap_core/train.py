@@ -560,9 +560,9 @@ class Trainer:
         side = self.cfg.revert
         with torch.no_grad():
             if self.lora:
+                names = partition_sides(self.model, self.cfg.partition, self.arch)[side]
                 for n, p in self.model.named_parameters():
-                    if "lora_B" in n and _lora_weight_name(n) in partition_sides(
-                            self.model, self.cfg.partition, self.arch)[side]:
+                    if "lora_B" in n and _lora_weight_name(n) in names:
                         p.zero_()
             else:
                 for n, p in _base_parameters(self.model):
