@@ -272,22 +272,32 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             width = max(len(pairs[i][0]) + len(pairs[i][1]) for i in idx)
+            keep = max(len(pairs[i][1]) for i in idx) + 1
             ids = torch.full((len(idx), width), pad, dtype=torch.long)
             mask = torch.zeros_like(ids)
             labels = torch.full_like(ids, -100)
-            for row, i in enumerate(idx):   # right padding: positions stay 0..n-1
+            for row, i in enumerate(idx):
+                # Left padding puts every target at the end, so only the last `keep` positions
+                # need logits (a full-vocabulary row per prompt token would dominate the cost).
                 p, t = pairs[i]
                 seq = torch.tensor(p + t)
-                ids[row, :len(seq)] = seq
-                mask[row, :len(seq)] = 1
-                labels[row, len(p):len(seq)] = torch.tensor(t)
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
-            logp = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:].to(device),
-                                   ignore_index=-100, reduction="none")
-            counts = (labels[:, 1:] != -100).sum(1)
+                ids[row, width - len(seq):] = seq
+                mask[row, width - len(seq):] = 1
+                labels[row, width - len(t):] = torch.tensor(t)
+            positions = (mask.cumsum(1) - 1).clamp_min(0)
+            inputs = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
+                          position_ids=positions.to(device))
+            try:
+                logits = model(**inputs, logits_to_keep=keep).logits
+            except TypeError:  # a model class without logits_to_keep
+                logits = model(**inputs).logits
+            logits = logits[:, -keep:].float()
+            nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, -keep + 1:].to(device),
+                                  ignore_index=-100, reduction="none")
+            counts = (labels[:, -keep + 1:] != -100).sum(1)
             for row, i in enumerate(idx):
                 if counts[row] > 0:
-                    out[i] = float(logp[row].sum() / counts[row])
+                    out[i] = float(nll[row].sum() / counts[row])
     return out
 
 
