@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .data import (Item, gsm_symbolic_items, load_items, load_mgsm, mgsm_lang, normalize_number,
+from .data import (MGSM_HUB_ID, Item, gsm_symbolic_items, load_items, load_mgsm, mgsm_lang, normalize_number,
                    source_label, to_ascii_digits)
 from .generation import encode, generate
 
@@ -472,7 +472,7 @@ def _lm_eval_cli(args, items) -> int:
 def _eval_cli(args) -> int:
     from tqdm import tqdm
 
-    items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir)
+    items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir, hub=args.hub)
     if args.lm_eval:
         return _lm_eval_cli(args, items)
     names = {}
@@ -506,13 +506,15 @@ def _eval_cli(args) -> int:
 def add_cli(subparsers) -> None:
     s = subparsers.add_parser("eval", help="evaluate models on MGSM or GSM-Symbolic, side by side",
                               description="Greedy n-shot math evaluation with lm-eval's mgsm "
-                              "prompts and filters; accuracy with a 95%% Wilson interval.")
+                              "prompts and filters; accuracy with a 95% Wilson interval.")
     s.add_argument("--model", action="append", required=True,
                    help="model reference (folder, embedded:NAME, owner/name); repeat for up to 4")
     s.add_argument("--data", choices=["mgsm", "gsm-symbolic"], default="mgsm")
     s.add_argument("--data-dir", default=None,
                    help="folder of mgsm_<lang>.tsv files (default: $LAYERSWAP_MGSM_DIR or "
                    "../shared/data/mgsm)")
+    s.add_argument("--hub", action="store_true",
+                   help=f"MGSM from the Hugging Face Hub ({MGSM_HUB_ID}; needs the network)")
     s.add_argument("--lang", default="sw", help="language code (sw, bn, te, en, ... or swh, ben)")
     s.add_argument("--n", type=int, default=50, help="number of items (0: all)")
     s.add_argument("--shots", type=int, default=2, help="few-shot exemplars, 0-8")
