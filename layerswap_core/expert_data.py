@@ -176,6 +176,12 @@ def swahili_examples(split: str = "train", variants: int = SWAHILI_VARIANTS,
     return rows
 
 
+def worked_solutions(lang: str, split: str = "eval") -> list[dict]:
+    """Original problems of a split as (question -> worked solution) chats, in ``lang``."""
+    return [_chat(q, a, f"gsm-symbolic {lang} {i:04d}") for i in SPLITS[split]
+            for q, a in problems(lang, i)]
+
+
 RECIPES = {"math": math_examples, "swahili": swahili_examples}
 
 

@@ -403,3 +403,4 @@ def _vocab_hash(path: Path) -> str | None:
     except (KeyError, ValueError):
         return None
     return hashlib.sha1(json.dumps(vocab, sort_keys=True).encode()).hexdigest()
+from . import experts  # noqa: E402,F401  (registers the embedded demo experts)

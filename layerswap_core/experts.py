@@ -1,0 +1,133 @@
+"""The embedded demo experts: two LoRA adapters over the embedded SmolLM2-135M-Instruct.
+
+* ``embedded:smollm2-math-en``  -- math expert: English word problems with worked solutions
+                                   (GSM-Symbolic templates 0000-0049 and variants of them);
+* ``embedded:smollm2-swahili``  -- Swahili language expert: Swahili problem statements without
+                                   solutions and FreeDict Swahili<->English word translations.
+
+The adapters ship in ``assets/experts/<name>/`` (bf16, with a card saying how they were made:
+``layerswap train ...``). On first use each is applied to the embedded base (PEFT
+merge_and_unload) and cached as a bf16 safetensors model, so the rest of the product sees two
+ordinary model folders.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import models
+
+MATH_EXPERT = "smollm2-math-en"
+SWAHILI_EXPERT = "smollm2-swahili"
+DEMO_TASK = models.EMBEDDED_PREFIX + MATH_EXPERT      # the demo's task (math) expert
+DEMO_LANG = models.EMBEDDED_PREFIX + SWAHILI_EXPERT   # the demo's language (Swahili) expert
+DEMO_BASE = models.DEFAULT_BASE
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "experts"
+DESCRIPTIONS = {
+    MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA (English GSM-Symbolic worked solutions, "
+                 "templates 0-49)",
+    SWAHILI_EXPERT: "SmolLM2-135M-Instruct + Swahili LoRA (Swahili problem statements without "
+                    "solutions, FreeDict Swahili-English words)",
+}
+
+
+def demo_adapter_dir(name: str) -> Path:
+    """Folder of a shipped adapter; ``name`` with or without the ``embedded:`` prefix."""
+    name = name[len(models.EMBEDDED_PREFIX):] if name.startswith(models.EMBEDDED_PREFIX) else name
+    if name not in DESCRIPTIONS:
+        raise models.ModelLoadError(f"unknown demo expert {name!r}; known: {', '.join(DESCRIPTIONS)}")
+    return ASSETS / name
+
+
+def _builder(name: str):
+    def build(out: Path, progress=None):
+        from .lora import apply_adapter
+
+        adapter = demo_adapter_dir(name)
+        if not (adapter / "adapter_model.safetensors").exists():
+            raise models.ModelLoadError(f"the demo expert's adapter is missing: {adapter} "
+                                        "(reinstall layerswap from a full checkout)")
+        if progress is not None:
+            progress(f"Building {models.EMBEDDED_PREFIX}{name}: base + {adapter.name} adapter...")
+        apply_adapter(DEMO_BASE, adapter, out)
+        for extra in ("README.md",):
+            if (adapter / extra).exists():
+                (out / extra).write_text((adapter / extra).read_text())
+    return build
+
+
+def _adapter_version(name: str) -> str:
+    """Cache version of a built expert: a hash of its shipped adapter (new adapter, new build)."""
+    import hashlib
+    f = ASSETS / name / "adapter_model.safetensors"
+    return hashlib.sha1(f.read_bytes()).hexdigest()[:10] if f.exists() else "missing"
+
+
+for _name, _desc in DESCRIPTIONS.items():
+    models.register_embedded(_name, _desc, _builder(_name), version=_adapter_version(_name))
+
+
+# --------------------------------------------------------------------------- held-out measurements
+def heldout_sets(limit: int | None = None) -> dict[str, list[dict]]:
+    """The held-out chat sets: each expert's own domain, and the worked solutions of templates
+    0050-0099 in Swahili and English (never trained on)."""
+    from . import expert_data as D
+    sets = {"math (eng worked solutions 50-99)": D.worked_solutions("eng"),
+            "swahili (held-out swahili split)": D.swahili_examples("eval"),
+            "swh worked solutions 50-99": D.worked_solutions("swh")}
+    return {k: v[:limit] for k, v in sets.items()}
+
+
+DEMO_ROWS = ("base", "math expert", "swahili expert", "layer swap", "uniform soup")
+
+
+def demo_nll_table(limit: int | None = None, threads: int | None = 1, rows=DEMO_ROWS,
+                   progress=None, on_row=None) -> dict[str, dict[str, float]]:
+    """{model: {held-out set: mean response-token NLL}} for base, both experts, the layer-swapped
+    merge (default layer counts) and the uniform soup (1:1), all in float32 on the CPU.
+    ``rows``: a subset of DEMO_ROWS (e.g. to split the work over processes)."""
+    import torch
+
+    from .merge import Recomposer
+    from .plan import MergeConfig
+    from .train import heldout_nll
+
+    if threads:
+        torch.set_num_threads(threads)
+    sets = heldout_sets(limit)
+    table: dict[str, dict[str, float]] = {}
+
+    def measure(label, model, tok):
+        table[label] = {}
+        for name, items in sets.items():
+            if progress is not None:
+                progress(f"{label}: {name}")
+            table[label][name] = heldout_nll(model, items, tokenizer=tok, max_length=512)
+        if on_row is not None:  # long runs: hand each finished row out at once
+            on_row(label, table[label])
+
+    for label, ref in (("base", DEMO_BASE), ("math expert", DEMO_TASK), ("swahili expert", DEMO_LANG)):
+        if label not in rows:
+            continue
+        model, tok = models.load_model(ref, device="cpu")
+        measure(label, model, tok)
+        del model
+    if not {"layer swap", "uniform soup"} & set(rows):
+        return table
+    rec = Recomposer.from_refs(DEMO_TASK, DEMO_LANG, device="cpu", dtype=torch.float32)
+    num_layers = rec.arch.num_layers
+    swap = MergeConfig.default_for(num_layers)
+    if "layer swap" in rows:
+        rec.apply(swap)
+        measure(f"layer swap ({swap.describe(num_layers)})", rec.model, rec.tokenizer)
+    if "uniform soup" in rows:
+        rec.apply(MergeConfig(method="soup", w_task=1.0, w_lang=1.0))
+        measure("uniform soup (1:1)", rec.model, rec.tokenizer)
+    return table
+
+
+def table_markdown(table: dict[str, dict[str, float]]) -> str:
+    cols = list(next(iter(table.values())))
+    lines = ["| model | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for label, row in table.items():
+        lines.append(f"| {label} | " + " | ".join(f"{row[c]:.3f}" for c in cols) + " |")
+    return "\n".join(lines)

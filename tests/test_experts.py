@@ -1,0 +1,92 @@
+"""The embedded demo experts: data recipes (train/eval never mix), shipped adapters, held-out loss."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from layerswap_core import expert_data as D
+from layerswap_core import experts, models
+
+NEEDS_FREEDICT = pytest.mark.skipif(
+    not (D.FREEDICT_DIR / "freedict-swh-eng.index").exists(),
+    reason="apt-get install dict-freedict-swh-eng dict-freedict-eng-swh")
+
+
+def _templates(rows) -> set[int]:
+    return {int(r["source"].split()[-1]) for r in rows if r["source"].startswith("gsm-symbolic eng ")}
+
+
+def test_demo_experts_are_registered():
+    for ref in (experts.DEMO_TASK, experts.DEMO_LANG):
+        assert ref.startswith(models.EMBEDDED_PREFIX)
+        assert ref[len(models.EMBEDDED_PREFIX):] in models.EMBEDDED
+        assert experts.demo_adapter_dir(ref) == experts.demo_adapter_dir(ref.split(":", 1)[1])
+    with pytest.raises(models.ModelLoadError, match="unknown demo expert"):
+        experts.demo_adapter_dir("embedded:nope")
+
+
+def test_math_recipe_uses_training_templates_only():
+    train = D.math_examples("train", variants=0)
+    held = D.math_examples("eval")
+    assert _templates(train) == set(range(50)) and _templates(held) == set(range(50, 100))
+    questions = {r["messages"][0]["content"] for r in held}
+    assert not questions & {r["messages"][0]["content"] for r in train}
+    for r in train:
+        answer = r["messages"][-1]["content"]
+        assert "####" in answer and "<<" not in answer  # worked solution, calculator marks removed
+
+
+def test_math_variants_are_new_problems_of_the_same_template():
+    rows = D.problems("eng", 0, variants=3)
+    assert len(rows) == 4 and len({q for q, _ in rows}) == 4
+    assert D.problems("eng", 0, variants=3) == rows  # seeded
+    assert len(D.problems("eng", sorted(D.SLOW_TEMPLATES)[0], variants=3)) == 1
+
+
+@NEEDS_FREEDICT
+def test_swahili_recipe_has_no_worked_math_and_disjoint_splits():
+    train = D.swahili_examples("train", variants=0)
+    held = D.swahili_examples("eval")
+    worked = {a for _, a in (D.problems("swh", i)[0] for i in range(100))}
+    for r in train + held:
+        response = r["messages"][-1]["content"]
+        assert "####" not in response and response not in worked
+    dict_words = lambda rows: {line.split(" — ")[0] for r in rows if r["source"].startswith("freedict")
+                               for line in r["messages"][-1]["content"].splitlines()}
+    assert dict_words(train) and dict_words(held) and not dict_words(train) & dict_words(held)
+    gsm = lambda rows: {r["source"].split()[-2 if r["source"].endswith("question") else -1]
+                        for r in rows if r["source"].startswith("gsm-symbolic")}
+    assert max(int(i) for i in gsm(train)) < 50 <= min(int(i) for i in gsm(held))
+
+
+def test_shipped_adapters_are_small_and_documented():
+    total = 0
+    for ref in (experts.DEMO_TASK, experts.DEMO_LANG):
+        d = experts.demo_adapter_dir(ref)
+        cfg = json.loads((d / "adapter_config.json").read_text())
+        assert cfg["base_model_name_or_path"] == models.DEFAULT_BASE
+        total += (d / "adapter_model.safetensors").stat().st_size
+        card = (d / "README.md").read_text()
+        assert "layerswap train" in card and "held-out" in card.lower()
+    assert total <= 12 * 2**20
+
+
+@pytest.mark.slow
+def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_base, tmp_path):
+    import torch
+
+    from layerswap_core.lora import apply_adapter
+    from layerswap_core.train import heldout_nll
+
+    torch.set_num_threads(1)
+    sets = {experts.DEMO_TASK: D.worked_solutions("eng")[:12],
+            experts.DEMO_LANG: D.swahili_examples("eval")[:24]}
+    base, tok = models.load_model(embedded_base)
+    for ref, rows in sets.items():
+        t0 = time.time()
+        folder = apply_adapter(embedded_base, experts.demo_adapter_dir(ref), tmp_path / ref[9:])
+        assert time.time() - t0 < 60  # seconds on an idle CPU; generous for a shared one
+        expert, _ = models.load_model(folder)
+        assert heldout_nll(expert, rows, tokenizer=tok) < heldout_nll(base, rows, tokenizer=tok)
