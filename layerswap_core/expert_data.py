@@ -18,7 +18,6 @@ straight from its TOML files; variants are instantiated with the package's own t
 from __future__ import annotations
 
 import argparse
-import base64
 import gzip
 import hashlib
 import json

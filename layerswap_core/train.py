@@ -498,8 +498,9 @@ class Trainer:
             if cfg.eval_data else None
         if cfg.mode == "simultaneous":
             # every parameter of either side is handed to the one optimizer
+            both = self.sides["lang"] | self.sides["task"]
             for n, p in model.named_parameters():
-                p.requires_grad_((n if self.lora else _base_name(n)) in self.sides["lang"] | self.sides["task"])
+                p.requires_grad_(_base_name(n) in both)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise TrainError("no trainable parameters")
