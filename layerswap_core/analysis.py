@@ -739,7 +739,8 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
     text.append(f"The task expert's strongest layers ({_spans(protected)}, "
                 f"{pct(p_task[protected].sum())} of its change) stay with the task expert.")
     if tb or tu:
-        text.append(f"{tb} bottom and {tu} top transition layer(s) next to the swapped blocks changed "
+        where = "next to the swapped blocks" if lang_layers else "at the bottom and top edges"
+        text.append(f"{tb} bottom and {tu} top transition layer(s) {where} changed "
                     f"about equally in both experts (|advantage| < {AMBIGUOUS:g}/L), so they are "
                     "blended.")
     if partition:
