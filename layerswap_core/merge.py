@@ -25,12 +25,10 @@ from . import __version__, methods
 from .architectures import Architecture, get_architecture
 from .io import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError, CheckpointReader,
                  ShardedWriter, atomic_output_dir, check_output_dir, parse_size)
+from .models import TOKENIZER_FILES
 from .plan import MODELS, ConfigError, MergeConfig, MergePlan, Partition, build_plan
 
 Progress = Callable[[float, str], None]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json")
 TIED_HEADS = ("lm_head.weight", "embed_out.weight")
 
 
