@@ -42,3 +42,9 @@ def test_info_and_readable_errors(tiny, capsys, tmp_path):
     assert main(["info", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "no such folder" in err and "Traceback" not in err
+
+
+def test_python_api_names_resolve():
+    import layerswap_core
+    for name in layerswap_core.__all__:
+        assert getattr(layerswap_core, name) is not None, name
