@@ -84,7 +84,8 @@ def main() -> int:
             width = ids["input_ids"].shape[1]
             out = model.generate(**ids, max_new_tokens=args.max_new_tokens, do_sample=False,
                                  temperature=None, top_p=None, top_k=None, pad_token_id=eos,
-                                 stopping_criteria=StoppingCriteriaList([_StopOnStrings(tok, stop, width)]))
+                                 stopping_criteria=StoppingCriteriaList(
+                                     [_StopOnStrings(tok, stop, width)]))
             new = out[0, width:].tolist()
             n_single += len(new)
             single.append(cut_at_stop(tok.decode(new, skip_special_tokens=True), stop)[0])

@@ -20,7 +20,7 @@ import json
 import math
 import re
 import string
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 

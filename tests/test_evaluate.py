@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from layerswap_core import evaluate as ev
-from layerswap_core.data import Item, gsm_symbolic_items, load_items, load_mgsm
+from layerswap_core.data import gsm_symbolic_items, load_items, load_mgsm
 from layerswap_core.models import load_model
 
 

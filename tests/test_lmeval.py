@@ -47,7 +47,8 @@ def _lm_eval_scores(lang: str, cot: bool, outputs: list[str], gold: str) -> dict
             kwargs = {k: v for k, v in step.items() if k != "function"}
             resps = list(get_filter(step["function"])(**kwargs).apply(resps, [None] * len(outputs)))
         scores[ensemble["name"]] = [
-            bool(exact_match_hf_evaluate([r], [gold], ignore_case=True, ignore_punctuation=True)["exact_match"])
+            bool(exact_match_hf_evaluate([r], [gold], ignore_case=True,
+                                         ignore_punctuation=True)["exact_match"])
             for r in resps]
     return scores
 
@@ -73,7 +74,8 @@ def test_scorer_agrees_with_lm_eval_filters(lang, cot):
     for i, (out, ours_differs) in enumerate(AGREEMENT_OUTPUTS):
         compat = ev.extract_answer(out, lang, cot, lm_eval_compatible=True)
         assert ev.is_correct(compat.strict, "18", lm_eval_compatible=True) == theirs[strict_name][i], out
-        assert ev.is_correct(compat.flexible, "18", lm_eval_compatible=True) == theirs["flexible-extract"][i], out
+        assert ev.is_correct(compat.flexible, "18", lm_eval_compatible=True) == \
+            theirs["flexible-extract"][i], out
         ours = ev.extract_answer(out, lang, cot)
         if not ours_differs:
             assert ev.is_correct(ours.strict, "18") == theirs[strict_name][i], out
