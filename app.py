@@ -202,16 +202,18 @@ def load_sweep_row(axes, rows, evt: gr.SelectData):
 
 
 @GPU
-def chat(session, message, merged_history, other_history, other_role, max_new_tokens):
+def chat(session, message, merged_history, other_history, other_role, max_new_tokens,
+         temperature=0.0, repetition_penalty=1.0):
     """Stream the merged model's answer, then the other model's, side by side."""
     try:
         session = wb.require(session)
         wb.check_chat_message(message, merged_history)
         other = next(r for r, label in wb.ROLE_LABELS.items() if label == other_role)
         merged_out = other_out = None
-        for merged_out in wb.chat(session, message, merged_history, "merged", max_new_tokens):
+        settings = (max_new_tokens, temperature, repetition_penalty)
+        for merged_out in wb.chat(session, message, merged_history, "merged", *settings):
             yield ok("Merged model answering..."), "", merged_out, gr.skip()
-        for other_out in wb.chat(session, message, other_history, other, max_new_tokens):
+        for other_out in wb.chat(session, message, other_history, other, *settings):
             yield ok(f"{other_role} answering..."), "", merged_out, other_out
         yield ok("Done."), "", merged_out, other_out
     except Exception as e:  # noqa: BLE001
@@ -375,8 +377,11 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                 other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                          value="task expert", label="Compare with")
                 chat_tokens = gr.Slider(16, wb.LIMITS.new_tokens, value=96, step=16,
-                                        label="Max new tokens (greedy decoding)",
-                                        elem_id="chat-tokens")
+                                        label="Max new tokens", elem_id="chat-tokens")
+                chat_temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
+                                             label="Temperature (0 = greedy)")
+                chat_penalty = gr.Slider(1.0, 2.0, value=1.0, step=0.05,
+                                         label="Repetition penalty")
 
         # ---- wiring
         sliders = [bottom, top, t_bottom, t_top]
@@ -420,7 +425,8 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
         sweep_table.select(load_sweep_row, [axes, sweep_table], [status, *sliders, method, partition],
                            api_visibility="private")
 
-        chat_inputs = [session, message, chat_merged, chat_other, other_role, chat_tokens]
+        chat_inputs = [session, message, chat_merged, chat_other, other_role, chat_tokens,
+                       chat_temperature, chat_penalty]
         chat_outputs = [status, message, chat_merged, chat_other]
         send.click(chat, chat_inputs, chat_outputs, api_name="chat")
         message.submit(chat, chat_inputs, chat_outputs, api_visibility="private")

@@ -184,9 +184,26 @@ class _Cancelled:
                           device=input_ids.device)
 
 
+def sampling_kwargs(temperature: float = 0.0, top_p: float = 1.0,
+                    repetition_penalty: float = 1.0) -> dict:
+    """generate() overrides for chat: temperature 0 keeps greedy decoding."""
+    if temperature < 0 or not 0 < top_p <= 1 or repetition_penalty <= 0:
+        raise ValueError(f"generation settings out of range: temperature {temperature} (>= 0), "
+                         f"top_p {top_p} (0-1], repetition penalty {repetition_penalty} (> 0)")
+    kw: dict = {}
+    if temperature > 0:
+        kw.update(do_sample=True, temperature=float(temperature), top_p=float(top_p))
+    if repetition_penalty != 1.0:
+        kw["repetition_penalty"] = float(repetition_penalty)
+    return kw
+
+
 def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
-                    stop: Sequence[str] = ()) -> Iterator[str]:
-    """Yield the growing greedy continuation of ``prompt`` (cumulative text, for a chat UI).
+                    stop: Sequence[str] = (), temperature: float = 0.0, top_p: float = 1.0,
+                    repetition_penalty: float = 1.0) -> Iterator[str]:
+    """Yield the growing continuation of ``prompt`` (cumulative text, for a chat UI).
+
+    Greedy unless ``temperature`` > 0 (then sampled with ``top_p``; seed torch for repeatability).
 
     Generation runs in a thread feeding a ``TextIteratorStreamer``; closing the iterator early
     (the user pressed stop) ends the thread at its next token.
@@ -199,6 +216,7 @@ def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
                                     timeout=600)
     cancel = _Cancelled()
     kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, ids.shape[1], extra=[cancel])
+    kw.update(sampling_kwargs(temperature, top_p, repetition_penalty))
     errors: list[BaseException] = []
 
     def run():
@@ -241,13 +259,21 @@ def chat_prompt(tokenizer, messages: list[dict] | str, system: str | None = None
 
 
 def chat(model, tokenizer, messages: list[dict] | str, *, system: str | None = None,
-         max_new_tokens: int = 256, stream: bool = False):
+         max_new_tokens: int = 256, stream: bool = False, temperature: float = 0.0,
+         top_p: float = 1.0, repetition_penalty: float = 1.0):
     """Reply of the model to a conversation (list of {"role","content"} or one user message).
 
     ``stream=True`` returns an iterator of the growing reply (see ``stream_generate``).
+    Greedy by default; ``temperature`` > 0 samples (see ``sampling_kwargs``).
     """
     prompt = chat_prompt(tokenizer, messages, system)
     stop = () if getattr(tokenizer, "chat_template", None) else ("\nUser:",)
+    replies = stream_generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, stop=stop,
+                              temperature=temperature, top_p=top_p,
+                              repetition_penalty=repetition_penalty)
     if stream:
-        return stream_generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, stop=stop)
-    return generate_one(model, tokenizer, prompt, max_new_tokens=max_new_tokens, stop=stop)
+        return replies
+    reply = ""
+    for reply in replies:
+        pass
+    return reply

@@ -778,8 +778,9 @@ def plain_history(history: list | None) -> list[dict]:
 
 
 def chat(session: Session, message: str, history: list[dict] | None, role: str = "merged",
-         max_new_tokens: int = 128) -> Iterator[list[dict]]:
-    """Stream one (greedy) answer: yields the history with the answer growing."""
+         max_new_tokens: int = 128, temperature: float = 0.0,
+         repetition_penalty: float = 1.0) -> Iterator[list[dict]]:
+    """Stream one answer (greedy unless temperature > 0): yields the history, answer growing."""
     from .generation import chat as generate_chat
 
     text = check_chat_message(message, history)
@@ -788,7 +789,9 @@ def chat(session: Session, message: str, history: list[dict] | None, role: str =
     history = plain_history(history) + [{"role": "user", "content": text}]
     answer = {"role": "assistant", "content": ""}
     out = history + [answer]
-    for so_far in generate_chat(model, tok, history, max_new_tokens=max_new_tokens, stream=True):
+    for so_far in generate_chat(model, tok, history, max_new_tokens=max_new_tokens, stream=True,
+                                temperature=float(temperature),
+                                repetition_penalty=float(repetition_penalty)):
         answer["content"] = so_far
         yield out
     if not answer["content"].strip():

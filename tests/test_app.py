@@ -107,6 +107,12 @@ def test_chat_streams_and_empty_message_is_readable(client):
     assert merged[-1]["role"] == "assistant" and other[-1]["role"] == "assistant"
     status, *_ = client.predict("   ", [], [], "task expert", 16, api_name="/chat")
     assert status.startswith("⚠") and "type a message" in status
+    # sampling settings reach the model: a sampled answer streams too
+    status, _, merged, _ = client.predict("Habari yako?", [], [], "base", 16, 0.9, 1.2,
+                                          api_name="/chat")
+    assert status.startswith("✔") and merged[-1]["role"] == "assistant"
+    with pytest.raises(Exception, match="less than minimum"):  # the slider bounds hold over the API
+        client.predict("Habari?", [], [], "base", 16, -1.0, 1.0, api_name="/chat")
 
 
 @pytest.mark.parametrize("role, ref, words", [

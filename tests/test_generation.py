@@ -109,3 +109,23 @@ def test_shared_prefix_is_computed_once_and_changes_nothing(tiny_lm):
              "Question: " + "two plus two, " * 10 + "three?\nAnswer:"]
     got = generate(model, tok, mixed, max_new_tokens=8, batch_size=2)
     assert [g.text for g in got] == [generate(model, tok, [p], max_new_tokens=8)[0].text for p in mixed]
+
+
+def test_chat_sampling_settings(tiny_lm):
+    import torch
+
+    model, tok = tiny_lm
+    greedy = chat(model, tok, "Hi", max_new_tokens=8)
+    assert chat(model, tok, "Hi", max_new_tokens=8, temperature=0.0) == greedy
+    torch.manual_seed(0)
+    a = chat(model, tok, "Hi", max_new_tokens=8, temperature=1.5, top_p=0.95)
+    torch.manual_seed(0)
+    b = chat(model, tok, "Hi", max_new_tokens=8, temperature=1.5, top_p=0.95)
+    assert a == b  # seeded sampling repeats
+    samples = set()
+    for seed in range(4):
+        torch.manual_seed(seed)
+        samples.add(chat(model, tok, "Hi", max_new_tokens=8, temperature=1.5))
+    assert len(samples) > 1  # and actually samples
+    with pytest.raises(ValueError, match="temperature"):
+        chat(model, tok, "Hi", temperature=-1)
