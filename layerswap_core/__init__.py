@@ -26,7 +26,7 @@ _API = {
     "load_mgsm": "data", "load_items": "data", "gsm_symbolic_items": "data", "run_side_by_side": "evaluate",
     "generate": "generation", "chat": "generation",
     # experts
-    "TrainConfig": "train", "train": "train", "DEMO_TASK": "experts", "DEMO_LANG": "experts",
+    "TrainConfig": "train", "DEMO_TASK": "experts", "DEMO_LANG": "experts",
 }
 __all__ = sorted(_API) + ["__version__"]
 

@@ -20,8 +20,11 @@ def test_help_lists_the_subcommands_that_exist():
 
 
 def test_console_script_installed():
-    exe = shutil.which("layerswap")
-    assert exe, "pip install -e . should put `layerswap` on PATH"
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "layerswap"  # the venv's bin, whether on PATH or not
+    exe = str(beside) if beside.exists() else shutil.which("layerswap")
+    assert exe, "pip install -e . should install the `layerswap` console script"
     res = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True)
     assert "layer swapping" in res.stdout
 
@@ -44,7 +47,13 @@ def test_info_and_readable_errors(tiny, capsys, tmp_path):
     assert "no such folder" in err and "Traceback" not in err
 
 
-def test_python_api_names_resolve():
+def test_python_api_names_resolve_and_never_shadow_submodules():
+    import importlib
+    import pkgutil
+
     import layerswap_core
+    submodules = {m.name for m in pkgutil.iter_modules(layerswap_core.__path__)}
+    assert not submodules & set(layerswap_core.__all__), "an API name hides a submodule"
     for name in layerswap_core.__all__:
         assert getattr(layerswap_core, name) is not None, name
+    assert importlib.import_module("layerswap_core.train").TrainConfig is layerswap_core.TrainConfig
