@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from layerswap_core.architectures import get_architecture
 from layerswap_core.io import (CheckpointError, CheckpointReader, OutputFolderError, ShardedWriter,
                                atomic_output_dir, save_sharded)
 from layerswap_core.merge import MergeError, Recomposer, merge_to_folder, plan_for
@@ -230,6 +231,32 @@ def test_mergekit_linear_merge_gives_the_same_tensors(tiny, states, tmp_path):
     theirs = tensors(tmp_path / "mk")
     for n, t in tensors(ours).items():
         torch.testing.assert_close(t, theirs[n], rtol=1e-6, atol=1e-7)
+
+
+def test_mergekit_passthrough_layer_swap_gives_the_same_tensors(tiny, tmp_path):
+    """Algorithm 1 without transitions == mergekit passthrough slices (skipped without mergekit)."""
+    import subprocess
+    if shutil.which("mergekit-yaml") is None:
+        pytest.skip("mergekit is not installed")
+    b, u, L = 2, 1, 8
+    (tmp_path / "mk.yaml").write_text(
+        "slices:\n"
+        f"  - sources: [{{model: {tiny['lang']}, layer_range: [0, {b}]}}]\n"
+        f"  - sources: [{{model: {tiny['task']}, layer_range: [{b}, {L - u}]}}]\n"
+        f"  - sources: [{{model: {tiny['lang']}, layer_range: [{L - u}, {L}]}}]\n"
+        f"merge_method: passthrough\nbase_model: {tiny['task']}\ndtype: float32\n")
+    subprocess.run(["mergekit-yaml", str(tmp_path / "mk.yaml"), str(tmp_path / "mk")], check=True)
+    ours = tensors(merge_to_folder(MergeConfig(bottom=b, top=u), task=tiny["task"],
+                                   lang=tiny["lang"], out=tmp_path / "ours"))
+    theirs = tensors(tmp_path / "mk")
+    assert set(ours) <= set(theirs)
+    arch = get_architecture(CheckpointReader(tiny["task"]).config())
+    for n, t in ours.items():
+        if arch.classify(n).layer is not None:  # every decoder-layer tensor is identical
+            assert torch.equal(t, theirs[n]), n
+    # mergekit's passthrough takes non-layer tensors from the first slice's model (the language
+    # expert here); Algorithm 1 takes them from the task expert.
+    assert torch.equal(ours["model.embed_tokens.weight"], tensors(tiny["task"])["model.embed_tokens.weight"])
 
 
 # --------------------------------------------------------------------------- in-memory recomposition
