@@ -26,3 +26,21 @@ def tiny(tmp_path_factory, embedded_base):
     """
     from layerswap_core.testing import tiny_family
     return tiny_family(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for this module: on a shared 2-core machine OpenMP threads of tiny
+    models spin against other processes (up to 20x slower)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny):
+    """(model, tokenizer) of the tiny base, float32 on CPU. Read-only."""
+    from layerswap_core.models import load_model
+    return load_model(tiny["base"])

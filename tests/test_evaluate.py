@@ -9,21 +9,10 @@ import torch
 
 from layerswap_core import evaluate as ev
 from layerswap_core.data import gsm_symbolic_items, load_items, load_mgsm
-from layerswap_core.models import load_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models on a shared 2-core machine: OpenMP threads spin against each other.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny):
-    return load_model(tiny["base"])
 
 
 # --------------------------------------------------------------------------- extraction

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from layerswap_core.generation import chat, chat_prompt, cut_at_stop, generate, generate_one, stream_generate
-from layerswap_core.models import load_model
 
 PROMPTS = [
     "Swali: Bata wa Janet hutaga mayai 16 kila siku.\nAnswer:",
@@ -18,19 +17,8 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models on a shared 2-core machine: OpenMP threads spin against each other (20x slower).
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-@pytest.fixture(scope="module")
-def tiny_lm(tiny):
-    return load_model(tiny["base"])   # float32 on CPU
 
 
 def test_batched_equals_one_by_one(tiny_lm):

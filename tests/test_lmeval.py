@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from layerswap_core import evaluate as ev
 from layerswap_core.data import MGSM_LANGS, load_items
@@ -11,12 +10,7 @@ from layerswap_core.lmeval import installed_task_yaml, run_lm_eval
 from layerswap_core.models import load_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("lang", MGSM_LANGS)
