@@ -725,8 +725,8 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
 
     pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
     lang_layers = list(range(b)) + list(range(L - u, L))
-    text = [f"Each expert's change is measured per layer as its share of the expert's total delta "
-            f"mass (sum of |expert - base|), so experts trained with different strengths compare."]
+    text = ["Each expert's change is measured per layer as its share of the expert's total delta "
+            "mass (sum of |expert - base|), so experts trained with different strengths compare."]
     if lang_layers:
         gain = float(adv[lang_layers].sum())
         text.append(f"The language expert changed layers {_spans(lang_layers)} most relative to the "

@@ -26,11 +26,7 @@ from typing import Any, Callable, Iterator
 
 from .models import DEFAULT_BASE, compatibility, describe, resolve
 
-try:  # registers the embedded demo experts (light: no torch at import)
-    from . import experts as _experts  # noqa: F401
-except ModuleNotFoundError as e:  # a checkout without the experts module: the demo says so
-    if e.name != f"{__package__}.experts":
-        raise
+# (models imports experts, which registers the embedded demo experts)
 
 Progress = Callable[[float, str], None]
 
