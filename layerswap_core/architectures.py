@@ -119,7 +119,7 @@ def _strip(name: str) -> str:
     return name
 
 
-def _text_config(config: dict) -> dict:
+def text_config(config: dict) -> dict:
     """Multimodal configs keep the decoder under text_config."""
     tc = config.get("text_config")
     return tc if isinstance(tc, dict) and "num_hidden_layers" in tc else config
@@ -188,7 +188,7 @@ def _guess_global(base: str) -> str:
 
 def get_architecture(config: dict) -> Architecture:
     """Architecture of a model from its config.json contents (a dict)."""
-    tc = _text_config(config)
+    tc = text_config(config)
     model_type = tc.get("model_type") or config.get("model_type") or "unknown"
     family = _BY_TYPE.get(model_type, FALLBACK)
     for key in family.num_layers_keys + FALLBACK.num_layers_keys:

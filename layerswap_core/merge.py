@@ -11,7 +11,6 @@ new config, touching only the parameters whose source changed (what the app eval
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -22,10 +21,10 @@ from typing import Callable
 import torch
 
 from . import __version__, methods
-from .architectures import Architecture, get_architecture
+from .architectures import Architecture, get_architecture, text_config
 from .io import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError, CheckpointReader,
                  ShardedWriter, atomic_output_dir, check_output_dir, parse_size)
-from .models import TOKENIZER_FILES
+from .models import TOKENIZER_FILES, vocab_fingerprint
 from .plan import MODELS, ConfigError, MergeConfig, MergePlan, Partition, build_plan
 
 Progress = Callable[[float, str], None]
@@ -54,26 +53,8 @@ class Inputs:
 
     @property
     def tied(self) -> bool:
-        return bool(_text_config(self.configs["task"]).get("tie_word_embeddings",
+        return bool(text_config(self.configs["task"]).get("tie_word_embeddings",
                                                             self.configs["task"].get("tie_word_embeddings", False)))
-
-
-def _text_config(cfg: dict) -> dict:
-    tc = cfg.get("text_config")
-    return tc if isinstance(tc, dict) and "num_hidden_layers" in tc else cfg
-
-
-def _vocab_fingerprint(folder: Path) -> str | None:
-    p = folder / "tokenizer.json"
-    if not p.exists():
-        return None
-    try:
-        tok = json.loads(p.read_text())
-        key = {"vocab": tok["model"].get("vocab"),
-               "added": [(a.get("id"), a.get("content")) for a in tok.get("added_tokens", [])]}
-    except (ValueError, KeyError, AttributeError):
-        return None
-    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
@@ -104,12 +85,12 @@ def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
                             f"layers, task is {arch.model_type} with {arch.num_layers} layers")
     if problems:
         raise MergeError("; ".join(problems))
-    v_task = _text_config(configs["task"]).get("vocab_size")
+    v_task = text_config(configs["task"]).get("vocab_size")
     for role, c in configs.items():
-        v = _text_config(c).get("vocab_size")
+        v = text_config(c).get("vocab_size")
         if v != v_task:
             problems.append(f"different vocabulary sizes: {role} has {v}, task has {v_task}")
-    tied = bool(_text_config(configs["task"]).get("tie_word_embeddings", False))
+    tied = bool(text_config(configs["task"]).get("tie_word_embeddings", False))
     names = [n for n in readers["task"].names() if not (tied and n in TIED_HEADS)]
     # Every header is parsed here (corrupt or truncated shards fail before anything is written).
     task_locs = {n: readers["task"].location(n) for n in names}
@@ -129,7 +110,7 @@ def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
                                 f"{list(task_locs[n].shape)} in task")
                 break
     if tokenizer_source is None and not problems:
-        fp = {role: _vocab_fingerprint(p) for role, p in paths.items()}
+        fp = {role: vocab_fingerprint(p) for role, p in paths.items()}
         for role in ("lang", "base"):
             if fp.get(role) and fp["task"] and fp[role] != fp["task"]:
                 problems.append(f"the tokenizers of {role} and task have different vocabularies; "
@@ -169,7 +150,7 @@ def plan_for(config: MergeConfig, task_ref=None) -> MergePlan:
     reader = CheckpointReader(path)
     cfg = reader.config()
     arch = get_architecture(cfg)
-    tied = bool(_text_config(cfg).get("tie_word_embeddings", False))
+    tied = bool(text_config(cfg).get("tie_word_embeddings", False))
     names = [n for n in reader.names() if not (tied and n in TIED_HEADS)]
     return build_plan(config, names, arch)
 

@@ -388,19 +388,22 @@ def compatibility(refs: dict[str, str]) -> list[str]:
             problems.append(f"vocabulary size {configs[role].get('vocab_size')} in {role} vs "
                             f"{configs[first].get('vocab_size')} in {first}")
         else:
-            v0, v1 = _vocab_hash(paths[first]), _vocab_hash(paths[role])
+            v0, v1 = vocab_fingerprint(paths[first]), vocab_fingerprint(paths[role])
             if v0 and v1 and v0 != v1:
                 problems.append(f"tokenizers of {role} and {first} differ (same size, other tokens)")
     return problems
 
 
-def _vocab_hash(path: Path) -> str | None:
-    p = path / "tokenizer.json"
+def vocab_fingerprint(folder: Path) -> str | None:
+    """Hash of a tokenizer's vocabulary and added tokens (None without a tokenizer.json)."""
+    p = Path(folder) / "tokenizer.json"
     if not p.exists():
         return None
     try:
-        vocab = json.loads(p.read_text())["model"]["vocab"]
-    except (KeyError, ValueError):
+        tok = json.loads(p.read_text())
+        key = {"vocab": tok["model"].get("vocab"),
+               "added": [(a.get("id"), a.get("content")) for a in tok.get("added_tokens", [])]}
+    except (ValueError, KeyError, AttributeError):
         return None
-    return hashlib.sha1(json.dumps(vocab, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
 from . import experts  # noqa: E402,F401  (registers the embedded demo experts)
