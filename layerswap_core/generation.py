@@ -94,10 +94,50 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
+def _forward_kwargs(model) -> dict:
+    """``logits_to_keep=1`` where the model takes it: prompt passes need no logits but the last."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
+def _plain_cache_ok(model) -> bool:
+    """Whether this model's KV cache is a plain per-layer [batch, heads, seq, dim] store.
+
+    Only then can caches be assembled row by row (sliding-window and hybrid caches cannot).
+    """
+    import inspect
+
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        if "position_ids" not in inspect.signature(model.forward).parameters:
+            return False
+        cache = DynamicCache(config=model.config)
+        return all(type(layer) is DynamicLayer for layer in cache.layers)
+    except (ImportError, TypeError, ValueError, AttributeError):
+        return False
+
+
+def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """(keys, values) per layer of a plain dynamic cache, else None."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
+
+
 def _prefix_cache(model, prefix: list[int], device):
     """KV cache of the shared prefix (batch 1), or None if this model's cache cannot be reused."""
     try:
-        out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True)
+        out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True,
+                    **_forward_kwargs(model))
         cache = out.past_key_values
         if cache is None or not hasattr(cache, "batch_repeat_interleave"):
             return None
@@ -106,23 +146,162 @@ def _prefix_cache(model, prefix: list[int], device):
         return None
 
 
+def _growing_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A plain KV cache layer that appends in place into spare capacity.
+
+        ``DynamicLayer`` concatenates on every step, copying the whole batch cache each time;
+        with 16 rows of a few hundred tokens that copy costs more than the attention. Here
+        ``keys``/``values`` are views of larger buffers; anything that replaces them (crop,
+        beam reordering) is picked up and re-buffered on the next update.
+        """
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+            super().__init__()
+            self._kbuf, self._vbuf = keys, values
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+            self.dtype, self.device = keys.dtype, keys.device
+            self.is_initialized = True
+
+        def _rebuffer(self, capacity: int) -> None:
+            length = self.keys.shape[-2]
+            for name in ("keys", "values"):
+                old = getattr(self, name)
+                buf = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
+                buf[:, :, :length] = old
+                setattr(self, "_kbuf" if name == "keys" else "_vbuf", buf)
+                setattr(self, name, buf[:, :, :length])
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            length, n = self.keys.shape[-2], key_states.shape[-2]
+            if (self.keys.data_ptr() != self._kbuf.data_ptr()
+                    or self.keys.shape[0] != self._kbuf.shape[0]
+                    or length + n > self._kbuf.shape[-2]):
+                self._rebuffer(2 * (length + n))
+            self._kbuf[:, :, length:length + n] = key_states
+            self._vbuf[:, :, length:length + n] = value_states
+            self.keys = self._kbuf[:, :, :length + n]
+            self.values = self._vbuf[:, :, :length + n]
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+PREFILL_SLACK = 0.125      # padding a prompt-pass group may waste, as a share of its real tokens
+PREFILL_MAX_TOKENS = 4096  # tokens (rows x width) in one prompt-pass group
+
+
+def prefill_groups(lengths: Sequence[int], slack: float = PREFILL_SLACK,
+                   max_tokens: int = PREFILL_MAX_TOKENS) -> list[list[int]]:
+    """Indices of ``lengths`` (> 0 only) grouped so each group pads to its longest row
+    wasting at most ``slack`` of its tokens, and holds at most ``max_tokens`` padded tokens."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    total = 0
+    for i in order:
+        n = lengths[i]   # ascending: n is the widest of the group it joins
+        if groups:
+            g = groups[-1]
+            padded = (len(g) + 1) * n
+            if padded <= (1 + slack) * (total + n) and padded <= max_tokens:
+                g.append(i)
+                total += n
+                continue
+        groups.append([i])
+        total = n
+    return groups
+
+
+def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
+             device, room: int = 0):
+    """KV cache of every row but its last token, laid out as [prefix | padding | own tokens].
+
+    Rows are run in groups of similar length (``prefill_groups``), each group on top of the
+    shared prefix, so the prompt pass wastes little compute on padding; the caches are then
+    assembled into one batch whose last column ``generate`` runs first, with ``room`` spare
+    columns for the tokens to come. Returns None when the model's cache is not a plain one
+    (the caller then lets ``generate`` do a padded pass).
+    """
+    from transformers import DynamicCache
+
+    prefix_kv = _kv(prefix) if prefix is not None else []
+    if prefix_kv is None:
+        return None
+    own = [len(r) - n_prefix - 1 for r in rows]     # tokens each row needs before generation
+    fwd = _forward_kwargs(model)
+    span = width - 1                                  # cache length: all columns but the last
+    assembled: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def place(kv_group, members, group_width):
+        if not assembled:    # allocate the batch cache, shaped like this model's layers
+            for k, v in kv_group:
+                assembled.append((k.new_zeros((len(rows), k.shape[1], span + room, k.shape[3])),
+                                  v.new_zeros((len(rows), v.shape[1], span + room, v.shape[3]))))
+        end = n_prefix + group_width
+        for (k, v), (K, V) in zip(kv_group, assembled):
+            for j, b in enumerate(members):
+                n = own[b]
+                K[b, :, span - n:span] = k[j, :, end - n:end]
+                V[b, :, span - n:span] = v[j, :, end - n:end]
+
+    for members in prefill_groups(own):
+        gw = max(own[b] for b in members)
+        ids = torch.full((len(members), gw), pad, dtype=torch.long)
+        mask = torch.zeros((len(members), n_prefix + gw), dtype=torch.long)
+        mask[:, :n_prefix] = 1
+        pos = torch.zeros((len(members), gw), dtype=torch.long)
+        for j, b in enumerate(members):
+            n = own[b]
+            ids[j, gw - n:] = torch.tensor(rows[b][n_prefix:n_prefix + n])
+            mask[j, n_prefix + gw - n:] = 1
+            pos[j, gw - n:] = torch.arange(n_prefix, n_prefix + n)
+        past = DynamicCache(ddp_cache_data=[(k.expand(len(members), -1, -1, -1),
+                                             v.expand(len(members), -1, -1, -1))
+                                            for k, v in prefix_kv]) if prefix_kv else DynamicCache()
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                    position_ids=pos.to(device), past_key_values=past, use_cache=True, **fwd)
+        kv = _kv(out.past_key_values)
+        if kv is None:
+            return None
+        place(kv, members, gw)
+    if not assembled:                # no row has tokens before its last one
+        if not prefix_kv:
+            return None
+        place(prefix_kv, [], 0)
+    for (K, V), pk in zip(assembled, prefix_kv):
+        K[:, :, :n_prefix] = pk[0]
+        V[:, :, :n_prefix] = pk[1]
+    grow = _growing_layer_class()
+    cache = DynamicCache()
+    cache.layers = [grow(K, V, span) for K, V in assembled]
+    return cache
+
+
 @torch.inference_mode()
 def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 256,
              stop: Sequence[str] = (), batch_size: int = 16, share_prefix: bool = True,
-             progress: Progress | None = None) -> list[Generation]:
+             split_prefill: bool = True, progress: Progress | None = None) -> list[Generation]:
     """Greedy continuations of ``prompts`` (in order), ``batch_size`` at a time.
 
     Prompts are grouped by how they start, then sorted by length, so a batch holds similar
-    prompts. Few-shot prompts share their exemplars: with ``share_prefix`` a batch's common
-    token prefix is run once and its KV cache shared by all rows (the prompt pass dominates
-    evaluation on CPU). Rows are laid out as [prefix | padding | own suffix] with the padding
-    masked, so positions stay contiguous; without a shared prefix rows are left-padded.
+    prompts. Rows are laid out as [shared prefix | padding | own tokens] with the padding
+    masked, so positions stay contiguous, and decoded together.
+
+    The prompt pass dominates evaluation on CPU, so it avoids wasted work: with
+    ``share_prefix`` a batch's common token prefix (the few-shot exemplars) is run once, and
+    with ``split_prefill`` the rows' own tokens are run in groups of similar length on top of
+    it instead of one batch padded to the longest row. Either may be turned off (for
+    comparison; the text is the same); models whose KV cache is not a plain per-layer store
+    (sliding-window, hybrid) use a padded batch.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
     device = next(model.parameters()).device
     pad = _pad_id(tokenizer)
     eos = set(_eos_ids(model, tokenizer))
+    split_prefill = split_prefill and _plain_cache_ok(model)
     encoded = [encode(tokenizer, p) for p in prompts]
     # Prompts that start alike go together (so a batch shares its few-shot prefix), longest first.
     order = sorted(range(len(prompts)),
@@ -149,7 +328,11 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
             ids[row, :n_prefix] = torch.tensor(r[:n_prefix])
             mask[row, :n_prefix] = 1
         kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width)
-        if cache is not None:
+        filled = _prefill(model, rows, n_prefix, cache, width, pad, device,
+                                  room=max_new_tokens + 1) if split_prefill else None
+        if filled is not None:
+            kw["past_key_values"] = filled
+        elif cache is not None:
             cache.batch_repeat_interleave(len(idx))
             kw["past_key_values"] = cache
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
