@@ -58,12 +58,16 @@ class _StopOnStrings:
     def __init__(self, tokenizer, stop: Sequence[str], prompt_width: int):
         self.tokenizer, self.stop, self.start = tokenizer, list(stop), prompt_width
         self.tail = 4 * max(len(s) for s in self.stop) + 4   # tokens hold >= 1 char (or a byte)
+        self.stopped_at: dict[int, int] = {}   # row -> new tokens when its stop string appeared
 
     def __call__(self, input_ids, scores, **kw):
         new = input_ids[:, self.start:][:, -self.tail:]
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=False)
-        return torch.tensor([any(s in t for s in self.stop) for t in texts], dtype=torch.bool,
-                            device=input_ids.device)
+        hits = [any(s in t for s in self.stop) for t in texts]
+        for row, hit in enumerate(hits):
+            if hit and row not in self.stopped_at:
+                self.stopped_at[row] = input_ids.shape[1] - self.start
+        return torch.tensor(hits, dtype=torch.bool, device=input_ids.device)
 
 
 def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
@@ -336,12 +340,15 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
             cache.batch_repeat_interleave(len(idx))
             kw["past_key_values"] = cache
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
+        stopper = next((c for c in kw["stopping_criteria"] if isinstance(c, _StopOnStrings)), None)
+        stopped_at = stopper.stopped_at if stopper is not None else {}
         for row, i in enumerate(idx):
             new = out[row, width:].tolist()
-            n_tok = next((k + 1 for k, t in enumerate(new) if t in eos), len(new))
-            ended_by_eos = bool(new) and new[n_tok - 1] in eos
-            while n_tok and new[n_tok - 1] == pad and not ended_by_eos:
-                n_tok -= 1   # a row that hit a stop string is padded while the others go on
+            # a row ends at its first EOS or where its stop string appeared; after that it is
+            # padded (possibly with the EOS id) while the other rows go on
+            n_eos = next((k + 1 for k, t in enumerate(new) if t in eos), None)
+            n_tok = min(n for n in (n_eos, stopped_at.get(row), len(new)) if n is not None)
+            ended_by_eos = n_eos is not None and n_eos == n_tok
             text = tokenizer.decode(new[:n_tok], skip_special_tokens=True)
             text, found = cut_at_stop(text, stop)
             results[i] = Generation(text, n_tok, bool(found or ended_by_eos))

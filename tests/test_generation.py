@@ -34,6 +34,7 @@ def test_batched_equals_one_by_one(tiny_lm):
 def test_stop_strings_cut_output_and_count_tokens(tiny_lm):
     model, tok = tiny_lm
     free = generate(model, tok, PROMPTS, max_new_tokens=12, batch_size=8)
+    counted = 0
     # stop at a piece of text each free-running output contains after its first token
     for g, p in zip(free, PROMPTS):
         stop = g.text[len(g.text) // 2:][:3]
@@ -42,6 +43,12 @@ def test_stop_strings_cut_output_and_count_tokens(tiny_lm):
         cut = generate(model, tok, [p, PROMPTS[1]], max_new_tokens=12, stop=[stop], batch_size=2)[0]
         assert cut.text == g.text[:g.text.find(stop)]
         assert cut.stopped and cut.num_tokens < 12
+        # the count ends where the stop string appeared, even while the other row goes on
+        # (the row is then padded, here with the EOS id): as when the prompt runs alone
+        alone = generate(model, tok, [p], max_new_tokens=12, stop=[stop], batch_size=1)[0]
+        assert cut.num_tokens == alone.num_tokens
+        counted += 1
+    assert counted >= 3
 
 
 def test_cut_at_stop_takes_earliest():
