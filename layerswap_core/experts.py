@@ -6,12 +6,13 @@
                                    solutions and FreeDict Swahili<->English word translations.
 
 The adapters ship in ``assets/experts/<name>/`` (bf16, with a card saying how they were made:
-``layerswap train ...``). On first use each is applied to the embedded base (PEFT
-merge_and_unload) and cached as a bf16 safetensors model, so the rest of the product sees two
-ordinary model folders.
+``layerswap train ...``). On first use each is applied to the embedded base (``lora.apply_adapter``:
+streamed, bit-identical to PEFT's merge_and_unload) and cached as a bf16 safetensors model, so
+the rest of the product sees two ordinary model folders.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from . import models
@@ -63,7 +64,8 @@ def _adapter_version(name: str) -> str:
 
 
 for _name, _desc in DESCRIPTIONS.items():
-    models.register_embedded(_name, _desc, _builder(_name), version=_adapter_version(_name))
+    models.register_embedded(_name, _desc, _builder(_name),
+                             version=functools.partial(_adapter_version, _name))
 
 
 # --------------------------------------------------------------------------- held-out measurements

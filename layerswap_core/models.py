@@ -59,13 +59,16 @@ class Embedded:
     name: str
     description: str
     build: Callable[[Path, Progress | None], None]  # writes a HF folder into the given dir
-    version: str = "1"                                # bump to rebuild caches
+    version: str | Callable[[], str] = "1"  # bump to rebuild caches; a callable is asked on use
+
+    def cache_version(self) -> str:
+        return self.version() if callable(self.version) else self.version
 
 
 EMBEDDED: dict[str, Embedded] = {}
 
 
-def register_embedded(name: str, description: str, build, version: str = "1"):
+def register_embedded(name: str, description: str, build, version: str | Callable[[], str] = "1"):
     EMBEDDED[name] = Embedded(name, description, build, version)
 
 
@@ -149,7 +152,7 @@ def embedded_path(name: str, progress: Progress | None = None) -> Path:
         raise ModelLoadError(f"unknown embedded model {name!r}; known: "
                              + ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED))
     emb = EMBEDDED[name]
-    final = cache_dir() / "embedded" / f"{name}-v{emb.version}"
+    final = cache_dir() / "embedded" / f"{name}-v{emb.cache_version()}"
     if (final / "config.json").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -135,3 +135,36 @@ def test_cli_merge_lora(family, tmp_path):
     got = _tensors(out)
     for n in ref:
         torch.testing.assert_close(got[n], ref[n], atol=2e-6, rtol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("adapter_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("which", ["task", "lang"])
+def test_apply_adapter_is_bit_identical_to_peft_merge_and_unload(family, tmp_path, which,
+                                                                 adapter_dtype):
+    """The streaming apply (no model built) writes what PEFT's merge_and_unload gives, to the
+    bit, for plain and rsLoRA adapters stored in float32 or bfloat16 (as the demo adapters)."""
+    import shutil
+
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(family[which], adapter)
+    weights = adapter / "adapter_model.safetensors"
+    save_file({k: v.to(adapter_dtype) for k, v in load_file(str(weights)).items()}, str(weights))
+    model = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
+    for dtype in (torch.float32, torch.bfloat16):
+        want = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().to(dtype)
+        want = {n: t for n, t in want.state_dict().items()}
+        model = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
+        out = lora.apply_adapter(family["base"], adapter, tmp_path / f"dense_{dtype}", dtype=dtype)
+        r = CheckpointReader(out)
+        got = {n: r.get(n) for n in r.names()}
+        adapted = {m + ".weight" for m in lora.load_adapter(adapter).modules}
+        assert adapted <= set(got) and set(got) <= set(want)
+        for n, t in got.items():
+            assert t.dtype == dtype and torch.equal(t, want[n]), n
+        base = CheckpointReader(family["base"])
+        assert all(not torch.equal(got[n].float(), base.get(n).float()) for n in adapted)
+        assert json.loads((out / "config.json").read_text())["dtype"] == str(dtype)[6:]
