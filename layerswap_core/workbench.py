@@ -194,9 +194,18 @@ def dense_from_adapter(adapter: str, base: str | None, progress: Progress | None
     if (out / "config.json").exists():
         return out
     import torch
-    from peft import PeftModel
+
+    from . import lora
 
     _say(progress, 0.1, f"merging the adapter {folder.name} into its base (once)")
+    try:
+        lora.load_adapter(folder, base_path)
+    except lora.AdapterError:
+        pass   # DoRA, saved modules...: PEFT below knows more kinds (or says what is wrong)
+    else:      # plain LoRA: streamed, bit-identical to PEFT's merge, no model built
+        return lora.apply_adapter(base_path, folder, out, dtype=torch.float32)
+    from peft import PeftModel
+
     model, tok = load_model(base_path, device="cpu", dtype=torch.float32)
     try:
         merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
