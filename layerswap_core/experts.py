@@ -22,7 +22,19 @@ SWAHILI_EXPERT = "smollm2-swahili"
 DEMO_TASK = models.EMBEDDED_PREFIX + MATH_EXPERT      # the demo's task (math) expert
 DEMO_LANG = models.EMBEDDED_PREFIX + SWAHILI_EXPERT   # the demo's language (Swahili) expert
 DEMO_BASE = models.DEFAULT_BASE
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "experts"
+
+
+def _assets() -> Path:
+    """assets/experts of the checkout (source tree, editable install, Space), else the copy a
+    wheel installs under <prefix>/share/layerswap/experts."""
+    import sys
+
+    here = Path(__file__).resolve().parent.parent / "assets" / "experts"
+    installed = Path(sys.prefix) / "share" / "layerswap" / "experts"
+    return here if here.is_dir() or not installed.is_dir() else installed
+
+
+ASSETS = _assets()
 DESCRIPTIONS = {
     MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA (English GSM-Symbolic worked solutions, "
                  "templates 0-49)",

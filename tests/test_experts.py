@@ -90,3 +90,21 @@ def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_ba
         assert time.time() - t0 < 60  # seconds on an idle CPU; generous for a shared one
         expert, _ = models.load_model(folder)
         assert heldout_nll(expert, rows, tokenizer=tok) < heldout_nll(base, rows, tokenizer=tok)
+
+
+def test_wheel_ships_the_demo_adapters(tmp_path):
+    """A wheel (not only a checkout) carries the adapters, under <prefix>/share/layerswap."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    root = Path(experts.__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps",
+                    "--no-build-isolation", "-q", "-w", str(tmp_path)], check=True,
+                   capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("layerswap-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for name in experts.DESCRIPTIONS:
+        for f in sorted((root / "assets" / "experts" / name).iterdir()):
+            assert any(n.endswith(f"/data/share/layerswap/experts/{name}/{f.name}") for n in names)
