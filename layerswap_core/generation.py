@@ -306,7 +306,9 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     pad = _pad_id(tokenizer)
     eos = set(_eos_ids(model, tokenizer))
     split_prefill = split_prefill and _plain_cache_ok(model)
-    encoded = [encode(tokenizer, p) for p in prompts]
+    # an empty prompt continues from the start-of-text token (as lm-eval does with empty contexts)
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad
+    encoded = [encode(tokenizer, p) or [start_id] for p in prompts]
     # Prompts that start alike go together (so a batch shares its few-shot prefix), longest first.
     order = sorted(range(len(prompts)),
                    key=lambda i: (tuple(encoded[i][:MIN_SHARED_PREFIX]), -len(encoded[i])))

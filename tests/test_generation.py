@@ -31,6 +31,14 @@ def test_batched_equals_one_by_one(tiny_lm):
     assert len({g.text for g in batched}) > 1          # outputs differ per prompt
 
 
+def test_empty_prompt_continues_from_start_of_text(tiny_lm):
+    model, tok = tiny_lm
+    alone = generate(model, tok, [""], max_new_tokens=6)[0]
+    assert alone.num_tokens == 6 and alone.text
+    assert generate(model, tok, ["", "Hello"], max_new_tokens=6, batch_size=2)[0] == alone
+    assert alone.text == generate(model, tok, [tok.bos_token], max_new_tokens=6)[0].text
+
+
 def test_stop_strings_cut_output_and_count_tokens(tiny_lm):
     model, tok = tiny_lm
     free = generate(model, tok, PROMPTS, max_new_tokens=12, batch_size=8)
