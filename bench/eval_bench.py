@@ -15,6 +15,7 @@ ratio is lower.
 
     python bench/eval_bench.py [--model REF] [--batch-size 16] [--max-new-tokens 32]
                                [--cot] [--lang-stops] [--repeat N] [--threads N]
+    python bench/eval_bench.py --nll [--repeat N]   # gold-solution NLL: shared prefix vs padded
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def main() -> int:
     p.add_argument("--lang-stops", action="store_true",
                    help="each language's own stop strings (default: Swahili's for all prompts)")
     p.add_argument("--repeat", type=int, default=1, help="alternate both runs N times, keep the best")
+    p.add_argument("--nll", action="store_true",
+                   help="instead: gold-solution NLL of 32 GSM-Symbolic Swahili items, shared "
+                        "prefix + grouped vs one left-padded batch (batch 8)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--device", default="auto")
     args = p.parse_args()
@@ -64,6 +68,8 @@ def main() -> int:
     model, tok = load_model(args.model or DEFAULT_BASE, device=args.device)
     device = next(model.parameters()).device
     args.max_new_tokens = args.max_new_tokens or (128 if args.cot else 32)
+    if args.nll:
+        return nll_bench(model, tok, args)
     prompts = bench_prompts(32, args.shots, args.cot)
     half = len(prompts) // 2
     stops = ([ev.stop_strings("sw")] * half + [ev.stop_strings("en" if args.lang_stops else "sw")]
@@ -122,6 +128,35 @@ def main() -> int:
     print(f"ratio (tokens/s batched / one at a time{', best of ' + str(args.repeat) if args.repeat > 1 else ''}): "
           f"{rate_b / rate_s:.2f}x  [target >= 4x on CPU]; wall-clock ratio for the same prompts: "
           f"{t_s / t_b:.2f}x; identical outputs: {same}/{len(prompts)}")
+    return 0
+
+
+def nll_bench(model, tok, args) -> int:
+    """Gold NLL as the sweep computes it: shared few-shot prefix vs the plain padded batch."""
+    from layerswap_core import evaluate as ev
+    from layerswap_core.data import load_items
+
+    items = load_items("gsm-symbolic", "sw", 32)
+    ex = ev.select_exemplars(ev.exemplar_pool("sw", cot=args.cot, source="gsm-symbolic"), items,
+                             args.shots)
+    prompts = [ev.build_prompt(it, ex, cot=args.cot, lang="sw") for it in items]
+    targets = [ev.target_delimiter("sw", True) + ev.target_text(it, "sw", True) for it in items]
+    n_tok = sum(len(tok(p + t, add_special_tokens=False)["input_ids"])
+                for p, t in zip(prompts, targets))
+    print(f"gold NLL of {len(items)} GSM-Symbolic sw items ({args.shots}-shot), {n_tok} tokens, "
+          f"batch 8, torch threads {__import__('torch').get_num_threads()}", flush=True)
+    best: dict[str, tuple[float, list[float]]] = {}
+    for rep in range(max(1, args.repeat)):
+        for name, share in (("shared prefix", True), ("padded batch", False)):
+            t0 = time.perf_counter()
+            vals = ev.gold_nll(model, tok, prompts, targets, batch_size=8, share_prefix=share)
+            dt = time.perf_counter() - t0
+            print(f"[{rep + 1}] {name:13s}: {dt:6.1f} s = {n_tok / dt:6.0f} tokens/s", flush=True)
+            if name not in best or dt < best[name][0]:
+                best[name] = (dt, vals)
+    (t_s, a), (t_p, b) = best["shared prefix"], best["padded batch"]
+    print(f"ratio padded / shared: {t_p / t_s:.2f}x; largest NLL difference "
+          f"{max(abs(x - y) for x, y in zip(a, b)):.1e} nats/token")
     return 0
 
 

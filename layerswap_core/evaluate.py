@@ -254,36 +254,66 @@ def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float
 
 # --------------------------------------------------------------------------- gold NLL
 def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
-             batch_size: int = 8) -> list[float]:
+             batch_size: int = 8, share_prefix: bool = True) -> list[float]:
     """Teacher-forced mean negative log-likelihood (nats/token) of each target after its prompt.
 
     A graded signal where exact-match accuracy is near zero: a merge that makes the gold
     solution more likely helps even before the model gets answers right.
+
+    Like ``generate``: prompts that start alike are batched together, the few-shot prefix a
+    batch shares is run once, and the rest in groups of similar length (``share_prefix``;
+    models without a plain KV cache use one left-padded batch). Only the target positions
+    get logits.
     """
     import torch
-    import torch.nn.functional as F
+
+    from .generation import MIN_SHARED_PREFIX, _kv, _plain_cache_ok, group_passes, shared_prefix
 
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     pairs = [(encode(tokenizer, p), encode(tokenizer, t)) for p, t in zip(prompts, targets)]
     out = [math.nan] * len(pairs)
-    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    share_prefix = share_prefix and _plain_cache_ok(model)
+    order = sorted(range(len(pairs)), key=lambda i: (tuple(pairs[i][0][:MIN_SHARED_PREFIX]),
+                                                     -(len(pairs[i][0]) + len(pairs[i][1]))))
+
+    def score(idx, logits, keep):
+        """Mean NLL of each row's target, the last tokens of its right-aligned logits rows."""
+        logp = logits[:, -keep:].float().log_softmax(-1)
+        for row, i in enumerate(idx):
+            t = pairs[i][1]
+            if t:
+                pred = logp[row, keep - 1 - len(t):keep - 1]
+                nll = -pred.gather(1, torch.tensor(t, device=pred.device)[:, None]).sum()
+                out[i] = float(nll / len(t))
+
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
+            n_prefix, prefix_kv = 0, None
+            if share_prefix:
+                # the prefix stays inside the prompts, so every target is scored in a group pass
+                n_prefix, cache = shared_prefix(model, [pairs[i][0] for i in idx], device)
+                prefix_kv = _kv(cache) if cache is not None else []
+            if prefix_kv is not None:
+                seqs = [(pairs[i][0] + pairs[i][1])[n_prefix:] for i in idx]
+
+                def keep_of(members, idx=idx):   # the group's longest target, and the token before
+                    return max(len(pairs[idx[b]][1]) for b in members) + 1
+
+                for members, _, res in group_passes(model, seqs, n_prefix, prefix_kv, pad, device,
+                                                    keep=keep_of):
+                    score([idx[b] for b in members], res.logits, keep_of(members))
+                continue
+            # one left-padded batch: every target ends at the last column
             width = max(len(pairs[i][0]) + len(pairs[i][1]) for i in idx)
             keep = max(len(pairs[i][1]) for i in idx) + 1
             ids = torch.full((len(idx), width), pad, dtype=torch.long)
             mask = torch.zeros_like(ids)
-            labels = torch.full_like(ids, -100)
             for row, i in enumerate(idx):
-                # Left padding puts every target at the end, so only the last `keep` positions
-                # need logits (a full-vocabulary row per prompt token would dominate the cost).
-                p, t = pairs[i]
-                seq = torch.tensor(p + t)
+                seq = torch.tensor(pairs[i][0] + pairs[i][1])
                 ids[row, width - len(seq):] = seq
                 mask[row, width - len(seq):] = 1
-                labels[row, width - len(t):] = torch.tensor(t)
             positions = (mask.cumsum(1) - 1).clamp_min(0)
             inputs = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
                           position_ids=positions.to(device))
@@ -291,13 +321,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
                 logits = model(**inputs, logits_to_keep=keep).logits
             except TypeError:  # a model class without logits_to_keep
                 logits = model(**inputs).logits
-            logits = logits[:, -keep:].float()
-            nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, -keep + 1:].to(device),
-                                  ignore_index=-100, reduction="none")
-            counts = (labels[:, -keep + 1:] != -100).sum(1)
-            for row, i in enumerate(idx):
-                if counts[row] > 0:
-                    out[i] = float(nll[row].sum() / counts[row])
+            score(idx, logits, keep)
     return out
 
 

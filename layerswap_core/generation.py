@@ -218,24 +218,72 @@ def prefill_groups(lengths: Sequence[int], slack: float = PREFILL_SLACK,
     return groups
 
 
+def shared_prefix(model, rows: Sequence[Sequence[int]], device, min_own: int = 1):
+    """(length, KV cache) of the token prefix all ``rows`` share, leaving each row at least
+    ``min_own`` tokens of its own; (0, None) when there is none worth a pass or the model's
+    cache cannot be reused."""
+    if len(rows) < 2:
+        return 0, None
+    n = min(common_prefix_len(rows), min(len(r) for r in rows) - min_own)
+    if n < MIN_SHARED_PREFIX:
+        return 0, None
+    cache = _prefix_cache(model, list(rows[0][:n]), device)
+    return (n, cache) if cache is not None else (0, None)
+
+
+def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv, pad: int,
+                 device, keep: Callable[[list[int]], int] | None = None):
+    """Run sequences that continue a shared prefix, in groups of similar length.
+
+    ``seqs`` are the tokens after the prefix (empty ones are skipped); ``prefix_kv`` the
+    prefix's (keys, values) per layer (``_kv``), or [] with no prefix. Each group is laid out
+    right-aligned, [padding | tokens], on top of the prefix, with positions counted from
+    ``n_prefix``. ``keep(members)`` says how many last positions need logits (default 1).
+    Yields (members, group width, model output); the output's cache holds the group's keys
+    and values after the prefix's.
+    """
+    from transformers import DynamicCache
+
+    fwd = _forward_kwargs(model)
+    for members in prefill_groups([len(s) for s in seqs]):
+        gw = max(len(seqs[b]) for b in members)
+        ids = torch.full((len(members), gw), pad, dtype=torch.long)
+        mask = torch.zeros((len(members), n_prefix + gw), dtype=torch.long)
+        mask[:, :n_prefix] = 1
+        pos = torch.zeros((len(members), gw), dtype=torch.long)
+        for j, b in enumerate(members):
+            n = len(seqs[b])
+            ids[j, gw - n:] = torch.tensor(list(seqs[b]))
+            mask[j, n_prefix + gw - n:] = 1
+            pos[j, gw - n:] = torch.arange(n_prefix, n_prefix + n)
+        past = DynamicCache(ddp_cache_data=[(k.expand(len(members), -1, -1, -1),
+                                             v.expand(len(members), -1, -1, -1))
+                                            for k, v in prefix_kv]) if prefix_kv else DynamicCache()
+        kw = dict(fwd)
+        if keep is not None and kw:
+            kw["logits_to_keep"] = keep(members)
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                    position_ids=pos.to(device), past_key_values=past, use_cache=True, **kw)
+        yield members, gw, out
+
+
 def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
              device, room: int = 0):
     """KV cache of every row but its last token, laid out as [prefix | padding | own tokens].
 
-    Rows are run in groups of similar length (``prefill_groups``), each group on top of the
-    shared prefix, so the prompt pass wastes little compute on padding; the caches are then
-    assembled into one batch whose last column ``generate`` runs first, with ``room`` spare
-    columns for the tokens to come. Returns None when the model's cache is not a plain one
-    (the caller then lets ``generate`` do a padded pass).
+    Rows are run in groups of similar length (``group_passes``) on top of the shared prefix,
+    so the prompt pass wastes little compute on padding; the caches are then assembled into
+    one batch whose last column ``generate`` runs first, with ``room`` spare columns for the
+    tokens to come. Returns None when the model's cache is not a plain one (the caller then
+    lets ``generate`` do a padded pass).
     """
     from transformers import DynamicCache
 
     prefix_kv = _kv(prefix) if prefix is not None else []
     if prefix_kv is None:
         return None
-    own = [len(r) - n_prefix - 1 for r in rows]     # tokens each row needs before generation
-    fwd = _forward_kwargs(model)
-    span = width - 1                                  # cache length: all columns but the last
+    own = [r[n_prefix:len(r) - 1] for r in rows]     # tokens each row needs before generation
+    span = width - 1                                   # cache length: all columns but the last
     assembled: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def place(kv_group, members, group_width):
@@ -246,26 +294,11 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
         end = n_prefix + group_width
         for (k, v), (K, V) in zip(kv_group, assembled):
             for j, b in enumerate(members):
-                n = own[b]
+                n = len(own[b])
                 K[b, :, span - n:span] = k[j, :, end - n:end]
                 V[b, :, span - n:span] = v[j, :, end - n:end]
 
-    for members in prefill_groups(own):
-        gw = max(own[b] for b in members)
-        ids = torch.full((len(members), gw), pad, dtype=torch.long)
-        mask = torch.zeros((len(members), n_prefix + gw), dtype=torch.long)
-        mask[:, :n_prefix] = 1
-        pos = torch.zeros((len(members), gw), dtype=torch.long)
-        for j, b in enumerate(members):
-            n = own[b]
-            ids[j, gw - n:] = torch.tensor(rows[b][n_prefix:n_prefix + n])
-            mask[j, n_prefix + gw - n:] = 1
-            pos[j, gw - n:] = torch.arange(n_prefix, n_prefix + n)
-        past = DynamicCache(ddp_cache_data=[(k.expand(len(members), -1, -1, -1),
-                                             v.expand(len(members), -1, -1, -1))
-                                            for k, v in prefix_kv]) if prefix_kv else DynamicCache()
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                    position_ids=pos.to(device), past_key_values=past, use_cache=True, **fwd)
+    for members, gw, out in group_passes(model, own, n_prefix, prefix_kv, pad, device):
         kv = _kv(out.past_key_values)
         if kv is None:
             return None
@@ -317,14 +350,8 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
         idx = order[start:start + batch_size]
         rows = [encoded[i] for i in idx]
         width = max(len(r) for r in rows)
-        n_prefix, cache = 0, None
-        if share_prefix and len(rows) > 1:
-            # keep >= 1 own token per row: generation starts from a fresh forward pass
-            n_prefix = min(common_prefix_len(rows), min(len(r) for r in rows) - 1)
-            if n_prefix >= MIN_SHARED_PREFIX:
-                cache = _prefix_cache(model, rows[0][:n_prefix], device)
-            if cache is None:
-                n_prefix = 0
+        # keep >= 1 own token per row: generation starts from a fresh forward pass
+        n_prefix, cache = shared_prefix(model, rows, device) if share_prefix else (0, None)
         ids = torch.full((len(idx), width), pad, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
         for row, r in enumerate(rows):

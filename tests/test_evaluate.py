@@ -142,6 +142,34 @@ def test_gold_nll_matches_direct_computation_and_batching(tiny_lm):
     assert batched[0] == pytest.approx(manual, abs=1e-4)
 
 
+def test_gold_nll_with_a_shared_few_shot_prefix_matches_direct_computation(tiny_lm):
+    model, tok = tiny_lm
+    shots = "Swali: Juma ana maembe 3 na ananunua 4 zaidi.\nJibu la Hatua kwa Hatua: 3 + 4 = 7. Jibu ni 7.\n\n"
+    qs = ["Bata hutaga mayai 16.", "Ana 5 na anapewa 5?", "Kuna ndege 12 mtini, 3 wanaruka. Wangapi?"]
+    prompts = [shots + f"Swali: {q}\nJibu la Hatua kwa Hatua:" for q in qs]
+    targets = [" 16 - 3 = 13. Jibu ni 13.", " 5 + 5 = 10. Jibu ni 10.", " 12 - 3 = 9. Jibu ni 9. Ndio."]
+    widths = []
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        shared = ev.gold_nll(model, tok, prompts, targets, batch_size=3)
+    finally:
+        hook.remove()
+    enc = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    full = [len(e) + len(tok(t, add_special_tokens=False)["input_ids"]) for e, t in zip(enc, targets)]
+    assert widths[0] >= 16 and max(widths[1:]) < max(full)        # prefix once, then the rest
+    padded = ev.gold_nll(model, tok, prompts, targets, batch_size=3, share_prefix=False)
+    manual = []
+    for p, t in zip(prompts, targets):
+        p_ids = tok(p, add_special_tokens=False)["input_ids"]
+        t_ids = tok(t, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logp = model(torch.tensor([p_ids + t_ids])).logits.float().log_softmax(-1)[0]
+        manual.append(-sum(logp[len(p_ids) - 1 + k, i].item() for k, i in enumerate(t_ids)) / len(t_ids))
+    assert shared == pytest.approx(manual, abs=1e-4) and padded == pytest.approx(manual, abs=1e-4)
+    assert len({round(x, 3) for x in manual}) == 3
+
+
 # --------------------------------------------------------------------------- side by side
 def test_side_by_side_rows_and_summary(tiny, tiny_lm):
     items = load_items("gsm-symbolic", "sw", 3)
