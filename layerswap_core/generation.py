@@ -1,8 +1,13 @@
 """Text generation: batched greedy decoding for evaluation, streaming and chat for the UI.
 
-Batched generation left-pads prompts of similar length together (sorted by length, so little
-compute goes to padding), decodes greedily and cuts each output at its first stop string.
-Batched and one-at-a-time runs give the same text (tests/test_generation.py checks it).
+Batched generation (``generate``) is built for few-shot evaluation, where reading the prompts
+costs more than writing short answers: prompts that start alike are batched together, their
+shared prefix is run once (``shared_prefix``), the rest of each prompt in groups of similar
+length on top of it (``group_passes``, little compute on padding), and the pieces are
+assembled into one batch KV cache that grows in place while all rows decode greedily through
+transformers' ``generate``; each output is cut at its first stop string. The text equals
+transformers' own one-prompt-at-a-time greedy output (tests/test_generation.py checks it).
+``evaluate.gold_nll`` uses the same prefix sharing and grouping.
 """
 from __future__ import annotations
 
