@@ -183,8 +183,13 @@ def sweep(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, r
     session = wb.require(session)
     config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
     res = wb.sweep(session, config, axes, xs, ys, source, lang, n, 0, metric, gr_progress(progress))
-    return (ok(f"Swept {len(res.rows)} configurations; click a row to load it."), res.figure,
-            res.rows)
+    msg = f"Swept {len(res.rows)} configurations"
+    if res.best is not None:
+        fx, fy = res.axes
+        score = "gold NLL" if res.metric == "nll" else "accuracy"
+        msg += (f"; best: {fx.replace('_', ' ')} {res.best[0]}, {fy.replace('_', ' ')} "
+                f"{res.best[1]} ({score} {res.best[2]}). Rows are best first: click one to load it.")
+    return ok(msg), res.figure, res.rows
 
 
 @guarded(7)
@@ -361,7 +366,7 @@ def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
                 sweep_cancel = gr.Button("Cancel", variant="stop")
             sweep_plot = gr.Plot(label="Score per configuration")
             sweep_table = gr.Dataframe(headers=["x", "y", "score"], interactive=False,
-                                       label="Configurations (click to load)")
+                                       label="Configurations, best first (click to load)")
 
         with gr.Tab("Chat", id="chat"):
             with gr.Row():

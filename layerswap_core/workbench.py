@@ -660,7 +660,12 @@ class SweepResult:
     scores: list[list[float | None]]   # scores[iy][ix]; None: impossible configuration
     metric: str
     figure: Any
-    rows: list[list]                   # x, y, score (for the table the visitor clicks)
+    rows: list[list]                   # x, y, score, best first (the table the visitor clicks)
+
+    @property
+    def best(self) -> list | None:
+        """[x, y, score] of the best configuration (lowest NLL, highest accuracy), if any."""
+        return self.rows[0] if self.rows else None
 
 
 SWEEP_AXES = {"bottom / top": ("bottom", "top"),
@@ -749,6 +754,8 @@ def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: s
         else:
             session.merged = session.built_config = None
     guard(1.0, "done")
+    # best first (ties keep grid order): lowest NLL, highest accuracy
+    rows.sort(key=lambda r: r[2] if metric == "nll" else -r[2])
     if metric == "nll":  # the figure stars the highest score: plot -NLL
         fig = plots.sweep_heatmap(xs, ys, [[None if v is None else -v for v in r] for r in scores],
                                   x_label=fx.replace("_", " "), y_label=fy.replace("_", " "),

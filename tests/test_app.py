@@ -94,8 +94,11 @@ def test_evaluate_two_questions(client):
 def test_sweep(client):
     status, fig, table = client.predict(*config(2, 1), "bottom / top", "0,2", "1", "gsm-symbolic",
                                         "sw", 2, "nll", api_name="/sweep")
-    assert status.startswith("✔")
-    assert [r[:2] for r in table["data"]] == [[0, 1], [2, 1]]
+    assert status.startswith("✔") and "best: bottom" in status
+    assert sorted(r[:2] for r in table["data"]) == [[0, 1], [2, 1]]
+    assert [r[2] for r in table["data"]] == sorted(r[2] for r in table["data"])   # best first
+    best = table["data"][0]
+    assert f"bottom {best[0]}, top {best[1]} (gold NLL {best[2]})" in status
 
 
 def test_chat_streams_and_empty_message_is_readable(client):

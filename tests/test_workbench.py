@@ -147,6 +147,9 @@ def test_sweep_grid(session):
     assert res.scores[1][1] is None              # 2 + 7 > 8 layers: impossible, skipped
     assert all(s is not None and s > 0 for s in (res.scores[0][0], res.scores[0][1], res.scores[1][0]))
     assert len(res.rows) == 3
+    assert [r[2] for r in res.rows] == sorted(r[2] for r in res.rows)   # best (lowest NLL) first
+    assert res.best == res.rows[0]
+    assert {tuple(r[:2]) for r in res.rows} == {(0, 1), (2, 1), (0, 7)}
     assert session.built_config.layer_counts(8) == (3, 2, 0, 0)   # the visitor's build is back
     assert session.recomposer.plan.config.layer_counts(8) == (3, 2, 0, 0)
     with pytest.raises(wb.WorkbenchError, match="outside"):
