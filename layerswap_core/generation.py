@@ -11,6 +11,7 @@ transformers' own one-prompt-at-a-time greedy output (tests/test_generation.py c
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -155,6 +156,7 @@ def _prefix_cache(model, prefix: list[int], device):
         return None
 
 
+@functools.cache
 def _growing_layer_class():
     from transformers.cache_utils import DynamicLayer
 
