@@ -4,8 +4,10 @@ Batched generation (``generate``) is built for few-shot evaluation, where readin
 costs more than writing short answers: prompts that start alike are batched together, their
 shared prefix is run once (``shared_prefix``), the rest of each prompt in groups of similar
 length on top of it (``group_passes``, little compute on padding), and the pieces are
-assembled into one batch KV cache that grows in place while all rows decode greedily through
-transformers' ``generate``; each output is cut at its first stop string. The text equals
+assembled into one batch KV cache that grows in place while all rows decode greedily
+(``_greedy_decode``: rows that finish leave the batch; models whose generation_config asks for
+more than an argmax decode through transformers' ``generate``); each output is cut at its
+first stop string. The text equals
 transformers' own one-prompt-at-a-time greedy output (tests/test_generation.py checks it).
 ``evaluate.gold_nll`` uses the same prefix sharing and grouping.
 """
@@ -185,6 +187,12 @@ def _growing_layer_class():
                 setattr(self, "_kbuf" if name == "keys" else "_vbuf", buf)
                 setattr(self, name, buf[:, :, :length])
 
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            """Keep only these rows (decoding drops finished ones), spare room included."""
+            length = self.keys.shape[-2]
+            self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+            self.keys, self.values = self._kbuf[:, :, :length], self._vbuf[:, :, :length]
+
         def update(self, key_states, value_states, *args, **kwargs):
             length, n = self.keys.shape[-2], key_states.shape[-2]
             if (self.keys.data_ptr() != self._kbuf.data_ptr()
@@ -323,6 +331,71 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
     return cache
 
 
+# generation_config fields that leave greedy decoding a plain argmax (anything else, such as a
+# repetition penalty or beams in the model's generation_config, goes through transformers)
+_PLAIN_GREEDY_FIELDS = {"do_sample", "temperature", "top_p", "top_k", "min_p", "typical_p",
+                        "epsilon_cutoff", "eta_cutoff", "pad_token_id", "bos_token_id",
+                        "eos_token_id", "decoder_start_token_id", "max_length", "max_new_tokens",
+                        "use_cache", "transformers_version", "_from_model_config"}
+
+
+def _plain_greedy_ok(model) -> bool:
+    gc = getattr(model, "generation_config", None)
+    if gc is None:
+        return True
+    for key, value in gc.to_diff_dict().items():
+        if key not in _PLAIN_GREEDY_FIELDS and not (key in ("num_beams", "num_return_sequences")
+                                                     and value == 1):
+            return False
+    return True
+
+
+DROP_FINISHED = 0.25   # drop finished rows from the batch once they are this share of it
+
+
+def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tensor,
+                   max_new_tokens: int, eos: set[int], stop: Sequence[str]) -> list[list[int]]:
+    """Greedy tokens of each row (up to and including the EOS or the token that completed a
+    stop string), from a cache holding all but the last column of ``ids``.
+
+    The same argmax as transformers' greedy ``generate``, but rows that have finished leave
+    the batch (once they are a quarter of it), so ragged outputs (chain-of-thought) stop
+    paying for the longest one.
+    """
+    stop = [s for s in stop if s]
+    tail = 4 * max((len(s) for s in stop), default=0) + 4
+    fwd = _forward_kwargs(model)
+    out: list[list[int]] = [[] for _ in range(ids.shape[0])]
+    live = list(range(ids.shape[0]))      # batch position -> row
+    done: set[int] = set()
+    cur, mask = ids[:, -1:], mask
+    for _ in range(max_new_tokens):
+        pos = mask.sum(-1, keepdim=True) - 1
+        logits = model(input_ids=cur, attention_mask=mask, position_ids=pos,
+                       past_key_values=cache, use_cache=True, **fwd).logits[:, -1]
+        nxt = logits.float().argmax(-1)
+        for row, t in zip(live, nxt.tolist()):
+            if row in done:
+                continue
+            out[row].append(t)
+            if t in eos or (stop and any(
+                    s in tokenizer.decode(out[row][-tail:], skip_special_tokens=False)
+                    for s in stop)):
+                done.add(row)
+        finished = [j for j, row in enumerate(live) if row in done]
+        if len(finished) == len(live):
+            break
+        if finished and len(finished) >= DROP_FINISHED * len(live):
+            keep = torch.tensor([j for j, row in enumerate(live) if row not in done],
+                                device=ids.device)
+            cache.batch_select_indices(keep)
+            mask, nxt = mask[keep], nxt[keep]
+            live = [row for row in live if row not in done]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], 1)
+        cur = nxt[:, None]
+    return out
+
+
 @torch.inference_mode()
 def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 256,
              stop: Sequence[str] = (), batch_size: int = 16, share_prefix: bool = True,
@@ -331,7 +404,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
 
     Prompts are grouped by how they start, then sorted by length, so a batch holds similar
     prompts. Rows are laid out as [shared prefix | padding | own tokens] with the padding
-    masked, so positions stay contiguous, and decoded together.
+    masked, so positions stay contiguous, and decoded together; finished rows leave the batch.
 
     The prompt pass dominates evaluation on CPU, so it avoids wasted work: with
     ``share_prefix`` a batch's common token prefix (the few-shot exemplars) is run once, and
@@ -346,6 +419,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     pad = _pad_id(tokenizer)
     eos = set(_eos_ids(model, tokenizer))
     split_prefill = split_prefill and _plain_cache_ok(model)
+    own_loop = _plain_greedy_ok(model)
     # an empty prompt continues from the start-of-text token (as lm-eval does with empty contexts)
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad
     encoded = [encode(tokenizer, p) or [start_id] for p in prompts]
@@ -367,23 +441,31 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
             mask[row, width - n + n_prefix:] = 1
             ids[row, :n_prefix] = torch.tensor(r[:n_prefix])
             mask[row, :n_prefix] = 1
-        kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width)
         filled = _prefill(model, rows, n_prefix, cache, width, pad, device,
-                                  room=max_new_tokens + 1) if split_prefill else None
-        if filled is not None:
-            kw["past_key_values"] = filled
-        elif cache is not None:
-            cache.batch_repeat_interleave(len(idx))
-            kw["past_key_values"] = cache
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
-        stopper = next((c for c in kw["stopping_criteria"] if isinstance(c, _StopOnStrings)), None)
-        stopped_at = stopper.stopped_at if stopper is not None else {}
+                          room=max_new_tokens + 1) if split_prefill else None
+        if filled is not None and own_loop:
+            new_tokens = _greedy_decode(model, tokenizer, filled, ids.to(device),
+                                        mask.to(device), max_new_tokens, eos, stop)
+            ends = [len(new) for new in new_tokens]
+        else:
+            kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width)
+            if filled is not None:
+                kw["past_key_values"] = filled
+            elif cache is not None:
+                cache.batch_repeat_interleave(len(idx))
+                kw["past_key_values"] = cache
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
+            stopper = next((c for c in kw["stopping_criteria"] if isinstance(c, _StopOnStrings)),
+                           None)
+            stopped_at = stopper.stopped_at if stopper is not None else {}
+            new_tokens = [out[row, width:].tolist() for row in range(len(idx))]
+            # a row ends where its stop string appeared (or at the limit); after that it is
+            # padded, possibly with the EOS id, while the other rows go on
+            ends = [stopped_at.get(row, len(new)) for row, new in enumerate(new_tokens)]
         for row, i in enumerate(idx):
-            new = out[row, width:].tolist()
-            # a row ends at its first EOS or where its stop string appeared; after that it is
-            # padded (possibly with the EOS id) while the other rows go on
+            new = new_tokens[row]
             n_eos = next((k + 1 for k, t in enumerate(new) if t in eos), None)
-            n_tok = min(n for n in (n_eos, stopped_at.get(row), len(new)) if n is not None)
+            n_tok = min(ends[row], n_eos) if n_eos is not None else ends[row]
             ended_by_eos = n_eos is not None and n_eos == n_tok
             text = tokenizer.decode(new[:n_tok], skip_special_tokens=True)
             text, found = cut_at_stop(text, stop)

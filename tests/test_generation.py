@@ -219,3 +219,28 @@ def test_growing_cache_layer_matches_concatenation():
     k, v = torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4)
     got_k, _ = layer.update(k, v)
     assert torch.equal(got_k, torch.cat([keys[1:], k], -2))
+
+
+def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
+    """Rows that hit their stop string drop out of the decoding batch; every text still equals
+    transformers' greedy output cut at the stop, and counts equal running alone."""
+    from layerswap_core.generation import cut_at_stop
+    from layerswap_core.models import load_model
+
+    model, tok = load_model(embedded_base)
+    prompts = FEW_SHOT + [p + " 7 and then" for p in FEW_SHOT[:2]]
+    free = [_hf_greedy(model, tok, p, 12) for p in prompts]
+    for stop in (["\n\n"], ["."]):
+        sizes = []
+        hook = model.register_forward_pre_hook(
+            lambda mod, args, kw: sizes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+        try:
+            got = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=6)
+        finally:
+            hook.remove()
+        steps = [rows for rows, width in sizes if width == 1]
+        assert steps[0] == 6 and min(steps) < 6 and steps == sorted(steps, reverse=True)
+        assert len({g.num_tokens for g in got}) > 1                       # ragged lengths
+        assert [g.text for g in got] == [cut_at_stop(f, stop)[0] for f in free]
+    alone = [generate(model, tok, [p], max_new_tokens=12, stop=stop)[0] for p in prompts]
+    assert [g.num_tokens for g in got] == [a.num_tokens for a in alone]
