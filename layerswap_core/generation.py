@@ -331,23 +331,25 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
     return cache
 
 
-# generation_config fields that leave greedy decoding a plain argmax (anything else, such as a
-# repetition penalty or beams in the model's generation_config, goes through transformers)
-_PLAIN_GREEDY_FIELDS = {"do_sample", "temperature", "top_p", "top_k", "min_p", "typical_p",
-                        "epsilon_cutoff", "eta_cutoff", "pad_token_id", "bos_token_id",
-                        "eos_token_id", "decoder_start_token_id", "max_length", "max_new_tokens",
-                        "use_cache", "transformers_version", "_from_model_config"}
+# generation_config fields that change what greedy decoding picks, with their neutral values:
+# a model whose config sets one of them decodes through transformers' generate, which applies it
+_NOT_PLAIN_ARGMAX = {
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "min_length": 0,
+    "min_new_tokens": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None,
+    "exponential_decay_length_penalty": None, "guidance_scale": None, "watermarking_config": None,
+    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "dola_layers": None,
+    "stop_strings": None, "max_time": None, "token_healing": False,
+}
 
 
 def _plain_greedy_ok(model) -> bool:
+    """Whether greedy decoding of this model is a plain argmax (nothing in its
+    generation_config would change the picked tokens)."""
     gc = getattr(model, "generation_config", None)
-    if gc is None:
-        return True
-    for key, value in gc.to_diff_dict().items():
-        if key not in _PLAIN_GREEDY_FIELDS and not (key in ("num_beams", "num_return_sequences")
-                                                     and value == 1):
-            return False
-    return True
+    return gc is None or all(getattr(gc, key, None) in (neutral, None)
+                             for key, neutral in _NOT_PLAIN_ARGMAX.items())
 
 
 DROP_FINISHED = 0.25   # drop finished rows from the batch once they are this share of it

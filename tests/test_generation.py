@@ -244,3 +244,18 @@ def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
         assert [g.text for g in got] == [cut_at_stop(f, stop)[0] for f in free]
     alone = [generate(model, tok, [p], max_new_tokens=12, stop=stop)[0] for p in prompts]
     assert [g.num_tokens for g in got] == [a.num_tokens for a in alone]
+
+
+def test_generation_config_beyond_argmax_goes_through_transformers(tiny):
+    """A model whose generation_config asks for a repetition penalty still gets it."""
+    from layerswap_core.generation import _plain_greedy_ok
+    from layerswap_core.models import load_model
+
+    model, tok = load_model(tiny["base"])
+    plain = generate(model, tok, PROMPTS[:3], max_new_tokens=12, batch_size=3)
+    assert _plain_greedy_ok(model)
+    model.generation_config.repetition_penalty = 1.8
+    assert not _plain_greedy_ok(model)
+    got = generate(model, tok, PROMPTS[:3], max_new_tokens=12, batch_size=3)
+    assert [g.text for g in got] == [_hf_greedy(model, tok, p, 12) for p in PROMPTS[:3]]
+    assert [g.text for g in got] != [g.text for g in plain]
