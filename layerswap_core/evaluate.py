@@ -267,15 +267,14 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     """
     import torch
 
-    from .generation import MIN_SHARED_PREFIX, _kv, _plain_cache_ok, group_passes, shared_prefix
+    from .generation import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
 
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     pairs = [(encode(tokenizer, p), encode(tokenizer, t)) for p, t in zip(prompts, targets)]
     out = [math.nan] * len(pairs)
     share_prefix = share_prefix and _plain_cache_ok(model)
-    order = sorted(range(len(pairs)), key=lambda i: (tuple(pairs[i][0][:MIN_SHARED_PREFIX]),
-                                                     -(len(pairs[i][0]) + len(pairs[i][1]))))
+    order = batch_order([p + t for p, t in pairs])
 
     def score(idx, logits, keep):
         """Mean NLL of each row's target, the last tokens of its right-aligned logits rows."""

@@ -7,8 +7,8 @@ length on top of it (``group_passes``, little compute on padding), and the piece
 assembled into one batch KV cache that grows in place while all rows decode greedily
 (``_greedy_decode``: rows that finish leave the batch; models whose generation_config asks for
 more than an argmax decode through transformers' ``generate``); each output is cut at its
-first stop string. The text equals
-transformers' own one-prompt-at-a-time greedy output (tests/test_generation.py checks it).
+first stop string. The text equals transformers' own one-prompt-at-a-time greedy output
+(tests/test_generation.py checks it).
 ``evaluate.gold_nll`` uses the same prefix sharing and grouping.
 """
 from __future__ import annotations
@@ -56,6 +56,11 @@ def encode(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
+def _stop_tail(stop: Sequence[str]) -> int:
+    """How many last tokens to decode to see any stop string (a token holds >= 1 char or byte)."""
+    return 4 * max((len(s) for s in stop), default=0) + 4
+
+
 class _StopOnStrings:
     """Stopping criterion: a row is done once the text of its last few tokens holds a stop string.
 
@@ -65,7 +70,7 @@ class _StopOnStrings:
 
     def __init__(self, tokenizer, stop: Sequence[str], prompt_width: int):
         self.tokenizer, self.stop, self.start = tokenizer, list(stop), prompt_width
-        self.tail = 4 * max(len(s) for s in self.stop) + 4   # tokens hold >= 1 char (or a byte)
+        self.tail = _stop_tail(self.stop)
         self.stopped_at: dict[int, int] = {}   # row -> new tokens when its stop string appeared
 
     def __call__(self, input_ids, scores, **kw):
@@ -92,6 +97,12 @@ def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
 
 
 MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass
+
+
+def batch_order(seqs: Sequence[Sequence[int]]) -> list[int]:
+    """Indices of ``seqs`` in batching order: those that start alike together (so a batch
+    shares its few-shot prefix), longest first."""
+    return sorted(range(len(seqs)), key=lambda i: (tuple(seqs[i][:MIN_SHARED_PREFIX]), -len(seqs[i])))
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -365,7 +376,7 @@ def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tenso
     paying for the longest one.
     """
     stop = [s for s in stop if s]
-    tail = 4 * max((len(s) for s in stop), default=0) + 4
+    tail = _stop_tail(stop)
     fwd = _forward_kwargs(model)
     out: list[list[int]] = [[] for _ in range(ids.shape[0])]
     live = list(range(ids.shape[0]))      # batch position -> row
@@ -425,9 +436,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     # an empty prompt continues from the start-of-text token (as lm-eval does with empty contexts)
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad
     encoded = [encode(tokenizer, p) or [start_id] for p in prompts]
-    # Prompts that start alike go together (so a batch shares its few-shot prefix), longest first.
-    order = sorted(range(len(prompts)),
-                   key=lambda i: (tuple(encoded[i][:MIN_SHARED_PREFIX]), -len(encoded[i])))
+    order = batch_order(encoded)
     results: list[Generation | None] = [None] * len(prompts)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]

@@ -190,6 +190,40 @@ def _adapter_config(modules: dict[str, LoraModule], base_ref: str, template: dic
     }
 
 
+def _write_dense(reader, base_path: Path, tmp: Path, modules: dict[str, LoraModule], dtype,
+                 tag: str, progress: Progress | None) -> None:
+    """Base + LoRA modules as a full model folder in ``tmp``, one tensor at a time: each adapted
+    weight becomes ``W + (B @ A) * scale`` in float32 (as PEFT's merge_and_unload computes it),
+    then ``dtype`` (None: the base's dtype). Config, tokenizer and generation config follow."""
+    from .io import ST_TO_DTYPE, ShardedWriter
+    from .merge import TOKENIZER_FILES
+
+    names = reader.names()
+    writer = ShardedWriter(tmp, "2GB", metadata={"layerswap": tag})
+    for n in names:
+        writer.declare(n, reader.shape(n), dtype or ST_TO_DTYPE[reader.dtype(n)])
+    try:
+        for i, n in enumerate(names):
+            t = reader.read(n)
+            target = dtype or t.dtype
+            lm = modules.get(n[:-len(".weight")]) if n.endswith(".weight") else None
+            if lm is not None:
+                t = t.float() + (lm.B.float() @ lm.A.float()) * lm.scale
+            writer.write(n, t.to(target))
+            _say(progress, 0.1 + 0.85 * (i + 1) / len(names), n)
+        writer.finish()
+    finally:
+        writer.close()
+    cfg = reader.config()
+    if dtype is not None:
+        cfg["dtype"] = str(dtype).replace("torch.", "")
+        cfg.pop("torch_dtype", None)
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    for f in TOKENIZER_FILES + ("generation_config.json",):
+        if (base_path / f).exists():
+            (tmp / f).write_bytes((base_path / f).read_bytes())
+
+
 def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=None,
                    overwrite: bool = False, progress: Progress | None = None) -> Path:
     """Layer-swap (or soup / task-arithmetic) two LoRA adapters over ``base`` into ``out``.
@@ -200,8 +234,7 @@ def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=
     from safetensors.torch import save_file
 
     from .architectures import get_architecture
-    from .io import (ST_TO_DTYPE, CheckpointReader, ShardedWriter, atomic_output_dir)
-    from .merge import TOKENIZER_FILES
+    from .io import CheckpointReader, atomic_output_dir
     from .models import resolve
 
     t0 = time.time()
@@ -228,30 +261,7 @@ def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=
             acfg = _adapter_config(merged, str(base), adapters["task"].config)
             (tmp / ADAPTER_CONFIG).write_text(json.dumps(acfg, indent=2) + "\n")
         else:
-            names = reader.names()
-            writer = ShardedWriter(tmp, "2GB", metadata={"layerswap": "lora-merge"})
-            for n in names:
-                writer.declare(n, reader.shape(n), dtype or ST_TO_DTYPE[reader.dtype(n)])
-            try:
-                for i, n in enumerate(names):
-                    t = reader.read(n)
-                    target = dtype or t.dtype
-                    lm = merged.get(n[:-len(".weight")]) if n.endswith(".weight") else None
-                    if lm is not None:
-                        t = t.float() + lm.B @ lm.A
-                    writer.write(n, t.to(target))
-                    _say(progress, 0.1 + 0.85 * (i + 1) / len(names), n)
-                writer.finish()
-            finally:
-                writer.close()
-            cfg = reader.config()
-            if dtype is not None:
-                cfg["dtype"] = str(dtype).replace("torch.", "")
-                cfg.pop("torch_dtype", None)
-            (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-            for f in TOKENIZER_FILES + ("generation_config.json",):
-                if (base_path / f).exists():
-                    (tmp / f).write_bytes((base_path / f).read_bytes())
+            _write_dense(reader, base_path, tmp, merged, dtype, "lora-merge", progress)
         (tmp / "layerswap.yaml").write_text(config.to_yaml())
     _say(progress, 1.0, f"merged adapters into {out} in {time.time() - t0:.1f} s")
     return Path(out).expanduser().resolve()
@@ -264,8 +274,7 @@ def apply_adapter(base, adapter, out, *, dtype=torch.bfloat16, progress=None) ->
     does over a float32 base (float32 throughout), then cast to ``dtype``; the result is
     bit-identical to PEFT's (tested) without building a model. ``out`` is replaced atomically.
     """
-    from .io import CheckpointReader, ShardedWriter, atomic_output_dir
-    from .merge import TOKENIZER_FILES
+    from .io import CheckpointReader, atomic_output_dir
     from .models import resolve
 
     t0 = time.time()
@@ -273,29 +282,8 @@ def apply_adapter(base, adapter, out, *, dtype=torch.bfloat16, progress=None) ->
     lora = load_adapter(adapter, base_path)
     _say(progress, 0.0, f"applying {adapter} to {base}")
     reader = CheckpointReader(base_path)
-    names = reader.names()
     with atomic_output_dir(out, overwrite=True, inputs=[base_path, lora.path]) as tmp:
-        writer = ShardedWriter(tmp, "2GB", metadata={"layerswap": "lora-apply"})
-        for n in names:
-            writer.declare(n, reader.shape(n), dtype)
-        try:
-            for i, n in enumerate(names):
-                t = reader.read(n)
-                lm = lora.modules.get(n[:-len(".weight")]) if n.endswith(".weight") else None
-                if lm is not None:
-                    t = t.float() + (lm.B.float() @ lm.A.float()) * lm.scale
-                writer.write(n, t.to(dtype))
-                _say(progress, 0.05 + 0.9 * (i + 1) / len(names), n)
-            writer.finish()
-        finally:
-            writer.close()
-        cfg = reader.config()
-        cfg["dtype"] = str(dtype).replace("torch.", "")
-        cfg.pop("torch_dtype", None)
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        for f in TOKENIZER_FILES + ("generation_config.json",):
-            if (base_path / f).exists():
-                (tmp / f).write_bytes((base_path / f).read_bytes())
+        _write_dense(reader, base_path, tmp, lora.modules, dtype, "lora-apply", progress)
     _say(progress, 1.0, f"wrote {out} in {time.time() - t0:.1f} s")
     return Path(out).expanduser().resolve()
 
