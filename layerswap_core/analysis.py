@@ -39,6 +39,7 @@ import torch
 
 from .architectures import KIND_GROUPS, LAYER_KIND_ORDER, get_architecture
 from .io import INDEX_NAME, ST_TO_DTYPE, CheckpointReader
+from .lora import is_adapter, read_adapter_config
 from .models import cache_dir, pick_device, resolve
 
 Progress = Callable[[float, str], None]
@@ -217,6 +218,8 @@ class DeltaStats:
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, meta=np.array(json.dumps(meta)), rows=rows, offsets=offsets)
+                f.flush()
+                os.fsync(f.fileno())  # complete on disk before it takes the entry's name
             os.replace(tmp, path)  # atomic: readers never see a half-written cache file
         finally:
             if os.path.exists(tmp):
@@ -229,6 +232,8 @@ class DeltaStats:
             rows, offsets = z["rows"], z["offsets"]
         if meta.get("version") != CACHE_VERSION:
             raise ValueError(f"{path}: cache version {meta.get('version')} != {CACHE_VERSION}")
+        if len(offsets) != len(meta["tensors"]) + 1 or (len(offsets) and offsets[-1] != len(rows)):
+            raise ValueError(f"{path}: the cached rows do not match the cached tensors")
         tensors = [TensorStats(n, l, k, tuple(sh), mean, mx, rows[offsets[i]:offsets[i + 1]])
                    for i, (n, l, k, sh, mean, mx) in enumerate(meta["tensors"])]
         return cls(meta["base"], meta["expert"], meta["architecture"], meta["num_layers"], tensors,
@@ -269,12 +274,40 @@ def cache_path(base: Path, expert_identity) -> Path:
     return cache_dir() / "deltas" / (hashlib.sha1(key.encode()).hexdigest()[:24] + ".npz")
 
 
+def _cache_entry(base_path: Path, ident) -> Path | None:
+    """The cache file of this pair, or None (with a warning) when the cache cannot be used."""
+    try:
+        return cache_path(base_path, ident)
+    except OSError as e:  # e.g. the cache folder cannot be created
+        warnings.warn(f"delta cache unavailable, statistics are not cached: {e}", stacklevel=3)
+        return None
+
+
+def _load_cached(path: Path) -> DeltaStats | None:
+    """The cached statistics, or None. An entry that cannot be read for any reason (truncated,
+    emptied, garbage, old version) is deleted, so that it is recomputed and written again."""
+    try:
+        if not path.is_file():
+            return None
+        return DeltaStats.load(path)
+    except Exception:  # noqa: BLE001 - BadZipFile, EOFError, ValueError, ...: all mean unreadable
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None
+
+
+def _save_cached(st: DeltaStats, path: Path) -> None:
+    """Write the cache entry (atomically); a failure (disk full, read-only folder) only warns:
+    the statistics were computed and are returned all the same."""
+    try:
+        st.save(path)
+    except OSError as e:
+        warnings.warn(f"could not write the delta cache {path}: {e}", stacklevel=3)
+
+
 # --------------------------------------------------------------------------- LoRA adapters
-def is_adapter_folder(ref) -> bool:
-    return Path(str(ref)).expanduser().is_dir() and \
-        (Path(str(ref)).expanduser() / "adapter_config.json").exists()
-
-
 class LoraDeltaProvider:
     """Delta provider for a PEFT LoRA adapter folder: delta = B @ A * scale per target module.
 
@@ -289,7 +322,7 @@ class LoraDeltaProvider:
 
         self.folder = Path(folder).expanduser().resolve()
         cfg_path = self.folder / "adapter_config.json"
-        cfg = json.loads(cfg_path.read_text())
+        cfg = read_adapter_config(self.folder)
         if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
             raise ValueError(f"{cfg_path}: peft_type {cfg.get('peft_type')!r} is not LORA")
         if cfg.get("use_dora"):
@@ -515,7 +548,7 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
         raise ValueError("give either an expert checkpoint or a delta_provider, not both")
     if expert is None and delta_provider is None:
         raise ValueError("no expert: give an expert checkpoint or a delta_provider")
-    if expert is not None and is_adapter_folder(expert):
+    if expert is not None and is_adapter(expert):
         delta_provider, expert = lora_delta_provider(expert), None
     base_path = resolve(base)
     expert_path = resolve(expert) if expert is not None else None
@@ -527,15 +560,12 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
         expert_label = expert_path
     label = label or (Path(str(expert_label)).name if expert_label != "delta provider" else "expert")
 
-    cpath = cache_path(base_path, ident) if (cache and ident is not None) else None
-    if cpath is not None and cpath.exists():
-        try:
-            st = DeltaStats.load(cpath)
-            st.threshold, st.label = threshold, label
-            st.seconds = time.perf_counter() - t0
-            return st
-        except (ValueError, OSError, KeyError):
-            pass  # stale or unreadable cache entry: recompute and overwrite
+    cpath = _cache_entry(base_path, ident) if (cache and ident is not None) else None
+    st = _load_cached(cpath) if cpath is not None else None
+    if st is not None:
+        st.threshold, st.label = threshold, label
+        st.seconds = time.perf_counter() - t0
+        return st
 
     device = pick_device(device)
     base_r = CheckpointReader(base_path)
@@ -599,7 +629,7 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
                     threshold=threshold, label=label, skipped=skipped)
     st.seconds = time.perf_counter() - t0
     if cpath is not None:
-        st.save(cpath)
+        _save_cached(st, cpath)
     return st
 
 

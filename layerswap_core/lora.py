@@ -42,7 +42,27 @@ def _say(progress: Progress | None, fraction: float, msg: str):
 
 
 def is_adapter(path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).exists()
+    """Whether ``path`` (a reference or folder) is a PEFT adapter folder (has adapter_config.json).
+    The one test of it, shared by the model resolver, the analysis and the merge."""
+    p = Path(str(path)).expanduser()
+    return p.is_dir() and (p / ADAPTER_CONFIG).is_file()
+
+
+def read_adapter_config(path) -> dict:
+    """An adapter folder's adapter_config.json as a dict; AdapterError naming the file if it is
+    missing or not a JSON object."""
+    p = Path(str(path)).expanduser() / ADAPTER_CONFIG
+    if not p.is_file():
+        raise AdapterError(f"{p.parent}: no {ADAPTER_CONFIG} (not a PEFT adapter folder)")
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise AdapterError(f"{p}: cannot read it ({e})") from e
+    except ValueError as e:
+        raise AdapterError(f"{p}: not valid JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise AdapterError(f"{p}: not a JSON object (an adapter config is {{...}})")
+    return cfg
 
 
 @dataclass
@@ -82,10 +102,8 @@ def load_adapter(path, base=None) -> LoraAdapter:
     """Read a PEFT LoRA adapter folder; with ``base`` (reference or folder), check it fits."""
     from safetensors.torch import load_file
 
-    path = Path(path)
-    if not (path / ADAPTER_CONFIG).exists():
-        raise AdapterError(f"{path}: no {ADAPTER_CONFIG} (not a PEFT adapter folder)")
-    cfg = json.loads((path / ADAPTER_CONFIG).read_text())
+    path = Path(str(path)).expanduser()
+    cfg = read_adapter_config(path)
     if cfg.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{path}: a {cfg.get('peft_type')} adapter; only LoRA is supported")
     for feature in ("use_dora", "modules_to_save"):

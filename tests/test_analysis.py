@@ -347,3 +347,75 @@ def test_cuda_matches_cpu(tiny):
     gpu = delta_stats(tiny["base"], tiny["task"], device="cuda", cache=False)
     for a, b in zip(cpu.tensors, gpu.tensors):
         np.testing.assert_allclose(a.row_mavs, b.row_mavs, rtol=1e-5, atol=1e-9)
+
+
+# --------------------------------------------------------------------------- a damaged cache
+def _same_stats(a, b):
+    assert [s.name for s in a.tensors] == [s.name for s in b.tensors]
+    for x, y in zip(a.tensors, b.tensors):
+        np.testing.assert_array_equal(x.row_mavs, y.row_mavs)
+        assert (x.mean_row_mav, x.max_row_mav) == (y.mean_row_mav, y.max_row_mav)
+
+
+def _cache_files() -> list[Path]:
+    return sorted((Path(os.environ["LAYERSWAP_CACHE"]) / "deltas").iterdir())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "inconsistent"])
+def test_unreadable_cache_entry_is_discarded_and_recomputed(tiny, damage):
+    first = delta_stats(tiny["base"], tiny["task"])
+    (entry,) = _cache_files()
+    data = entry.read_bytes()
+    if damage == "inconsistent":  # a valid .npz whose rows do not fit its tensor list
+        with np.load(entry) as z:
+            np.savez(entry.with_suffix(""), meta=z["meta"], rows=z["rows"][:-1], offsets=z["offsets"])
+    else:
+        entry.write_bytes({"truncated": data[: len(data) // 2], "empty": b"",
+                           "garbage": b"not a cache file " * 50}[damage])
+    again = delta_stats(tiny["base"], tiny["task"])
+    assert not again.from_cache
+    _same_stats(again, first)
+    assert _cache_files() == [entry]  # rewritten in place, no temporary files left
+    hit = delta_stats(tiny["base"], tiny["task"])
+    assert hit.from_cache
+    _same_stats(hit, first)
+
+
+@pytest.mark.parametrize("where", ["cache folder is a file", "cache root cannot be made"])
+def test_unwritable_cache_still_returns_the_statistics(tiny, tmp_path, monkeypatch, where):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a folder should be")
+    if where == "cache folder is a file":
+        monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "c"))
+        (tmp_path / "c").mkdir()
+        (tmp_path / "c" / "deltas").write_text("")
+    else:
+        monkeypatch.setenv("LAYERSWAP_CACHE", str(blocker / "cache"))
+    with pytest.warns(UserWarning, match="delta cache"):
+        st = delta_stats(tiny["base"], tiny["task"])
+    _same_stats(st, delta_stats(tiny["base"], tiny["task"], cache=False))
+
+
+def test_failed_cache_write_leaves_no_file_and_returns_the_statistics(tiny, monkeypatch):
+    """Disk full in the middle of writing: no entry and no temporary file remain."""
+    import errno
+
+    def disk_full(f, **arrays):
+        f.write(b"PK\x03\x04 partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(analysis.np, "savez", disk_full)
+    with pytest.warns(UserWarning, match="No space left"):
+        st = delta_stats(tiny["base"], tiny["task"])
+    assert not st.from_cache and len(st.tensors) > 0
+    assert _cache_files() == []
+
+
+def test_adapter_with_invalid_config_names_the_file(tiny, tmp_path):
+    from layerswap_core.lora import AdapterError
+
+    d = tmp_path / "adapter"
+    d.mkdir()
+    (d / "adapter_config.json").write_text("{broken")
+    with pytest.raises(AdapterError, match=f"{d / 'adapter_config.json'}: not valid JSON"):
+        delta_stats(tiny["base"], d)
