@@ -7,6 +7,8 @@ import sys
 
 # Modules that contribute subcommands, in --help order. Each defines add_cli(subparsers).
 CLI_MODULES = ("merge", "analysis", "evaluate", "train")
+# Commands that read no model reference (every other one gets --allow-bin).
+NO_MODEL_COMMANDS = ("prepare",)
 
 
 def _info(args) -> int:
@@ -21,6 +23,31 @@ def _prepare(args) -> int:
     for name in args.name or list(EMBEDDED):
         print(f"{EMBEDDED_PREFIX}{name}: {resolve(EMBEDDED_PREFIX + name, progress=print)}")
     return 0
+
+
+def _allowing_bin(func):
+    """``func`` run with models' allow_bin default set from --allow-bin (restored afterwards)."""
+    def run(args):
+        from .models import set_allow_bin_default
+        before = set_allow_bin_default(args.allow_bin)
+        try:
+            return func(args)
+        finally:
+            set_allow_bin_default(before)
+    return run
+
+
+def add_allow_bin(parser: argparse.ArgumentParser) -> None:
+    """--allow-bin on a command that loads models: folders with only PyTorch .bin weights are
+    converted once to safetensors (torch.load weights_only=True) instead of refused."""
+    if "--allow-bin" in parser._option_string_actions:
+        return
+    parser.add_argument("--allow-bin", action="store_true",
+                        help="accept model folders with only PyTorch .bin weights (converted once "
+                        "to safetensors in the cache, with torch.load(weights_only=True))")
+    func = parser.get_default("func")
+    if func is not None:
+        parser.set_defaults(func=_allowing_bin(func))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         if hasattr(m, "add_cli"):
             m.add_cli(sub)
+    for name, command in sub.choices.items():
+        if name not in NO_MODEL_COMMANDS:
+            add_allow_bin(command)
     return p
 
 

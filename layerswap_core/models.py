@@ -10,6 +10,7 @@ analysis, evaluation) works on folders.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -175,16 +176,41 @@ def embedded_path(name: str, progress: Progress | None = None) -> Path:
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
-def check_folder(path: Path) -> None:
-    """Raise ModelLoadError unless ``path`` holds a loadable HF safetensors checkpoint."""
-    if not (path / "config.json").exists():
-        if (path / "adapter_config.json").exists():
-            raise ModelLoadError(f"{path} is a PEFT adapter, not a full model: "
-                                 "give it as an adapter over its base model")
-        raise ModelLoadError(f"{path}: no config.json (not a Hugging Face model folder)")
+def read_config_file(folder: Path) -> dict:
+    """The folder's config.json as a dict; ModelLoadError naming the file if it is unreadable."""
+    p = Path(folder) / "config.json"
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{Path(folder)}: no config.json (not a Hugging Face model folder)") \
+            from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{p}: cannot read it ({e})") from e
+    except ValueError as e:
+        raise ModelLoadError(f"{p}: not valid JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{p}: not a JSON object (a model config is {{...}})")
+    return cfg
+
+
+def _bin_files(path: Path) -> list[Path]:
+    return sorted(path.glob("pytorch_model*.bin"))
+
+
+def check_folder(path: Path, *, allow_bin: bool = False) -> None:
+    """Raise ModelLoadError unless ``path`` holds a loadable HF safetensors checkpoint (with
+    ``allow_bin``, PyTorch .bin weights alone are accepted too: ``resolve`` converts them)."""
+    from .lora import is_adapter
+
+    if not (path / "config.json").exists() and is_adapter(path):
+        raise ModelLoadError(f"{path} is a PEFT adapter, not a full model: "
+                             "give it as an adapter over its base model")
+    read_config_file(path)
     if (path / INDEX_NAME).exists() or weight_files(path):
         return
-    if list(path.glob("pytorch_model*.bin")):
+    if _bin_files(path):
+        if allow_bin:
+            return
         raise ModelLoadError(f"{path}: only PyTorch .bin weights; pass allow_bin=True (CLI: "
                              "--allow-bin) to convert them once with torch.load(weights_only=True)")
     raise ModelLoadError(f"{path}: no weights (*.safetensors) in the folder")
@@ -194,7 +220,7 @@ def _convert_bin(path: Path, progress: Progress | None) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    bins = sorted(path.glob("pytorch_model*.bin"))
+    bins = _bin_files(path)
     key = hashlib.sha1("|".join(f"{b.resolve()}:{b.stat().st_size}:{b.stat().st_mtime_ns}"
                                 for b in bins).encode()).hexdigest()[:16]
     final = cache_dir() / "from_bin" / f"{path.name}-{key}"
@@ -223,9 +249,27 @@ def _convert_bin(path: Path, progress: Progress | None) -> Path:
     return final
 
 
-def resolve(ref: str | os.PathLike, *, allow_bin: bool = False,
+_ALLOW_BIN = {"default": False}  # process-wide default of allow_bin (the CLI's --allow-bin)
+
+
+def set_allow_bin_default(value: bool) -> bool:
+    """Make ``allow_bin`` default to ``value`` wherever a caller does not pass it (the CLI's
+    --allow-bin). Returns the previous default, to restore it."""
+    before = _ALLOW_BIN["default"]
+    _ALLOW_BIN["default"] = bool(value)
+    return before
+
+
+def resolve(ref: str | os.PathLike, *, allow_bin: bool | None = None,
             progress: Progress | None = None) -> Path:
-    """Local safetensors folder for a model reference (see module docstring)."""
+    """Local safetensors folder for a model reference (see module docstring).
+
+    A folder with safetensors weights is used as it is, whatever .bin files lie beside them (every
+    path reads the safetensors); one with only PyTorch .bin weights is refused unless
+    ``allow_bin`` (default: ``set_allow_bin_default``), then converted once into the cache.
+    """
+    if allow_bin is None:
+        allow_bin = _ALLOW_BIN["default"]
     s = str(ref).strip()
     if not s:
         raise ModelLoadError("empty model reference")
@@ -235,12 +279,9 @@ def resolve(ref: str | os.PathLike, *, allow_bin: bool = False,
     if path.exists():
         if not path.is_dir():
             raise ModelLoadError(f"{path} is a file; give the model's folder")
-        try:
-            check_folder(path)
-        except ModelLoadError:
-            if allow_bin and (path / "config.json").exists() and list(path.glob("pytorch_model*.bin")):
-                return _convert_bin(path, progress)
-            raise
+        check_folder(path, allow_bin=allow_bin)
+        if not ((path / INDEX_NAME).exists() or weight_files(path)):
+            return _convert_bin(path, progress)
         return path.resolve()
     if _REPO_ID.match(s) and not s.startswith((".", "~")):
         return _from_hub(s, progress)
@@ -273,7 +314,7 @@ def _from_hub(repo_id: str, progress: Progress | None) -> Path:
 
 # --------------------------------------------------------------------------- loading and describing
 def read_config(ref) -> dict:
-    return json.loads((resolve(ref) / "config.json").read_text())
+    return read_config_file(resolve(ref))
 
 
 def default_dtype(device: str):
@@ -299,25 +340,67 @@ def load_tokenizer(ref, *, trust_remote_code: bool = False):
     return tok
 
 
+def _weights_entry(path: Path) -> str:
+    """The weights file that transformers must read to load what ``CheckpointReader`` (merge,
+    analysis) reads: the safetensors index, else the one *.safetensors file."""
+    if (path / INDEX_NAME).exists():
+        return INDEX_NAME
+    files = weight_files(path)
+    if len(files) != 1:
+        raise ModelLoadError(f"{path}: {len(files)} *.safetensors files but no {INDEX_NAME} "
+                             "saying which hold the model; write the index, or keep one file")
+    return files[0].name
+
+
+def _check_weights(path: Path) -> None:
+    """Every tensor's header entry is readable and lies within its file (headers only): a
+    truncated or corrupt checkpoint is refused with the file's name before transformers sees it."""
+    from .io import CheckpointError
+
+    try:
+        reader = CheckpointReader(path)
+        for name in reader.names():
+            reader.location(name)
+    except CheckpointError as e:
+        raise ModelLoadError(str(e)) from e
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def load_model(ref, *, device: str | None = "cpu", dtype=None, trust_remote_code: bool = False,
-               allow_bin: bool = False, progress: Progress | None = None):
+               allow_bin: bool | None = None, progress: Progress | None = None):
     """(model, tokenizer) for any reference; model in eval mode on ``device``.
 
-    dtype defaults to float32 on CPU (faster than bf16 there) and bfloat16 on CUDA.
+    dtype defaults to float32 on CPU (faster than bf16 there) and bfloat16 on CUDA. The weights
+    are read from exactly the safetensors files that merge and analysis read (never a .bin lying
+    beside them; a .bin-only folder needs ``allow_bin`` and is converted once, see ``resolve``).
     """
-    from transformers import AutoModelForCausalLM
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     path = resolve(ref, allow_bin=allow_bin, progress=progress)
     device = pick_device(device)
     dtype = dtype or default_dtype(device)
+    entry = _weights_entry(path)
+    _check_weights(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        before = config.__dict__.get("transformers_weights")
+        config.transformers_weights = entry  # transformers reads this file and nothing else
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
+                                                     use_safetensors=True,
                                                      trust_remote_code=trust_remote_code)
-    except ValueError as e:
+    except (OSError, ValueError, SafetensorError) as e:
         if "trust_remote_code" in str(e):
             raise ModelLoadError(f"{path} needs custom code; pass trust_remote_code=True only if you "
                                  "trust its author") from e
-        raise ModelLoadError(f"{path}: {e}") from e
+        raise ModelLoadError(f"{path}: cannot load the model: {_one_line(e)}") from e
+    if before is None:
+        model.config.__dict__.pop("transformers_weights", None)
+    else:
+        model.config.transformers_weights = before
     model.to(device).eval()
     return model, load_tokenizer(path, trust_remote_code=trust_remote_code)
 
@@ -348,7 +431,7 @@ class ModelInfo:
 def describe(ref, progress: Progress | None = None) -> ModelInfo:
     """Architecture, size and dtype of a model from its headers (no tensor data read)."""
     path = resolve(ref, progress=progress)
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = read_config_file(path)
     arch = get_architecture(cfg)
     reader = CheckpointReader(path)
     dtypes = sorted({reader.dtype(n) for n in reader.names()})
@@ -366,7 +449,7 @@ def compatibility(refs: dict[str, str]) -> list[str]:
     problems: list[str] = []
     paths = {role: resolve(r) for role, r in refs.items()}
     readers = {role: CheckpointReader(p) for role, p in paths.items()}
-    configs = {role: json.loads((p / "config.json").read_text()) for role, p in paths.items()}
+    configs = {role: read_config_file(p) for role, p in paths.items()}
     roles = list(paths)
     first = roles[0]
     a0 = get_architecture(configs[first])
@@ -391,22 +474,110 @@ def compatibility(refs: dict[str, str]) -> list[str]:
             problems.append(f"vocabulary size {configs[role].get('vocab_size')} in {role} vs "
                             f"{configs[first].get('vocab_size')} in {first}")
         else:
-            v0, v1 = vocab_fingerprint(paths[first]), vocab_fingerprint(paths[role])
-            if v0 and v1 and v0 != v1:
-                problems.append(f"tokenizers of {role} and {first} differ (same size, other tokens)")
+            why = tokenizer_difference(paths[first], paths[role])
+            if why:
+                problems.append(f"tokenizers of {role} and {first}: {why}")
     return problems
 
 
-def vocab_fingerprint(folder: Path) -> str | None:
-    """Hash of a tokenizer's vocabulary and added tokens (None without a tokenizer.json)."""
-    p = Path(folder) / "tokenizer.json"
-    if not p.exists():
+# --------------------------------------------------------------------------- tokenizer identity
+# The formats a tokenizer comes in, in the order they are compared. tokenizer.json and
+# vocab.json + merges.txt are fingerprinted from the same normalised content (token -> id map
+# including added tokens, and the BPE merges), so one tokenizer in both formats compares equal;
+# tokenizer.model (sentencepiece) by its bytes.
+TOKENIZER_FORMATS = ("tokenizer.json", "vocab.json+merges.txt", "tokenizer.model")
+
+
+def _hash(obj) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def _merge_pairs(merges) -> list:
+    return [list(m.split(" ", 1)) if isinstance(m, str) else list(m) for m in merges or []]
+
+
+def _json_or_none(p: Path):
+    return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
+
+
+def _fast_content(folder: Path) -> str:
+    tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    model = tok["model"]
+    vocab = model.get("vocab") or {}
+    if isinstance(vocab, list):  # Unigram: [[piece, score], ...], the id is the position
+        vocab = {piece[0]: i for i, piece in enumerate(vocab)}
+    vocab = dict(vocab)
+    vocab.update({a["content"]: a["id"] for a in tok.get("added_tokens") or []})
+    return _hash({"vocab": vocab, "merges": _merge_pairs(model.get("merges"))})
+
+
+def _slow_bpe_content(folder: Path) -> str:
+    vocab = dict(json.loads((folder / "vocab.json").read_text(encoding="utf-8")))
+    vocab.update(_json_or_none(folder / "added_tokens.json") or {})
+    decoder = (_json_or_none(folder / "tokenizer_config.json") or {}).get("added_tokens_decoder")
+    vocab.update({a["content"]: int(i) for i, a in (decoder or {}).items()})
+    lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+    merges = [ln for ln in lines if ln.strip() and not ln.startswith("#version")]
+    return _hash({"vocab": vocab, "merges": _merge_pairs(merges)})
+
+
+def _format_fingerprint(folder: Path, fmt: str) -> str | None:
+    """Fingerprint of one tokenizer format in ``folder`` (None: absent). A file that cannot be
+    parsed is fingerprinted by its bytes (equal only to the very same file)."""
+    files = [folder / f for f in fmt.split("+")]
+    if not all(f.is_file() for f in files):
         return None
     try:
-        tok = json.loads(p.read_text())
-        key = {"vocab": tok["model"].get("vocab"),
-               "added": [(a.get("id"), a.get("content")) for a in tok.get("added_tokens", [])]}
-    except (ValueError, KeyError, AttributeError):
+        if fmt == "tokenizer.json":
+            return _fast_content(folder)
+        if fmt == "vocab.json+merges.txt":
+            return _slow_bpe_content(folder)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        pass
+    return f"{fmt}:bytes:" + hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()
+
+
+def tokenizer_fingerprints(folder: str | os.PathLike) -> dict[str, str]:
+    """{format: fingerprint} for every tokenizer format present in ``folder`` (see
+    TOKENIZER_FORMATS); equal fingerprints mean the same tokens with the same ids and merges."""
+    folder = Path(folder)
+    stamp = tuple((f, (folder / f).stat().st_size, (folder / f).stat().st_mtime_ns)
+                  for f in TOKENIZER_FILES if (folder / f).is_file())
+    return dict(_cached_fingerprints(str(folder.resolve()), stamp))
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_fingerprints(folder: str, stamp: tuple) -> tuple:
+    found = ((fmt, _format_fingerprint(Path(folder), fmt)) for fmt in TOKENIZER_FORMATS)
+    return tuple((fmt, fp) for fmt, fp in found if fp is not None)
+
+
+def tokenizer_difference(a: str | os.PathLike, b: str | os.PathLike) -> str | None:
+    """Why the tokenizers of model folders ``a`` and ``b`` cannot be taken as the same, or None.
+
+    The first format both folders have decides; without a common format, tokenizer.json and
+    vocab.json + merges.txt compare with each other; otherwise they cannot be compared, which is
+    reported too. A folder with no tokenizer files at all is not a difference (nothing to compare).
+    """
+    fa, fb = tokenizer_fingerprints(a), tokenizer_fingerprints(b)
+    if not fa or not fb:
         return None
-    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    for fmt in TOKENIZER_FORMATS:
+        if fmt in fa and fmt in fb:
+            return None if fa[fmt] == fb[fmt] else f"their {fmt} differ (other tokens or merges)"
+    ta = next((fmt for fmt in TOKENIZER_FORMATS[:2] if fmt in fa), None)
+    tb = next((fmt for fmt in TOKENIZER_FORMATS[:2] if fmt in fb), None)
+    if ta and tb:
+        return None if fa[ta] == fb[tb] else f"their vocabularies differ ({ta} vs {tb})"
+    return (f"cannot be compared: {Path(a).name} has {' and '.join(fa)}, {Path(b).name} has "
+            f"{' and '.join(fb)}")
+
+
+def vocab_fingerprint(folder: Path) -> str | None:
+    """One fingerprint of a folder's tokenizer (None without tokenizer files): the token/merges
+    content of tokenizer.json or vocab.json + merges.txt (equal for one tokenizer in either
+    format), else tokenizer.model's bytes. Prefer ``tokenizer_difference`` to compare two."""
+    return next(iter(tokenizer_fingerprints(folder).values()), None)
+
+
 from . import experts  # noqa: E402,F401  (registers the embedded demo experts)

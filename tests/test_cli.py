@@ -1,6 +1,7 @@
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from layerswap_core.cli import CLI_MODULES, build_parser, main
 
@@ -57,3 +58,51 @@ def test_python_api_names_resolve_and_never_shadow_submodules():
     for name in layerswap_core.__all__:
         assert getattr(layerswap_core, name) is not None, name
     assert importlib.import_module("layerswap_core.train").TrainConfig is layerswap_core.TrainConfig
+
+
+def _fails_readably(argv, capsys, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    (line,) = [ln for ln in err.splitlines() if f"layerswap {argv[0]}: error: " in ln]  # one line
+    for needle in needles:
+        assert needle in line, err
+    return line
+
+
+def test_info_names_an_invalid_config_json(tiny, capsys, tmp_path):
+    d = Path(shutil.copytree(tiny["base"], tmp_path / "m"))
+    (d / "config.json").write_text("{not json")
+    _fails_readably(["info", str(d)], capsys, str(d / "config.json"), "not valid JSON")
+
+
+def test_eval_on_a_truncated_checkpoint_is_one_line(tiny, capsys, tmp_path):
+    d = Path(shutil.copytree(tiny["base"], tmp_path / "m"))
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:5000])
+    _fails_readably(["eval", "--model", str(d), "--data", "gsm-symbolic", "--lang", "sw", "--n", "1",
+                     "--device", "cpu"], capsys, str(f))
+
+
+def test_allow_bin_on_every_command_that_loads_models(tiny, capsys, tmp_path, monkeypatch):
+    import torch
+
+    from layerswap_core import models
+    from layerswap_core.io import CheckpointReader
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    parser = build_parser()
+    for name, command in next(a for a in parser._actions if a.dest == "command").choices.items():
+        assert ("--allow-bin" in command._option_string_actions) == (name != "prepare"), name
+    d = tmp_path / "binonly"
+    d.mkdir()
+    for f in tiny["base"].iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy(f, d / f.name)
+    ref = CheckpointReader(tiny["base"])
+    torch.save({n: ref.get(n) for n in ref.names()}, d / "pytorch_model.bin")
+    _fails_readably(["info", str(d)], capsys, "--allow-bin")
+    assert main(["info", "--allow-bin", str(d)]) == 0
+    assert "8 layers" in capsys.readouterr().out
+    assert models._ALLOW_BIN["default"] is False  # the flag does not outlive the command
+    _fails_readably(["plan", "--task", str(d), "--lang", str(tiny["lang"])], capsys, "--allow-bin")

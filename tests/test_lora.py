@@ -168,3 +168,26 @@ def test_apply_adapter_is_bit_identical_to_peft_merge_and_unload(family, tmp_pat
         base = CheckpointReader(family["base"])
         assert all(not torch.equal(got[n].float(), base.get(n).float()) for n in adapted)
         assert json.loads((out / "config.json").read_text())["dtype"] == str(dtype)[6:]
+
+
+def test_cli_merge_lora_names_an_invalid_config_json(family, tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    from layerswap_core.cli import main
+    bad_adapter = Path(shutil.copytree(family["task"], tmp_path / "bad_adapter"))
+    (bad_adapter / "adapter_config.json").write_text("{oops")
+    bad_base = Path(shutil.copytree(family["base"], tmp_path / "bad_base"))
+    (bad_base / "config.json").write_text("")
+    out = tmp_path / "o"
+    for task, base, named in ((bad_adapter, family["base"], bad_adapter / "adapter_config.json"),
+                              (family["task"], bad_base, bad_base / "config.json")):
+        rc = main(["merge-lora", "--task", str(task), "--lang", str(family["lang"]),
+                   "--base", str(base), "--out", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and "Traceback" not in err
+        (line,) = [ln for ln in err.splitlines() if "layerswap merge-lora: error: " in ln]
+        assert f"{named}: not valid JSON" in line
+    assert not out.exists()
+    assert lora.is_adapter(family["task"]) and not lora.is_adapter(family["base"])
+    assert not lora.is_adapter(family["task"] / "adapter_config.json")  # a file, not a folder

@@ -1,6 +1,7 @@
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,3 +140,124 @@ def test_embedded_default_loads_from_cache_and_chats(embedded_base, monkeypatch)
     out = model.generate(**ids, max_new_tokens=12, do_sample=False)
     answer = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+# --------------------------------------------------------------------------- one set of weights
+Q = "model.layers.2.self_attn.q_proj.weight"
+
+
+def _bin_beside(folder, weights_from):
+    """Write weights_from's tensors as a pytorch_model.bin into folder (different weights)."""
+    other = CheckpointReader(weights_from)
+    torch.save({n: other.get(n) for n in other.names()}, folder / "pytorch_model.bin")
+
+
+@pytest.mark.parametrize("layout", ["model.safetensors", "other name", "index beside a stale file"])
+def test_load_model_reads_the_safetensors_that_merge_reads(tmp_path, tiny, monkeypatch, layout):
+    """A .bin (or a stale model.safetensors) lying beside the weights is never what gets loaded:
+    load_model gives exactly the tensors CheckpointReader (merge, analysis) reads."""
+    from layerswap_core.io import save_sharded
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    d = Path(shutil.copytree(tiny["base"], tmp_path / "m"))
+    _bin_beside(d, tiny["lang"])
+    if layout == "other name":
+        (d / "model.safetensors").rename(d / "weights.safetensors")
+    elif layout == "index beside a stale file":  # the index names the task's weights
+        task = CheckpointReader(tiny["task"])
+        save_sharded(d, {n: task.get(n) for n in task.names()})
+        assert (d / "model.safetensors").exists() and (d / models.INDEX_NAME).exists()
+    want = CheckpointReader(d).get(Q)
+    assert not torch.equal(want, CheckpointReader(tiny["lang"]).get(Q))
+    model, _ = load_model(d)
+    assert torch.equal(model.state_dict()[Q], want)
+    assert "transformers_weights" not in model.config.to_dict()
+    assert not (tmp_path / "cache" / "from_bin").exists()  # the .bin was not even converted
+
+
+def test_several_safetensors_without_index_refused_by_load_model(tmp_path, tiny):
+    d = Path(shutil.copytree(tiny["base"], tmp_path / "m"))
+    shutil.copy(d / "model.safetensors", d / "extra.safetensors")
+    with pytest.raises(ModelLoadError, match="2 \\*.safetensors files but no"):
+        load_model(d)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "header too large", "empty"])
+def test_damaged_checkpoint_is_a_load_error_naming_the_file(tmp_path, tiny, damage):
+    d = Path(shutil.copytree(tiny["base"], tmp_path / "m"))
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes({"truncated": data[: len(data) // 2],
+                   "header too large": (10 ** 12).to_bytes(8, "little") + b"{}",
+                   "empty": b""}[damage])
+    with pytest.raises(ModelLoadError, match=str(f).replace(".", r"\.")):
+        load_model(d)
+
+
+def test_invalid_config_json_names_the_file(tmp_path, tiny):
+    d = Path(shutil.copytree(tiny["base"], tmp_path / "m"))
+    for text, why in (("{not json", "not valid JSON"), ("[1, 2]", "not a JSON object")):
+        (d / "config.json").write_text(text)
+        for call in (resolve, describe, models.read_config, load_model):
+            with pytest.raises(ModelLoadError, match=why) as e:
+                call(d)
+            assert str(d / "config.json") in str(e.value)
+
+
+# --------------------------------------------------------------------------- tokenizer identity
+def _slow_tokenizer(model_dir, dst, edit=None):
+    """Copy of model_dir whose tokenizer is vocab.json + merges.txt (no tokenizer.json), written
+    from the same tokenizer.json content; ``edit(vocab)`` changes the vocabulary."""
+    d = Path(shutil.copytree(model_dir, dst))
+    tok = json.loads((d / "tokenizer.json").read_text())
+    (d / "tokenizer.json").unlink()
+    vocab = dict(tok["model"]["vocab"])
+    if edit:
+        edit(vocab)
+    (d / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    (d / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    return d
+
+
+def _swap_two_tokens(vocab):
+    a, b = "hello", "world"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+
+
+def test_vocab_json_tokenizers_are_compared(tmp_path, tiny):
+    from layerswap_core.merge import MergeError, open_inputs
+
+    same = _slow_tokenizer(tiny["task"], tmp_path / "same")
+    other = _slow_tokenizer(tiny["lang"], tmp_path / "other", _swap_two_tokens)
+    # one tokenizer in both formats is the same tokenizer
+    assert compatibility({"task": same, "lang": tiny["lang"]}) == []
+    assert models.vocab_fingerprint(same) == models.vocab_fingerprint(tiny["lang"])
+    # same size, two tokens swapped: refused, in vocab.json form and across the formats
+    problems = compatibility({"task": same, "lang": other})
+    assert len(problems) == 1 and "vocab.json+merges.txt differ" in problems[0]
+    assert "vocabularies differ" in compatibility({"task": tiny["task"], "lang": other})[0]
+    with pytest.raises(MergeError, match="tokenizers"):
+        open_inputs(same, other)
+
+
+def test_tokenizer_merges_and_sentencepiece_files_are_compared(tmp_path, tiny):
+    d = Path(shutil.copytree(tiny["lang"], tmp_path / "merges"))
+    tok = json.loads((d / "tokenizer.json").read_text())
+    tok["model"]["merges"] = tok["model"]["merges"][::-1]  # same tokens, other merge order
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    assert "tokenizer.json differ" in compatibility({"task": tiny["task"], "lang": d})[0]
+
+    spm = {}
+    for name, content in (("a", b"\x0a\x05piece-a"), ("b", b"\x0a\x05piece-b")):
+        spm[name] = Path(shutil.copytree(tiny["task"], tmp_path / f"spm-{name}"))
+        (spm[name] / "tokenizer.json").unlink()
+        (spm[name] / "tokenizer.model").write_bytes(content)
+    assert "tokenizer.model differ" in compatibility({"task": spm["a"], "lang": spm["b"]})[0]
+    why = compatibility({"task": tiny["task"], "lang": spm["a"]})[0]
+    assert "cannot be compared" in why and "tokenizer.model" in why and "tokenizer.json" in why
+    # no tokenizer files on one side: nothing to compare, not a difference
+    bare = Path(shutil.copytree(tiny["lang"], tmp_path / "bare"))
+    for f in models.TOKENIZER_FILES:
+        (bare / f).unlink(missing_ok=True)
+    assert compatibility({"task": tiny["task"], "lang": bare}) == []
