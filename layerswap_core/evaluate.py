@@ -10,6 +10,10 @@ compare with published ones. Two extraction filters, as in lm-eval:
   direct: the whole output (whitespace stripped) must be the number;
 * ``flexible``: the last number-like span of the output.
 
+Few-shot exemplars: on MGSM the benchmark's own 8 per language (``mgsm_exemplars.json``,
+the split lm-eval's mgsm tasks draw from), the first k in order, written verbatim as lm-eval
+writes them (``standard_exemplars``); on GSM-Symbolic, training templates (``exemplar_pool``).
+
 On top of lm-eval we normalise native digits (Bengali, Telugu, Thai, ...), thousands commas,
 "$" and trailing ".0" before comparing numbers; ``lm_eval_compatible=True`` turns that off
 and compares strings exactly as lm-eval's ``exact_match`` does (ignore case and punctuation).
@@ -24,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .data import (MGSM_HUB_ID, Item, gsm_symbolic_items, load_items, load_mgsm, mgsm_lang, normalize_number,
-                   source_label, to_ascii_digits)
+from .data import (MGSM_HUB_ID, Item, card_templates, gsm_symbolic_items, load_items, load_mgsm,
+                   load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
+                   normalize_number, source_label, to_ascii_digits)
 from .generation import encode, generate
 
 Progress = Callable[[float, str], None]
@@ -90,14 +95,24 @@ def stop_strings(lang: str) -> list[str]:
 
 # --------------------------------------------------------------------------- prompts
 def question_text(item: Item, lang: str, cot: bool) -> str:
+    """lm-eval's doc_to_text: the question after the language's word (a standard exemplar's
+    own text as written, word included), then the answer word."""
     w = prompt_words(lang)
-    return f"{w.question} {item.question}\n{w.cot_answer if cot else w.direct_answer}"
+    question = item.prompt_question or f"{w.question} {item.question}"
+    return f"{question}\n{w.cot_answer if cot else w.direct_answer}"
 
 
 def target_text(item: Item, lang: str, cot: bool) -> str:
-    """What follows the answer prefix in an exemplar (and what the gold NLL scores)."""
+    """What follows the answer prefix in an exemplar (and what the gold NLL scores).
+
+    A standard MGSM exemplar's CoT target is lm-eval's ``answer[len(ANSWER) + 1:]``: its
+    worked answer minus as many characters as the language's answer word and a space (lm-eval's
+    quirks kept: Japanese, whose exemplars use a full-width colon, loses one character, and
+    Russian, whose exemplars spell the word with a space, keeps a leading space)."""
     if not cot:
         return item.answer
+    if item.prompt_answer:
+        return item.prompt_answer[len(prompt_words(lang).cot_answer) + 1:]
     if not item.solution:
         raise ValueError(f"{item.id} has no worked solution; chain-of-thought exemplars need one")
     return f"{item.solution} {answer_phrase(lang, item.answer)}"
@@ -126,9 +141,48 @@ def build_prompt(item: Item, exemplars: Sequence[Item] = (), *, cot: bool = Fals
     return "\n\n".join([*shots, question_text(item, lang, cot)])
 
 
+def standard_exemplars(lang: str, shots: int, *, data_dir=None, hub: bool = False) -> list[Item]:
+    """The first ``shots`` of MGSM's own exemplars of ``lang``, in the benchmark's order (8: the
+    layer-swapping paper's setting; 2: its follow-up's). A missing file is an error, never a
+    silent fallback to other exemplars."""
+    shots = _check_shots(shots)
+    if not shots:
+        return []
+    pool = load_mgsm_exemplars_hub(lang) if hub else load_mgsm_exemplars(lang, data_dir)
+    if len(pool) < shots:
+        raise ValueError(f"MGSM has {len(pool)} standard exemplars for {mgsm_lang(lang)!r}, "
+                         f"asked for {shots}")
+    return pool[:shots]
+
+
+def default_exemplars(items: Sequence[Item], shots: int, *, cot: bool, data_dir=None,
+                      hub: bool = False) -> list[Item]:
+    """The exemplars an evaluation of ``items`` uses unless told otherwise: MGSM's standard
+    exemplars for MGSM items, GSM-Symbolic training templates (``exemplar_pool``) otherwise."""
+    shots = _check_shots(shots)
+    if not shots:
+        return []
+    lang, source = items[0].lang, items[0].source
+    if source == "mgsm":
+        return standard_exemplars(lang, shots, data_dir=data_dir, hub=hub)
+    return select_exemplars(exemplar_pool(lang, cot=cot, source=source, data_dir=data_dir),
+                            items, shots)
+
+
+def exemplar_description(exemplars: Sequence[Item]) -> str:
+    """Where the exemplars come from, in words (for result headers and configs)."""
+    if not exemplars:
+        return "none"
+    if all(e.prompt_question for e in exemplars):
+        return f"MGSM standard exemplars 1-{len(exemplars)} of 8"
+    return "chosen from GSM-Symbolic training templates" if \
+        all(e.source == "gsm-symbolic" for e in exemplars) else "custom"
+
+
 def exemplar_pool(lang: str, *, cot: bool, source: str = "mgsm",
                   data_dir=None) -> list[Item]:
-    """Candidate few-shot exemplars, best first, in the target language where possible.
+    """Candidate few-shot exemplars, best first, in the target language where possible
+    (the GSM-Symbolic protocol; MGSM evaluations use ``standard_exemplars`` by default).
 
     1. GSM-Symbolic training templates (0000-0049) of the language: worked solutions, and
        never scored (evaluation uses 0050-0099);
@@ -158,8 +212,7 @@ def select_exemplars(pool: Sequence[Item], scored: Sequence[Item], k: int) -> li
     Excluded: same id, same question text, or same origin (the GSM8K problem both derive from,
     so a GSM-Symbolic variant of a scored MGSM problem is never shown as an exemplar).
     """
-    if k < 0 or k > 8:
-        raise ValueError(f"shots must be between 0 and 8, not {k}")
+    k = _check_shots(k)
     ids = {it.id for it in scored}
     questions = {it.question.strip() for it in scored}
     origins = {it.origin for it in scored if it.origin is not None}
@@ -175,6 +228,12 @@ def select_exemplars(pool: Sequence[Item], scored: Sequence[Item], k: int) -> li
             return chosen
     raise ValueError(f"only {len(chosen)} exemplars available apart from the scored items "
                      f"(asked for {k})")
+
+
+def _check_shots(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or k != int(k) or not 0 <= k <= 8:
+        raise ValueError(f"shots must be between 0 and 8, not {k}")
+    return int(k)
 
 
 # --------------------------------------------------------------------------- extraction
@@ -402,7 +461,8 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
 
     ``models``: name -> (model, tokenizer) or a model reference (loaded with
     ``models.load_model`` one at a time and freed after its run). Exemplars default to
-    ``select_exemplars(exemplar_pool(...), items, shots)``. Accuracy uses the flexible filter;
+    ``default_exemplars(items, shots, ...)``: MGSM's standard exemplars on MGSM, GSM-Symbolic
+    training templates otherwise. Accuracy uses the flexible filter;
     strict accuracy is reported beside it. Mean gold NLL is computed where items have worked
     solutions (GSM-Symbolic).
     """
@@ -411,8 +471,7 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     lang = items[0].lang
     source = items[0].source
     if exemplars is None:
-        exemplars = select_exemplars(exemplar_pool(lang, cot=cot, source=source, data_dir=data_dir),
-                                     items, shots) if shots else []
+        exemplars = default_exemplars(items, shots, cot=cot, data_dir=data_dir)
     max_new_tokens = max_new_tokens or (256 if cot else 32)
     stop = stop_strings(lang)
     has_solutions = with_nll and all(it.solution for it in items)
@@ -458,13 +517,52 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     config = {"data": source_label(source), "lang": lang, "n": len(items), "shots": len(exemplars),
               "format": "cot" if cot else "direct", "chat_template": chat_template,
               "max_new_tokens": max_new_tokens, "exemplars": [e.id for e in exemplars],
+              "exemplar_source": exemplar_description(exemplars),
               "models": {n: (str(s) if isinstance(s, (str, Path)) else "in-memory")
                          for n, s in models.items()}}
     return SideBySideResult(rows, summary, config)
 
 
 # --------------------------------------------------------------------------- CLI
-def _lm_eval_cli(args, items) -> int:
+def contamination_warning(folder, source: str) -> str | None:
+    """One line when the model card in ``folder`` says it was trained on GSM-Symbolic templates
+    that are scored by an evaluation of ``source``: MGSM items (``data.mgsm_overlap``) for MGSM,
+    the evaluation templates 0050-0099 for GSM-Symbolic. None when the card says nothing."""
+    from .data import SYMBOLIC_EVAL
+    try:
+        trained = card_templates(folder)
+    except ValueError as e:
+        return f"warning: cannot read which templates the model was trained on: {e}"
+    if not trained:
+        return None
+    if source == "mgsm":
+        rows = mgsm_overlap()
+        hit = sorted(t for t in trained if t in rows)
+        what = "MGSM items: " + ", ".join(f"{t:04d} = row {rows[t]}" for t in hit)
+    else:
+        hit = sorted(t for t in trained if t in SYMBOLIC_EVAL)
+        what = "evaluation templates: " + ", ".join(f"{t:04d}" for t in hit)
+    if not hit:
+        return None
+    return (f"warning: {folder}'s card says it was trained on {len(hit)} GSM-Symbolic template(s) "
+            f"that are {what}; its score on them is not a clean test")
+
+
+def _warn_contamination(refs, source: str) -> None:
+    import sys
+
+    from .models import ModelLoadError, resolve
+    for ref in refs:
+        try:
+            folder = resolve(ref)
+        except ModelLoadError:
+            continue   # loading it reports the problem
+        line = contamination_warning(folder, source)
+        if line:
+            print(line, file=sys.stderr)
+
+
+def _lm_eval_cli(args, items, exemplars) -> int:
     """The same items through lm-eval's own mgsm task (its prompts, filters and metric)."""
     from .lmeval import run_lm_eval
     from .models import load_model
@@ -474,7 +572,7 @@ def _lm_eval_cli(args, items) -> int:
     out = {}
     for ref in args.model:
         model, tok = load_model(ref, device=args.device)
-        res = run_lm_eval(model, tok, args.lang, items=items, shots=args.shots, cot=args.cot,
+        res = run_lm_eval(model, tok, args.lang, items=items, exemplars=exemplars, cot=args.cot,
                           data_dir=args.data_dir, batch_size=args.batch_size,
                           max_gen_toks=args.max_new_tokens, apply_chat_template=args.chat_template)
         del model
@@ -495,9 +593,14 @@ def _lm_eval_cli(args, items) -> int:
 def _eval_cli(args) -> int:
     from tqdm import tqdm
 
+    if args.n is not None and args.n < 1:
+        raise ValueError(f"--n must be at least 1 (leave it out for all items), not {args.n}")
     items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir, hub=args.hub)
+    exemplars = default_exemplars(items, args.shots, cot=args.cot, data_dir=args.data_dir,
+                                  hub=args.hub)
+    _warn_contamination(args.model, args.data)
     if args.lm_eval:
-        return _lm_eval_cli(args, items)
+        return _lm_eval_cli(args, items, exemplars)
     names = {}
     for ref in args.model:   # short unique display names for the table
         name = Path(ref).name if Path(ref).exists() else ref
@@ -510,16 +613,16 @@ def _eval_cli(args) -> int:
         bar.refresh()
 
     try:
-        result = run_side_by_side(names, items, shots=args.shots, cot=args.cot,
+        result = run_side_by_side(names, items, exemplars=exemplars, cot=args.cot,
                                   chat_template=args.chat_template,
                                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                   data_dir=args.data_dir, device=args.device, progress=progress)
     finally:
         bar.close()
     c = result.config
-    print(f"{c['data']} {c['lang']}: n={c['n']}, {c['shots']}-shot, {c['format']}"
-          f"{', chat template' if c['chat_template'] else ''} (accuracy: flexible extract; "
-          f"strict: lm-eval strict-match)")
+    print(f"{c['data']} {c['lang']}: n={c['n']}, {c['shots']}-shot ({c['exemplar_source']}), "
+          f"{c['format']}{', chat template' if c['chat_template'] else ''} (accuracy: flexible "
+          f"extract; strict: lm-eval strict-match)")
     print(result.table())
     if args.out:
         print(f"wrote {result.save(args.out)}")
@@ -539,8 +642,12 @@ def add_cli(subparsers) -> None:
     s.add_argument("--hub", action="store_true",
                    help=f"MGSM from the Hugging Face Hub ({MGSM_HUB_ID}; needs the network)")
     s.add_argument("--lang", default="sw", help="language code (sw, bn, te, en, ... or swh, ben)")
-    s.add_argument("--n", type=int, default=50, help="number of items (0: all)")
-    s.add_argument("--shots", type=int, default=2, help="few-shot exemplars, 0-8")
+    s.add_argument("--n", type=int, default=None,
+                   help="evaluate only the first N items (default: all; MGSM has 250)")
+    s.add_argument("--shots", type=int, default=2,
+                   help="few-shot exemplars, 0-8. MGSM: the benchmark's own exemplars, first N in "
+                   "order (8: the layer-swapping paper's setting, 2: its follow-up's); "
+                   "GSM-Symbolic: training templates")
     s.add_argument("--cot", action="store_true", help="chain-of-thought prompts (else direct)")
     s.add_argument("--chat-template", action="store_true",
                    help="wrap the prompt in the model's chat template (exemplars as turns)")

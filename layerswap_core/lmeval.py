@@ -2,10 +2,12 @@
 
 The task configuration is lm-eval's installed YAML (``tasks/mgsm/direct`` or ``native_cot``:
 prompt template, ``until`` strings, filters, metric) with one change: the documents come from
-our loaders instead of the Hub. Test documents are the MGSM rows; few-shot documents are the
-same exemplars ``evaluate.select_exemplars`` picks, written in the shape of the Hub's train
-split ("Swali: ..." question, "Jibu la Hatua kwa Hatua: ... Jibu ni N." answer), so lm-eval's
-prompts are identical to ours.
+our loaders instead of the Hub. Test documents are the MGSM rows; few-shot documents are by
+default MGSM's own exemplars (``mgsm_exemplars.json``, the Hub's train split), the first k in
+order, passed as they are: lm-eval's own prompt template turns them into the prompt, and ours
+(``evaluate.build_prompt``) gives the same text. Other exemplars (given explicitly) are written
+in the shape of the train split ("Swali: ..." question, "Jibu la Hatua kwa Hatua: ... Jibu ni
+N." answer).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Sequence
 import yaml
 
 from .data import Item, load_mgsm, mgsm_lang
-from .evaluate import (answer_phrase, exemplar_pool, prompt_words, select_exemplars)
+from .evaluate import answer_phrase, default_exemplars, prompt_words
 
 
 def mgsm_task_dir() -> Path:
@@ -44,6 +46,9 @@ def _test_doc(item: Item) -> dict:
 
 
 def _fewshot_doc(item: Item, lang: str, cot: bool) -> dict:
+    if item.prompt_question:   # a standard exemplar: the train split's own document
+        return {"question": item.prompt_question, "answer": item.prompt_answer,
+                "answer_number": _test_doc(item)["answer_number"], "equation_solution": None}
     w = prompt_words(lang)
     answer = f"{w.cot_answer} {item.solution} {answer_phrase(lang, item.answer)}" if cot else None
     if cot and not item.solution:
@@ -82,8 +87,10 @@ def run_lm_eval(model, tokenizer, lang: str, *, n: int | None = None, shots: int
                 max_gen_toks: int | None = None, apply_chat_template: bool = False) -> dict:
     """lm-eval's mgsm (direct or native CoT) on an in-memory HF model, offline.
 
-    Returns {"task", "metrics" (lm-eval's result dict for the task), "samples" (log_samples:
-    per doc the prompt, raw response and filtered responses), "exemplars"}.
+    Exemplars default to ``evaluate.default_exemplars`` (MGSM's standard exemplars, first
+    ``shots`` in order). Returns {"task", "metrics" (lm-eval's result dict for the task),
+    "samples" (log_samples: per doc the prompt, raw response and filtered responses),
+    "exemplars"}.
     """
     import lm_eval
     from lm_eval.api.task import ConfigurableTask
@@ -94,8 +101,7 @@ def run_lm_eval(model, tokenizer, lang: str, *, n: int | None = None, shots: int
     if items is None:
         items = load_mgsm(lang, data_dir)[: n or None]
     if exemplars is None:
-        exemplars = select_exemplars(exemplar_pool(lang, cot=cot, source=items[0].source,
-                                                   data_dir=data_dir), items, shots) if shots else []
+        exemplars = default_exemplars(items, shots, cot=cot, data_dir=data_dir)
     max_gen_toks = max_gen_toks or (256 if cot else 32)
     cfg = mgsm_task_config(lang, items, exemplars, cot=cot, max_gen_toks=max_gen_toks)
     task = ConfigurableTask(config=cfg)

@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .architectures import LAYER_KIND_ORDER
+from .architectures import ATTENTION_KINDS, LAYER_KIND_ORDER, MLP_KINDS, NORM_KINDS
 
 # One colour per source, used by every figure (language expert warm, task expert cool).
 COLORS = {"lang": "#E4572E", "task": "#2E86AB", "base": "#A0A0A0", "blend": "#9B5DE5",
@@ -30,6 +30,12 @@ KIND_LABELS = {"attn_q": "attn q", "attn_k": "attn k", "attn_v": "attn v", "attn
                "mlp_up": "mlp up", "mlp_gate_up": "mlp gate+up", "mlp_down": "mlp down",
                "norm_attn": "attn norm", "norm_attn_post": "attn post-norm",
                "norm_mlp": "mlp norm", "norm_mlp_post": "mlp post-norm", "other": "other"}
+
+
+# The 2-D projection matrices of a decoder layer, the seven the layer-swapping paper plots
+# (q, k, v, o, gate, up, down), plus the fused forms some families have instead (qkv, gate+up).
+MATRIX_KINDS = tuple(k for k in LAYER_KIND_ORDER
+                     if k in ATTENTION_KINDS + MLP_KINDS and k not in NORM_KINDS)
 
 
 def heatmap_height(num_layers: int) -> int:
@@ -97,21 +103,43 @@ def _range(zs: Iterable[np.ndarray], metric: str, log: bool) -> tuple[float, flo
     return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
 
 
+def _matrix_kinds(kinds: Sequence[str]) -> list[str]:
+    return [k for k in kinds if k in MATRIX_KINDS]
+
+
+def _two_taus(first, second, tau) -> tuple[float, float]:
+    """Per-expert thresholds: a pair (either may be None: that expert's own default) or one
+    value for both (None: the first expert's default for both, so the panels compare)."""
+    if isinstance(tau, (tuple, list)):
+        if len(tau) != 2:
+            raise ValueError(f"give one threshold or one per expert (2), not {len(tau)}")
+        return first.tau(tau[0]), second.tau(tau[1])
+    t = first.tau(tau)
+    return t, t
+
+
+def _tau_note(metric: str, tau: float) -> str:
+    return f" (τ = {tau:.3g})" if metric == "frac_rows_above" else ""
+
+
 def delta_heatmap(stats, metric: str = "frac_rows_above", tau: float | None = None,
                   log: bool = False, title: str | None = None, kinds: Sequence[str] | None = None,
-                  zrange: tuple[float, float] | None = None) -> go.Figure:
+                  zrange: tuple[float, float] | None = None,
+                  matrices_only: bool = False) -> go.Figure:
     """Layer (y, 0 at the bottom) x module kind heatmap of one expert's delta.
 
     metric: "frac_rows_above" (of threshold tau; the published view), "mean_row_mav",
     "max_row_mav" or "mass"; ``log`` colours by log10 (for MAVs spanning decades).
+    ``matrices_only``: only the 2-D projection matrices (``MATRIX_KINDS``), as the paper plots.
     """
     tau = stats.tau(tau)
+    if matrices_only:
+        kinds = _matrix_kinds(kinds if kinds is not None else stats.kinds())
     tr = _heatmap_trace(stats, metric, tau, log, kinds, None, stats.label)
     lo, hi = zrange or _range([stats.grid(metric, tau, kinds)[2]], metric, log)
     tr.update(zmin=lo, zmax=hi, colorscale="Viridis", colorbar=_colorbar(metric, log, lo, hi))
     fig = go.Figure(tr)
-    what = METRIC_TITLES.get(metric, metric) + (f" (τ = {tau:.3g})" if metric == "frac_rows_above"
-                                                 else "")
+    what = METRIC_TITLES.get(metric, metric) + _tau_note(metric, tau)
     _layout(fig, title or f"{stats.label}: {what}", heatmap_height(stats.num_layers))
     fig.update_xaxes(title_text="module", tickangle=-35)
     fig.update_yaxes(title_text="layer", dtick=1 if stats.num_layers <= 40 else 2)
@@ -129,23 +157,30 @@ def _union_kinds(*stats) -> list[str]:
 
 
 def side_by_side_heatmaps(first, second, metric: str = "frac_rows_above",
-                          tau: float | None = None, log: bool = False,
-                          title: str | None = None) -> go.Figure:
+                          tau: float | tuple[float | None, float | None] | None = None,
+                          log: bool = False, title: str | None = None,
+                          matrices_only: bool = False) -> go.Figure:
     """Two experts' heatmaps next to each other with one shared colour scale.
 
-    One tau for both (the first's default unless given): the same threshold is what makes
-    the two panels comparable.
+    ``tau``: one threshold for both (the first's default unless given: the same threshold
+    makes the panels comparable), or one per expert, ``(tau_first, tau_second)``, as the
+    layer-swapping paper did (1.9e-5 and 1.0e-5 for its two experts). Each panel's title
+    names its threshold. ``matrices_only``: only the 2-D projection matrices (``MATRIX_KINDS``).
     """
-    tau = first.tau(tau)
+    taus = _two_taus(first, second, tau)
     kinds = _union_kinds(first, second)
-    lo, hi = _range([s.grid(metric, tau, kinds)[2] for s in (first, second)], metric, log)
+    if matrices_only:
+        kinds = _matrix_kinds(kinds)
+    lo, hi = _range([s.grid(metric, t, kinds)[2] for s, t in zip((first, second), taus)],
+                    metric, log)
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=(first.label, second.label))
-    for col, st in enumerate((first, second), start=1):
-        fig.add_trace(_heatmap_trace(st, metric, tau, log, kinds, "coloraxis", st.label), 1, col)
+                        subplot_titles=tuple(s.label + _tau_note(metric, t)
+                                             for s, t in zip((first, second), taus)))
+    for col, (st, t) in enumerate(zip((first, second), taus), start=1):
+        fig.add_trace(_heatmap_trace(st, metric, t, log, kinds, "coloraxis", st.label), 1, col)
     fig.update_layout(coloraxis=dict(colorscale="Viridis", cmin=lo, cmax=hi,
                                      colorbar=_colorbar(metric, log, lo, hi)))
-    what = METRIC_TITLES.get(metric, metric) + (f" (τ = {tau:.3g})" if metric == "frac_rows_above"
+    what = METRIC_TITLES.get(metric, metric) + (_tau_note(metric, taus[0]) if taus[0] == taus[1]
                                                  else "")
     _layout(fig, title or f"Where each expert changed: {what}",
             heatmap_height(max(first.num_layers, second.num_layers)))
@@ -154,16 +189,20 @@ def side_by_side_heatmaps(first, second, metric: str = "frac_rows_above",
     return fig
 
 
-def overlap_heatmap(task, lang, tau: float | None = None, title: str | None = None) -> go.Figure:
+def overlap_heatmap(task, lang, tau: float | tuple[float | None, float | None] | None = None,
+                    title: str | None = None, matrices_only: bool = False) -> go.Figure:
     """Cells both experts changed strongly: min of their fractions of rows above tau.
 
     A high value means both fine-tunings moved the same weights, so whichever expert a merge
-    takes there, the other's change is lost (or, blended, they interfere).
+    takes there, the other's change is lost (or, blended, they interfere). ``tau`` and
+    ``matrices_only`` as in ``side_by_side_heatmaps`` (each expert's fraction at its own tau).
     """
-    tau = task.tau(tau)
+    tau_task, tau_lang = _two_taus(task, lang, tau)
     kinds = _union_kinds(task, lang)
-    layers, _, ft = task.grid("frac_rows_above", tau, kinds)
-    _, _, fl = lang.grid("frac_rows_above", tau, kinds)
+    if matrices_only:
+        kinds = _matrix_kinds(kinds)
+    layers, _, ft = task.grid("frac_rows_above", tau_task, kinds)
+    _, _, fl = lang.grid("frac_rows_above", tau_lang, kinds)
     both = np.fmin(ft, fl)
     fig = go.Figure(go.Heatmap(
         z=both, x=[_kind_label(k) for k in kinds], y=layers, zmin=0, zmax=1,
@@ -173,7 +212,9 @@ def overlap_heatmap(task, lang, tau: float | None = None, title: str | None = No
         hovertemplate=("layer %{y}, %{x}<br>both: %{z:.1%}<br>"
                        f"{task.label}: %{{customdata[0]:.1%}}<br>{lang.label}: %{{customdata[1]:.1%}}"
                        "<extra></extra>")))
-    _layout(fig, title or f"Interference risk: rows changed by both experts (τ = {tau:.3g})",
+    taus = (f"τ = {tau_task:.3g}" if tau_task == tau_lang else
+            f"τ = {tau_task:.3g} for {task.label}, {tau_lang:.3g} for {lang.label}")
+    _layout(fig, title or f"Interference risk: rows changed by both experts ({taus})",
             heatmap_height(task.num_layers))
     fig.update_xaxes(title_text="module", tickangle=-35)
     fig.update_yaxes(title_text="layer", dtick=1 if task.num_layers <= 40 else 2)

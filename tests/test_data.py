@@ -66,7 +66,8 @@ def test_gsm_symbolic_splits_respect_templates_and_ignore_flag():
              for p in folder.glob("*.toml")}
     train, evals = gsm_symbolic_items("sw", "train"), gsm_symbolic_items("sw", "eval")
     numbers = lambda items: {int(it.id.rsplit("-", 1)[1]) for it in items}  # noqa: E731
-    assert numbers(train) == {k for k, ign in flags.items() if k < 50 and not ign}
+    assert numbers(train) == {k for k, ign in flags.items()
+                              if k < 50 and not ign and k not in data.mgsm_overlap_templates()}
     assert numbers(evals) == {k for k, ign in flags.items() if k >= 50 and not ign}
     assert any(flags.values())      # Swahili has flagged templates: they are left out above
     assert len(gsm_symbolic_items("bn", "eval")) <= 2   # Bengali: almost nothing validated
@@ -114,3 +115,100 @@ def test_unknown_source_and_language():
         gsm_symbolic_items("xx")
     with pytest.raises(ValueError, match="split must be"):
         gsm_symbolic_items("sw", "test")
+
+
+# --------------------------------------------------------------------------- standard exemplars
+def _exemplar_file() -> dict:
+    import json
+    return json.loads((find_mgsm_dir() / data.MGSM_EXEMPLARS_FILE).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("lang", data.MGSM_LANGS)
+def test_standard_exemplars_are_the_files_in_order(lang):
+    raw = _exemplar_file()
+    items = data.load_mgsm_exemplars(lang)
+    assert [it.prompt_question for it in items] == [e["q"] for e in raw["exemplars"][lang]]
+    assert [it.prompt_answer for it in items] == [e["a"] for e in raw["exemplars"][lang]]
+    assert [it.answer for it in items] == [str(n) for n in raw["number_answers"]]
+    assert len(items) == 8 and all(it.lang == lang and it.source == "mgsm" for it in items)
+    for it in items:   # the display texts lose only the leading word ("Swali: ")
+        assert it.prompt_question.endswith(it.question) and len(it.question) > 20
+        assert it.prompt_answer.endswith(it.solution) and it.answer in it.solution
+    # the exemplars are not among the scored rows
+    assert not {it.question for it in items} & {it.question for it in load_mgsm(lang)}
+
+
+def test_missing_exemplar_file_says_where_it_looked(tmp_path):
+    (tmp_path / "mgsm_sw.tsv").write_text("Swali moja?\t1\n", encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        data.load_mgsm_exemplars("sw", tmp_path)
+    msg = str(err.value)
+    assert "\n" not in msg and data.MGSM_EXEMPLARS_FILE in msg and str(tmp_path) in msg
+    (tmp_path / data.MGSM_EXEMPLARS_FILE).write_text('{"exemplars": {}}', encoding="utf-8")
+    with pytest.raises(DataError, match="not an MGSM exemplars file"):
+        data.load_mgsm_exemplars("sw", tmp_path)
+
+
+# --------------------------------------------------------------------------- MGSM overlap
+def _mgsm_dir_or_skip():
+    try:
+        return find_mgsm_dir()
+    except DataError as e:
+        pytest.skip(str(e))
+
+
+def test_shipped_overlap_mapping_is_what_the_recipe_finds():
+    import json
+    _mgsm_dir_or_skip()
+    fresh = data.compute_mgsm_overlap()
+    shipped = json.loads(data.OVERLAP_FILE.read_text(encoding="utf-8"))
+    assert fresh == shipped
+    mapping = data.mgsm_overlap()
+    assert mapping[36] == 11                   # template 0036 is MGSM row 11 word for word
+    en = load_mgsm("en")
+    t36 = tomllib.loads((symbolic_root() / "eng" / "symbolic" / "0036.toml").read_text("utf-8"))
+    assert t36["question"].strip() == en[11].question
+    # independent check: the package's own GSM8K index (MGSM row i = GSM8K test i) agrees, and
+    # every template whose problem is among the first 250 GSM8K test problems was found
+    origins = {int(p.stem): tomllib.loads(p.read_text("utf-8")).get("id_orig")
+               for p in (symbolic_root() / "eng" / "symbolic").glob("*.toml")}
+    assert mapping == {t: o for t, o in origins.items() if o is not None and o < 250}
+    assert len([t for t in mapping if t < 50]) >= 11
+    # matches and non-matches are far apart: the threshold is not a close call
+    assert min(o["score"] for o in shipped["overlaps"]) > 0.9 > 0.6 > shipped["best_non_match_score"]
+
+
+def test_training_split_has_no_mgsm_item():
+    overlap = data.mgsm_overlap_templates()
+    assert 36 in overlap
+    for lang in ("en", "sw"):
+        numbers = {int(it.id.rsplit("-", 1)[1]) for it in gsm_symbolic_items(lang, "train")}
+        assert numbers and not numbers & overlap and max(numbers) < 50
+
+
+@pytest.mark.parametrize("front, expected", [
+    ('gsm_symbolic_templates: "0000, 0003-0005, 0036"', {0, 3, 4, 5, 36}),
+    ("gsm_symbolic_templates: [1, 2, '0007']", {1, 2, 7}),
+    ("license: apache-2.0", None),
+])
+def test_card_states_its_templates_in_front_matter(tmp_path, front, expected):
+    (tmp_path / "README.md").write_text(f"---\n{front}\n---\n# card\n", encoding="utf-8")
+    assert data.card_templates(tmp_path) == expected
+
+
+def test_card_without_statement_or_with_a_bad_one(tmp_path):
+    assert data.card_templates(tmp_path) is None                       # no README
+    (tmp_path / "README.md").write_text("# card\ngsm_symbolic_templates: 1\n", encoding="utf-8")
+    assert data.card_templates(tmp_path) is None                       # not front matter
+    (tmp_path / "README.md").write_text("---\ngsm_symbolic_templates: 1-x\n---\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="README.md: gsm_symbolic_templates: .*'1-x'"):
+        data.card_templates(tmp_path)
+
+
+def test_expert_recipes_card_front_matter_round_trips(tmp_path):
+    from layerswap_core import expert_data
+    (tmp_path / "README.md").write_text(expert_data.card_front_matter() + "# expert\n", encoding="utf-8")
+    trained = data.card_templates(tmp_path)
+    assert trained == set(expert_data.TRAIN_TEMPLATES)
+    assert len(trained) == 50 - len([t for t in data.mgsm_overlap_templates() if t < 50])
+    assert not trained & data.mgsm_overlap_templates()

@@ -100,9 +100,11 @@ def test_exemplars_never_overlap_scored_items(source, lang, n, cot):
 
 
 def test_exemplars_skip_variants_of_scored_problems():
-    # a GSM-Symbolic training template derived from a scored MGSM problem is not an exemplar
+    # a GSM-Symbolic template derived from a scored MGSM problem is not an exemplar (the
+    # training split has none any more: they come from the evaluation templates here)
     train = gsm_symbolic_items("sw", "train")
-    variant = next(t for t in train if t.origin is not None and t.origin < 250)
+    assert not [t for t in train if t.origin is not None and t.origin < 250]
+    variant = next(t for t in gsm_symbolic_items("sw", "eval") if t.origin is not None and t.origin < 250)
     scored = [load_mgsm("sw")[variant.origin]]
     pool = [variant] + [t for t in train if t.id != variant.id]
     assert ev.select_exemplars(pool, [], 1) == [variant]
@@ -112,6 +114,54 @@ def test_exemplars_skip_variants_of_scored_problems():
         ev.select_exemplars(train[:1], train[:1], 1)
     with pytest.raises(ValueError, match="between 0 and 8"):
         ev.select_exemplars(train, [], 9)
+
+
+def _standard_raw(lang):
+    from layerswap_core.data import MGSM_EXEMPLARS_FILE, find_mgsm_dir
+    raw = json.loads((find_mgsm_dir() / MGSM_EXEMPLARS_FILE).read_text(encoding="utf-8"))
+    return raw["exemplars"][lang], raw["number_answers"]
+
+
+@pytest.mark.parametrize("shots", [8, 2])
+def test_mgsm_prompts_use_the_standard_exemplars_verbatim_and_in_order(shots):
+    exs, numbers = _standard_raw("sw")
+    items = load_items("mgsm", "sw", 2)
+    chosen = ev.default_exemplars(items, shots, cot=False)
+    assert chosen == ev.standard_exemplars("sw", shots) == ev.standard_exemplars("sw", 8)[:shots]
+    direct = ev.build_prompt(items[0], chosen).split("\n\n")
+    cot = ev.build_prompt(items[0], chosen, cot=True).split("\n\n")
+    assert len(direct) == len(cot) == shots + 1
+    for i in range(shots):    # lm-eval's direct and native-CoT exemplar formats
+        assert direct[i] == f"{exs[i]['q']}\nAnswer:{numbers[i]}"
+        assert cot[i] == f"{exs[i]['q']}\n{exs[i]['a']}"    # "Jibu la Hatua kwa Hatua: ... Jibu ni N."
+    assert direct[-1] == f"Swali: {items[0].question}\nAnswer:"
+    assert cot[-1] == f"Swali: {items[0].question}\nJibu la Hatua kwa Hatua:"
+
+
+def test_standard_exemplar_targets_keep_lm_evals_slicing():
+    # lm-eval's doc_to_target is answer[len(ANSWER) + 1:]; where the exemplar file writes the
+    # answer word differently from lm-eval's, the slice is off and we keep it so
+    ja = ev.standard_exemplars("ja", 1)[0]
+    assert ja.prompt_answer.startswith("ステップごとの答え：ロジャー")         # full-width colon
+    assert ev.target_text(ja, "ja", True) == ja.prompt_answer[11:]
+    assert ev.target_text(ja, "ja", True).startswith("ジャー")
+    ru = ev.standard_exemplars("ru", 1)[0]
+    assert ru.prompt_answer.startswith("Пошаговое решение: ")        # lm-eval: "Пошаговоерешение:"
+    assert ev.target_text(ru, "ru", True).startswith(" в начале")
+    assert ev.target_text(ru, "ru", False) == "11"
+
+
+def test_default_exemplars_by_source_and_refusals(tmp_path):
+    sym = load_items("gsm-symbolic", "sw", 3)
+    assert ev.default_exemplars(sym, 2, cot=True) == \
+        ev.select_exemplars(ev.exemplar_pool("sw", cot=True, source="gsm-symbolic"), sym, 2)
+    assert ev.default_exemplars(load_items("mgsm", "sw", 1), 0, cot=False) == []
+    with pytest.raises(ValueError, match="between 0 and 8"):
+        ev.default_exemplars(load_items("mgsm", "sw", 1), 9, cot=False)
+    (tmp_path / "mgsm_sw.tsv").write_text("Swali moja?\t1\n", encoding="utf-8")
+    mine = load_mgsm("sw", tmp_path)
+    with pytest.raises(ValueError, match="mgsm_exemplars.json"):   # no silent fallback
+        ev.default_exemplars(mine, 2, cot=False, data_dir=tmp_path)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -196,6 +246,13 @@ def test_side_by_side_rows_and_summary(tiny, tiny_lm):
     assert "base" in result.table() and "95% CI" in result.table()
 
 
+def test_side_by_side_on_mgsm_uses_the_standard_exemplars(tiny_lm):
+    items = load_items("mgsm", "sw", 2)
+    res = ev.run_side_by_side({"base": tiny_lm}, items, shots=2, max_new_tokens=2)
+    assert res.config["exemplars"] == ["mgsm-sw-exemplar-0", "mgsm-sw-exemplar-1"]
+    assert res.config["exemplar_source"] == "MGSM standard exemplars 1-2 of 8"
+
+
 def test_eval_cli_writes_json(tiny, tmp_path, capsys):
     from layerswap_core.cli import main
     out = tmp_path / "r.json"
@@ -203,7 +260,65 @@ def test_eval_cli_writes_json(tiny, tmp_path, capsys):
                "--shots", "1", "--max-new-tokens", "4", "--device", "cpu", "--out", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "MGSM sw: n=2, 1-shot, direct" in text and "95% CI" in text
+    assert "MGSM sw: n=2, 1-shot (MGSM standard exemplars 1-1 of 8), direct" in text
+    assert "95% CI" in text
     saved = json.loads(out.read_text())
     assert saved["config"]["data"] == "MGSM" and len(saved["rows"]) == 2
     assert saved["summary"][0]["n"] == 2
+
+
+def test_eval_cli_default_is_every_item_and_bad_n_is_refused(tiny, tmp_path, capsys):
+    from layerswap_core.cli import build_parser, main
+    assert build_parser().parse_args(["eval", "--model", "m"]).n is None
+    out = tmp_path / "all.json"
+    assert main(["eval", "--model", str(tiny["base"]), "--shots", "0", "--max-new-tokens", "1",
+                 "--batch-size", "64", "--device", "cpu", "--out", str(out)]) == 0
+    assert "MGSM sw: n=250, 0-shot" in capsys.readouterr().out
+    assert len(json.loads(out.read_text())["rows"]) == 250
+    for n in ("0", "-1"):
+        assert main(["eval", "--model", str(tiny["base"]), "--n", n]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--n must be at least 1" in err and "Traceback" not in err
+
+
+def test_eval_cli_missing_exemplars_is_one_line(tiny, tmp_path, capsys):
+    from layerswap_core.cli import main
+    (tmp_path / "mgsm_sw.tsv").write_text("Swali moja?\t1\n", encoding="utf-8")
+    assert main(["eval", "--model", str(tiny["base"]), "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no mgsm_exemplars.json in {tmp_path}" in err
+
+
+# --------------------------------------------------------------------------- training overlap
+def _card(folder, front: str | None):
+    folder.mkdir(parents=True, exist_ok=True)
+    text = (f"---\n{front}\n---\n" if front else "") + "# a model\n"
+    (folder / "README.md").write_text(text, encoding="utf-8")
+    return folder
+
+
+def test_contamination_warning_from_the_model_card(tmp_path):
+    dirty = _card(tmp_path / "dirty", 'gsm_symbolic_templates: "0030-0040, 0051"')
+    line = ev.contamination_warning(dirty, "mgsm")
+    assert "\n" not in line and "2 GSM-Symbolic template(s)" in line and "0036 = row 11" in line
+    assert "0024" not in line and "0051 = row 74" in line
+    sym = ev.contamination_warning(dirty, "gsm-symbolic")
+    assert "1 GSM-Symbolic template(s)" in sym and "0051" in sym
+    clean = _card(tmp_path / "clean", 'gsm_symbolic_templates: "0000, 0003-0004"')
+    assert ev.contamination_warning(clean, "mgsm") is None
+    assert ev.contamination_warning(_card(tmp_path / "none", None), "mgsm") is None
+    bad = _card(tmp_path / "bad", "gsm_symbolic_templates: x")
+    assert "cannot read" in ev.contamination_warning(bad, "mgsm")
+
+
+def test_eval_cli_warns_about_a_model_trained_on_mgsm_items(tiny, tmp_path, capsys):
+    from layerswap_core.cli import main
+    model = tmp_path / "expert"
+    model.mkdir()
+    for f in tiny["base"].iterdir():
+        (model / f.name).symlink_to(f)
+    _card(model, "gsm_symbolic_templates: [36]")
+    assert main(["eval", "--model", str(model), "--n", "1", "--shots", "0",
+                 "--max-new-tokens", "1", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and "0036 = row 11" in err

@@ -8,6 +8,7 @@ import pytest
 
 from layerswap_core import expert_data as D
 from layerswap_core import experts, models
+from layerswap_core.data import mgsm_overlap_templates
 
 # Optional system data: Debian's FreeDict Swahili<->English dictionaries (the Swahili recipe).
 NEEDS_FREEDICT = pytest.mark.skipif(
@@ -33,7 +34,10 @@ def test_demo_experts_are_registered():
 def test_math_recipe_uses_training_templates_only():
     train = D.math_examples("train", variants=0)
     held = D.math_examples("eval")
-    assert _templates(train) == set(range(50)) and _templates(held) == set(range(50, 100))
+    assert _templates(train) == set(D.TRAIN_TEMPLATES) and _templates(held) == set(range(50, 100))
+    # 0000-0049 minus the templates that are MGSM test items (0036 is MGSM row 11)
+    assert set(D.TRAIN_TEMPLATES) == set(range(50)) - mgsm_overlap_templates()
+    assert 36 not in D.TRAIN_TEMPLATES and len(D.TRAIN_TEMPLATES) == 39
     questions = {r["messages"][0]["content"] for r in held}
     assert not questions & {r["messages"][0]["content"] for r in train}
     for r in train:

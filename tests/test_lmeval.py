@@ -5,8 +5,7 @@ import pytest
 
 from layerswap_core import evaluate as ev
 from layerswap_core.data import MGSM_LANGS, load_items
-from layerswap_core.generation import generate
-from layerswap_core.lmeval import installed_task_yaml, run_lm_eval
+from layerswap_core.lmeval import installed_task_yaml, mgsm_task_config, run_lm_eval
 from layerswap_core.models import load_model
 
 
@@ -78,28 +77,74 @@ def test_scorer_agrees_with_lm_eval_filters(lang, cot):
     assert ev.is_correct(ev.extract_flexible(" 18.0"), "18") and not theirs["flexible-extract"][15]
 
 
-def test_simple_evaluate_on_in_memory_model_matches_our_run(tiny):
+def _standard_raw(lang):
+    import json
+
+    from layerswap_core.data import MGSM_EXEMPLARS_FILE, find_mgsm_dir
+    raw = json.loads((find_mgsm_dir() / MGSM_EXEMPLARS_FILE).read_text(encoding="utf-8"))
+    return raw["exemplars"][lang], raw["number_answers"]
+
+
+def _in_order(prompt: str, pieces: list[str]) -> bool:
+    at = 0
+    for piece in pieces:
+        at = prompt.find(piece, at)
+        if at < 0:
+            return False
+        at += len(piece)
+    return True
+
+
+@pytest.mark.parametrize("lang", MGSM_LANGS)
+def test_lm_evals_prompts_are_ours_with_the_standard_exemplars(lang):
+    """lm-eval's own task (installed YAML, fewshot_context) and build_prompt give the same text,
+    and the benchmark's exemplars appear in it verbatim and in order (8-shot, direct and CoT)."""
+    from lm_eval.api.task import ConfigurableTask
+
+    exs, numbers = _standard_raw(lang)
+    items = load_items("mgsm", lang, 2)
+    for cot in (False, True):
+        exemplars = ev.default_exemplars(items, 8, cot=cot)
+        task = ConfigurableTask(config=mgsm_task_config(lang, items, exemplars, cot=cot))
+        for doc, item in zip(task.test_docs(), items):
+            theirs = task.fewshot_context(doc, 8)
+            assert theirs == ev.build_prompt(item, exemplars, cot=cot)
+            assert theirs.count("\n\n") == 8
+            assert _in_order(theirs, [e["q"] for e in exs])
+            w = ev.prompt_words(lang)
+            targets = [e["a"][len(w.cot_answer) + 1:] for e in exs] if cot \
+                else [f"{w.direct_answer}{n}" for n in numbers]
+            assert _in_order(theirs, targets)
+
+
+@pytest.mark.parametrize("cot", [False, True])
+def test_simple_evaluate_on_in_memory_model_matches_our_run(tiny, cot):
     model, tok = load_model(tiny["base"])
     items = load_items("mgsm", "sw", 3)
-    exemplars = ev.select_exemplars(ev.exemplar_pool("sw", cot=False), items, 1)
-    out = run_lm_eval(model, tok, "sw", items=items, exemplars=exemplars, max_gen_toks=6)
-    assert out["task"] == "mgsm_direct_sw_local" and out["metrics"]["sample_len"] == 3
+    out = run_lm_eval(model, tok, "sw", items=items, shots=2, cot=cot, max_gen_toks=6)
+    exemplars = ev.standard_exemplars("sw", 2)      # the default: MGSM's own, first 2 in order
+    assert out["exemplars"] == [e.id for e in exemplars]
+    name = "mgsm_native_cot_sw_local" if cot else "mgsm_direct_sw_local"
+    assert out["task"] == name and out["metrics"]["sample_len"] == 3
+    strict_name = "strict-match" if cot else "remove_whitespace"
     samples = out["samples"]
-    assert {s["filter"] for s in samples} == {"remove_whitespace", "flexible-extract"}
-    ours = generate(model, tok, [ev.build_prompt(it, exemplars) for it in items],
-                    max_new_tokens=6, stop=ev.stop_strings("sw"))
+    assert {s["filter"] for s in samples} == {strict_name, "flexible-extract"}
+    ours = ev.run_side_by_side({"base": (model, tok)}, items, shots=2, cot=cot, max_new_tokens=6,
+                               with_nll=False)
+    exs, _ = _standard_raw("sw")
     for s in samples:
         item = items[s["doc_id"]]
         prompt = s["arguments"]["gen_args_0"]["arg_0"] if isinstance(s["arguments"], dict) \
             else s["arguments"][0][0]
-        assert prompt == ev.build_prompt(item, exemplars)       # same prompt, from local data
+        assert prompt == ev.build_prompt(item, exemplars, cot=cot)   # same prompt, from local data
+        assert prompt.startswith(f"{exs[0]['q']}\n") and f"\n\n{exs[1]['q']}\n" in prompt
         raw = s["resps"][0][0]
-        assert raw == ours[s["doc_id"]].text                     # same greedy output
-        ex = ev.extract_answer(raw, "sw", False, lm_eval_compatible=True)
-        mine = ex.strict if s["filter"] == "remove_whitespace" else ex.flexible
+        row = ours.rows[s["doc_id"]]["models"]["base"]
+        assert raw == row["output"]                                # same greedy output
+        ex = ev.extract_answer(raw, "sw", cot, lm_eval_compatible=True)
+        mine = ex.strict if s["filter"] == strict_name else ex.flexible
         assert ev.is_correct(mine, item.answer, lm_eval_compatible=True) == bool(s["exact_match"])
         assert s["target"] == item.answer
-    assert out["exemplars"] == [e.id for e in exemplars]
     flexible = [s for s in samples if s["filter"] == "flexible-extract"]
     assert out["metrics"]["exact_match,flexible-extract"] == \
         pytest.approx(sum(s["exact_match"] for s in flexible) / len(flexible))
@@ -117,5 +162,6 @@ def test_eval_cli_lm_eval_mode(tiny, tmp_path, capsys):
     saved = json.loads(out.read_text())[str(tiny["base"])]
     assert set(saved["metrics"]) == {"exact_match,remove_whitespace", "exact_match,flexible-extract"}
     assert len(saved["samples"]) == 4      # 2 items x 2 filters
+    assert saved["exemplars"] == ["mgsm-sw-exemplar-0"]   # MGSM's own first exemplar
     assert main(["eval", "--lm-eval", "--model", str(tiny["base"]), "--data", "gsm-symbolic",
                  "--n", "1"]) == 2          # lm-eval's tasks are MGSM only: a clear error

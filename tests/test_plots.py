@@ -182,3 +182,56 @@ def test_thirty_layer_heatmap_is_tall_enough():
     z = np.array(fig.data[0].z, dtype=float)
     assert z.shape == (30, 4)
     assert set(np.nonzero(z[:, :3] > 0.5)[0]) == {0, 1, 29}
+
+
+# --------------------------------------------------------------------------- paper-style options
+def test_side_by_side_with_one_threshold_per_expert(stats):
+    task, lang = stats
+    # the two thresholds show different cells (else this test could not tell them apart)
+    assert not np.array_equal(np.nan_to_num(lang.grid("frac_rows_above", 0.001)[2]),
+                              np.nan_to_num(lang.grid("frac_rows_above", 0.005)[2]))
+    fig = plots.side_by_side_heatmaps(task, lang, tau=(0.005, 0.001))
+    for tr, st, t in zip(fig.data, (task, lang), (0.005, 0.001)):
+        np.testing.assert_array_equal(np.array(tr.z, dtype=float), st.grid("frac_rows_above", t,
+                                                                           plots._union_kinds(task, lang))[2])
+        assert f"MAV > {t:.3g}" in tr.hovertemplate
+    # each panel names its own threshold; the two thresholds differ, so the main title names none
+    assert [a.text for a in fig.layout.annotations] == ["task (τ = 0.005)", "lang (τ = 0.001)"]
+    assert "τ =" not in fig.layout.title.text
+    # the paper's thresholds print as written
+    paper = plots.side_by_side_heatmaps(task, lang, tau=(1.9e-5, 1.0e-5))
+    assert [a.text for a in paper.layout.annotations] == ["task (τ = 1.9e-05)", "lang (τ = 1e-05)"]
+    # one threshold still means both panels at it (and None in a pair: that expert's default)
+    one = plots.side_by_side_heatmaps(task, lang, tau=0.005)
+    assert [a.text for a in one.layout.annotations] == ["task (τ = 0.005)", "lang (τ = 0.005)"]
+    assert "(τ = 0.005)" in one.layout.title.text
+    half = plots.side_by_side_heatmaps(task, lang, tau=(None, 0.001))
+    assert half.layout.annotations[0].text == f"task (τ = {task.tau():.3g})"
+    with pytest.raises(ValueError, match="one per expert"):
+        plots.side_by_side_heatmaps(task, lang, tau=(1e-3, 1e-3, 1e-3))
+
+
+def test_overlap_uses_each_experts_threshold(stats):
+    task, lang = stats
+    fig = plots.overlap_heatmap(task, lang, tau=(0.005, 0.001))
+    _, _, ft = task.grid("frac_rows_above", 0.005)
+    _, _, fl = lang.grid("frac_rows_above", 0.001)
+    np.testing.assert_array_equal(np.array(fig.data[0].z, dtype=float), np.fmin(ft, fl))
+    assert "0.005 for task, 0.001 for lang" in fig.layout.title.text
+
+
+def test_only_the_seven_matrices_the_paper_plots(stats):
+    task, lang = stats
+    seven = ["attn q", "attn k", "attn v", "attn o", "mlp gate", "mlp up", "mlp down"]
+    assert [plots.KIND_LABELS[k] for k in task.kinds()] != seven     # norms are there too
+    fig = plots.side_by_side_heatmaps(task, lang, tau=(0.005, 0.001), matrices_only=True)
+    for tr, st, t in zip(fig.data, (task, lang), (0.005, 0.001)):
+        assert list(tr.x) == seven
+        kinds = [k for k in st.kinds() if k in plots.MATRIX_KINDS]
+        np.testing.assert_array_equal(np.array(tr.z, dtype=float),
+                                      st.grid("frac_rows_above", t, kinds)[2])
+    assert list(plots.delta_heatmap(task, matrices_only=True).data[0].x) == seven
+    assert list(plots.overlap_heatmap(task, lang, matrices_only=True).data[0].x) == seven
+    # a family with fused projections keeps them (qkv, gate+up)
+    assert {"attn_qkv", "mlp_gate_up"} <= set(plots.MATRIX_KINDS)
+    assert not {"norm_qk", "norm_attn", "norm_mlp"} & set(plots.MATRIX_KINDS)
