@@ -69,10 +69,17 @@ def _builder(name: str):
 
 
 def _adapter_version(name: str) -> str:
-    """Cache version of a built expert: a hash of its shipped adapter (new adapter, new build)."""
+    """Cache version of a built expert: a hash of its shipped adapter and card (a new adapter or a
+    corrected card, a new build)."""
     import hashlib
     f = ASSETS / name / "adapter_model.safetensors"
-    return hashlib.sha1(f.read_bytes()).hexdigest()[:10] if f.exists() else "missing"
+    if not f.exists():
+        return "missing"
+    card = ASSETS / name / "README.md"
+    h = hashlib.sha1(f.read_bytes())
+    if card.exists():
+        h.update(card.read_bytes())
+    return h.hexdigest()[:10]
 
 
 for _name, _desc in DESCRIPTIONS.items():
