@@ -7,17 +7,28 @@ applied; the loss is on response tokens only (plus the end-of-turn token).
 Modes (``TrainConfig.mode``):
 
 * ``full``          every parameter trains;
-* ``lora``          PEFT LoRA on the attention and MLP projections (``rslora`` option);
+* ``lora``          PEFT LoRA on the attention and MLP projections (rsLoRA unless ``rslora``
+                    is off);
 * ``partial``       full SFT of one side of a partition (``train_part``: "lang" or "task");
 * ``partial_lora``  LoRA only on the projections of that side;
 * ``simultaneous``  one optimizer, two datasets, two sides of a partition: each step trains one
                     side on a batch of its dataset (``lang_data`` -> lang side, ``data`` -> task
                     side) with the other side frozen (no gradient, so AdamW leaves its state
-                    alone), switching every ``switch_every`` steps;
+                    alone), switching every ``switch_every`` steps (language side first). One
+                    epoch is one pass over *each* dataset: both sides get the optimizer steps of
+                    one pass over the dataset that needs more, rounded up to whole
+                    ``switch_every`` blocks, and the other dataset cycles (reshuffled each pass);
+                    total steps = twice that. With ``lora``: partial LoRA, adapters on the
+                    projections of both sides, each side's adapters trained only on its steps;
 * any mode + ``revert``: after training, reset one side of the partition to the base values
   ("train-then-revert").
 
 Partitions are the merge engine's (``plan.Partition``: presets "A", "B", "C" or rules).
+
+Defaults: learning rate per mode (``DEFAULT_LR``: 1e-5 for full-parameter SFT, 2e-4 for LoRA),
+rank-stabilised LoRA (scale alpha / sqrt(r)), a linear schedule; schedules are transformers'
+(constant, linear, cosine, warmup-stable-decay). ``save_every`` N writes ``checkpoint-<step>``
+folders (each a loadable model or adapter) every N steps so an expert can be picked later.
 """
 from __future__ import annotations
 
@@ -27,6 +38,7 @@ import random
 import shlex
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +48,11 @@ import torch
 Progress = Callable[[float, str], None]
 
 MODES = ("full", "lora", "partial", "partial_lora", "simultaneous")
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = ("constant", "linear", "cosine", "wsd")
+# Peak learning rate when none is given: full-parameter SFT (full, partial, simultaneous) in the
+# 1e-5 range of full SFT of LLMs; LoRA at the usual 2e-4 (adapters start from zero and move a
+# low-rank update, so they take a rate an order of magnitude higher).
+DEFAULT_LR = {"full": 1e-5, "lora": 2e-4}
 PARTS = ("lang", "task")
 # Module kinds (architectures.py) LoRA targets by default: attention and MLP projections.
 LORA_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv",
@@ -70,19 +86,21 @@ class TrainConfig:
     train_part: str = "lang"                   # partial modes: the side that trains
     switch_every: int = 1                      # simultaneous: steps per side before switching
     revert: str | None = None                  # "lang" | "task": reset that side after training
+    lora: bool = False                         # simultaneous: partial LoRA instead of full SFT
     lora_rank: int = 8
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
-    rslora: bool = False                       # rank-stabilised scaling alpha / sqrt(r)
+    rslora: bool = True                        # rank-stabilised scaling alpha / sqrt(r)
     target_modules: list[str] | None = None    # None: attention + MLP projections
     steps: int | None = None                   # optimizer steps; None: ``epochs`` passes
     epochs: float = 1.0
     batch_size: int = 4
     grad_accum: int = 1
-    lr: float = 2e-4
+    lr: float | None = None                    # None: DEFAULT_LR of the mode (set by validate)
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    schedule: str = "constant"
+    schedule: str = "linear"                   # constant | linear | cosine | wsd (transformers')
+    decay_fraction: float = 0.1                # wsd: share of the steps in the final decay
     max_grad_norm: float = 1.0
     max_length: int = 256
     seed: int = 0
@@ -94,12 +112,14 @@ class TrainConfig:
     device: str = "auto"
     eval_every: int = 0                        # 0: validate only before and after training
     eval_batches: int | None = None            # cap on validation batches (None: whole file)
+    save_every: int = 0                        # >0: <output>/checkpoint-<step> every N steps
 
     def validate(self) -> "TrainConfig":
         if self.mode not in MODES:
             raise TrainError(f"mode: unknown {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.schedule not in SCHEDULES:
-            raise TrainError(f"schedule: unknown {self.schedule!r}; choose constant or cosine")
+            raise TrainError(f"schedule: unknown {self.schedule!r}; choose one of "
+                             f"{', '.join(SCHEDULES)}")
         if self.dtype not in ("float32", "bfloat16"):
             raise TrainError(f"dtype: {self.dtype!r}; use float32 or bfloat16")
         if self.save_dtype not in (None, "float32", "bfloat16", "float16"):
@@ -109,6 +129,19 @@ class TrainConfig:
                 raise TrainError(f"{f}: must be at least 1, got {getattr(self, f)!r}")
         if self.steps is not None and self.steps < 1:
             raise TrainError(f"steps: must be at least 1, got {self.steps}")
+        for f in ("warmup_steps", "save_every", "eval_every"):
+            if int(getattr(self, f)) < 0:
+                raise TrainError(f"{f}: must be 0 or more, got {getattr(self, f)!r}")
+        if not 0 < self.decay_fraction <= 1:
+            raise TrainError(f"decay_fraction: must be in (0, 1], got {self.decay_fraction!r}")
+        if self.lora and self.mode in ("full", "partial"):
+            raise TrainError(f"lora with mode {self.mode}: use mode "
+                             f"{'lora' if self.mode == 'full' else 'partial_lora'} (--lora is for "
+                             "simultaneous mode)")
+        if self.lr is None:
+            self.lr = DEFAULT_LR["lora" if self.uses_lora else "full"]
+        if not self.lr > 0:
+            raise TrainError(f"lr: must be positive, got {self.lr!r}")
         needs_partition = self.mode in ("partial", "partial_lora", "simultaneous") or self.revert
         if needs_partition and self.partition is None:
             raise TrainError(f"mode {self.mode}{' with revert' if self.revert else ''} needs a "
@@ -121,6 +154,10 @@ class TrainConfig:
             raise TrainError("simultaneous mode needs lang_data (--lang-data): the dataset of the "
                              "language side; --data trains the task side")
         return self
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.mode in ("lora", "partial_lora") or (self.mode == "simultaneous" and self.lora)
 
 
 @dataclass
@@ -248,8 +285,11 @@ class Batches:
         self.order: list[int] = []
         self.passes = 0
         self.served = 0           # batches handed out
+        self.last_indices: list[int] = []   # examples (line order) of the last batch
 
     def __len__(self):
+        """Batches of one pass; a pass's last batch is topped up from the next (reshuffled) pass,
+        so the first ``len`` batches see every example."""
         return math.ceil(len(self.encoded) / self.batch_size)
 
     def next(self) -> dict[str, torch.Tensor]:
@@ -260,6 +300,7 @@ class Batches:
             self.passes += 1
         take, self.order = self.order[:self.batch_size], self.order[self.batch_size:]
         self.served += 1
+        self.last_indices = take
         return collate([self.encoded[i] for i in take], self.pad_id)
 
 
@@ -384,7 +425,7 @@ def prepare_model(model, cfg: TrainConfig, arch, model_ref: str):
     or {} without a partition.
     """
     sides = partition_sides(model, cfg.partition, arch) if cfg.partition is not None else {}
-    if cfg.mode in ("lora", "partial_lora"):
+    if cfg.uses_lora:
         targets = resolve_target_modules(model, arch, cfg.target_modules)
         if cfg.mode == "partial_lora":
             # LoRA only on the projections whose weight is on the training side
@@ -402,6 +443,8 @@ def prepare_model(model, cfg: TrainConfig, arch, model_ref: str):
             for side, names in sides.items():
                 lora_sides[side] = {n for n, p in model.named_parameters() if "lora_" in n
                                     and _lora_weight_name(n) in names}
+        if cfg.mode == "simultaneous":
+            _need_both_sides(lora_sides, cfg, "projection")
         return model, lora_sides
     for p in model.parameters():
         p.requires_grad_(cfg.mode == "full")
@@ -412,11 +455,15 @@ def prepare_model(model, cfg: TrainConfig, arch, model_ref: str):
         for name, p in _base_parameters(model):
             p.requires_grad_(name in sides[cfg.train_part])
     if cfg.mode == "simultaneous":
-        for side in PARTS:
-            if not sides[side]:
-                raise TrainError(f"partition {_partition_label(cfg.partition)} puts no parameter "
-                                 f"on the {side} side: simultaneous training needs both")
+        _need_both_sides(sides, cfg, "parameter")
     return model, sides
+
+
+def _need_both_sides(sides: dict[str, set[str]], cfg: TrainConfig, what: str):
+    for side in PARTS:
+        if not sides[side]:
+            raise TrainError(f"partition {_partition_label(cfg.partition)} puts no {what} on the "
+                             f"{side} side: simultaneous training needs both")
 
 
 def _lora_weight_name(lora_param: str) -> str:
@@ -439,15 +486,43 @@ def _set_side_trainable(model, sides: dict[str, set[str]], active: str, lora: bo
 
 
 # --------------------------------------------------------------------------- training
-def _lr_lambda(cfg: TrainConfig, total: int):
-    def f(step: int) -> float:
-        if cfg.warmup_steps and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.schedule == "cosine":
-            span = max(total - cfg.warmup_steps, 1)
-            return 0.5 * (1 + math.cos(math.pi * min(step - cfg.warmup_steps, span) / span))
-        return 1.0
-    return f
+def make_scheduler(optimizer, cfg: TrainConfig, total: int):
+    """transformers' schedule ``cfg.schedule`` over ``total`` optimizer steps (linear warmup from 0
+    over ``warmup_steps``; wsd: warmup, constant, then cosine decay to 0 over the last
+    ``decay_fraction`` of the steps)."""
+    from transformers import optimization as sched
+    warmup = cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return sched.get_constant_schedule_with_warmup(optimizer, warmup)
+    if cfg.schedule == "linear":
+        return sched.get_linear_schedule_with_warmup(optimizer, warmup, total)
+    if cfg.schedule == "cosine":
+        return sched.get_cosine_schedule_with_warmup(optimizer, warmup, total)
+    decay = wsd_decay_steps(cfg, total)
+    return sched.get_wsd_schedule(optimizer, warmup, decay,
+                                  num_stable_steps=max(total - warmup - decay, 0))
+
+
+def wsd_decay_steps(cfg: TrainConfig, total: int) -> int:
+    return max(1, round(total * cfg.decay_fraction))
+
+
+def steps_per_pass(n_examples: int, cfg: TrainConfig) -> int:
+    """Optimizer steps that see every one of ``n_examples`` once (``grad_accum`` batches a step)."""
+    return math.ceil(math.ceil(n_examples / cfg.batch_size) / cfg.grad_accum)
+
+
+def total_steps(cfg: TrainConfig, n_data: int, n_lang: int | None = None) -> int:
+    """Optimizer steps of the run: ``steps`` if given, else ``epochs`` passes. Simultaneous mode
+    (``n_lang`` given): one epoch is a pass over each dataset; each side gets the steps of a pass
+    over the dataset needing more, rounded up to whole ``switch_every`` blocks, so both sides get
+    the same number of steps and the total is twice that."""
+    if cfg.steps:
+        return cfg.steps
+    if n_lang is None:
+        return max(1, math.ceil(steps_per_pass(n_data, cfg) * cfg.epochs))
+    per_side = math.ceil(max(steps_per_pass(n_data, cfg), steps_per_pass(n_lang, cfg)) * cfg.epochs)
+    return 2 * cfg.switch_every * max(1, math.ceil(per_side / cfg.switch_every))
 
 
 def seed_everything(seed: int):
@@ -477,7 +552,7 @@ class Trainer:
         model, self.tok = models.load_model(cfg.model, device="cpu", dtype=dtype)
         self.arch = get_architecture(model.config.to_dict())
         self.base_path = models.resolve(cfg.model)
-        self.lora = cfg.mode in ("lora", "partial_lora")
+        self.lora = cfg.uses_lora
         # base values of the side to revert, kept before anything trains
         self.revert_values: dict[str, torch.Tensor] = {}
         model, self.sides = prepare_model(model, cfg, self.arch, str(cfg.model))
@@ -500,19 +575,23 @@ class Trainer:
             # every parameter of either side is handed to the one optimizer
             both = self.sides["lang"] | self.sides["task"]
             for n, p in model.named_parameters():
-                p.requires_grad_(_base_name(n) in both)
+                p.requires_grad_((n if self.lora else _base_name(n)) in both)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise TrainError("no trainable parameters")
         self.trainable_params = sum(p.numel() for p in params)
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        per_pass = math.ceil(len(self.data) / cfg.grad_accum)
-        self.total_steps = cfg.steps or max(1, math.ceil(per_pass * cfg.epochs))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
-                                                           _lr_lambda(cfg, self.total_steps))
+        self.total_steps = total_steps(cfg, len(self.data.encoded),
+                                       len(self.lang_data.encoded) if self.lang_data else None)
+        self.scheduler = make_scheduler(self.optimizer, cfg, self.total_steps)
         self.model = self.accelerator.prepare_model(model)
         self.history: list[dict] = []
         self.evals: list[dict] = []
+        self.checkpoints: list[Path] = []
+        self.t0, self.seconds = time.time(), 0.0
+        # called as hook(step, dataset, indices) for every batch drawn; dataset is "data" or
+        # "lang_data", indices the examples' positions in that file (tests count coverage)
+        self.batch_hooks: list[Callable[[int, str, list[int]], None]] = []
 
     # which side trains at optimizer step ``step`` (simultaneous mode)
     def side_at(self, step: int) -> str:
@@ -536,7 +615,7 @@ class Trainer:
             data = self.lang_data if side == "lang" else self.data
             _set_side_trainable(self.model, self.sides, side, self.lora)
         self.optimizer.zero_grad(set_to_none=True)
-        batches = [data.next() for _ in range(cfg.grad_accum)]
+        batches = [self._draw(data, step) for _ in range(cfg.grad_accum)]
         tokens = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
         total = 0.0
         for b in batches:
@@ -547,32 +626,57 @@ class Trainer:
         trainable = [p for p in self.model.parameters() if p.grad is not None]
         if cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]   # the rate this step uses
         self.optimizer.step()
         self.scheduler.step()
-        rec = {"step": step + 1, "loss": total / max(tokens, 1),
-               "lr": self.scheduler.get_last_lr()[0]}
+        rec = {"step": step + 1, "loss": total / max(tokens, 1), "lr": lr}
         if side:
             rec["part"] = side
         self.history.append(rec)
         return rec
 
+    def _draw(self, data: Batches, step: int) -> dict[str, torch.Tensor]:
+        batch = data.next()
+        for hook in self.batch_hooks:
+            hook(step, "data" if data is self.data else "lang_data", list(data.last_indices))
+        return batch
+
+    def _revert_targets(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(parameter, base value; None: zero) of the ``revert`` side (LoRA: its B matrices)."""
+        if self.lora:
+            names = partition_sides(self.model, self.cfg.partition, self.arch)[self.cfg.revert]
+            return [(p, None) for n, p in self.model.named_parameters()
+                    if "lora_B" in n and _lora_weight_name(n) in names]
+        return [(p, self.revert_values[n]) for n, p in _base_parameters(self.model)
+                if n in self.revert_values]
+
     def revert(self):
         """Reset the ``revert`` side to the base values (LoRA: zero its adapters' B matrices)."""
-        side = self.cfg.revert
         with torch.no_grad():
-            if self.lora:
-                names = partition_sides(self.model, self.cfg.partition, self.arch)[side]
-                for n, p in self.model.named_parameters():
-                    if "lora_B" in n and _lora_weight_name(n) in names:
-                        p.zero_()
-            else:
-                for n, p in _base_parameters(self.model):
-                    if n in self.revert_values:
-                        p.copy_(self.revert_values[n])
+            for p, base in self._revert_targets():
+                if base is None:
+                    p.zero_()
+                else:
+                    p.copy_(base)
+
+    @contextmanager
+    def _reverted(self):
+        """The model with the ``revert`` side reset, restored exactly afterwards (checkpoints)."""
+        if not self.cfg.revert:
+            yield
+            return
+        kept = [(p, p.detach().clone()) for p, _ in self._revert_targets()]
+        self.revert()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, value in kept:
+                    p.copy_(value)
 
     def train(self) -> None:
         cfg = self.cfg
-        t0 = time.time()
+        self.t0 = time.time()
         self.evaluate(0)
         for s in range(self.total_steps):
             rec = self.step(s)
@@ -580,13 +684,29 @@ class Trainer:
                  f"step {s + 1}/{self.total_steps} loss {rec['loss']:.4f}")
             if cfg.eval_every and (s + 1) % cfg.eval_every == 0 and s + 1 < self.total_steps:
                 self.evaluate(s + 1)
+            if cfg.save_every and (s + 1) % cfg.save_every == 0 and s + 1 < self.total_steps:
+                self.save_checkpoint(s + 1)
         if cfg.revert:
             self.revert()
         self.evaluate(self.total_steps)
-        self.seconds = time.time() - t0
+        self.seconds = time.time() - self.t0
+
+    def save_checkpoint(self, step: int) -> Path:
+        """``<output>/checkpoint-<step>``: the model or adapter as it is now (with the ``revert``
+        side reset, as the final model will be), loadable like the final output."""
+        with self._reverted():
+            folder = self._write(Path(self.cfg.output) / f"checkpoint-{step}", step,
+                                 time.time() - self.t0)
+        self.checkpoints.append(folder)
+        _say(self.progress, 0.05 + 0.9 * step / self.total_steps, f"saved {folder}")
+        return folder
 
     def save(self, argv: list[str] | None = None) -> Path:
-        out = Path(self.cfg.output)
+        return self._write(Path(self.cfg.output), self.total_steps, self.seconds, argv)
+
+    def _write(self, out: Path, steps: int, seconds: float, argv: list[str] | None = None) -> Path:
+        """The model (LoRA: the adapter) and training_log.json into ``out``; the model in memory
+        is left as it is (training may go on)."""
         out.mkdir(parents=True, exist_ok=True)
         model = self.accelerator.unwrap_model(self.model)
         save_dtype = getattr(torch, self.cfg.save_dtype) if self.cfg.save_dtype else None
@@ -595,18 +715,34 @@ class Trainer:
             if save_dtype is not None:
                 _cast_safetensors(out / "adapter_model.safetensors", save_dtype)
         else:
-            if save_dtype is not None:
-                model = model.to(save_dtype)
-                model.config.dtype = save_dtype
-            model.save_pretrained(out, safe_serialization=True)
+            _save_model(model, out, save_dtype)
             self.tok.save_pretrained(out)
-        log = {"config": asdict(self.cfg), "command": argv, "steps": self.total_steps,
-               "seconds": round(self.seconds, 1),
-               "seconds_per_step": round(self.seconds / self.total_steps, 3),
+        log = {"config": asdict(self.cfg), "command": argv, "steps": steps,
+               "seconds": round(seconds, 1),
+               "seconds_per_step": round(seconds / max(steps, 1), 3),
                "trainable_params": self.trainable_params,
-               "eval_losses": self.evals, "train_losses": self.history}
+               "eval_losses": self.evals, "train_losses": self.history[:steps]}
         (out / "training_log.json").write_text(json.dumps(log, indent=1))
         return out
+
+
+def _save_model(model, out: Path, dtype=None):
+    """save_pretrained with the weights in ``dtype`` (None: as they are), without casting the
+    model itself; tensors sharing storage (tied embeddings) stay shared so one copy is written."""
+    state = model.state_dict()
+    if dtype is not None:
+        cast: dict = {}
+        for k, v in state.items():
+            key = (v.data_ptr(), v.shape)
+            if key not in cast:
+                cast[key] = v.detach().to(dtype)
+            state[k] = cast[key]
+    model.save_pretrained(out, state_dict=state, safe_serialization=True)
+    if dtype is not None:  # transformers records the model's own dtype in config.json
+        path = out / "config.json"
+        config = json.loads(path.read_text())
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _cast_safetensors(path: Path, dtype):
@@ -643,9 +779,10 @@ def _partition_arg(value: str | None):
 
 
 def add_cli(subparsers):
+    import argparse
     s = subparsers.add_parser("train", help="fine-tune an expert (full, LoRA, partial, simultaneous)",
                               description=__doc__,
-                              formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     d = TrainConfig(data="", output="")
     s.add_argument("--model", default=d.model, help="base model reference (default: %(default)s)")
     s.add_argument("--data", required=True, help="training JSONL (task side in simultaneous mode)")
@@ -655,21 +792,42 @@ def add_cli(subparsers):
     s.add_argument("--lang-data", help="simultaneous mode: JSONL of the language side")
     s.add_argument("--partition", help="A, B, C or a YAML file of partition rules")
     s.add_argument("--train-part", choices=PARTS, default=d.train_part)
-    s.add_argument("--switch-every", type=int, default=d.switch_every)
+    s.add_argument("--switch-every", type=int, default=d.switch_every,
+                   help="simultaneous mode: steps on one side before switching (default: 1)")
     s.add_argument("--revert", choices=PARTS, help="after training, reset this side to the base")
+    s.add_argument("--lora", action="store_true",
+                   help="simultaneous mode: partial LoRA (adapters on both sides' projections, "
+                        "each side's adapters trained only on its own steps) instead of full SFT")
     s.add_argument("--lora-rank", type=int, default=d.lora_rank)
     s.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
     s.add_argument("--lora-dropout", type=float, default=d.lora_dropout)
-    s.add_argument("--rslora", action="store_true", help="rank-stabilised LoRA scaling")
+    s.add_argument("--rslora", action=argparse.BooleanOptionalAction, default=d.rslora,
+                   help="rank-stabilised LoRA scaling alpha/sqrt(r) (default: on; --no-rslora: "
+                        "alpha/r)")
     s.add_argument("--target-modules", help="comma-separated (default: attention + MLP projections)")
-    s.add_argument("--steps", type=int, help="optimizer steps (default: --epochs passes)")
-    s.add_argument("--epochs", type=float, default=d.epochs)
+    s.add_argument("--steps", type=int, help="optimizer steps (default: --epochs passes; "
+                                              "simultaneous mode: both sides' steps together)")
+    s.add_argument("--epochs", type=float, default=d.epochs,
+                   help="passes over the data (default: 1). Simultaneous mode: one epoch is one "
+                        "pass over each dataset: each side gets the steps of one pass over the "
+                        "dataset that needs more, rounded up to whole --switch-every blocks, the "
+                        "other dataset cycles (reshuffled), and the run has twice that many steps")
     s.add_argument("--batch-size", type=int, default=d.batch_size)
     s.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    s.add_argument("--lr", type=float, default=d.lr)
+    s.add_argument("--lr", type=float, default=None,
+                   help=f"peak learning rate (default: {DEFAULT_LR['full']:g} for full, partial "
+                        f"and simultaneous full-parameter SFT; {DEFAULT_LR['lora']:g} for LoRA "
+                        "modes)")
     s.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    s.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    s.add_argument("--schedule", choices=SCHEDULES, default=d.schedule)
+    s.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
+                   help="linear warmup from 0 (default: %(default)s)")
+    s.add_argument("--schedule", choices=SCHEDULES, default=d.schedule,
+                   help="transformers' learning-rate schedule after warmup: constant, linear decay "
+                        "to 0, cosine decay to 0, or wsd (warmup-stable-decay: constant, then "
+                        "cosine decay to 0 over the last --decay-fraction of the steps) "
+                        "(default: %(default)s)")
+    s.add_argument("--decay-fraction", type=float, default=d.decay_fraction,
+                   help="wsd: share of the steps in the final decay (default: %(default)s)")
     s.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
     s.add_argument("--max-length", type=int, default=d.max_length)
     s.add_argument("--seed", type=int, default=d.seed)
@@ -680,6 +838,10 @@ def add_cli(subparsers):
     s.add_argument("--device", default=d.device, help="auto, cpu or cuda")
     s.add_argument("--eval-every", type=int, default=d.eval_every)
     s.add_argument("--eval-batches", type=int)
+    s.add_argument("--save-every", type=int, default=d.save_every,
+                   help="write OUT/checkpoint-<step> (a loadable model or adapter) every N steps, "
+                        "to pick an expert among checkpoints; the last step is OUT itself "
+                        "(default: 0, none)")
     s.set_defaults(func=_cmd_train)
     from .lora import add_cli as add_lora_cli  # `layerswap merge-lora` lives with the adapters
     add_lora_cli(subparsers)
@@ -694,10 +856,17 @@ def config_from_args(args) -> TrainConfig:
     return TrainConfig(**kw)
 
 
+def _mode_label(cfg: TrainConfig) -> str:
+    return f"{cfg.mode} LoRA" if cfg.mode == "simultaneous" and cfg.lora else cfg.mode
+
+
 def _cmd_train(args) -> int:
     from tqdm import tqdm
 
-    cfg = config_from_args(args)
+    cfg = config_from_args(args).validate()
+    print(f"learning rate {cfg.lr:g} ("
+          f"{'given' if args.lr is not None else 'default for ' + _mode_label(cfg)}), "
+          f"{cfg.schedule} schedule")
     bar = tqdm(total=1000, unit="‰", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {postfix}")
 
     def progress(fraction: float, msg: str):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -9,6 +10,11 @@ import torch
 from layerswap_core import train as T
 from layerswap_core.architectures import get_architecture
 from layerswap_core.plan import Partition
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+# first 2 and last 1 of the tiny model's 8 layers -> language side (explicit rules: the presets
+# A/B/C are defined for 32/36 layers)
+SWAP = [{"layers": "first 2, last 1"}]
 
 
 def _write(path, rows):
@@ -66,7 +72,7 @@ def test_full_sft_changes_every_parameter(tiny, data, tmp_path):
 
 
 def test_lora_leaves_the_base_bit_identical_and_saves_an_adapter(tiny, data, tmp_path):
-    cfg = _cfg(tiny, data, tmp_path, mode="lora", lora_rank=4, rslora=True,
+    cfg = _cfg(tiny, data, tmp_path, mode="lora", lora_rank=4,
                eval_data=str(data["task"]), save_dtype="bfloat16")
     res = T.train(cfg)
     assert res.eval_after < res.eval_before  # it learned the training set
@@ -87,9 +93,9 @@ def test_lora_leaves_the_base_bit_identical_and_saves_an_adapter(tiny, data, tmp
 
 @pytest.mark.parametrize("part", ["lang", "task"])
 def test_partial_sft_trains_only_its_side(tiny, data, tmp_path, part):
-    t = T.Trainer(_cfg(tiny, data, tmp_path, mode="partial", partition="B", train_part=part))
+    t = T.Trainer(_cfg(tiny, data, tmp_path, mode="partial", partition=SWAP, train_part=part))
     arch = get_architecture(t.model.config.to_dict())
-    side = set(Partition.preset("B", 8).parameter_names(_base_state(t), arch))
+    side = set(Partition.from_spec(SWAP, 8).parameter_names(_base_state(t), arch))
     expected = side if part == "lang" else set(_base_state(t)) - side
     before = _base_state(t)
     t.train()
@@ -108,7 +114,7 @@ def test_partial_lora_adapts_only_projections_on_its_side(tiny, data, tmp_path):
 
 
 def test_simultaneous_alternates_sides_and_datasets(tiny, data, tmp_path):
-    t = T.Trainer(_cfg(tiny, data, tmp_path, mode="simultaneous", partition="C",
+    t = T.Trainer(_cfg(tiny, data, tmp_path, mode="simultaneous", partition=SWAP,
                        lang_data=str(data["lang"]), switch_every=2, steps=6))
     sides = t.sides
     before = _base_state(t)
@@ -139,7 +145,7 @@ def test_simultaneous_alternates_sides_and_datasets(tiny, data, tmp_path):
 
 
 def test_simultaneous_frozen_optimizer_state_is_untouched(tiny, data, tmp_path):
-    t = T.Trainer(_cfg(tiny, data, tmp_path, mode="simultaneous", partition="C",
+    t = T.Trainer(_cfg(tiny, data, tmp_path, mode="simultaneous", partition=SWAP,
                        lang_data=str(data["lang"]), weight_decay=0.1))
     t.step(0)
     snap = {n: {k: v.clone() for k, v in t.optimizer.state[p].items()}
@@ -155,7 +161,7 @@ def test_simultaneous_frozen_optimizer_state_is_untouched(tiny, data, tmp_path):
 
 @pytest.mark.parametrize("mode", ["full", "lora"])
 def test_train_then_revert_restores_the_side_exactly(tiny, data, tmp_path, mode):
-    t = T.Trainer(_cfg(tiny, data, tmp_path, mode=mode, partition="B", revert="lang"))
+    t = T.Trainer(_cfg(tiny, data, tmp_path, mode=mode, partition=SWAP, revert="lang"))
     before = _base_state(t)
     t.train()
     if mode == "full":
@@ -163,21 +169,33 @@ def test_train_then_revert_restores_the_side_exactly(tiny, data, tmp_path, mode)
     else:
         merged = t.model.merge_and_unload()
         after = dict(merged.named_parameters())
-        lang = Partition.preset("B", 8).parameter_names(before, get_architecture(merged.config.to_dict()))
+        arch = get_architecture(merged.config.to_dict())
+        lang = Partition.from_spec(SWAP, 8).parameter_names(before, arch)
         assert all(torch.equal(after[n], before[n]) for n in lang)
         assert any(not torch.equal(after[n], before[n]) for n in before if n not in lang)
 
 
-def test_cli_trains_and_writes_the_log(tiny, data, tmp_path):
+def test_cli_trains_and_writes_the_log(tiny, data, tmp_path, capsys):
     from layerswap_core.cli import main
     out = tmp_path / "cli"
     rc = main(["train", "--model", str(tiny["base"]), "--data", str(data["task"]), "--out", str(out),
                "--steps", "1", "--batch-size", "2", "--max-length", "64", "--schedule", "cosine",
-               "--warmup-steps", "1", "--grad-accum", "2"])
+               "--warmup-steps", "1", "--grad-accum", "2", "--no-rslora"])
     assert rc == 0
+    assert "learning rate 0.0002 (default for lora), cosine schedule" in capsys.readouterr().out
     log = json.loads((out / "training_log.json").read_text())
-    assert log["steps"] == 1 and log["config"]["grad_accum"] == 2
+    assert log["steps"] == 1 and log["config"]["grad_accum"] == 2 and log["config"]["lr"] == 2e-4
     assert (out / "adapter_model.safetensors").exists()
+    assert json.loads((out / "adapter_config.json").read_text())["use_rslora"] is False
+
+
+def test_cli_refuses_lora_flag_outside_simultaneous_mode(tiny, data, tmp_path, capsys):
+    from layerswap_core.cli import main
+    rc = main(["train", "--model", str(tiny["base"]), "--data", str(data["task"]),
+               "--out", str(tmp_path / "o"), "--mode", "full", "--lora"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "use mode lora" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
 
 
 # --------------------------------------------------------------------------- bad input
@@ -213,3 +231,202 @@ def test_partition_with_nothing_trainable(tiny, data, tmp_path):
                        lang_data=str(data["lang"])))
     with pytest.raises(T.TrainError, match="needs a partition"):
         T.Trainer(_cfg(tiny, data, tmp_path, mode="partial"))
+
+
+# --------------------------------------------------------------------------- simultaneous epochs
+def _numbered(path, n, word):
+    return _write(path, [{"prompt": f"{word} {i}?", "response": f"{word} {i}."} for i in range(n)])
+
+
+@pytest.mark.parametrize("n_task, n_lang, batch, switch, accum, epochs, steps", [
+    (7, 3, 2, 1, 1, 1, 8),     # task needs 4 steps a pass, lang 2 (cycles): 4 a side
+    (3, 7, 2, 1, 1, 1, 8),     # the language data is the longer one
+    (7, 3, 2, 3, 1, 1, 12),    # 4 a side rounded up to whole blocks of 3: 6 a side
+    (5, 2, 1, 1, 2, 1, 6),     # 5 batches of 1 in steps of 2 micro-batches: 3 a side
+    (7, 3, 2, 1, 1, 2, 16),    # two epochs: every example twice
+])
+def test_simultaneous_epoch_is_one_pass_over_each_dataset(tiny, tmp_path, n_task, n_lang, batch,
+                                                          switch, accum, epochs, steps):
+    task = _numbered(tmp_path / "t.jsonl", n_task, "task")
+    lang = _numbered(tmp_path / "l.jsonl", n_lang, "lang")
+    t = T.Trainer(T.TrainConfig(data=str(task), lang_data=str(lang), output=str(tmp_path / "o"),
+                                model=str(tiny["base"]), mode="simultaneous", partition=SWAP,
+                                batch_size=batch, switch_every=switch, grad_accum=accum,
+                                epochs=epochs, max_length=64))
+    seen = {"data": [], "lang_data": []}
+    sides = []
+    t.batch_hooks.append(lambda step, dataset, idx: (seen[dataset].extend(idx),
+                                                     sides.append((step, dataset))))
+    t.train()
+    assert t.total_steps == len(t.history) == steps
+    for dataset, n in (("data", n_task), ("lang_data", n_lang)):
+        counts = [seen[dataset].count(i) for i in range(n)]
+        assert min(counts) >= epochs, (dataset, counts)
+        # each side trained half the steps, grad_accum batches each
+        assert len(seen[dataset]) == steps // 2 * accum * batch
+    # the batches of a step come from the dataset of that step's side
+    assert all(dataset == ("lang_data" if t.side_at(step) == "lang" else "data")
+               for step, dataset in sides)
+
+
+def test_plain_epochs_count_batches_of_the_one_dataset(tiny, tmp_path):
+    cfg = T.TrainConfig(data="x", output="o", batch_size=2, grad_accum=2, epochs=1.5).validate()
+    assert T.total_steps(cfg, 7) == 3          # ceil(ceil(7/2)/2) = 2 a pass, 1.5 passes
+    assert T.total_steps(T.TrainConfig(data="x", output="o", steps=5), 7) == 5
+
+
+# --------------------------------------------------------------------------- simultaneous LoRA
+def _lora_state(t):
+    return {n: p.detach().clone() for n, p in t.model.named_parameters() if "lora_" in n}
+
+
+def test_simultaneous_lora_trains_each_sides_adapters_only_on_its_steps(tiny, tiny_lm, data,
+                                                                      tmp_path):
+    cfg = _cfg(tiny, data, tmp_path, mode="simultaneous", lora=True, partition=SWAP,
+               lang_data=str(data["lang"]), steps=4, lr=1e-2)
+    t = T.Trainer(cfg)
+    arch = get_architecture(t.model.config.to_dict())
+    adapted = {T._base_name(n.split(".lora_")[0]) + ".weight" for n in _lora_state(t)}
+    # every attention and MLP projection of both sides
+    assert adapted == {m + ".weight" for m in T.linear_modules(tiny_lm[0], arch)}
+    assert len(adapted) == 8 * 7
+    lang_w = set(Partition.from_spec(SWAP, 8).parameter_names(_base_state(t), arch))
+    assert {T._lora_weight_name(n) for n in t.sides["lang"]} == adapted & lang_w
+    assert {T._lora_weight_name(n) for n in t.sides["task"]} == adapted - lang_w
+    base_before = _base_state(t)
+    moved = {"lang": set(), "task": set()}
+    for s in range(4):
+        before = _lora_state(t)
+        t.step(s)
+        changed = {n for n, p in _lora_state(t).items() if not torch.equal(p, before[n])}
+        side = t.history[-1]["part"]
+        assert changed and changed <= t.sides[side], (s, side)   # only this step's side moved
+        moved[side] |= changed
+    assert [r["part"] for r in t.history] == ["lang", "task", "lang", "task"]
+    assert moved == t.sides     # every adapter of each side learned on its own steps
+    assert _changed(base_before, t) == set()
+
+
+def test_simultaneous_lora_saves_a_loadable_rslora_adapter(tiny, data, tmp_path):
+    from layerswap_core.lora import load_adapter
+    t = T.Trainer(_cfg(tiny, data, tmp_path, mode="simultaneous", lora=True, partition=SWAP,
+                       lang_data=str(data["lang"]), steps=4))
+    t.train()
+    out = t.save()
+    adapter = load_adapter(out, tiny["base"])
+    live = dict(t.model.named_parameters())
+    for mod, m in adapter.modules.items():
+        assert torch.equal(m.A, live[f"base_model.model.{mod}.lora_A.default.weight"])
+        assert torch.equal(m.B, live[f"base_model.model.{mod}.lora_B.default.weight"])
+    assert {f"base_model.model.{mod}.lora_{ab}.default.weight" for mod in adapter.modules
+            for ab in "AB"} == set(_lora_state(t))
+    acfg = json.loads((out / "adapter_config.json").read_text())
+    assert acfg["use_rslora"] is True                     # rsLoRA is the default
+    assert next(iter(adapter.modules.values())).scale == pytest.approx(16 / 8 ** 0.5)
+    log = json.loads((out / "training_log.json").read_text())
+    assert log["config"]["lr"] == 1e-2 and log["config"]["lora"] is True
+
+
+# --------------------------------------------------------------------------- defaults
+@pytest.mark.parametrize("mode, lora, lr", [
+    ("full", False, 1e-5), ("partial", False, 1e-5), ("simultaneous", False, 1e-5),
+    ("lora", False, 2e-4), ("partial_lora", False, 2e-4), ("simultaneous", True, 2e-4)])
+def test_default_learning_rate_per_mode(mode, lora, lr):
+    cfg = T.TrainConfig(data="x", output="o", mode=mode, lora=lora, partition="B",
+                        lang_data="l").validate()
+    assert cfg.lr == lr and cfg.rslora is True and cfg.schedule == "linear"
+    given = T.TrainConfig(data="x", output="o", mode=mode, lora=lora, partition="B",
+                          lang_data="l", lr=3e-3).validate()
+    assert given.lr == 3e-3
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"mode": "full", "lora": True}, "use mode lora"),
+    ({"mode": "partial", "lora": True, "partition": "B"}, "use mode partial_lora"),
+    ({"lr": 0.0}, "lr: must be positive"),
+    ({"schedule": "step"}, "choose one of constant, linear, cosine, wsd"),
+    ({"decay_fraction": 0.0}, "decay_fraction"),
+    ({"save_every": -1}, "save_every"),
+])
+def test_bad_training_options(bad, match):
+    with pytest.raises(T.TrainError, match=match):
+        T.TrainConfig(data="x", output="o", **bad).validate()
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    ("constant", [0, .5] + [1] * 8),
+    ("linear", [0, .5] + [(10 - s) / 8 for s in range(2, 10)]),
+    ("cosine", [0, .5] + [0.5 * (1 + math.cos(math.pi * (s - 2) / 8)) for s in range(2, 10)]),
+    ("wsd", [0, .5] + [1] * 5 + [1, .75, .25]),  # 10 steps: 2 warmup, 5 stable, 3 decay (30%)
+])
+def test_schedules_are_transformers_schedules(tiny, data, tmp_path, schedule, expected):
+    import transformers
+    cfg = _cfg(tiny, data, tmp_path, mode="lora", steps=10, warmup_steps=2, schedule=schedule,
+               decay_fraction=0.3, lr=1e-3)
+    t = T.Trainer(cfg)
+    for s in range(10):
+        t.step(s)
+    used = [r["lr"] for r in t.history]
+    assert used == pytest.approx([1e-3 * f for f in expected], abs=1e-12)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    make = {"constant": lambda: transformers.get_constant_schedule_with_warmup(opt, 2),
+            "linear": lambda: transformers.get_linear_schedule_with_warmup(opt, 2, 10),
+            "cosine": lambda: transformers.get_cosine_schedule_with_warmup(opt, 2, 10),
+            "wsd": lambda: transformers.get_wsd_schedule(opt, 2, 3, num_training_steps=10)}
+    ref = make[schedule]()
+    ref_lrs = []
+    for _ in range(10):
+        ref_lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        ref.step()
+    assert used == ref_lrs
+
+
+# --------------------------------------------------------------------------- checkpoints
+def test_save_every_writes_loadable_checkpoints_without_disturbing_training(tiny, data, tmp_path):
+    from safetensors import safe_open
+
+    from layerswap_core.models import load_model
+    cfg = _cfg(tiny, data, tmp_path, mode="full", steps=5, save_every=2, revert="lang",
+               partition=SWAP, save_dtype="bfloat16", lr=1e-3)
+    t = T.Trainer(cfg)
+    base = _base_state(t)
+    t.train()
+    out = t.save()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert t.checkpoints == [out / "checkpoint-2", out / "checkpoint-4"]
+    assert all(p.dtype == torch.float32 for p in t.model.parameters())  # not cast by saving
+    # the same run without checkpoints, stepped by hand: checkpoint-2 is its state after 2 steps
+    # (lang side reverted, as the final model is) and the final models are identical
+    ref = T.Trainer(T.TrainConfig(**{**cfg.__dict__, "save_every": 0,
+                                     "output": str(tmp_path / "ref")}))
+    for s in range(2):
+        ref.step(s)
+    ckpt, _ = load_model(out / "checkpoint-2")
+    assert json.loads((out / "checkpoint-2" / "config.json").read_text())["dtype"] == "bfloat16"
+    got = dict(ckpt.named_parameters())
+    for n, p in T._base_parameters(ref.model):
+        want = (base[n] if n in t.sides["lang"] else p.detach()).to(torch.bfloat16).float()
+        assert torch.equal(got[n], want), n
+    assert not torch.equal(got["model.layers.3.mlp.up_proj.weight"],
+                           base["model.layers.3.mlp.up_proj.weight"].bfloat16().float())
+    for s in range(2, 5):
+        ref.step(s)
+    ref.revert()
+    final = dict(T._base_parameters(t.model))
+    assert all(torch.equal(p, final[n]) for n, p in T._base_parameters(ref.model))
+    log = json.loads((out / "checkpoint-4" / "training_log.json").read_text())
+    assert log["steps"] == 4 and [r["step"] for r in log["train_losses"]] == [1, 2, 3, 4]
+    with safe_open(str(out / "checkpoint-2" / "model.safetensors"), "pt") as f, \
+            safe_open(str(tiny["base"] / "model.safetensors"), "pt") as g:
+        assert set(f.keys()) == set(g.keys())             # tied embeddings written once
+
+
+def test_save_every_with_lora_writes_adapters(tiny, data, tmp_path):
+    from layerswap_core.lora import load_adapter
+    res = T.train(_cfg(tiny, data, tmp_path, mode="lora", steps=3, save_every=1))
+    folders = sorted(res.output.glob("checkpoint-*"))
+    assert [p.name for p in folders] == ["checkpoint-1", "checkpoint-2"]
+    b = [next(m.B for m in load_adapter(p, tiny["base"]).modules.values()) for p in folders]
+    b.append(next(m.B for m in load_adapter(res.output, tiny["base"]).modules.values()))
+    assert not torch.equal(b[0], b[1]) and not torch.equal(b[1], b[2])
