@@ -1,0 +1,244 @@
+"""One live model; every role (base, task expert, language expert, merge) is a plan over it.
+
+The app explores models as large as its users bring (1B-8B). Loading base, task and language
+expert as three models and copying one for the merge holds about eight checkpoints in memory; a
+``LiveModel`` holds one:
+
+* The checkpoints are memory-mapped (``MappedCheckpoint``): a tensor is a zero-copy view of the
+  file's pages. Those pages are page cache, shared by every session and process, and the OS can
+  evict them under pressure; ``release()`` advises them away when a step is done.
+* One torch model (the task expert's architecture and tokenizer) is the only private copy. To
+  show a role or a merge, the recomposer rewrites only the parameters whose source changed since
+  the last plan: "base", "task" and "lang" are plans that copy every tensor from that model, a
+  merge is the plan of its ``MergeConfig``. Switching roles costs about one read of the changed
+  tensors.
+* Blends are computed one tensor at a time in float32 (methods.py) and cast into the parameter.
+
+dtype: ``live_dtype`` picks float32 for small models on the CPU (faster there and bit-identical
+to the float32 models the app evaluated before) and the checkpoint's own dtype otherwise (bf16 for
+the 1B-8B models users bring: one checkpoint of memory instead of two).
+"""
+from __future__ import annotations
+
+import math
+import mmap
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from . import methods
+from .io import ST_TO_DTYPE, CheckpointReader
+from .merge import Inputs, MergeError, open_inputs
+from .plan import ConfigError, MergeConfig, MergePlan, Source, build_plan
+
+Progress = Callable[[float, str], None]
+ROLES = ("base", "task", "lang")
+# Below this many parameters a CPU live model is float32 (see the module docstring): at most
+# 2 GB, and the outputs equal the float32 evaluations published in the README.
+SMALL_MODEL_PARAMS = 500_000_000
+
+
+def _say(progress: Progress | None, frac: float, msg: str):
+    if progress is not None:
+        progress(min(max(frac, 0.0), 1.0), msg)
+
+
+class MappedCheckpoint(Mapping):
+    """name -> read-only tensor view of a safetensors checkpoint, memory-mapped (no copy).
+
+    The views share the page cache; nothing is read until a view's data is touched. Views must not
+    be written to (the mapping is private: a write would copy the page into this process)."""
+
+    def __init__(self, reader: CheckpointReader, names: list[str] | None = None):
+        self.reader = reader
+        self.names = list(names if names is not None else reader.names())
+        self._known = set(self.names)
+        self._maps: dict[Path, mmap.mmap] = {}
+
+    def _map(self, path: Path) -> mmap.mmap:
+        mm = self._maps.get(path)
+        if mm is None:
+            with open(path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._maps[path] = mm
+        return mm
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._known:
+            raise KeyError(name)
+        loc = self.reader.location(name)
+        dtype = ST_TO_DTYPE.get(loc.dtype)
+        if dtype is None:  # an exotic dtype: safetensors reads it (a copy)
+            return self.reader.get(name)
+        numel = math.prod(loc.shape)
+        if numel == 0:
+            return torch.empty(loc.shape, dtype=dtype)
+        view = torch.frombuffer(self._map(loc.path), dtype=dtype, count=numel, offset=loc.offset)
+        return view.view(loc.shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def nbytes(self, name: str) -> int:
+        return self.reader.location(name).nbytes
+
+    def release(self) -> None:
+        """Drop this process's hold on the mapped pages (they stay in the page cache, and are
+        read again when touched)."""
+        for mm in self._maps.values():
+            try:
+                mm.madvise(mmap.MADV_DONTNEED)
+            except (AttributeError, OSError, ValueError):  # no madvise here: the OS evicts anyway
+                pass
+
+
+def role_plan(role: str, names: list[str], arch, config: MergeConfig | None = None) -> MergePlan:
+    """The plan that makes the live model one of the three input checkpoints."""
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+    src = Source.copy(role)
+    return MergePlan(config or MergeConfig(), arch, {n: src for n in names})
+
+
+def checkpoint_dtype(reader: CheckpointReader) -> torch.dtype:
+    """The dtype most of a checkpoint's floating-point tensors are stored in."""
+    counts: dict[torch.dtype, int] = {}
+    for n in reader.names():
+        loc = reader.location(n)
+        dt = ST_TO_DTYPE.get(loc.dtype)
+        if dt is not None and dt.is_floating_point:
+            counts[dt] = counts.get(dt, 0) + loc.nbytes
+    return max(counts, key=counts.get) if counts else torch.float32
+
+
+def live_dtype(reader: CheckpointReader, device: str = "cpu") -> torch.dtype:
+    """float32 for a small model on the CPU, else the checkpoint's dtype (module docstring)."""
+    stored = checkpoint_dtype(reader)
+    if str(device).startswith("cpu") and reader.numel() < SMALL_MODEL_PARAMS:
+        return torch.float32
+    return stored
+
+
+@dataclass
+class ShowResult:
+    """What making the live model show a plan cost."""
+    label: str
+    rewritten: int        # parameters rewritten
+    total: int            # parameters of the model
+    nbytes: int           # bytes of the checkpoints' tensors read for them
+    seconds: float
+
+
+class LiveModel:
+    """A torch model whose parameters are rewritten to show a role or a merge (module docstring)."""
+
+    def __init__(self, inputs: Inputs, *, device: str = "cpu", dtype: torch.dtype | None = None,
+                 progress: Progress | None = None):
+        from .models import load_model
+
+        self.inputs = inputs
+        self.arch = inputs.arch
+        self.device = device
+        self.dtype = dtype or live_dtype(inputs.readers["task"], device)
+        _say(progress, 0.05, "loading the task expert as the live model")
+        self.model, self.tokenizer = load_model(inputs.paths["task"], device=device, dtype=self.dtype)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.params = dict(self.model.named_parameters())
+        self.names = list(self.params)
+        have = set(inputs.names)
+        missing = [n for n in self.names if n not in have]
+        if missing:
+            raise MergeError(f"the task checkpoint lacks the model parameter {missing[0]!r}")
+        self.sources = {role: MappedCheckpoint(inputs.readers[role], self.names)
+                        for role in inputs.readers}
+        for role, src in self.sources.items():
+            for n in self.names:
+                if tuple(src.reader.location(n).shape) != tuple(self.params[n].shape):
+                    raise MergeError(f"tensor {n}: shape {list(src.reader.location(n).shape)} in "
+                                     f"{role} but {list(self.params[n].shape)} in the model")
+        self.plan: MergePlan | None = role_plan("task", self.names, self.arch)
+        self.label = "task"
+        self._magnitude: tuple[float, float] | None = None
+        _say(progress, 1.0, "live model ready")
+
+    @classmethod
+    def from_refs(cls, task, lang, base=None, **kw) -> "LiveModel":
+        return cls(open_inputs(task, lang, base), **kw)
+
+    @property
+    def has_base(self) -> bool:
+        return "base" in self.sources
+
+    def magnitude(self) -> tuple[float, float]:
+        """Magnitude-adjusted (w_task, w_lang), read once from the mapped checkpoints."""
+        if self._magnitude is None:
+            if not self.has_base:
+                raise ConfigError("magnitude-adjusted weights need the base model")
+            acc = methods.MagnitudeAccumulator(("task", "lang"))
+            for n in self.names:
+                for e in ("task", "lang"):
+                    acc.add(e, self.sources[e][n], self.sources["base"][n])
+            self._magnitude = acc.weights()
+            self.release()
+        return self._magnitude
+
+    def plan_for(self, what: str | MergeConfig) -> MergePlan:
+        if isinstance(what, str):
+            if what not in self.sources:
+                raise ConfigError(f"no {what} model chosen")
+            return role_plan(what, self.names, self.arch)
+        what.validate(self.arch.num_layers, has_base=self.has_base)
+        mag = self.magnitude() if what.uses_magnitude else None
+        return build_plan(what, self.names, self.arch, mag)
+
+    def show(self, what: str | MergeConfig, progress: Progress | None = None) -> ShowResult:
+        """Make the model a role ("base", "task", "lang") or the merge of a config."""
+        label = what if isinstance(what, str) else "merged"
+        return self.apply_plan(self.plan_for(what), label, progress)
+
+    @torch.no_grad()
+    def apply_plan(self, plan: MergePlan, label: str = "merged",
+                   progress: Progress | None = None) -> ShowResult:
+        t0 = time.perf_counter()
+        changed = plan.changed_names(self.plan)
+        nbytes = 0
+        self.plan, self.label = None, "unknown"  # a failure half-way: the next plan rewrites all
+        for i, n in enumerate(changed):
+            if i % 16 == 0:
+                _say(progress, i / max(1, len(changed)), f"{label}: {i}/{len(changed)} tensors")
+            src = plan.sources[n]
+            param = self.params[n]
+            inputs = [self.sources[m][n] for m in src.models]
+            nbytes += sum(self.sources[m].nbytes(n) for m in src.models)
+            if src.method == "copy":
+                param.copy_(inputs[0])
+                continue
+            out = methods.apply(src.method, [t.to(param.device) for t in inputs], src.weights,
+                                src.kwargs())
+            if not bool(torch.isfinite(out).all()) or \
+                    not bool(torch.isfinite(out.to(param.dtype)).all()):
+                if all(bool(torch.isfinite(t).all()) for t in inputs):
+                    raise MergeError(f"the merge makes tensor {n} non-finite (inf/NaN) from finite "
+                                     "inputs: check the weights / lambdas")
+            param.copy_(out)
+        self.plan, self.label = plan, label
+        self.release()
+        _say(progress, 1.0, f"{label}: {len(changed)} tensors rewritten")
+        return ShowResult(label, len(changed), len(self.names), nbytes, time.perf_counter() - t0)
+
+    def release(self) -> None:
+        """Advise the mapped pages away (page cache keeps them while memory allows)."""
+        for src in self.sources.values():
+            src.release()
+
+    def resident_bytes(self) -> int:
+        """Bytes of the live model's own parameters (the session's private memory)."""
+        return sum(p.numel() * p.element_size() for p in self.params.values())
