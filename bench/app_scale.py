@@ -1,0 +1,181 @@
+"""The app at the size users bring: memory and time of the real app path on a synthetic trio.
+
+    python bench/app_scale.py [--params 1e9] [--dir DIR] [--keep] [--json OUT.json]
+
+Writes a synthetic Llama-shaped trio (bf16, sharded; base, and task / lang = base + noise) with
+bench/synthetic.py and the embedded SmolLM2 tokenizer (so prompts are real), launches ``app.py``
+on it in its own process, and drives the endpoints with gradio_client as a visitor would:
+open (pick_models), analyse deltas, build the default layer swap, rebuild with one more
+transition layer, evaluate 4 questions side by side on all four roles, one chat turn.
+While each step runs, the server's /proc/PID/status is sampled every 50 ms: anonymous resident
+memory (RssAnon: what the process owns) and file-backed resident memory (RssFile: mapped
+checkpoint pages, page cache the OS can reclaim) apart. Per step it prints wall time and the
+peaks of both divided by one checkpoint's size, and a `cat` of the bytes the rebuild rewrote as
+the switching baseline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def rss(pid: int) -> dict[str, int]:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+class Sampler:
+    """Peak RssAnon / RssFile of one process while a step runs (every 50 ms)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.peak = {"RssAnon": 0, "RssFile": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                now = rss(self.pid)
+            except OSError:
+                return
+            for k in self.peak:
+                self.peak[k] = max(self.peak[k], now.get(k, 0))
+            time.sleep(0.05)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def write_trio(folder: Path, params: float) -> dict[str, Path]:
+    from synthetic import llama_config_for, write_checkpoint
+
+    from layerswap_core.models import DEFAULT_BASE, resolve
+    from layerswap_core.testing import copy_tokenizer
+
+    cfg = llama_config_for(params)
+    cfg["vocab_size"] = 49152   # the SmolLM2 tokenizer's, so prompts and chat are real text
+    paths = {}
+    for role, seed in (("base", 0), ("task", 1), ("lang", 2)):
+        p = folder / role
+        if not (p / "config.json").exists():
+            print(f"writing the synthetic {role} ({params / 1e9:.1f}B)...", flush=True)
+            write_checkpoint(p, cfg, seed=seed, like=None if role == "base" else folder / "base",
+                             delta=0.01)
+        copy_tokenizer(resolve(DEFAULT_BASE), p)
+        paths[role] = p
+    return paths
+
+
+def call(client, api_name: str, **values):
+    """Call an endpoint by its parameter names or labels; other parameters keep their defaults."""
+    info = client.view_api(return_format="dict", print_info=False)["named_endpoints"][api_name]
+    args = []
+    for p in info["parameters"]:
+        keys = {p.get("parameter_name"), p.get("label")}
+        hit = next((values[k] for k in keys if k in values), None)
+        if hit is None:
+            hit = p.get("parameter_default")
+        args.append(hit)
+    return client.predict(*args, api_name=api_name)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--params", type=float, default=1e9)
+    ap.add_argument("--dir", type=Path, help="where the trio is written (default: a temp folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the trio afterwards")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--port", type=int, default=7873)
+    a = ap.parse_args(argv)
+    folder = a.dir or Path(tempfile.mkdtemp(prefix="layerswap-scale-", dir="/tmp"))
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    paths = write_trio(folder, a.params)
+    print(f"trio ready in {time.perf_counter() - t0:.0f} s: {folder}", flush=True)
+    ckpt = sum(f.stat().st_size for f in paths["task"].glob("*.safetensors"))
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LAYERSWAP_SERVED": "0",
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(a.port),
+           "--base", str(paths["base"]), "--task", str(paths["task"]), "--lang", str(paths["lang"])]
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    rows = []
+    try:
+        from gradio_client import Client
+
+        url = f"http://127.0.0.1:{a.port}/"
+        for _ in range(600):
+            try:
+                client = Client(url, verbose=False)
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("the app did not start")
+        ref = {k: str(v) for k, v in paths.items()}
+        steps = [
+            ("open", "/pick_models", dict(base=ref["base"], task=ref["task"], lang=ref["lang"])),
+            ("analyse", "/analyze", {}),
+            ("build", "/build", {}),
+            ("rebuild +1 transition", "/build", {"tb": 1, "t_bottom": 1,
+                                                  "Transition t_b (blended)": 1}),
+            ("evaluate 4 x 4 roles", "/evaluate", {"source": "gsm-symbolic", "lang": "sw", "n": 4,
+                                                   "shots": 0, "max_new_tokens": 8}),
+            ("chat (2 panes)", "/chat", {"message": "Juma ana maembe 12. Anampa dada yake 5.",
+                                         "max_new_tokens": 8}),
+        ]
+        for label, api, values in steps:
+            with Sampler(server.pid) as s:
+                t = time.perf_counter()
+                out = call(client, api, **values)
+                wall = time.perf_counter() - t
+            status = out[0] if isinstance(out, (list, tuple)) else out
+            row = {"step": label, "wall_s": round(wall, 2),
+                   "anon_x": round(s.peak["RssAnon"] / ckpt, 2),
+                   "file_x": round(s.peak["RssFile"] / ckpt, 2),
+                   "status": str(status)[:160]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    # switching baseline: a cat of the bytes one checkpoint holds, from the page cache
+    t = time.perf_counter()
+    subprocess.run(f"cat {paths['lang']}/*.safetensors > /dev/null", shell=True, check=True)
+    cat_s = time.perf_counter() - t
+    result = {"params": a.params, "checkpoint_bytes": ckpt, "cat_one_checkpoint_s": round(cat_s, 2),
+              "steps": rows, "date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename}
+    print(json.dumps(result, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1))
+    if not a.keep and a.dir is None:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
