@@ -375,6 +375,8 @@ class Recomposer:
 
 # --------------------------------------------------------------------------- CLI
 def _add_config_flags(s):
+    from .plan import NON_LAYER_SOURCES
+
     g = s.add_argument_group("models")
     g.add_argument("--config", help="YAML merge config (flags given here override it)")
     g.add_argument("--task", help="task (e.g. math) expert: folder, owner/name or embedded:NAME")
@@ -387,17 +389,28 @@ def _add_config_flags(s):
     g.add_argument("--top", type=int, help="top layers from the language expert (default: 2 of 32, scaled)")
     g.add_argument("--transition-bottom", type=int, help="blended layers above the bottom ones")
     g.add_argument("--transition-top", type=int, help="blended layers below the top ones")
-    g.add_argument("--w-task", type=float, help="blend weight of the task expert")
-    g.add_argument("--w-lang", type=float, help="blend weight of the language expert")
+    g.add_argument("--w-task", type=float, help="blend weight of the task expert (0..1e4)")
+    g.add_argument("--w-lang", type=float, help="blend weight of the language expert (0..1e4)")
     g.add_argument("--magnitude-weights", action="store_true", default=None,
                    help="blend weights = inverse mean delta from the base (needs --base; "
                    "replaces --w-task/--w-lang)")
-    g.add_argument("--partition", help="A, B, C, or a YAML file with a list of rules "
-                   "({layers: '0-5', kinds: attention})")
-    g.add_argument("--lambda-task", type=float, help="task arithmetic scale of the task delta")
-    g.add_argument("--lambda-lang", type=float, help="task arithmetic scale of the language delta")
-    g.add_argument("--ties-density", type=float, help="TIES: fraction of each delta kept")
-    g.add_argument("--ties-lambda", type=float, help="TIES: scale of the merged delta")
+    g.add_argument("--non-layer", choices=list(NON_LAYER_SOURCES),
+                   help="layer swap: where the non-layer parameters (embeddings, final norm, LM "
+                   "head) come from: blend (default; Algorithm 1 averages them with the blend "
+                   "weights), task or lang")
+    g.add_argument("--partition", help="A, B, C (the published presets, in absolute layers), or a "
+                   "YAML file with a list of rules ({layers: '0-5', kinds: attention}; "
+                   "layers: non-layer addresses the embeddings, final norm and LM head)")
+    g.add_argument("--scale-partition", action="store_true", default=None,
+                   help="scale the presets' published layer counts (for 32/36-layer models) to "
+                   "this model's depth: the tool's own rule, not the paper's")
+    g.add_argument("--lambda-task", type=float,
+                   help="task arithmetic scale of the task delta (-100..100)")
+    g.add_argument("--lambda-lang", type=float,
+                   help="task arithmetic scale of the language delta (-100..100)")
+    g.add_argument("--ties-density", type=float,
+                   help="TIES: fraction of each delta kept, per tensor (0 < d <= 1)")
+    g.add_argument("--ties-lambda", type=float, help="TIES: scale of the merged delta (-100..100)")
     g.add_argument("--dtype", choices=["bfloat16", "float16", "float32"],
                    help="output dtype (default: the task expert's)")
     g.add_argument("--tokenizer-source", choices=list(MODELS),
@@ -405,28 +418,43 @@ def _add_config_flags(s):
 
 
 _FLAG_FIELDS = ("task", "lang", "base", "method", "bottom", "top", "transition_bottom",
-                "transition_top", "w_task", "w_lang", "magnitude_weights", "lambda_task",
-                "lambda_lang", "ties_density", "ties_lambda", "dtype", "tokenizer_source")
+                "transition_top", "w_task", "w_lang", "magnitude_weights", "non_layer",
+                "scale_partition", "lambda_task", "lambda_lang", "ties_density", "ties_lambda",
+                "dtype", "tokenizer_source")
+MAX_RULES_FILE = 1 << 20  # bytes of a --partition rules file
+
+
+def _partition_arg(p: str):
+    """--partition: a YAML file of rules (a list, or {partition: list}), else a preset name."""
+    from .plan import PRESET_LAYERS, load_yaml
+
+    try:
+        path = Path(p)
+        is_file = len(p) < 4096 and path.is_file()
+        text = path.read_text() if is_file and path.stat().st_size <= MAX_RULES_FILE else None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--partition {p[:80]!r}: cannot read the rules file ({e})") from None
+    if not is_file:
+        if p.upper() in PRESET_LAYERS:
+            return p.upper()
+        raise ConfigError(f"--partition {p[:80]!r}: give A, B, C or a YAML file of rules")
+    if text is None:
+        raise ConfigError(f"--partition {p}: the rules file is larger than {MAX_RULES_FILE} bytes")
+    rules = load_yaml(text, f"--partition {p}")
+    if isinstance(rules, dict) and "partition" in rules:
+        rules = rules["partition"]
+    return rules
 
 
 def config_from_args(args) -> MergeConfig:
+    """The MergeConfig of the merge/plan flags (over --config), every field checked."""
     if getattr(args, "magnitude_weights", None) and (args.w_task is not None or args.w_lang is not None):
         raise ConfigError("give either --w-task/--w-lang or --magnitude-weights, not both")
     cfg = MergeConfig.load(args.config) if getattr(args, "config", None) else MergeConfig()
     updates = {f: getattr(args, f) for f in _FLAG_FIELDS if getattr(args, f, None) is not None}
     if getattr(args, "partition", None):
-        p = args.partition
-        if Path(p).is_file():
-            import yaml
-            rules = yaml.safe_load(Path(p).read_text())
-            if isinstance(rules, dict) and "partition" in rules:
-                rules = rules["partition"]
-            updates["partition"] = rules
-        elif p.upper() in ("A", "B", "C"):
-            updates["partition"] = p.upper()
-        else:
-            raise ConfigError(f"--partition {p!r}: give A, B, C or a YAML file of rules")
-    return replace(cfg, **updates)
+        updates["partition"] = _partition_arg(args.partition)
+    return replace(cfg, **updates).check_fields()
 
 
 def _cli_progress():

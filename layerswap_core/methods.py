@@ -7,6 +7,7 @@ arithmetic: the executor writes single-source tensors as they are (bit-identical
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -66,8 +67,9 @@ def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -
 
 
 def trim(delta: torch.Tensor, density: float) -> torch.Tensor:
-    """Zero all but the largest-magnitude entries: keep |delta| >= the k-th largest |delta|,
-    k = int(density * n) (at least 1). Entries tied with the k-th are all kept (deterministic)."""
+    """Zero all but the largest-magnitude entries of ONE tensor (trimming is per tensor, as in
+    mergekit): keep |delta| >= the k-th largest |delta|, k = int(density * n) (at least 1).
+    Entries tied with the k-th are all kept (deterministic; mergekit keeps exactly k)."""
     if density >= 1:
         return delta
     mags = delta.abs().reshape(-1)
@@ -76,19 +78,40 @@ def trim(delta: torch.Tensor, density: float) -> torch.Tensor:
     return delta * (delta.abs() >= threshold)
 
 
+def check_ties_args(density: float, lam: float):
+    """ValueError unless 0 < density <= 1 and lam is finite."""
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or \
+            not 0 < density <= 1:
+        raise ValueError(f"TIES density must be in (0, 1], got {density!r}")
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
+        raise ValueError(f"TIES lambda must be a finite number, got {lam!r}")
+
+
 @register("ties", "https://arxiv.org/abs/2306.01708",
-          "TIES: trim each delta to its top-density magnitudes, elect the sign of the summed "
-          "deltas, average the deltas that agree with it (disjoint mean), base + lam * mean")
+          "TIES: trim each delta to its top-density magnitudes (per tensor), elect the sign of "
+          "the summed deltas (a zero sum counts as positive, as in mergekit), average the deltas "
+          "that agree with it (disjoint mean), base + lam * mean")
 def ties(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None, *,
          density: float = 0.2, lam: float = 1.0) -> torch.Tensor:
+    """TIES-merging of one tensor, as mergekit's ``ties`` computes it (consensus "sum").
+
+    Each expert's delta from the base is trimmed within this tensor (``trim``), times its weight;
+    the elected sign is that of the summed deltas, with a sum of exactly 0 counting as positive
+    (mergekit: ``(sum >= 0) * 2 - 1``); the merged delta is the weighted mean of the nonzero
+    deltas of the elected sign (divided by the sum of their weights; 0 where none agrees).
+    """
+    check_ties_args(density, lam)
     base = tensors[0].float()
-    weights = weights or [1.0] * (len(tensors) - 1)
+    weights = list(weights or [1.0] * (len(tensors) - 1))
     deltas = torch.stack([float(w) * trim(t.float() - base, density)
                           for t, w in zip(tensors[1:], weights)])
-    sign = torch.sign(deltas.sum(dim=0))
-    agree = (torch.sign(deltas) == sign) & (deltas != 0)
-    count = agree.sum(dim=0).clamp_min(1)
-    merged = (deltas * agree).sum(dim=0) / count
+    elected = torch.where(deltas.sum(dim=0) >= 0, 1.0, -1.0)
+    agree = torch.sign(deltas) == elected  # a zero delta has sign 0: never agrees
+    w = torch.tensor(weights, dtype=torch.float32, device=base.device)
+    w = w.reshape(-1, *[1] * base.dim())
+    divisor = (w * agree).sum(dim=0)
+    divisor[divisor == 0] = 1
+    merged = (deltas * agree).sum(dim=0) / divisor
     return base + float(lam) * merged
 
 

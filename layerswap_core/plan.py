@@ -6,16 +6,32 @@ A ``MergeConfig`` describes a merge (method, layer counts, weights, partition, d
 which per-tensor method (``methods.py``) combines them. The UI and CLI show the plan before
 anything runs; the streaming executor and the in-memory recomposer both follow it.
 
-Layer swapping (Algorithm 1), with L layers (0-indexed), b bottom, u top, t_b / t_u transition:
+Layer swapping (Algorithm 1 of the layer-swapping paper), with L layers (0-indexed), b bottom,
+u top, t_b / t_u transition:
 
     l < b                          language expert
     b <= l < b + t_b               blend
     b + t_b <= l < L - u - t_u     task expert
     L - u - t_u <= l < L - u       blend
     l >= L - u                     language expert
-    non-layer parameters           task expert
+    non-layer parameters           blend (``non_layer="blend"``, the default), or the task /
+                                   language expert (``non_layer="task"`` / ``"lang"``)
 
-blend = (w_task * task + w_lang * lang) / (w_task + w_lang), in float32.
+blend = (w_task * task + w_lang * lang) / (w_task + w_lang), in float32 (the magnitude-adjusted
+weights instead of w_task/w_lang when ``magnitude_weights`` is on). Non-layer parameters are
+everything outside the decoder layers (embeddings, final norm, LM head: the architecture table
+knows which): they have no layer number, so Algorithm 1's "language" and "task" branches do not
+apply and they fall to its averaging branch (the paper: they "work best if they are also averages
+of the two experts"). A tied LM head is the embedding tensor, so it always follows the embeddings.
+With a ``partition`` (presets A/B/C or custom rules) the non-layer parameters also follow
+``non_layer`` unless a rule addresses them (``layers: non-layer``, or the kinds embed,
+final_norm, lm_head).
+The other methods (soups, task arithmetic, TIES) combine every tensor alike; ``non_layer`` does
+not apply to them.
+
+Defaults for other depths (the tool's own rule, not the papers'): ``bottom``/``top`` None are
+the 32-layer defaults 5/2 scaled to the model's depth; partition presets use the published layer
+counts as given, scaled only with ``scale_partition``.
 """
 from __future__ import annotations
 
@@ -30,12 +46,29 @@ from .architectures import KIND_GROUPS, LAYER_KIND_ORDER, Architecture
 MODELS = ("task", "lang", "base")
 MERGE_METHODS = ("layer_swap", "soup", "magnitude_soup", "task_arithmetic", "ties")
 DTYPES = ("bfloat16", "float16", "float32")
+# Where the non-layer parameters come from under layer swapping (see the module docstring).
+NON_LAYER_SOURCES = ("blend", "task", "lang")
 # Methods that need the base model.
 NEEDS_BASE = ("magnitude_soup", "task_arithmetic", "ties")
 
-# The published defaults are for 32-layer models; other depths scale them.
+# The published defaults are for 32-layer models; other depths scale them (the tool's rule).
 REFERENCE_LAYERS = 32
 DEFAULT_BOTTOM, DEFAULT_TOP = 5, 2
+# Layer counts the layer-swapping paper validated for its 32-layer models.
+PAPER_RANGES_32 = {"bottom": (3, 4, 5), "top": (0, 1, 2), "transition": (0, 1, 2)}
+
+# Bounds of the numeric fields (larger magnitudes are refused, never silently merged):
+# w_task/w_lang only set the ratio of a blend, so 0..1e4 allows any sensible ratio while
+# w * tensor stays far from float32/bfloat16 overflow; a lambda scales a delta, and past 100
+# (published values are around 0.3-2) it only pushes weights out of range (float16 max 65504).
+MAX_WEIGHT = 1e4
+MAX_LAMBDA = 100.0
+# Input size caps: a layer/kind selection of at most MAX_SPEC_CHARS characters and
+# MAX_SPEC_ITEMS comma-separated items (or list entries); at most MAX_RULES partition rules.
+MAX_SPEC_CHARS = 1000
+MAX_SPEC_ITEMS = 256
+MAX_RULES = 256
+NON_LAYER_WORDS = ("non-layer", "non_layer")
 
 
 class ConfigError(ValueError):
@@ -49,25 +82,94 @@ def scale_layers(n: int, num_layers: int, minimum: int = 1) -> int:
     return max(minimum, math.floor(n * num_layers / REFERENCE_LAYERS + 0.5))
 
 
+@dataclass(frozen=True)
+class LayerRanges:
+    """Validated layer counts to show next to the sliders and to sweep by default."""
+    bottom: tuple[int, ...]
+    top: tuple[int, ...]
+    transition: tuple[int, ...]    # for each of transition_bottom / transition_top
+    num_layers: int
+    published: bool                # True: the paper's values as given (32 layers)
+
+    @property
+    def note(self) -> str:
+        def r(v):
+            return "{" + ", ".join(map(str, v)) + "}"
+        text = f"b in {r(self.bottom)}, u in {r(self.top)}, t in {r(self.transition)}"
+        if self.published:
+            return f"{text}: validated in the layer-swapping paper (32 layers)"
+        return (f"{text}: the paper's 32-layer ranges (b in {{3, 4, 5}}, u and t in {{0, 1, 2}}) "
+                f"scaled to {self.num_layers} layers by the tool's own rule, not from the paper")
+
+
+def validated_ranges(num_layers: int) -> LayerRanges:
+    """The paper's validated ranges (b in {3,4,5}, u in {0,1,2}, t in {0,1,2}) as published for
+    32 layers; for other depths each value scaled by ``scale_layers`` (the tool's rule)."""
+    if num_layers == REFERENCE_LAYERS:
+        return LayerRanges(*(PAPER_RANGES_32[k] for k in ("bottom", "top", "transition")),
+                           num_layers, True)
+
+    def scaled(values):
+        return tuple(sorted({min(scale_layers(v, num_layers), num_layers) for v in values}))
+    return LayerRanges(*(scaled(PAPER_RANGES_32[k]) for k in ("bottom", "top", "transition")),
+                       num_layers, False)
+
+
 # --------------------------------------------------------------------------- partitions
-def parse_layers(spec, num_layers: int) -> set[int]:
-    """Layer selection: "all", "0-5", "7", "first 6", "last 2", comma-joined, or a list of ints."""
-    if spec is None or spec == "all":
-        return set(range(num_layers))
-    if isinstance(spec, int):
-        items: list = [spec]
-    elif isinstance(spec, (list, tuple)):
+def _selection_items(spec, what: str) -> list:
+    """The comma-separated items (or list entries) of a selection, refused past the caps."""
+    if isinstance(spec, (list, tuple)):
         items = list(spec)
+    elif isinstance(spec, (int, str)) and not isinstance(spec, bool):
+        if isinstance(spec, str) and len(spec) > MAX_SPEC_CHARS:
+            raise ConfigError(f"{what}: {len(spec)} characters, more than the {MAX_SPEC_CHARS} "
+                              "allowed")
+        items = [spec] if isinstance(spec, int) else [s.strip() for s in spec.split(",")
+                                                       if s.strip()]
     else:
-        items = [s.strip() for s in str(spec).split(",") if s.strip()]
+        raise ConfigError(f"{what}: expected text like '0-5, 7' or a list, got {_got(spec)}")
+    if len(items) > MAX_SPEC_ITEMS:
+        raise ConfigError(f"{what}: {len(items)} items, more than the {MAX_SPEC_ITEMS} allowed")
+    return items
+
+
+def _out_of_range(item, num_layers: int) -> ConfigError:
+    return ConfigError(f"layer selection {item!r} is outside the model's layers 0..{num_layers - 1}"
+                       f" ({num_layers} layers)")
+
+
+def parse_layer_selection(spec, num_layers: int) -> tuple[set[int], bool]:
+    """(layers, non_layer) of a selection: "all", "0-5", "7", "first 6", "last 2", "non-layer"
+    (the parameters outside the decoder layers), comma-joined, or a list of those / ints.
+
+    Every number is checked against the model's layers before any range is built, and the
+    text is capped (``MAX_SPEC_CHARS``, ``MAX_SPEC_ITEMS``): a huge range costs nothing.
+    """
+    if spec is None or spec == "all":
+        return set(range(num_layers)), False
     out: set[int] = set()
-    for item in items:
-        if isinstance(item, int):
+    non_layer = False
+    for item in _selection_items(spec, "layer selection"):
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not 0 <= item < num_layers:
+                raise _out_of_range(item, num_layers)
             out.add(item)
+            continue
+        if not isinstance(item, str):
+            raise ConfigError(f"layer selection: {_got(item)} is not a layer number or range")
+        item = item.strip()
+        if item.lower() in NON_LAYER_WORDS:
+            non_layer = True
+            continue
+        if item == "all":
+            out.update(range(num_layers))
             continue
         m = re.fullmatch(r"(first|last)\s+(\d+)", item)
         if m:
-            n = min(int(m.group(2)), num_layers)
+            n = int(m.group(2))
+            if n > num_layers:
+                raise ConfigError(f"layer selection {item!r} asks for more layers than the "
+                                  f"model's {num_layers} (layers 0..{num_layers - 1})")
             out.update(range(n) if m.group(1) == "first" else range(num_layers - n, num_layers))
             continue
         m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", item)
@@ -75,18 +177,27 @@ def parse_layers(spec, num_layers: int) -> set[int]:
             lo, hi = int(m.group(1)), int(m.group(2))
             if lo > hi:
                 raise ConfigError(f"layer range {item!r}: start is after end")
+            if hi >= num_layers:
+                raise _out_of_range(item, num_layers)
             out.update(range(lo, hi + 1))
             continue
         if item.isdigit():
+            if int(item) >= num_layers:
+                raise _out_of_range(item, num_layers)
             out.add(int(item))
             continue
         raise ConfigError(f"cannot read layer selection {item!r} (use e.g. '0-5', '7', "
-                          "'first 6', 'last 2' or 'all')")
-    bad = sorted(l for l in out if not 0 <= l < num_layers)
-    if bad:
-        raise ConfigError(f"layer selection {spec!r} names layer {bad[0]}, but the model has "
-                          f"layers 0..{num_layers - 1}")
-    return out
+                          "'first 6', 'last 2', 'non-layer' or 'all')")
+    return out, non_layer
+
+
+def parse_layers(spec, num_layers: int) -> set[int]:
+    """Layer selection: "all", "0-5", "7", "first 6", "last 2", comma-joined, or a list of ints
+    (bounds checked before anything is built; see ``parse_layer_selection``)."""
+    layers, non_layer = parse_layer_selection(spec, num_layers)
+    if non_layer:
+        raise ConfigError(f"layer selection {spec!r}: 'non-layer' is not a layer number")
+    return layers
 
 
 def _all_kinds() -> set[str]:
@@ -94,12 +205,15 @@ def _all_kinds() -> set[str]:
 
 
 def parse_kinds(spec) -> set[str] | None:
-    """Module kinds: "all" (None), group names (attention/mlp/norm) and kind names, comma-joined."""
+    """Module kinds: "all" (None), group names (attention/mlp/norm) and kind names, comma-joined.
+    The non-layer kinds are embed, final_norm and lm_head."""
     if spec is None or spec == "all":
         return None
-    items = spec if isinstance(spec, (list, tuple)) else str(spec).split(",")
     out: set[str] = set()
-    for item in (str(i).strip() for i in items):
+    for item in _selection_items(spec, "module kinds"):
+        if not isinstance(item, str):
+            raise ConfigError(f"module kinds: {_got(item)} is not a kind name")
+        item = item.strip()
         if not item:
             continue
         if item == "all":
@@ -116,89 +230,122 @@ def parse_kinds(spec) -> set[str] | None:
 
 @dataclass(frozen=True)
 class Rule:
-    """Parameters in ``layers`` (None: every layer and the non-layer parameters) whose kind is in
-    ``kinds`` (None: all) go to model ``to``."""
+    """Parameters in ``layers`` whose kind is in ``kinds`` (None: all) go to model ``to``.
+
+    ``layers`` None (the rule has no 'layers' key): every layer and the non-layer parameters.
+    With explicit layers, the non-layer parameters (embeddings, final norm, LM head) match only
+    when ``non_layer`` is set ('non-layer' in the selection).
+    So a rule addresses the non-layer parameters with ``layers: non-layer`` (all of them, or
+    some with ``kinds: embed, final_norm, lm_head``) or with kinds alone (``kinds: embed``).
+    """
     layers: frozenset[int] | None
     kinds: frozenset[str] | None
     to: str = "lang"
+    non_layer: bool = False
 
     def matches(self, layer: int | None, kind: str) -> bool:
-        if self.layers is not None and (layer is None or layer not in self.layers):
-            return False
+        if self.layers is not None:
+            if layer is None and not self.non_layer:
+                return False
+            if layer is not None and layer not in self.layers:
+                return False
         return self.kinds is None or kind in self.kinds
 
 
-# Partition presets as published for 32-layer models: (rules with layer counts "first N"/"last N").
-PRESETS_32 = {
-    "A": [{"kinds": "attention"}, {"layers": "first 6, last 2", "kinds": "mlp"}],
-    "B": [{"layers": "first 8, last 4"}],
-    "C": [{"layers": "first 6, last 2"}],
+# Partition presets of the follow-up paper (modular fine-tuning and merging), in ABSOLUTE layers
+# as published for its 32- and 36-layer models: (first, last) layer counts and the rules.
+PRESET_LAYERS = {"A": (6, 2), "B": (8, 4), "C": (6, 2)}
+PRESET_RULES = {
+    "A": [{"kinds": "attention"}, {"layers": "first {first}, last {last}", "kinds": "mlp"}],
+    "B": [{"layers": "first {first}, last {last}"}],
+    "C": [{"layers": "first {first}, last {last}"}],
 }
 PRESET_DESCRIPTIONS = {
-    "A": "all attention + MLP of the first 6 and last 2 layers (of 32) -> language expert",
-    "B": "first 8 and last 4 layers (of 32) -> language expert",
-    "C": "first 6 and last 2 layers (of 32) -> language expert",
+    "A": "all attention + MLP of the first 6 and last 2 layers -> language expert",
+    "B": "first 8 and last 4 layers -> language expert",
+    "C": "first 6 and last 2 layers -> language expert",
 }
 
 
-def _scale_spec(spec, num_layers: int):
-    """Rewrite "first N"/"last N" of a 32-layer preset for ``num_layers`` layers."""
-    if not isinstance(spec, str):
-        return spec
-    return re.sub(r"(first|last)\s+(\d+)",
-                  lambda m: f"{m.group(1)} {scale_layers(int(m.group(2)), num_layers)}", spec)
+def preset_layer_counts(name: str, num_layers: int, scale: bool = False) -> tuple[int, int]:
+    """(first, last) of a preset: as published, or with ``scale`` the published counts times
+    num_layers / 32 (``scale_layers``: the tool's own rule, not the paper's). ConfigError where
+    they leave no middle layer to the task expert."""
+    key = str(name).upper()
+    if key not in PRESET_LAYERS:
+        raise ConfigError(f"unknown partition preset {name!r}; known: {', '.join(PRESET_LAYERS)}")
+    first, last = PRESET_LAYERS[key]
+    if scale:
+        first, last = scale_layers(first, num_layers), scale_layers(last, num_layers)
+    if first + last >= num_layers:
+        how = (f"scaled to first {first} + last {last}" if scale else
+               f"first {first} + last {last} layers as published (for 32/36-layer models)")
+        hint = "" if scale else (", or scale_partition / --scale-partition to scale the counts "
+                                 "(the tool's own rule, not the paper's)")
+        raise ConfigError(f"partition preset {key}: {how} leave no middle layer to the task "
+                          f"expert in a model of {num_layers} layers; use custom rules{hint}")
+    return first, last
 
 
 @dataclass(frozen=True)
 class Partition:
-    """Which parameters go to the language expert (the rest: task expert). Later rules win."""
+    """Which parameters go to which model. Later rules win; parameters no rule matches come from
+    the task expert (decoder layers) or follow ``MergeConfig.non_layer`` (non-layer ones)."""
     rules: tuple[Rule, ...]
     num_layers: int
     name: str = "custom"
+    scaled: bool = False
 
     @classmethod
-    def preset(cls, name: str, num_layers: int) -> "Partition":
+    def preset(cls, name: str, num_layers: int, scale: bool = False) -> "Partition":
+        """A published preset in absolute layers (ConfigError where it does not fit); ``scale``:
+        the counts scaled with depth (the tool's own rule)."""
         key = str(name).upper()
-        if key not in PRESETS_32:
-            raise ConfigError(f"unknown partition preset {name!r}; known: {', '.join(PRESETS_32)}")
-        rules = [{**r, "layers": _scale_spec(r.get("layers"), num_layers)} if "layers" in r else r
-                 for r in PRESETS_32[key]]
-        return cls.from_rules(rules, num_layers, name=key)
+        first, last = preset_layer_counts(key, num_layers, scale)
+        rules = [{**r, "layers": r["layers"].format(first=first, last=last)} if "layers" in r
+                 else r for r in PRESET_RULES[key]]
+        return replace(cls.from_rules(rules, num_layers, name=key), scaled=scale)
 
     @classmethod
     def from_rules(cls, rules: Iterable[dict], num_layers: int, name: str = "custom") -> "Partition":
+        """Rules: mappings with 'layers' (see ``parse_layer_selection``; absent: every layer and
+        the non-layer parameters), 'kinds' (``parse_kinds``) and 'to' (task/lang/base, default
+        lang)."""
+        rules = _check_rules(rules)
         parsed = []
         for i, r in enumerate(rules):
-            if not isinstance(r, dict):
-                raise ConfigError(f"partition rule {i + 1}: expected a mapping with 'layers' and/or "
-                                  f"'kinds', got {r!r}")
-            unknown = set(r) - {"layers", "kinds", "to"}
-            if unknown:
-                raise ConfigError(f"partition rule {i + 1}: unknown key(s) {sorted(unknown)}")
-            to = r.get("to", "lang")
-            if to not in MODELS:
-                raise ConfigError(f"partition rule {i + 1}: 'to' must be one of {MODELS}, got {to!r}")
-            layers = None if "layers" not in r else frozenset(parse_layers(r["layers"], num_layers))
-            kinds = parse_kinds(r.get("kinds"))
-            parsed.append(Rule(layers, None if kinds is None else frozenset(kinds), to))
+            try:
+                layers, non_layer = (None, False) if "layers" not in r else \
+                    parse_layer_selection(r["layers"], num_layers)
+                kinds = parse_kinds(r.get("kinds"))
+            except ConfigError as e:
+                raise ConfigError(f"partition rule {i + 1}: {e}") from None
+            parsed.append(Rule(None if layers is None else frozenset(layers),
+                               None if kinds is None else frozenset(kinds), r.get("to", "lang"),
+                               non_layer))
         return cls(tuple(parsed), num_layers, name)
 
     @classmethod
-    def from_spec(cls, spec, num_layers: int) -> "Partition":
+    def from_spec(cls, spec, num_layers: int, scale: bool = False) -> "Partition":
         """A preset name ("A"/"B"/"C") or a list of rule mappings."""
         if isinstance(spec, str):
-            return cls.preset(spec, num_layers)
+            return cls.preset(spec, num_layers, scale)
         if isinstance(spec, Partition):
             return spec
         return cls.from_rules(spec, num_layers)
 
-    def model_for(self, name: str, arch: Architecture) -> str:
+    def rule_for(self, name: str, arch: Architecture) -> str | None:
+        """The model the last matching rule names, or None when no rule matches."""
         info = arch.classify(name)
-        out = "task"
+        out = None
         for rule in self.rules:
             if rule.matches(info.layer, info.kind):
                 out = rule.to
         return out
+
+    def model_for(self, name: str, arch: Architecture) -> str:
+        """The rule's model, else "task" (training's sides; merges use ``rule_for``)."""
+        return self.rule_for(name, arch) or "task"
 
     def goes_to_lang(self, name: str, arch: Architecture) -> bool:
         return self.model_for(name, arch) == "lang"
@@ -207,13 +354,68 @@ class Partition:
         """The names (in the given order) that go to the language expert."""
         return [n for n in names if self.goes_to_lang(n, arch)]
 
+    def describe(self) -> str:
+        if self.name not in PRESET_LAYERS:
+            return f"custom rules ({len(self.rules)})"
+        first, last = preset_layer_counts(self.name, self.num_layers, self.scaled)
+        how = (f"first {first} + last {last} of {self.num_layers} layers, scaled from the "
+               "published counts by the tool's own rule" if self.scaled else "as published")
+        return f"{self.name} ({how})"
+
+    def check_tied(self, names: list[str], arch: Architecture):
+        """A tied LM head is the embedding tensor: it always follows the embeddings (a rule for
+        ``embed`` moves both). A rule naming ``lm_head`` without ``embed`` would silently do
+        nothing, so it is refused."""
+        kinds = {arch.classify(n).kind for n in names if arch.classify(n).layer is None}
+        if "embed" not in kinds or "lm_head" in kinds:
+            return
+        for i, rule in enumerate(self.rules):
+            if rule.kinds is not None and "lm_head" in rule.kinds and "embed" not in rule.kinds:
+                raise ConfigError(f"partition rule {i + 1}: this model ties its LM head to the "
+                                  "embeddings (one tensor, which follows the embeddings), so "
+                                  "address kinds 'embed, lm_head' together, or 'embed'")
+
+
+def _check_rules(rules) -> list[dict]:
+    """The rule list's shape: a list of at most MAX_RULES mappings with known keys."""
+    if not isinstance(rules, (list, tuple)):
+        raise ConfigError(f"partition: must be a preset name ({', '.join(PRESET_LAYERS)}) or a "
+                          f"list of rules, got {_got(rules)}")
+    if len(rules) > MAX_RULES:
+        raise ConfigError(f"partition: {len(rules)} rules, more than the {MAX_RULES} allowed")
+    for i, r in enumerate(rules):
+        if not isinstance(r, dict):
+            raise ConfigError(f"partition rule {i + 1}: expected a mapping with 'layers' and/or "
+                              f"'kinds', got {_got(r)}")
+        unknown = set(r) - {"layers", "kinds", "to"}
+        if unknown:
+            raise ConfigError(f"partition rule {i + 1}: unknown key(s) {sorted(map(str, unknown))}")
+        to = r.get("to", "lang")
+        if to not in MODELS:
+            raise ConfigError(f"partition rule {i + 1}: 'to' must be one of {MODELS}, got {to!r}")
+    return list(rules)
+
+
+def _got(v) -> str:
+    """A value and its type for error messages (YAML users see null / text)."""
+    if v is None:
+        return "null (no value)"
+    if isinstance(v, str):
+        return f"{v[:60]!r} (text)"
+    text = repr(v)
+    return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(v).__name__})"
+
 
 # --------------------------------------------------------------------------- config
 @dataclass
 class MergeConfig:
     """Everything that defines a merge. ``bottom``/``top`` None: the 32-layer defaults (5, 2)
     scaled to the model's depth. A ``partition`` replaces bottom/top/transitions (they are then
-    ignored). Model references are optional here (the CLI/API may give them)."""
+    ignored). Model references are optional here (the CLI/API may give them).
+
+    Field types and bounds are checked by ``check_fields`` (the table ``FIELD_CHECKS``): weights
+    in [0, MAX_WEIGHT], lambdas in [-MAX_LAMBDA, MAX_LAMBDA], ties_density in (0, 1], all finite.
+    """
     method: str = "layer_swap"
     bottom: int | None = None
     top: int | None = None
@@ -222,7 +424,9 @@ class MergeConfig:
     w_task: float = 1.0
     w_lang: float = 1.0
     magnitude_weights: bool = False
+    non_layer: str = "blend"         # layer swap: non-layer parameters from blend | task | lang
     partition: Any = None            # None | "A" | "B" | "C" | list of rule mappings
+    scale_partition: bool = False    # presets scaled with depth (the tool's rule, not the paper's)
     lambda_task: float = 1.0         # task arithmetic: base + sum(lambda * delta)
     lambda_lang: float = 1.0
     ties_density: float = 0.2        # TIES: fraction of each delta kept (largest magnitudes)
@@ -250,26 +454,16 @@ class MergeConfig:
         return b, u, self.transition_bottom, self.transition_top
 
     # ---- validation
+    def check_fields(self) -> "MergeConfig":
+        """Each field's type and bounds (one line naming the field; nothing else is checked)."""
+        for f in fields(self):
+            FIELD_CHECKS[f.name](f.name, getattr(self, f.name))
+        return self
+
     def validate(self, num_layers: int | None = None, has_base: bool | None = None) -> "MergeConfig":
-        if self.method not in MERGE_METHODS:
-            raise ConfigError(f"method: unknown {self.method!r}; choose one of {', '.join(MERGE_METHODS)}")
-        for f in ("bottom", "top", "transition_bottom", "transition_top"):
-            v = getattr(self, f)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise ConfigError(f"{f}: must be a non-negative integer, got {v!r}")
-        for f in ("w_task", "w_lang"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"{f}: must be a non-negative number, got {v!r}")
+        self.check_fields()
         if self.has_blends and not self.uses_magnitude and self.w_task + self.w_lang <= 0:
             raise ConfigError("w_task + w_lang is 0: the blend has no weight (give a positive weight)")
-        if not 0 < self.ties_density <= 1:
-            raise ConfigError(f"ties_density: must be in (0, 1], got {self.ties_density!r}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"dtype: unknown {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        if self.tokenizer_source is not None and self.tokenizer_source not in MODELS:
-            raise ConfigError(f"tokenizer_source: must be one of {', '.join(MODELS)}, "
-                              f"got {self.tokenizer_source!r}")
         if has_base is False and self.needs_base:
             what = "magnitude-adjusted weights" if self.magnitude_weights else f"method {self.method}"
             raise ConfigError(f"{what} need(s) the base model (--base)")
@@ -280,15 +474,22 @@ class MergeConfig:
                     f"bottom + transition_bottom + transition_top + top = {b}+{tb}+{tu}+{u} = "
                     f"{b + tb + tu + u} exceeds the model's {num_layers} layers")
             if self.method == "layer_swap" and self.partition is not None:
-                Partition.from_spec(self.partition, num_layers)  # raises on bad rules
+                self.partition_for(num_layers)  # raises on bad rules
         return self
+
+    def partition_for(self, num_layers: int) -> "Partition":
+        return Partition.from_spec(self.partition, num_layers, scale=self.scale_partition)
 
     @property
     def has_blends(self) -> bool:
-        """Whether some tensors are a task/lang weighted blend (soups, transition layers)."""
-        return self.method in ("soup", "magnitude_soup") or (
-            self.method == "layer_swap" and self.partition is None
-            and bool(self.transition_bottom or self.transition_top))
+        """Whether some tensors are a task/lang weighted blend (soups, transition layers,
+        averaged non-layer parameters of a layer swap)."""
+        if self.method in ("soup", "magnitude_soup"):
+            return True
+        if self.method != "layer_swap":
+            return False
+        return self.non_layer == "blend" or (
+            self.partition is None and bool(self.transition_bottom or self.transition_top))
 
     @property
     def needs_base(self) -> bool:
@@ -308,19 +509,28 @@ class MergeConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MergeConfig":
+        """A config from a mapping (YAML), every field checked (``check_fields``).
+
+        A mapping written by an earlier layerswap (it has ``layerswap_version`` but lacks the
+        newer keys) keeps that version's behaviour: non-layer parameters from the task expert
+        and presets scaled with depth, so a saved ``layerswap.yaml`` reproduces its merge.
+        """
         if not isinstance(d, dict):
-            raise ConfigError(f"a merge config must be a mapping, got {type(d).__name__}")
+            raise ConfigError(f"a merge config must be a mapping, got {_got(d)}")
         d = dict(d)
-        d.pop("layerswap_version", None)
+        if "layerswap_version" in d:
+            d.pop("layerswap_version")
+            d.setdefault("non_layer", "task")
+            d.setdefault("scale_partition", True)
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(map(str, set(d) - known))
         if unknown:
             raise ConfigError(f"unknown merge config key(s): {', '.join(unknown)} "
                               f"(known: {', '.join(sorted(known))})")
         for k in ("w_task", "w_lang", "lambda_task", "lambda_lang", "ties_density", "ties_lambda"):
             if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
                 d[k] = float(d[k])
-        return cls(**d)
+        return cls(**d).check_fields()
 
     def to_yaml(self) -> str:
         import yaml
@@ -329,12 +539,7 @@ class MergeConfig:
 
     @classmethod
     def from_yaml(cls, text: str) -> "MergeConfig":
-        import yaml
-        try:
-            d = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"merge config is not valid YAML: {e}") from e
-        return cls.from_dict(d or {})
+        return cls.from_dict(load_yaml(text, "merge config") or {})
 
     @classmethod
     def load(cls, path) -> "MergeConfig":
@@ -345,19 +550,20 @@ class MergeConfig:
             raise ConfigError(f"{path}: {e}") from None
 
     def describe(self, num_layers: int | None = None) -> str:
-        """One line, e.g. 'layer swap: bottom 5, top 2, transitions 0/0'."""
+        """One line, e.g. 'layer swap: bottom 5, top 2, transitions 0/0, non-layer averaged'."""
         if self.method == "layer_swap":
             if self.partition is not None:
-                p = self.partition if isinstance(self.partition, str) else "custom rules"
-                return f"layer swap with partition {p}"
+                if num_layers is not None:
+                    p = self.partition_for(num_layers).describe()
+                else:
+                    p = self.partition if isinstance(self.partition, str) else "custom rules"
+                return f"layer swap with partition {p}, {self._non_layer_text()}"
             if num_layers is not None:
                 b, u, tb, tu = self.layer_counts(num_layers)
             else:
                 b, u, tb, tu = (self.bottom, self.top, self.transition_bottom, self.transition_top)
-            s = f"layer swap: bottom {b}, top {u}, transitions {tb}/{tu}"
-            if tb or tu:
-                s += ", " + self._weights_text()
-            return s
+            return f"layer swap: bottom {b}, top {u}, transitions {tb}/{tu}, " + \
+                self._non_layer_text(bool(tb or tu))
         if self.method == "soup":
             return "model soup, " + self._weights_text()
         if self.method == "magnitude_soup":
@@ -366,10 +572,106 @@ class MergeConfig:
             return f"task arithmetic: lambda task {self.lambda_task:g}, lang {self.lambda_lang:g}"
         return f"TIES: density {self.ties_density:g}, lambda {self.ties_lambda:g}"
 
+    def _non_layer_text(self, blends: bool = False) -> str:
+        if self.non_layer == "blend":
+            return "non-layer parameters averaged, " + self._weights_text()
+        src = "task expert" if self.non_layer == "task" else "language expert"
+        return f"non-layer parameters from the {src}" + (", " + self._weights_text() if blends
+                                                         else "")
+
     def _weights_text(self) -> str:
         if self.magnitude_weights:
             return "magnitude-adjusted weights"
         return f"weights task {self.w_task:g} : lang {self.w_lang:g}"
+
+
+def _check_int(name, v, optional: bool = False):
+    if v is None and optional:
+        return
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ConfigError(f"{name}: must be a non-negative integer, got {_got(v)}")
+
+
+def _check_number(name, v, lo: float, hi: float, what: str = "", lo_open: bool = False):
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+        (lo < v if lo_open else lo <= v) and v <= hi
+    if not ok:
+        span = f"in ({lo:g}, {hi:g}]" if lo_open else f"from {lo:g} to {hi:g}"
+        raise ConfigError(f"{name}: must be a number {span}{what}, got {_got(v)}")
+
+
+def _check_choice(name, v, choices, optional: bool = False):
+    if v is None and optional:
+        return
+    if not isinstance(v, str) or v not in choices:
+        shown = repr(v) if isinstance(v, str) else _got(v)
+        raise ConfigError(f"{name}: unknown {shown}; choose one of {', '.join(choices)}")
+
+
+def _check_bool(name, v):
+    if not isinstance(v, bool):
+        raise ConfigError(f"{name}: must be true or false, got {_got(v)}")
+
+
+def _check_ref(name, v):
+    import os
+    if v is not None and not isinstance(v, (str, os.PathLike)):
+        raise ConfigError(f"{name}: must be a model reference (a folder, owner/name or "
+                          f"embedded:NAME), got {_got(v)}")
+
+
+def _check_partition(name, v):
+    if v is None or isinstance(v, Partition):
+        return
+    if isinstance(v, str):
+        if v.upper() not in PRESET_LAYERS:
+            raise ConfigError(f"unknown partition preset {v!r}; known: {', '.join(PRESET_LAYERS)}")
+        return
+    _check_rules(v)
+
+
+_WEIGHT = (0.0, MAX_WEIGHT, " (only the ratio w_task : w_lang matters)")
+_LAMBDA = (-MAX_LAMBDA, MAX_LAMBDA)
+# The declarative type table of MergeConfig: field -> check(name, value) raising ConfigError.
+FIELD_CHECKS = {
+    "method": lambda n, v: _check_choice(n, v, MERGE_METHODS),
+    "bottom": lambda n, v: _check_int(n, v, optional=True),
+    "top": lambda n, v: _check_int(n, v, optional=True),
+    "transition_bottom": _check_int,
+    "transition_top": _check_int,
+    "w_task": lambda n, v: _check_number(n, v, *_WEIGHT),
+    "w_lang": lambda n, v: _check_number(n, v, *_WEIGHT),
+    "magnitude_weights": _check_bool,
+    "non_layer": lambda n, v: _check_choice(n, v, NON_LAYER_SOURCES),
+    "partition": _check_partition,
+    "scale_partition": _check_bool,
+    "lambda_task": lambda n, v: _check_number(n, v, *_LAMBDA),
+    "lambda_lang": lambda n, v: _check_number(n, v, *_LAMBDA),
+    "ties_density": lambda n, v: _check_number(n, v, 0.0, 1.0, " (the fraction of each delta "
+                                               "kept)", lo_open=True),
+    "ties_lambda": lambda n, v: _check_number(n, v, *_LAMBDA),
+    "dtype": lambda n, v: _check_choice(n, v, DTYPES, optional=True),
+    "tokenizer_source": lambda n, v: _check_choice(n, v, MODELS, optional=True),
+    "task": _check_ref,
+    "lang": _check_ref,
+    "base": _check_ref,
+}
+
+
+def load_yaml(text: str, what: str = "YAML"):
+    """``yaml.safe_load`` that also reads exponent floats without a dot (``1e39``, ``1e-3``) as
+    numbers, as YAML 1.2 does (PyYAML's 1.1 rules read them as text)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    try:
+        return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} is not valid YAML: {' '.join(str(e).split())}") from e
 
 
 # --------------------------------------------------------------------------- plan
@@ -511,6 +813,20 @@ class MergePlan:
         """Non-layer parameter name -> label."""
         return {n: s.label for n, s in self.sources.items() if self.arch.classify(n).layer is None}
 
+    @property
+    def tied_head(self) -> bool:
+        """Whether the LM head is the embedding tensor (the names have embeddings, no head)."""
+        kinds = {self.arch.classify(n).kind for n in self.global_sources()}
+        return "embed" in kinds and "lm_head" not in kinds
+
+    def non_layer_text(self) -> str:
+        """Where the non-layer parameters come from, in words (layer swaps)."""
+        how = {"blend": "averaged as in Algorithm 1", "task": "from the task expert",
+               "lang": "from the language expert"}[self.config.non_layer]
+        tied = "; the LM head is tied to the embeddings" if self.tied_head else ""
+        return (f"non-layer parameters (embeddings, final norm, LM head): {how} "
+                f"(non_layer: {self.config.non_layer}){tied}")
+
     def summary_text(self) -> str:
         cfg = self.config
         lines = [f"{cfg.describe(self.num_layers)} ({self.arch.describe()})"]
@@ -530,8 +846,10 @@ class MergePlan:
         glob: dict[str, list[str]] = OrderedDict()
         for n, lab in self.global_sources().items():
             glob.setdefault(lab, []).append(n.removesuffix(".weight"))
+        if cfg.method == "layer_swap" and glob:
+            lines.append(self.non_layer_text())
         for lab, names in glob.items():
-            lines.append(f"{'other':<9} {lab}: {', '.join(names)}")
+            lines.append(f"{'non-layer':<9} {lab}: {', '.join(names)}")
         c = self.counts()
         lines.append("tensors: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
         return "\n".join(lines)
@@ -567,6 +885,7 @@ def build_plan(config: MergeConfig, param_names: Iterable[str], arch: Architectu
     L = arch.num_layers
     blend_w = magnitude if config.uses_magnitude else (config.w_task, config.w_lang)
     blend = Source("linear", ("task", "lang"), None if blend_w is None else tuple(map(float, blend_w)))
+    non_layer = blend if config.non_layer == "blend" else Source.copy(config.non_layer)
     sources: dict[str, Source] = {}
     m = config.method
     if m in ("soup", "magnitude_soup"):
@@ -580,14 +899,18 @@ def build_plan(config: MergeConfig, param_names: Iterable[str], arch: Architectu
                      (("density", float(config.ties_density)), ("lam", float(config.ties_lambda))))
         sources = {n: src for n in names}
     elif config.partition is not None:
-        part = Partition.from_spec(config.partition, L)
-        sources = {n: Source.copy(part.model_for(n, arch)) for n in names}
+        part = config.partition_for(L)
+        part.check_tied(names, arch)
+        for n in names:
+            to = part.rule_for(n, arch)
+            sources[n] = Source.copy(to) if to is not None else \
+                non_layer if arch.classify(n).layer is None else Source.copy("task")
     else:
         b, u, tb, tu = config.layer_counts(L)
         zone_source = {"lang": Source.copy("lang"), "task": Source.copy("task"), "blend": blend}
         for n in names:
             layer = arch.classify(n).layer
-            sources[n] = zone_source["task"] if layer is None else \
+            sources[n] = non_layer if layer is None else \
                 zone_source[layer_zone(layer, L, b, u, tb, tu)]
     return MergePlan(config, arch, sources,
                      tuple(magnitude) if magnitude is not None and config.uses_magnitude else None)

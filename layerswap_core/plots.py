@@ -305,8 +305,14 @@ def _row_dict(row) -> dict:
         w_lang = d.get("w_lang", 1.0 if src == "lang" else 0.0)
         return {"layer": int(d["layer"]), "source": src, "w_task": float(w_task),
                 "w_lang": float(w_lang), "label": str(d.get("label", src))}
-    layer, label = int(row.layer), str(row.label)
-    text = row.text() if hasattr(row, "text") else label
+    text = row.text() if hasattr(row, "text") else str(row.label)
+    kinds = list(getattr(row, "kinds", {}).values())
+    return _label_row(int(row.layer), str(row.label), kinds, text)
+
+
+def _label_row(layer: int, label: str, kind_labels: Sequence[str], text: str) -> dict:
+    """The row dict of a source label (see ``_row_dict``); "mixed": the share of the kinds'
+    labels that go to each expert."""
     if label in ("task", "lang"):
         return {"layer": layer, "source": label, "w_task": float(label == "task"),
                 "w_lang": float(label == "lang"), "label": text}
@@ -317,7 +323,7 @@ def _row_dict(row) -> dict:
     if label.startswith("blend"):
         return {"layer": layer, "source": "blend", "w_task": 0.5, "w_lang": 0.5, "label": text}
     if label == "mixed":  # share of module kinds that go to each expert
-        kinds = list(getattr(row, "kinds", {}).values()) or ["task"]
+        kinds = list(kind_labels) or ["task"]
         t = sum(1.0 if k == "task" else 0.5 if k.startswith("blend") else 0.0 for k in kinds)
         g = sum(1.0 if k == "lang" else 0.5 if k.startswith("blend") else 0.0 for k in kinds)
         return {"layer": layer, "source": "mixed", "w_task": t / len(kinds),
@@ -326,19 +332,37 @@ def _row_dict(row) -> dict:
             "label": text}
 
 
+NON_LAYER_Y = -1  # the non-layer parameters' bar sits below layer 0
+
+
+def _non_layer_row(non_layer: Mapping[str, str]) -> dict:
+    """One row for the parameters outside the layers: name -> source label
+    (``MergePlan.global_sources()``)."""
+    by_label: dict[str, list[str]] = {}
+    for name, lab in non_layer.items():
+        by_label.setdefault(lab, []).append(name.removesuffix(".weight"))
+    text = "; ".join(f"{lab}: {', '.join(names)}" for lab, names in by_label.items())
+    label = next(iter(by_label)) if len(by_label) == 1 else "mixed"
+    return {**_label_row(NON_LAYER_Y, label, list(non_layer.values()), text), "short": label}
+
+
 def layer_stack_figure(rows: Sequence, title: str | None = None,
-                       names: Mapping[str, str] | None = None) -> go.Figure:
+                       names: Mapping[str, str] | None = None,
+                       non_layer: Mapping[str, str] | None = None) -> go.Figure:
     """The layer stack as in the published figure: one bar per layer, layer 0 at the bottom,
     coloured by source; blended (transition) layers split by their weights.
 
     rows: ``MergePlan.layer_rows()`` or dicts {"layer", "source", "w_task", "w_lang", "label"}.
     names: display names for "task"/"lang" (e.g. the model names).
+    non_layer: ``MergePlan.global_sources()`` (name -> source label): one more bar, "non-layer",
+    below layer 0 says where the embeddings, final norm and LM head come from.
     """
     names = {**SOURCE_NAMES, **(names or {})}
     rs = sorted((_row_dict(r) for r in rows), key=lambda r: r["layer"])
+    extra = [_non_layer_row(non_layer)] if non_layer else []
     layers = [r["layer"] for r in rs]
     w_lang, w_task, w_other = [], [], []
-    for r in rs:
+    for r in extra + rs:
         total = r["w_task"] + r["w_lang"]
         if total > 0:
             w_lang.append(r["w_lang"] / total)
@@ -348,18 +372,26 @@ def layer_stack_figure(rows: Sequence, title: str | None = None,
             w_lang.append(0.0)
             w_task.append(0.0)
             w_other.append(1.0)
-    hover = [f"layer {r['layer']}: {r['label']}" for r in rs]
+    hover = [f"non-layer parameters: {r['label']}" for r in extra] + \
+        [f"layer {r['layer']}: {r['label']}" for r in rs]
+    ys = [r["layer"] for r in extra] + layers
     fig = go.Figure()
     for key, ws, lab in (("lang", w_lang, names["lang"]), ("task", w_task, names["task"]),
                          ("base", w_other, "other (base / method)")):
         if not any(ws):
             continue
         fig.add_trace(go.Bar(
-            y=layers, x=ws, orientation="h", name=lab, marker_color=COLORS[key],
+            y=ys, x=ws, orientation="h", name=lab, marker_color=COLORS[key],
             marker_line=dict(color="white", width=1), customdata=hover,
             text=[f"{w:.0%}" if 0 < w < 1 else "" for w in ws], textposition="inside",
             hovertemplate="%{customdata}<br>" + lab + ": %{x:.0%}<extra></extra>"))
     # Zone labels on the right, one per run of equal rows ("language expert ×6", "blend ...").
+    for r in extra:  # "non-layer: blend 0.50/0.50 (embeddings, final norm, LM head)"
+        src = r["source"]
+        what = names.get(src, src) if src in ("task", "lang", "base") else r["short"]
+        fig.add_annotation(x=1.01, xref="paper", xanchor="left", y=r["layer"],
+                           text=f"non-layer: {what} (embeddings, final norm, LM head)",
+                           showarrow=False, font=dict(size=11, color=COLORS.get(src, "#444")))
     i = 0
     while i < len(rs):
         j = i
@@ -375,9 +407,14 @@ def layer_stack_figure(rows: Sequence, title: str | None = None,
     fig.update_xaxes(range=[0, 1], tickformat=".0%", title_text="share of the layer's weights",
                      showgrid=False)
     fig.update_yaxes(title_text="layer", dtick=1 if len(layers) <= 40 else 2,
-                     range=[-0.5, (max(layers) if layers else 0) + 0.5])
-    return _layout(fig, title or "Layer stack of the merged model", heatmap_height(len(layers)),
-                   margin=dict(r=200))
+                     range=[min(ys, default=0) - 0.5, (max(layers) if layers else 0) + 0.5])
+    if extra:
+        step = 1 if len(layers) <= 40 else 2
+        ticks = [NON_LAYER_Y] + layers[::step]
+        fig.update_yaxes(tickmode="array", tickvals=ticks,
+                         ticktext=["non-layer"] + [str(t) for t in ticks[1:]])
+    return _layout(fig, title or "Layer stack of the merged model", heatmap_height(len(ys)),
+                   margin=dict(r=260 if extra else 200))
 
 
 # --------------------------------------------------------------------------- profiles

@@ -52,7 +52,7 @@ def _tensors(folder):
 CONFIGS = {
     "transitions": MergeConfig(bottom=2, top=1, transition_bottom=1, transition_top=2,
                                w_task=2.0, w_lang=1.0),
-    "partition_A": MergeConfig(partition="A"),
+    "partition_A": MergeConfig(partition="A", scale_partition=True),
     "soup": MergeConfig(method="soup", w_task=1.0, w_lang=3.0),
     "task_arithmetic": MergeConfig(method="task_arithmetic", lambda_task=0.7, lambda_lang=1.3),
 }

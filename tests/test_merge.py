@@ -44,7 +44,9 @@ def leftovers(parent: Path) -> list[str]:
 # --------------------------------------------------------------------------- Algorithm 1
 def test_layer_swap_every_region(tiny, states, tmp_path):
     b, u, tb, tu, wt, wl = 2, 1, 1, 2, 0.3, 0.7
-    cfg = MergeConfig(bottom=b, top=u, transition_bottom=tb, transition_top=tu, w_task=wt, w_lang=wl)
+    # non_layer="task": the behaviour before non-layer averaging, bit for bit
+    cfg = MergeConfig(bottom=b, top=u, transition_bottom=tb, transition_top=tu, w_task=wt,
+                      w_lang=wl, non_layer="task")
     seen = []
     out = merge_to_folder(cfg, task=tiny["task"], lang=tiny["lang"], out=tmp_path / "m",
                           shard_size="200KB", progress=lambda f, m: seen.append(f))
@@ -111,16 +113,16 @@ def test_output_dtype_cast(tiny, states, tmp_path):
 
 
 def test_partition_preset_and_rules(tiny, states, tmp_path):
-    # preset A at 8 layers: all attention + MLP of the first 2 and last 1 layers -> lang
-    out = merge_to_folder(MergeConfig(partition="A"), task=tiny["task"], lang=tiny["lang"],
-                          out=tmp_path / "a")
+    # preset A scaled to 8 layers: all attention + MLP of the first 2 and last 1 layers -> lang
+    out = merge_to_folder(MergeConfig(partition="A", scale_partition=True, non_layer="task"),
+                          task=tiny["task"], lang=tiny["lang"], out=tmp_path / "a")
     for n, t in tensors(out).items():
         layer = layer_of(n)
         to_lang = layer is not None and (".self_attn." in n or (".mlp." in n and layer in (0, 1, 7)))
         assert torch.equal(t, states["lang" if to_lang else "task"][n]), n
     rules = [{"layers": "3-4", "kinds": "mlp_down,norm"}]
-    out = merge_to_folder(MergeConfig(partition=rules), task=tiny["task"], lang=tiny["lang"],
-                          out=tmp_path / "c")
+    out = merge_to_folder(MergeConfig(partition=rules, non_layer="task"), task=tiny["task"],
+                          lang=tiny["lang"], out=tmp_path / "c")
     for n, t in tensors(out).items():
         to_lang = layer_of(n) in (3, 4) and ("down_proj" in n or "layernorm" in n)
         assert torch.equal(t, states["lang" if to_lang else "task"][n]), n
@@ -195,7 +197,8 @@ def reference_ties(base, experts, density, lam):
         k = max(1, int(density * delta.numel()))
         threshold = delta.abs().sort(descending=True).values[k - 1]
         trimmed.append(torch.where(delta.abs() >= threshold, delta, torch.zeros_like(delta)))
-    elected = torch.sign(sum(trimmed))
+    total = sum(trimmed)
+    elected = torch.where(total >= 0, 1.0, -1.0)  # a zero sum counts as positive (mergekit)
     out = torch.empty_like(flat_base)
     for i in range(flat_base.numel()):
         agreeing = [t[i] for t in trimmed if t[i] != 0 and torch.sign(t[i]) == elected[i]]
@@ -246,8 +249,8 @@ def test_mergekit_passthrough_layer_swap_gives_the_same_tensors(tiny, tmp_path):
         f"  - sources: [{{model: {tiny['lang']}, layer_range: [{L - u}, {L}]}}]\n"
         f"merge_method: passthrough\nbase_model: {tiny['task']}\ndtype: float32\n")
     subprocess.run(["mergekit-yaml", str(tmp_path / "mk.yaml"), str(tmp_path / "mk")], check=True)
-    ours = tensors(merge_to_folder(MergeConfig(bottom=b, top=u), task=tiny["task"],
-                                   lang=tiny["lang"], out=tmp_path / "ours"))
+    ours = tensors(merge_to_folder(MergeConfig(bottom=b, top=u, non_layer="task"),
+                                   task=tiny["task"], lang=tiny["lang"], out=tmp_path / "ours"))
     theirs = tensors(tmp_path / "mk")
     assert set(ours) <= set(theirs)
     arch = get_architecture(CheckpointReader(tiny["task"]).config())
@@ -255,7 +258,7 @@ def test_mergekit_passthrough_layer_swap_gives_the_same_tensors(tiny, tmp_path):
         if arch.classify(n).layer is not None:  # every decoder-layer tensor is identical
             assert torch.equal(t, theirs[n]), n
     # mergekit's passthrough takes non-layer tensors from the first slice's model (the language
-    # expert here); Algorithm 1 takes them from the task expert.
+    # expert here); non_layer="task" takes them from the task expert.
     assert torch.equal(ours["model.embed_tokens.weight"], tensors(tiny["task"])["model.embed_tokens.weight"])
 
 
@@ -442,7 +445,7 @@ def test_cli_merge_config_round_trip_and_plan(tiny, tmp_path, capsys):
     assert main(["merge", "--config", str(a / "layerswap.yaml"), "--out", str(b)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["merge", "--config", str(a / "layerswap.yaml"), "--out", str(b), "--overwrite",
-                 "--partition", "C"]) == 0  # the partition replaces bottom/top/transitions
+                 "--partition", "C", "--scale-partition"]) == 0  # replaces bottom/top/transitions
     tc, task = tensors(b), tensors(tiny["task"])
     assert torch.equal(tc[n], task[n]) and torch.equal(tc["model.layers.1.mlp.up_proj.weight"],
                                                        tensors(tiny["lang"])["model.layers.1.mlp.up_proj.weight"])

@@ -133,7 +133,7 @@ def test_layer_stack_from_plan_rows_and_dicts(tiny_arch):
     fig30 = plots.layer_stack_figure(rows, names={"lang": "Swahili", "task": "math"})
     assert {tr.name for tr in fig30.data} == {"Swahili", "math"}
     assert fig30.layout.height >= 20 * 30
-    part = build_plan(MergeConfig(partition="A"), names, arch)
+    part = build_plan(MergeConfig(partition="A", scale_partition=True), names, arch)
     figA = plots.layer_stack_figure(part.layer_rows())
     lang_x = dict(zip(figA.data[0].y, figA.data[0].x))
     # Layer 0: attention + MLP to lang (norms stay task); middle: attention only (4 of 9 kinds).
