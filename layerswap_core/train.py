@@ -83,6 +83,7 @@ class TrainConfig:
     eval_data: str | None = None               # JSONL for periodic validation loss
     lang_data: str | None = None               # simultaneous: data of the language side
     partition: Any = None                      # "A" | "B" | "C" | list of rule mappings
+    scale_partition: bool = False              # scale a preset to the depth (the tool's own rule)
     train_part: str = "lang"                   # partial modes: the side that trains
     switch_every: int = 1                      # simultaneous: steps per side before switching
     revert: str | None = None                  # "lang" | "task": reset that side after training
@@ -364,10 +365,11 @@ def heldout_nll(model_or_ref, data, *, tokenizer=None, max_length: int = 512,
 
 
 # --------------------------------------------------------------------------- what trains
-def partition_sides(model, partition, arch) -> dict[str, set[str]]:
-    """{"lang": names, "task": names} of the model's (base) parameters under ``partition``."""
+def partition_sides(model, partition, arch, scale: bool = False) -> dict[str, set[str]]:
+    """{"lang": names, "task": names} of the model's (base) parameters under ``partition``
+    (a preset in the published absolute layers, or scaled to the depth with ``scale``)."""
     from .plan import Partition
-    part = Partition.from_spec(partition, arch.num_layers)
+    part = Partition.from_spec(partition, arch.num_layers, scale=scale)
     sides = {"lang": set(), "task": set()}
     for name, _ in _base_parameters(model):
         sides["lang" if part.goes_to_lang(name, arch) else "task"].add(name)
@@ -424,7 +426,7 @@ def prepare_model(model, cfg: TrainConfig, arch, model_ref: str):
     ``sides``: {"lang", "task"} -> names of trainable parameters of each side (partition modes),
     or {} without a partition.
     """
-    sides = partition_sides(model, cfg.partition, arch) if cfg.partition is not None else {}
+    sides = partition_sides(model, cfg.partition, arch, cfg.scale_partition) if cfg.partition is not None else {}
     if cfg.uses_lora:
         targets = resolve_target_modules(model, arch, cfg.target_modules)
         if cfg.mode == "partial_lora":
@@ -644,7 +646,8 @@ class Trainer:
     def _revert_targets(self) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """(parameter, base value; None: zero) of the ``revert`` side (LoRA: its B matrices)."""
         if self.lora:
-            names = partition_sides(self.model, self.cfg.partition, self.arch)[self.cfg.revert]
+            names = partition_sides(self.model, self.cfg.partition, self.arch,
+                                   self.cfg.scale_partition)[self.cfg.revert]
             return [(p, None) for n, p in self.model.named_parameters()
                     if "lora_B" in n and _lora_weight_name(n) in names]
         return [(p, self.revert_values[n]) for n, p in _base_parameters(self.model)
@@ -790,7 +793,11 @@ def add_cli(subparsers):
     s.add_argument("--mode", choices=MODES, default=d.mode)
     s.add_argument("--eval-data", help="validation JSONL (loss before, every --eval-every, after)")
     s.add_argument("--lang-data", help="simultaneous mode: JSONL of the language side")
-    s.add_argument("--partition", help="A, B, C or a YAML file of partition rules")
+    s.add_argument("--partition", help="A, B, C (the published absolute layers) or a YAML file of "
+                                       "partition rules")
+    s.add_argument("--scale-partition", action="store_true",
+                   help="scale a preset's layer counts to this model's depth (the tool's own "
+                        "rule, not the paper's)")
     s.add_argument("--train-part", choices=PARTS, default=d.train_part)
     s.add_argument("--switch-every", type=int, default=d.switch_every,
                    help="simultaneous mode: steps on one side before switching (default: 1)")

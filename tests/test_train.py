@@ -430,3 +430,16 @@ def test_save_every_with_lora_writes_adapters(tiny, data, tmp_path):
     b = [next(m.B for m in load_adapter(p, tiny["base"]).modules.values()) for p in folders]
     b.append(next(m.B for m in load_adapter(res.output, tiny["base"]).modules.values()))
     assert not torch.equal(b[0], b[1]) and not torch.equal(b[1], b[2])
+
+
+def test_presets_train_the_published_layers_or_scale_only_when_asked(tiny_lm):
+    """Preset B is 8 + 4 absolute layers: refused on the 8-layer tiny model unless scaled (the
+    tool's own rule), which then gives layers 0-1 and 7 to the language side."""
+    model, _ = tiny_lm
+    arch = get_architecture(model.config.to_dict())
+    with pytest.raises(ValueError, match="B"):
+        T.partition_sides(model, "B", arch)
+    sides = T.partition_sides(model, "B", arch, scale=True)
+    lang_layers = {int(n.split(".")[2]) for n in sides["lang"] if ".layers." in n}
+    assert lang_layers == {0, 1, 7}
+    assert sides["lang"].isdisjoint(sides["task"])
