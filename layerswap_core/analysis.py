@@ -749,7 +749,8 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
         return a / (a + m) if a + m > 0 else 0.0
 
     share_task, share_lang = att_share(task_stats), att_share(lang_stats)
-    partition = "A" if share_lang > 0 and share_lang >= ATTENTION_RATIO * share_task else None
+    attention_heavy = share_lang > 0 and share_lang >= ATTENTION_RATIO * share_task
+    partition = "A" if attention_heavy and _preset_fits("A", L) else None
     if partition:
         tb = tu = 0
 
@@ -778,8 +779,24 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
                     f"({pct(share_lang)} of its attention+MLP change vs {pct(share_task)} for the "
                     f"task expert), so partition A (all attention to the language expert) is "
                     f"suggested; it replaces the layer counts above.")
+    elif attention_heavy:
+        text.append(f"In the middle layers the language expert's change is attention-heavy "
+                    f"({pct(share_lang)} vs {pct(share_task)}), but the published partition A "
+                    f"(first 6 + last 2 layers) does not fit {L} layers, so it is not suggested.")
+    text.append("(This suggestion is layerswap's own heuristic over the delta statistics, not a "
+                "rule from the papers.)")
     return Suggestion(int(b), int(u), int(tb), int(tu), partition, " ".join(text),
                       [float(x) for x in adv], protected)
+
+
+def _preset_fits(name: str, num_layers: int) -> bool:
+    """Whether a partition preset, in its published absolute layers, fits this depth."""
+    from .plan import ConfigError, Partition
+    try:
+        Partition.preset(name, num_layers)
+    except ConfigError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- CLI

@@ -312,7 +312,20 @@ def test_suggestion_partition_a_for_attention_heavy_language_expert(base12, tmp_
     lang = make_expert(base12, tmp_path / "lang", seed=12, default_scale=0.3, kinds=attention)
     s = suggest_config(delta_stats(base12, task), delta_stats(base12, lang), 12)
     assert s.partition == "A" and s.transition_bottom == s.transition_top == 0
-    assert "partition A" in s.explanation
+    assert "partition A" in s.explanation and "own heuristic" in s.explanation
+
+
+def test_suggestion_never_proposes_a_published_preset_that_does_not_fit(tiny, tmp_path):
+    """Preset A is the first 6 + last 2 layers as published: on 8 layers it would leave no task
+    layer, so an attention-heavy language expert gets a note instead of the preset."""
+    attention = {"attn_q", "attn_k", "attn_v", "attn_o"}
+    task = make_expert(tiny["base"], tmp_path / "task", seed=11, default_scale=0.02,
+                       kinds={"mlp_gate", "mlp_up", "mlp_down"},
+                       layer_scale={l: 0.3 for l in range(2, 7)})
+    lang = make_expert(tiny["base"], tmp_path / "lang", seed=12, default_scale=0.3, kinds=attention)
+    s = suggest_config(delta_stats(tiny["base"], task), delta_stats(tiny["base"], lang), 8)
+    assert s.partition is None
+    assert "does not fit 8 layers" in s.explanation
 
 
 def test_suggestion_rejects_an_unchanged_expert(tiny):
