@@ -467,19 +467,28 @@ def is_layerswap_output(folder: str | Path) -> bool:
     return (Path(folder) / MARKER).is_file()
 
 
+_MODEL_CACHES = ("embedded", "adapters", "from_bin", "deltas")  # folders of cache_dir()
+
+
 def _cache_refusal(target: Path) -> str | None:
-    """Why ``target`` may never be written (the layerswap cache), or None."""
+    """Why ``target`` may never be written (the layerswap cache), or None.
+
+    Never the cache, its model caches or a folder holding them; never a model built in a model
+    cache; nothing new in the embedded models' cache (its builder fills an empty folder it made)."""
     from .models import cache_dir  # lazy: models imports io
 
     try:
         cache = cache_dir().resolve()
     except OSError:  # no usable cache folder: nothing there to protect
         return None
-    embedded = cache / "embedded"
-    if _is_within(cache, target) or _is_within(embedded, target):
-        return f"{target} holds the layerswap model cache ({cache})"
-    if _is_within(target, embedded) and not (target.is_dir() and not any(target.iterdir())):
-        return f"{target} is inside the cache of the embedded models ({embedded})"
+    for folder in (cache, *(cache / name for name in _MODEL_CACHES)):
+        if _is_within(folder, target):
+            return f"{target} holds the layerswap model cache ({folder})"
+        if folder == cache or not _is_within(target, folder):
+            continue
+        empty = target.is_dir() and not any(target.iterdir())
+        if not empty and (target.exists() or folder.name == "embedded"):
+            return f"{target} is in the layerswap model cache ({folder})"
     return None
 
 

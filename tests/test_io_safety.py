@@ -108,19 +108,24 @@ def test_the_model_cache_is_never_an_output(tiny, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     model = victim(cache / "embedded" / "smollm2-135m-instruct-v1")
     monkeypatch.setenv("LAYERSWAP_CACHE", str(cache))
-    with pytest.raises(OutputFolderError, match="inside the cache of the embedded models"):
+    with pytest.raises(OutputFolderError, match="is in the layerswap model cache .*embedded"):
         merge_to_folder(MergeConfig(), task=tiny["task"], lang=tiny["lang"], out=model,
                         overwrite=True, force=True)
-    for target in (cache, cache / "embedded", cache / "embedded" / "new", tmp_path):
+    converted = victim(cache / "from_bin" / "model-0123")
+    for target in (cache, cache / "embedded", cache / "embedded" / "new", tmp_path, converted,
+                   cache / "adapters"):
         with pytest.raises(OutputFolderError, match="cache"):
             check_output_dir(target, overwrite=True, force=True)
-    assert snapshot(cache) == {"embedded/smollm2-135m-instruct-v1/precious.txt": b"do not delete"}
+    assert snapshot(cache) == {"embedded/smollm2-135m-instruct-v1/precious.txt": b"do not delete",
+                               "from_bin/model-0123/precious.txt": b"do not delete"}
     # the builder of an embedded model writes into an empty temporary folder it made there
     tmp = cache / "embedded" / ".smollm2-build"
     tmp.mkdir()
     assert check_output_dir(tmp, overwrite=True) == tmp.resolve()
-    # elsewhere in the cache (e.g. adapters merged into their base) is allowed
-    assert check_output_dir(cache / "adapters" / "a") == (cache / "adapters" / "a").resolve()
+    # a new folder elsewhere in the cache is allowed (adapters merged into their base once;
+    # the output root of the served app)
+    for new in (cache / "adapters" / "a", cache / "outputs" / "m"):
+        assert check_output_dir(new) == new.resolve()
 
 
 # --------------------------------------------------------------------------- 5: concurrent merges
@@ -381,8 +386,10 @@ def test_index_naming_a_missing_or_outside_shard(sharded, shard, msg, capsys):
 
 
 def test_cli_turns_os_errors_into_one_line(tmp_path, capsys):
-    locked = tmp_path / "model"
-    locked.mkdir()
-    (locked / "config.json").mkdir()  # a folder where a file is expected: IsADirectoryError
-    assert main(["info", str(locked)]) == 2
-    error_line(capsys)
+    from safetensors.torch import save_file
+    odd = tmp_path / "model"
+    odd.mkdir()
+    (odd / "config.json").mkdir()  # a folder where a file is expected: IsADirectoryError
+    save_file({"w": torch.zeros(2)}, str(odd / "model.safetensors"))
+    assert main(["info", str(odd)]) == 2
+    assert "config.json" in error_line(capsys)
