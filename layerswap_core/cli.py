@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelLoadError, ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"layerswap {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # disk full, read-only or unreadable paths...: one line, no traceback
+        where = f": {e.filename}" if e.filename else ""
+        print(f"layerswap {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -8,12 +8,17 @@ does the same with pread (no mmap). ``ShardedWriter`` streams tensors into HF sh
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
 import re
 import shutil
+import signal
+import socket
 import struct
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
@@ -82,6 +87,21 @@ def read_header(path: Path) -> tuple[int, dict]:
     return 8 + n, header
 
 
+def _read_index(index: Path) -> dict[str, str]:
+    """tensor -> shard file name from a safetensors index; CheckpointError if malformed."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: not a valid safetensors index (weight_map is not a mapping)")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise CheckpointError(f"{index}: tensor {name!r} is mapped to {shard!r}, which is not a "
+                                  "file name in the model folder")
+    return dict(weight_map)
+
+
 class CheckpointReader:
     """Lazy, per-tensor reader of a Hugging Face safetensors folder (sharded or not)."""
 
@@ -92,12 +112,10 @@ class CheckpointReader:
         self._handles: dict[str, object] = {}
         self.reads = 0  # tensors read so far (tests use it to prove that nothing was read)
         index = self.folder / INDEX_NAME
+        self._meta: dict[str, tuple[tuple[int, ...], str]] = {}
+        self._raw_headers: dict[str, dict[str, TensorLocation]] = {}
         if index.exists():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as e:
-                raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
-            self._shard_of = dict(weight_map)
+            self._shard_of = _read_index(index)
         else:
             files = weight_files(self.folder)
             if not files:
@@ -109,8 +127,9 @@ class CheckpointReader:
         for shard in sorted(set(self._shard_of.values())):
             if not (self.folder / shard).exists():
                 raise CheckpointError(f"{self.folder}: shard {shard} named in the index is missing")
-        self._meta: dict[str, tuple[tuple[int, ...], str]] = {}
-        self._raw_headers: dict[str, dict[str, TensorLocation]] = {}
+        if index.exists():
+            for name in self._shard_of:  # every header (small) is parsed: the index must agree
+                self.location(name)
 
     def _open(self, shard: str):
         h = self._handles.get(shard)
@@ -195,8 +214,9 @@ class CheckpointReader:
             raise CheckpointError(f"{self.folder}: no tensor named {name!r}")
         loc = self._locations(self._shard_of[name]).get(name)
         if loc is None:
-            raise CheckpointError(f"{self.folder / self._shard_of[name]}: the index names {name!r} "
-                                  "but the shard does not contain it")
+            raise CheckpointError(f"{self.folder / self._shard_of[name]}: the index maps tensor "
+                                  f"{name!r} to this shard, but the shard does not contain it "
+                                  "(wrong or outdated model.safetensors.index.json)")
         return loc
 
     def read(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -417,17 +437,68 @@ def save_sharded(out_dir: str | Path, tensors: dict[str, torch.Tensor],
 
 
 # --------------------------------------------------------------------------- atomic output folder
+# A merge writes into ".NAME.partial-HOST-PID-xxxx" beside the output and renames it to NAME at
+# the end, without ever replacing a folder that appeared meanwhile (unless overwrite allows it).
+# HOST (a short hash of the host name) and PID let a later run remove the partial folders of a
+# process that died (SIGKILL, power loss); SIGTERM is turned into an exception during the merge
+# so that the partial folder is removed before the process ends.
 class OutputFolderError(ValueError):
-    """An output folder that must not be written (exists, or overlaps an input)."""
+    """An output folder that must not be written (exists, overlaps an input, cannot be written)."""
+
+
+class OutputWriteError(OutputFolderError):
+    """Writing the output failed (disk full, read-only, permission); nothing was left written."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while an output folder was being written (it was removed)."""
+
+
+MARKER = "layerswap.yaml"   # every folder a merge writes has it: only such folders are replaced
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
+_TEMP = re.compile(r"^\..+\.(partial|old)-([0-9a-f]{6})-(\d+)-[^/]*$")
 
 
 def _is_within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def check_output_dir(target: str | Path, *, overwrite: bool = False,
+def is_layerswap_output(folder: str | Path) -> bool:
+    return (Path(folder) / MARKER).is_file()
+
+
+_MODEL_CACHES = ("embedded", "adapters", "from_bin", "deltas")  # folders of cache_dir()
+
+
+def _cache_refusal(target: Path) -> str | None:
+    """Why ``target`` may never be written (the layerswap cache), or None.
+
+    Never the cache, its model caches or a folder holding them; never a model built in a model
+    cache; nothing new in the embedded models' cache (its builder fills an empty folder it made)."""
+    from .models import cache_dir  # lazy: models imports io
+
+    try:
+        cache = cache_dir().resolve()
+    except OSError:  # no usable cache folder: nothing there to protect
+        return None
+    for folder in (cache, *(cache / name for name in _MODEL_CACHES)):
+        if _is_within(folder, target):
+            return f"{target} holds the layerswap model cache ({folder})"
+        if folder == cache or not _is_within(target, folder):
+            continue
+        empty = target.is_dir() and not any(target.iterdir())
+        if not empty and (target.exists() or folder.name == "embedded"):
+            return f"{target} is in the layerswap model cache ({folder})"
+    return None
+
+
+def check_output_dir(target: str | Path, *, overwrite: bool = False, force: bool = False,
                      inputs: Iterable[str | Path] = ()) -> Path:
-    """Absolute target path, or OutputFolderError if writing there is refused."""
+    """Absolute target path, or OutputFolderError if writing there is refused.
+
+    An existing folder is replaced only with ``overwrite``, and then only if it is a layerswap
+    output (has its layerswap.yaml) or empty, unless ``force``. Input folders and the layerswap
+    cache are never replaced, whatever the flags."""
     target = Path(target).expanduser().resolve()
     for inp in inputs:
         if inp is None:
@@ -439,42 +510,198 @@ def check_output_dir(target: str | Path, *, overwrite: bool = False,
         if _is_within(inp, target):
             raise OutputFolderError(f"input model folder {inp} is inside the output folder {target}; "
                                     "writing there could destroy the input")
-    if target.exists():
+    why = _cache_refusal(target)
+    if why:
+        raise OutputFolderError(f"refusing to write the output there: {why}; choose another folder")
+    if target.exists() or target.is_symlink():
         if not target.is_dir():
             raise OutputFolderError(f"output {target} exists and is not a folder")
         if not overwrite:
             raise OutputFolderError(f"output folder {target} already exists; pass overwrite=True "
                                     "(CLI: --overwrite) to replace it")
+        if not force and not is_layerswap_output(target) and any(target.iterdir()):
+            raise OutputFolderError(f"output folder {target} exists and is not a layerswap output "
+                                    f"(no {MARKER}); choose another folder, or pass force=True "
+                                    "(CLI: --overwrite --force) to replace it anyway")
     return target
 
 
+def remove_stale_partials(parent: str | Path) -> list[Path]:
+    """Remove the partial folders that dead processes of this host left in ``parent``.
+
+    A stale ".old-" folder holds a replaced output whose successor never arrived: it is put back
+    if its name is free. Folders of live processes (and of this process) are kept."""
+    removed = []
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _TEMP.match(p.name)
+        if not m or m.group(2) != _HOST or _alive(int(m.group(3))):
+            continue
+        if m.group(1) == "old":
+            original = p.parent / p.name[1:].rsplit(".old-", 1)[0]
+            if (p / "x").is_dir() and not original.exists():
+                with contextlib.suppress(OSError):
+                    os.rename(p / "x", original)
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True   # another thread of this process may be writing it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True   # exists, owned by someone else
+    return True
+
+
+def _temp_dir(target: Path, kind: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.{kind}-{_HOST}-{os.getpid()}-",
+                                 dir=target.parent))
+
+
+def _write_error(target: Path, e: OSError) -> OutputWriteError:
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return OutputWriteError(f"disk full while writing {target}{where}; nothing was written "
+                                "(free some space or choose another folder)")
+    return OutputWriteError(f"writing {target} failed: {e.strerror or e}{where}; nothing was "
+                            "written (choose a folder you can write to)")
+
+
 @contextlib.contextmanager
-def atomic_output_dir(target: str | Path, *, overwrite: bool = False,
+def _sigterm_raises():
+    """In the main thread, SIGTERM raises Terminated (so cleanup runs); restored afterwards and
+    the signal delivered again once the cleanup is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN or previous is None:
+        yield
+        return
+    got = []
+
+    def handler(signum, frame):
+        if not got:
+            got.append(signum)
+            raise Terminated("terminated (SIGTERM) while writing an output folder")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if got:
+            signal.raise_signal(signal.SIGTERM)   # what the process would have done without us
+
+
+@contextlib.contextmanager
+def _dir_lock(folder: Path):
+    """Exclusive lock on a folder among the processes that take it (the final renames)."""
+    try:
+        import fcntl
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _rename_noreplace(src: Path, dst: Path):
+    """Rename ``src`` to ``dst``; FileExistsError if ``dst`` exists (even an empty folder)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        rc = libc.renameat2(-100, os.fsencode(src), -100, os.fsencode(dst), 1)  # RENAME_NOREPLACE
+    except (AttributeError, OSError, TypeError):  # no renameat2 (not Linux, old libc)
+        rc, err = -1, errno.ENOSYS
+    else:
+        err = ctypes.get_errno() if rc else 0
+    if rc == 0:
+        return
+    if err in (errno.EEXIST, errno.ENOTEMPTY):
+        raise FileExistsError(err, os.strerror(err), str(dst))
+    if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        raise OSError(err, os.strerror(err), str(dst))
+    os.mkdir(dst)       # no renameat2 here: reserve the name (fails if taken), then fill it;
+    try:                # a rename onto an empty folder succeeds, onto a non-empty one fails
+        os.rename(src, dst)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(dst)
+        raise
+
+
+def _publish(tmp: Path, target: Path, *, overwrite: bool, force: bool, inputs: list):
+    """Make ``tmp`` the folder ``target``, checking again (it may have appeared meanwhile)."""
+    with _dir_lock(target.parent):
+        if (target.exists() or target.is_symlink()) and not overwrite:
+            raise OutputFolderError(f"output folder {target} appeared while writing (another merge "
+                                    "into the same folder?); it was left as it is and this result "
+                                    "discarded; choose another folder or pass overwrite=True "
+                                    "(CLI: --overwrite)")
+        check_output_dir(target, overwrite=overwrite, force=force, inputs=inputs)
+        old = None
+        if target.exists() or target.is_symlink():
+            old = _temp_dir(target, "old")
+            os.rename(target, old / "x")
+        try:
+            _rename_noreplace(tmp, target)
+        except BaseException as e:
+            if old is not None:  # put the replaced folder back (else a later run restores it)
+                with contextlib.suppress(OSError):
+                    os.rename(old / "x", target)
+                    shutil.rmtree(old, ignore_errors=True)
+            if isinstance(e, FileExistsError):
+                raise OutputFolderError(f"output folder {target} appeared while writing (another "
+                                        "merge?); it was left as it is and this result discarded") from e
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_output_dir(target: str | Path, *, overwrite: bool = False, force: bool = False,
                       inputs: Iterable[str | Path] = ()) -> Iterator[Path]:
     """Yield a temporary folder beside ``target``; on success it becomes ``target`` (replacing an
-    existing one only with ``overwrite``); on any failure or interrupt nothing is left behind."""
-    target = check_output_dir(target, overwrite=overwrite, inputs=inputs)
+    existing one only as ``check_output_dir`` allows, checked again at the end); on any failure,
+    SIGTERM or interrupt nothing is left behind. OS errors while writing (disk full, read-only)
+    become one-line ``OutputWriteError``."""
+    inputs = list(inputs)
+    target = check_output_dir(target, overwrite=overwrite, force=force, inputs=inputs)
     created = []
     p = target.parent
     while not p.exists():
         created.append(p)
         p = p.parent
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
-        yield tmp
-        if target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-            target.rename(old / "x")
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for d in created:  # parents made for this output, innermost first
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        raise
+    tmp = None
+    with _sigterm_raises():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_partials(target.parent)
+            tmp = _temp_dir(target, "partial")
+            yield tmp
+            _publish(tmp, target, overwrite=overwrite, force=force, inputs=inputs)
+        except BaseException as e:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            for d in created:  # parents made for this output, innermost first
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+            if isinstance(e, OSError):
+                raise _write_error(target, e) from e
+            raise

@@ -377,8 +377,13 @@ def test_output_folder_rules(tiny, tmp_path):
     with pytest.raises(OutputFolderError, match="already exists.*overwrite"):
         merge_to_folder(cfg, out=out, **kw)
     assert (out / "keep.txt").exists()
-    merge_to_folder(cfg, out=out, overwrite=True, **kw)
+    with pytest.raises(OutputFolderError, match="not a layerswap output.*--force"):
+        merge_to_folder(cfg, out=out, overwrite=True, **kw)
+    assert (out / "keep.txt").exists()
+    merge_to_folder(cfg, out=out, overwrite=True, force=True, **kw)
     assert not (out / "keep.txt").exists() and (out / "config.json").exists()
+    merge_to_folder(MergeConfig(bottom=1), out=out, overwrite=True, **kw)  # a layerswap output
+    assert MergeConfig.load(out / "layerswap.yaml").bottom == 1
     with pytest.raises(OutputFolderError, match="inside the input model folder"):
         merge_to_folder(cfg, out=Path(tiny["lang"]) / "merged", **kw)
     assert not (Path(tiny["lang"]) / "merged").exists()
