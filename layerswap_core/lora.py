@@ -243,7 +243,8 @@ def _write_dense(reader, base_path: Path, tmp: Path, modules: dict[str, LoraModu
 
 
 def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=None,
-                   overwrite: bool = False, progress: Progress | None = None) -> Path:
+                   overwrite: bool = False, force: bool = False,
+                   progress: Progress | None = None) -> Path:
     """Layer-swap (or soup / task-arithmetic) two LoRA adapters over ``base`` into ``out``.
 
     ``dense=False``: a PEFT adapter folder (load with PeftModel.from_pretrained over the base).
@@ -267,7 +268,7 @@ def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=
         b, u, _, _ = config.layer_counts(arch.num_layers)
         config = replace(config, bottom=b, top=u)
     merged = combine_adapters(config, adapters, arch)
-    with atomic_output_dir(out, overwrite=overwrite,
+    with atomic_output_dir(out, overwrite=overwrite, force=force,
                            inputs=[base_path, adapters["task"].path, adapters["lang"].path]) as tmp:
         if not dense:
             save_dtype = dtype or adapters["task"].modules[next(iter(adapters["task"].modules))].A.dtype
@@ -318,7 +319,7 @@ def _cmd_merge_lora(args) -> int:
     try:
         out = merge_adapters(cfg, cfg.task, cfg.lang, args.base, args.out, dense=args.dense,
                              dtype=TORCH_DTYPES.get(cfg.dtype) if cfg.dtype else None,
-                             overwrite=args.overwrite, progress=progress)
+                             overwrite=args.overwrite, force=args.force, progress=progress)
     finally:
         bar.close()
     print(f"{'dense model' if args.dense else 'PEFT adapter'} written to {out}")
@@ -335,5 +336,9 @@ def add_cli(subparsers):
     merge._add_config_flags(s)
     s.add_argument("--out", required=True, help="output folder")
     s.add_argument("--dense", action="store_true", help="write base + delta as a full model")
-    s.add_argument("--overwrite", action="store_true")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace an existing layerswap output folder")
+    s.add_argument("--force", action="store_true",
+                   help="with --overwrite: also replace a folder that is not a layerswap output "
+                        "(never an input or the model cache)")
     s.set_defaults(func=_cmd_merge_lora)

@@ -24,7 +24,7 @@ from . import __version__, methods
 from .architectures import Architecture, get_architecture, text_config
 from .io import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError, CheckpointReader,
                  OutputWriteError, ShardedWriter, atomic_output_dir, check_output_dir, parse_size)
-from .models import TOKENIZER_FILES, vocab_fingerprint
+from .models import TOKENIZER_FILES, tokenizer_difference
 from .plan import MODELS, ConfigError, MergeConfig, MergePlan, Partition, build_plan
 
 Progress = Callable[[float, str], None]
@@ -110,12 +110,12 @@ def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
                                 f"{list(task_locs[n].shape)} in task")
                 break
     if tokenizer_source is None and not problems:
-        fp = {role: vocab_fingerprint(p) for role, p in paths.items()}
         for role in ("lang", "base"):
-            if fp.get(role) and fp["task"] and fp[role] != fp["task"]:
-                problems.append(f"the tokenizers of {role} and task have different vocabularies; "
-                                "choose the tokenizer explicitly (tokenizer_source / "
-                                "--tokenizer-source task|lang|base) if that is intended")
+            why = role in paths and tokenizer_difference(paths["task"], paths[role])
+            if why:
+                problems.append(f"the tokenizers of {role} and task: {why}; choose the tokenizer "
+                                "explicitly (tokenizer_source / --tokenizer-source task|lang|base) "
+                                "if that is intended")
     if problems:
         raise MergeError("cannot merge: " + "; ".join(problems))
     return Inputs(refs, paths, readers, configs, arch, names)

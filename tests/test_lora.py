@@ -191,3 +191,18 @@ def test_cli_merge_lora_names_an_invalid_config_json(family, tmp_path, capsys):
     assert not out.exists()
     assert lora.is_adapter(family["task"]) and not lora.is_adapter(family["base"])
     assert not lora.is_adapter(family["task"] / "adapter_config.json")  # a file, not a folder
+
+
+def test_cli_merge_lora_overwrites_only_layerswap_outputs_unless_forced(family, tmp_path, capsys):
+    from layerswap_core.cli import main
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("keep me")
+    args = ["merge-lora", "--task", str(family["task"]), "--lang", str(family["lang"]),
+            "--base", str(family["base"]), "--bottom", "2", "--top", "1", "--out", str(victim),
+            "--overwrite"]
+    assert main(args) == 2
+    assert "not a layerswap output" in capsys.readouterr().err
+    assert (victim / "notes.txt").read_text() == "keep me"
+    assert main(args + ["--force"]) == 0
+    assert not (victim / "notes.txt").exists() and (victim / "adapter_config.json").exists()

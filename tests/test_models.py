@@ -261,3 +261,20 @@ def test_tokenizer_merges_and_sentencepiece_files_are_compared(tmp_path, tiny):
     for f in models.TOKENIZER_FILES:
         (bare / f).unlink(missing_ok=True)
     assert compatibility({"task": tiny["task"], "lang": bare}) == []
+
+
+def test_merge_inputs_use_the_same_tokenizer_check_as_the_models_tab(tmp_path, tiny):
+    """open_inputs (merge, analysis, app) asks models.tokenizer_difference: one tokenizer saved in
+    both formats merges; a tokenizer.json + tokenizer.model folder against a tokenizer.model-only
+    folder with the same file is the same tokenizer."""
+    from layerswap_core.merge import open_inputs
+
+    same = _slow_tokenizer(tiny["task"], tmp_path / "same")
+    assert open_inputs(tiny["task"], same).names
+    both = Path(shutil.copytree(tiny["task"], tmp_path / "both"))
+    only = Path(shutil.copytree(tiny["lang"], tmp_path / "only"))
+    for d in (both, only):
+        (d / "tokenizer.model").write_bytes(b"\x0a\x05piece-a")
+    (only / "tokenizer.json").unlink()
+    assert compatibility({"task": both, "lang": only}) == []
+    assert open_inputs(both, only).names
