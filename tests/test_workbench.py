@@ -159,15 +159,17 @@ def test_sweep_grid(session):
 # --------------------------------------------------------------------------- chat
 def test_chat_streams_and_rejects_empty(session):
     wb.build(session, swap(session, 2, 1))
-    steps = [[dict(m) for m in h]
-             for h in wb.chat(session, "Habari?", [], "merged", max_new_tokens=12)]
+    steps = [[dict(m) for m in r.history]
+             for r in wb.chat(session, "Habari?", [], "merged", max_new_tokens=12)]
     assert steps and all(len(h) == 2 for h in steps)
     final = steps[-1]
     assert final[0] == {"role": "user", "content": "Habari?"} and final[1]["content"]
     with pytest.raises(wb.WorkbenchError, match="type a message"):
         next(wb.chat(session, "   ", [], "merged"))
-    gradio_style = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
-    assert wb.plain_history(gradio_style) == [{"role": "user", "content": "hi"}]
+    gradio_style = [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": "jambo"}]}]
+    assert wb.plain_history(gradio_style) == [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "jambo"}]
 
 
 # --------------------------------------------------------------------------- cancel, hub, sessions
