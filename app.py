@@ -359,11 +359,14 @@ class Page:
                         "base. Checking reads headers only.")
             with gr.Row():
                 self.base = gr.Dropdown([wb.DEMO_REFS["base"], *offered], value=self.refs["base"],
-                                        allow_custom_value=True, label="Base model")
+                                        allow_custom_value=True, label="Base model",
+                                        elem_id="base-ref")
                 self.task = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["task"],
-                                        allow_custom_value=True, label="Task expert (math)")
+                                        allow_custom_value=True, label="Task expert (math)",
+                                        elem_id="task-ref")
                 self.lang = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["lang"],
-                                        allow_custom_value=True, label="Language expert")
+                                        allow_custom_value=True, label="Language expert",
+                                        elem_id="lang-ref")
             self.pick_btn = gr.Button("Check and use these models", variant="primary",
                                       elem_id="pick")
             self.models_md = gr.Markdown(elem_id="models-status")
@@ -375,7 +378,7 @@ class Page:
         with gr.Tab("Deltas", id="deltas"):
             with gr.Row():
                 self.threshold = gr.Slider(
-                    -7, 0, value=-3, step=0.05, label="Threshold: log10 tau",
+                    -7, 0, value=-3, step=0.05, label="Threshold: log10 tau", elem_id="threshold",
                     info="rows whose mean |delta| exceeds tau count as changed; Analyze sets it "
                          "from the data")
                 self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
@@ -497,18 +500,20 @@ class Page:
             with gr.Row():
                 self.axes = gr.Radio(list(wb.SWEEP_AXES), value="bottom / top", label="Grid over")
                 self.xs = gr.Textbox("0,3,6", label="x values (e.g. 0,2,4 or 0-6:2)",
-                                     max_length=wb.LIMITS.values_chars)
-                self.ys = gr.Textbox("0,2", label="y values", max_length=wb.LIMITS.values_chars)
+                                     max_length=wb.LIMITS.values_chars, elem_id="sweep-xs")
+                self.ys = gr.Textbox("0,2", label="y values", max_length=wb.LIMITS.values_chars,
+                                     elem_id="sweep-ys")
             with gr.Row():
                 self.sweep_source = gr.Radio([("GSM-Symbolic", "gsm-symbolic"), ("MGSM", "mgsm")],
                                              value="gsm-symbolic", label="Data")
                 self.sweep_lang = gr.Dropdown(LANGS, value="sw", label="Language")
-                self.sweep_n = gr.Slider(1, wb.LIMITS.sweep_items, value=4, step=1, label="Items")
+                self.sweep_n = gr.Slider(1, wb.LIMITS.sweep_items, value=4, step=1, label="Items",
+                                         elem_id="sweep-n")
                 self.sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
                                              value="nll", label="Score")
             with gr.Row():
-                self.sweep_btn = gr.Button("Run sweep", variant="primary")
-                self.sweep_cancel = gr.Button("Cancel", variant="stop")
+                self.sweep_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-btn")
+                self.sweep_cancel = gr.Button("Cancel", variant="stop", elem_id="sweep-cancel")
             self.sweep_md = gr.Markdown(elem_id="sweep-status")
             self.sweep_plot = gr.Plot(label="Score per configuration")
             self.sweep_table = gr.Dataframe(headers=["x", "y", "score"], interactive=False,

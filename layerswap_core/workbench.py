@@ -428,14 +428,18 @@ class Session:
         return "base" in self.paths
 
     def begin(self, progress: Progress | None) -> Progress:
-        """Start a job: forget an old Cancel, and return its guarded progress callback."""
-        self.cancel.clear()
+        """Start a step of work: forget an old Cancel (unless a ``job`` runs: a Cancel pressed
+        since it began counts), and return its guarded progress callback."""
+        if not self.running:
+            self.cancel.clear()
         return self.guard(progress)
 
     @contextmanager
     def job(self):
-        """Count a job as running while the block runs."""
+        """Count a job as running while the block runs; a Cancel from before it is forgotten."""
         with self._running_lock:
+            if not self.running:
+                self.cancel.clear()
             self.running += 1
         try:
             yield self

@@ -155,3 +155,66 @@ def test_bad_models_show_a_message_and_the_app_keeps_working(app_url, tiny, role
     assert status.startswith("⚠") and "pick compatible models first" in status
     out = pick(c, str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert out["models_md"].startswith("✔")
+
+
+# --------------------------------------------------------------------------- the page tells the truth
+def test_a_failed_check_clears_the_session(app_url, tiny):
+    """Good check, build, then a failed check: the session is gone (Build refuses instead of
+    rebuilding the old models), the table lists the new models, the old views are empty."""
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    good = [str(tiny[r]) for r in ("base", "task", "lang")]
+    assert pick(c, *good)["models_md"].startswith("✔")
+    built = named("build", c.predict(*config(), api_name="/build"))
+    assert "Merged model: built in memory" in built["status"]
+    for bad_task, words in (("embedded:smollm2-135m-instruct", "Not compatible"),
+                            ("/no/such/folder", "no such folder")):
+        out = pick(c, good[0], bad_task, good[2])
+        assert out["models_md"].startswith("⚠") and words in out["models_md"]
+        assert "No models in use" in out["status"] and "Compatible" not in out["models_md"][:20]
+        assert [r[1] for r in out["models_table"]["data"]][1] == bad_task
+        assert out["plan_text"] == "" and out["diagram"] is None and out["heatmaps"] is None
+        assert out["build_md"] == "" and out["chat_merged"] == []
+        for api, args in (("/build", config()), ("/evaluate", ("mgsm", "sw", 1, 0, False,
+                                                               ["merged"], 8, False)),
+                          ("/save", (*config(), "/tmp/never", False)),
+                          ("/plan", config()), ("/apply_suggestion", ())):
+            out = c.predict(*args, api_name=api)
+            status = out if isinstance(out, str) else out[0]
+            assert "pick compatible models first" in status, api
+        status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
+        assert "pick compatible models first" in status
+
+
+def test_a_new_check_clears_the_old_analysis_and_build(app_url, tiny):
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    good = [str(tiny[r]) for r in ("base", "task", "lang")]
+    pick(c, *good)
+    analyzed = named("analyze", c.predict("fraction", False, *config(), api_name="/analyze"))
+    assert analyzed["heatmaps"] and "Suggested configuration" in analyzed["suggestion"]
+    c.predict(*config(), api_name="/build")
+    out = pick(c, *good)                                 # the same models, checked again
+    assert out["heatmaps"] is None and out["overlap"] is None and out["plan_overlay"] is None
+    assert out["suggestion"] == "" and out["deltas_md"] == "" and out["config_yaml"] == ""
+    assert "not built yet" in out["status"]
+    status, *_ = c.predict(api_name="/apply_suggestion")
+    assert "analyze the deltas first" in status
+    plan = named("plan", c.predict(*config(), api_name="/plan"))
+    assert plan["plan_overlay"] == {"__type__": "update"}  # nothing analyzed: no overlay drawn
+
+
+def test_a_build_replaces_build_first_messages(app_url, tiny):
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    pick(c, *[str(tiny[r]) for r in ("base", "task", "lang")])
+    chat_status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
+    assert "build the merged model first" in chat_status
+    out = named("build", c.predict(*config(), api_name="/build"))
+    assert "Merged model: built in memory" in out["status"]
+    assert out["chat_md"] == "" and out["eval_md"] == ""   # the old "build first" lines go
+    chat_status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
+    assert chat_status.startswith("✔ Done")
