@@ -207,7 +207,7 @@ class Page:
         """Threshold moved: new figures from the stored statistics (no tensor reads)."""
         session = wb.require(v[self.session])
         if "task" not in session.stats:
-            return {}
+            return gr.skip()
         views = wb.delta_views(session, 10 ** float(v[self.threshold]), v[self.metric],
                                v[self.log_scale])
         return self.delta_outputs(session, views, v, f"tau = {views.threshold:.2e}")
@@ -261,7 +261,7 @@ class Page:
             session = v[self.session]
             if session is None or not session.request_cancel():
                 gr.Info("Nothing is running.")
-                return {}
+                return gr.skip()
             return {line: "■ Cancelling after the current step..."}
         return cancel
 

@@ -6,6 +6,11 @@ testable without a browser. Errors meant for the page are ``WorkbenchError`` (or
 ``ValueError`` subclass from the library) and ``readable_error`` turns any exception into one
 short line: the page never shows a stack trace.
 
+Who may touch what: ``served_mode`` decides whether the app serves visitors; ``Access`` then
+says which model folders they may name and where saves go (local: any folder; served: embedded
+models, Hub ids, folders under the model roots, and named folders under the output root).
+Every text the server parses is capped (``LIMITS``) before it is parsed.
+
 Memory model: loaded *source* models (base, experts) are read-only and shared between
 sessions through a small process-wide cache (they are the same public weights for everyone);
 the merged model, the chosen references, the statistics and the results live in the
@@ -168,8 +173,8 @@ class Access:
         from .models import cache_dir
 
         out = Path(os.environ.get("LAYERSWAP_OUTPUT_DIR") or cache_dir() / "outputs").expanduser()
-        roots = [Path(d).expanduser() for d in os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
-                 if d.strip()]
+        dirs = os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
+        roots = [Path(d).expanduser() for d in dirs if d.strip()]
         return cls(served, out, (*roots, out), frozenset(str(t) for t in trusted))
 
     def describe(self) -> str:
@@ -715,8 +720,8 @@ def output_folder(access: Access, folder) -> Path:
     if not access.served:
         return Path(text).expanduser()
     if not _FOLDER_NAME.fullmatch(text) or ".." in text:
-        raise WorkbenchError(f"output folder {text!r}: give a name (letters, digits, '-', '_', '.'), "
-                             "not a path; it is saved in this server's output folder")
+        raise WorkbenchError(f"output folder {text!r}: give a name (letters, digits, '-', '_', "
+                             "'.'), not a path; it is saved in this server's output folder")
     root = access.output_root
     root.mkdir(parents=True, exist_ok=True)
     out = root / text
@@ -995,7 +1000,8 @@ def check_chat_message(message: str, history: list | None) -> str:
     if not text:
         raise WorkbenchError("type a message first")
     if len(plain_history(history)) // 2 >= LIMITS.chat_turns:
-        raise WorkbenchError(f"this conversation has {LIMITS.chat_turns} turns; press Clear to start again")
+        raise WorkbenchError(f"this conversation has {LIMITS.chat_turns} turns; press Clear to "
+                             "start again")
     return text
 
 
@@ -1059,7 +1065,8 @@ def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
     question = {"role": "user", "content": text}
     for dropped in range(len(turns) // 2 + 1):
         messages = turns[2 * dropped:] + [question]
-        if context is None or len(encode(tok, chat_prompt(tok, messages))) + max_new_tokens <= context:
+        prompt_tokens = len(encode(tok, chat_prompt(tok, messages)))
+        if context is None or prompt_tokens + max_new_tokens <= context:
             return messages, dropped
     raise WorkbenchError(f"the message and a {max_new_tokens}-token answer do not fit the model's "
                          f"context ({context} tokens): shorten the message or the answer")

@@ -157,7 +157,7 @@ def test_bad_models_show_a_message_and_the_app_keeps_working(app_url, tiny, role
     assert out["models_md"].startswith("✔")
 
 
-# --------------------------------------------------------------------------- the page tells the truth
+# ------------------------------------------------------------------------- the page tells the truth
 def test_a_failed_check_clears_the_session(app_url, tiny):
     """Good check, build, then a failed check: the session is gone (Build refuses instead of
     rebuilding the old models), the table lists the new models, the old views are empty."""

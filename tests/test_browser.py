@@ -205,6 +205,15 @@ def _truth(page, url):
     page.locator("#build-btn").click()
     expect(status).to_contain_text("Merged model: built in memory", timeout=120_000)
     expect(chat_status).not_to_contain_text("build the merged model first")
+    page.locator("#build-cancel").click()   # nothing runs: the line keeps the build's outcome
+    page.wait_for_timeout(1000)
+    expect(page.locator("#build-status")).to_contain_text("Built in memory")
+    # Deltas before any analysis: moving the colour metric changes nothing, says nothing
+    _tab(page, "Deltas")
+    page.get_by_role("radio", name="mav").check()
+    page.wait_for_timeout(1000)
+    expect(page.locator("#deltas-status")).to_have_text("")
+    page.get_by_role("radio", name="fraction").check()
 
     # Cancel: the note is replaced by the job's own outcome when it ends
     _tab(page, "Sweep")
