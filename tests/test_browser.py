@@ -82,7 +82,8 @@ def _walkthrough(page, url, refs, shot):
     t0 = time.perf_counter()
     page.goto(url)
     # the page load picks the preselected models and draws the default plan
-    expect(status).to_contain_text("Compatible", timeout=60_000)
+    expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
+    expect(status).to_contain_text("not built yet")
     print(f"\nfirst page load ready in {time.perf_counter() - t0:.1f} s ({refs['task']})")
 
     # Configure: move the bottom slider, the diagram and the plan follow
@@ -105,6 +106,7 @@ def _walkthrough(page, url, refs, shot):
     page.get_by_role("tab", name="Build").click()
     page.locator("#build-btn").click()
     expect(page.locator("#build-status")).to_contain_text("Built in memory", timeout=180_000)
+    expect(status).to_contain_text("Merged model: built in memory")
 
     # Evaluate two questions on all four models
     page.get_by_role("tab", name="Evaluate").click()
@@ -112,7 +114,7 @@ def _walkthrough(page, url, refs, shot):
     page.locator("#shots input[type=number]").fill("1")
     page.locator("#eval-tokens input[type=number]").fill("16")
     page.locator("#eval-btn").click()
-    expect(status).to_contain_text("Evaluated 2 questions", timeout=300_000)
+    expect(page.locator("#eval-status")).to_contain_text("Evaluated 2 questions", timeout=300_000)
     table = page.locator("#eval-table")
     expect(table).to_contain_text("merged: output")
     expect(table.locator("[role=grid]")).to_have_attribute("aria-rowcount", "3")  # header + 2
@@ -134,7 +136,7 @@ def _walkthrough(page, url, refs, shot):
     page.locator("#chat-send").click()
     answer = page.locator("#chat-merged .message.bot").last
     expect(answer).to_be_visible(timeout=120_000)
-    expect(status).to_contain_text("Done", timeout=300_000)
+    expect(page.locator("#chat-status")).to_contain_text("Done", timeout=300_000)
     final = answer.inner_text().strip()
     assert final
     growing = [t for t in page.evaluate("window.__seen") if final.startswith(t)]
@@ -146,3 +148,120 @@ def _walkthrough(page, url, refs, shot):
     page.wait_for_timeout(500)
     shot.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(shot), full_page=True)
+
+
+# --------------------------------------------------------------------------- stale state
+@pytest.fixture(scope="module")
+def tiny_served(tiny):
+    """The app on the tiny family (fast): for the sequences that used to leave stale views."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    import app
+
+    demo = app.build_demo({role: str(tiny[role]) for role in ("base", "task", "lang")})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                        quiet=True, css=app.CSS)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+def test_the_page_tells_the_truth(tiny_served):
+    """Every line and view follows the session: build updates the top line, a chat error stays
+    on the Chat tab, Cancel's note is replaced when the job ends, moving tau redraws the plan over
+    the deltas, a new check clears the old analysis, a failed check clears the session."""
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _truth(page, tiny_served)
+        finally:
+            browser.close()
+
+
+def _tab(page, name):
+    page.get_by_role("tab", name=name).click()
+
+
+def _truth(page, url):
+    status = page.locator("#status")
+    page.goto(url)
+    expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
+
+    # chatting before a build: the error stays on the Chat tab, the top line is the session's
+    _tab(page, "Chat")
+    page.locator("#chat-input textarea").fill("Habari?")
+    page.locator("#chat-send").click()
+    chat_status = page.locator("#chat-status")
+    expect(chat_status).to_contain_text("build the merged model first", timeout=30_000)
+    expect(status).to_contain_text("not built yet")
+    expect(status).not_to_contain_text("build the merged model first")
+
+    # a build updates the top line and clears the chat tab's old error
+    _tab(page, "Build")
+    page.locator("#build-btn").click()
+    expect(status).to_contain_text("Merged model: built in memory", timeout=120_000)
+    expect(chat_status).not_to_contain_text("build the merged model first")
+    page.locator("#build-cancel").click()   # nothing runs: the line keeps the build's outcome
+    page.wait_for_timeout(1000)
+    expect(page.locator("#build-status")).to_contain_text("Built in memory")
+    # Deltas before any analysis: moving the colour metric changes nothing, says nothing
+    _tab(page, "Deltas")
+    page.get_by_role("radio", name="mav").check()
+    page.wait_for_timeout(1000)
+    expect(page.locator("#deltas-status")).to_have_text("")
+    page.get_by_role("radio", name="fraction").check()
+
+    # Cancel: the note is replaced by the job's own outcome when it ends
+    _tab(page, "Sweep")
+    page.locator("#sweep-xs textarea").fill("0-4")
+    page.locator("#sweep-ys textarea").fill("0-2")
+    page.locator("#sweep-n input[type=number]").fill("8")
+    page.locator("#sweep-btn").click()
+    sweep_status = page.locator("#sweep-status")
+    page.wait_for_timeout(1500)
+    page.locator("#sweep-cancel").click()
+    expect(sweep_status).to_contain_text("Cancelled", timeout=120_000)
+    expect(sweep_status).not_to_contain_text("Cancelling")
+    expect(status).to_contain_text("Merged model: built in memory")  # the visitor's build is back
+
+    # Deltas: analyze, then moving tau redraws the plan drawn over the deltas
+    _tab(page, "Deltas")
+    page.locator("#analyze").click()
+    expect(page.locator("#deltas-status")).to_contain_text("Delta statistics ready",
+                                                           timeout=120_000)
+    overlay = page.locator("#plan-overlay")
+    expect(overlay.locator(".plot-container")).to_be_visible(timeout=30_000)
+    before = overlay.inner_html()
+    tau = page.locator("#threshold input[type=number]")
+    tau.fill("-1")
+    tau.blur()   # the number box releases the slider on blur
+    expect(page.locator("#deltas-status")).to_contain_text("tau = 1.00e-01", timeout=30_000)
+    page.wait_for_function("([el, old]) => el.innerHTML !== old",
+                           arg=[overlay.element_handle(), before], timeout=30_000)
+
+    # checking models again starts a new session: the old analysis is gone
+    _tab(page, "Models")
+    page.locator("#pick").click()
+    expect(status).to_contain_text("not built yet", timeout=60_000)
+    _tab(page, "Deltas")
+    expect(page.locator("#heatmaps .plot-container")).to_have_count(0)
+    expect(page.locator("#suggestion")).not_to_contain_text("Suggested configuration")
+    expect(overlay.locator(".plot-container")).to_have_count(0)
+
+    # a failed check clears the session: the table lists the new models, Build refuses
+    _tab(page, "Models")
+    task = page.locator("#task-ref input")
+    task.fill("/no/such/folder")
+    task.press("Enter")
+    page.locator("#pick").click()
+    expect(page.locator("#models-status")).to_contain_text("no such folder", timeout=30_000)
+    expect(page.locator("#models-table")).to_contain_text("/no/such/folder")
+    expect(status).to_contain_text("No models in use")
+    _tab(page, "Build")
+    page.locator("#build-btn").click()
+    expect(page.locator("#build-status")).to_contain_text("pick compatible models first",
+                                                          timeout=30_000)
