@@ -35,6 +35,9 @@ LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
 CSS = ".status p { margin: 0; } footer { display: none !important; }"
 
 SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
+# Configure-tab controls beyond the sliders, as MergeConfig fields (wb.make_config keywords)
+MORE_CONFIG = ("non_layer", "scale_partition", "lambda_task", "lambda_lang", "ties_density",
+               "ties_lambda")
 # what a new (or no) session empties: every view that shows results of earlier models
 SESSION_VIEWS = ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "plan_overlay",
                  "config_md", "diagram", "plan_text", "plan_cells",
@@ -44,10 +47,11 @@ SESSION_VIEWS = ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "p
                  "chat_md", "chat_merged", "chat_other")
 # each event's outputs (Page attributes): the API returns them in this order, the state left out
 OUTPUTS = {
-    "pick_models": ("status", "models_md", "models_table", "session", *SLIDERS, *SESSION_VIEWS),
+    "pick_models": ("status", "models_md", "models_table", "session", *SLIDERS, "xs", "ys",
+                    *SESSION_VIEWS),
     "plan": ("config_md", "diagram", "plan_text", "plan_cells", "plan_overlay"),
     "analyze": ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "threshold",
-                "plan_overlay"),
+                "threshold_lang", "plan_overlay"),
     "rethreshold": ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "plan_overlay"),
     "apply_suggestion": ("deltas_md", *SLIDERS, "partition"),
     "build": ("build_md", "config_yaml", "status", "eval_md", "chat_md"),
@@ -137,13 +141,21 @@ class Page:
         """The MergeConfig on the Configure tab (validated)."""
         return wb.make_config(session, v[self.method], *(v[getattr(self, s)] for s in SLIDERS),
                               v[self.w_task], v[self.w_lang], v[self.magnitude], v[self.partition],
-                              v[self.rules])
+                              v[self.rules], **{f: v[getattr(self, f)] for f in MORE_CONFIG})
 
     def slider_updates(self, session) -> dict:
-        """Every layer slider bounded by the model's depth, at the scaled defaults."""
+        """Every layer slider bounded by the model's depth, at the scaled defaults, with the
+        paper's validated range beside it; the sweep's default grid is that range."""
+        from layerswap_core.plan import validated_ranges
+
         counts = wb.default_config(session).layer_counts(session.num_layers)
-        return {getattr(self, s): gr.update(maximum=session.num_layers, value=c)
-                for s, c in zip(SLIDERS, counts)}
+        r = validated_ranges(session.num_layers)
+        ranges = (r.bottom, r.top, r.transition, r.transition)
+        note = "" if r.published else " (scaled by layerswap's own rule)"
+        out = {getattr(self, s): gr.update(maximum=session.num_layers, value=c,
+                                           info=f"validated in the paper: {set(v)}{note}")
+               for s, c, v in zip(SLIDERS, counts, ranges)}
+        return {**out, self.xs: ",".join(map(str, r.bottom)), self.ys: ",".join(map(str, r.top))}
 
     # ---- models tab
     @guarded("models_md")
@@ -197,10 +209,13 @@ class Page:
         session = wb.require(v[self.session])
         with session.job():
             views = wb.delta_views(session, None, v[self.metric], v[self.log_scale],
-                                   gr_progress(progress))
-        return {**self.delta_outputs(session, views, v,
-                                     f"Delta statistics ready (tau = {views.threshold:.2e})."),
-                self.threshold: gr.update(value=round(math.log10(views.threshold), 2))}
+                                   gr_progress(progress), matrices_only=v[self.matrices_only])
+        tau_task, tau_lang = views.thresholds
+        return {**self.delta_outputs(session, views, v, "Delta statistics ready (tau = "
+                                     f"{tau_task:.2e} for both experts; move each slider to set "
+                                     "its own)."),
+                self.threshold: gr.update(value=round(math.log10(tau_task), 2)),
+                self.threshold_lang: gr.update(value=round(math.log10(tau_lang), 2))}
 
     @guarded("deltas_md")
     def rethreshold(self, v):
@@ -208,9 +223,12 @@ class Page:
         session = wb.require(v[self.session])
         if "task" not in session.stats:
             return gr.skip()
-        views = wb.delta_views(session, 10 ** float(v[self.threshold]), v[self.metric],
-                               v[self.log_scale])
-        return self.delta_outputs(session, views, v, f"tau = {views.threshold:.2e}")
+        taus = (10 ** float(v[self.threshold]), 10 ** float(v[self.threshold_lang]))
+        views = wb.delta_views(session, taus, v[self.metric], v[self.log_scale],
+                               matrices_only=v[self.matrices_only])
+        return self.delta_outputs(session, views, v,
+                                  f"tau = {taus[0]:.2e} (task expert), {taus[1]:.2e} (language "
+                                  "expert)")
 
     @guarded("deltas_md")
     def apply_suggestion(self, v):
@@ -274,7 +292,7 @@ class Page:
                 roles, v[self.eval_tokens], v[self.chat_template])
         with session.job():
             res = run_evaluate(session, args, gr_progress(progress))
-        return {self.eval_md: ok(f"Evaluated {len(res.rows)} questions."),
+        return {self.eval_md: ok(wb.evaluation_note(res)),
                 self.summary: res.summary_rows, self.bars: res.figure,
                 self.items_table: pd.DataFrame(res.rows, columns=res.headers)}
 
@@ -285,8 +303,8 @@ class Page:
         config = self.config(v, session)
         with session.job():
             res = wb.sweep(session, config, v[self.axes], v[self.xs], v[self.ys],
-                           v[self.sweep_source], v[self.sweep_lang], v[self.sweep_n], 0,
-                           v[self.sweep_metric], gr_progress(progress))
+                           v[self.sweep_source], v[self.sweep_lang], v[self.sweep_n],
+                           v[self.sweep_shots], v[self.sweep_metric], gr_progress(progress))
         msg = f"Swept {len(res.rows)} configurations"
         if res.best is not None:
             fx, fy = res.axes
@@ -378,12 +396,18 @@ class Page:
         with gr.Tab("Deltas", id="deltas"):
             with gr.Row():
                 self.threshold = gr.Slider(
-                    -7, 0, value=-3, step=0.05, label="Threshold: log10 tau", elem_id="threshold",
+                    -7, 0, value=-3, step=0.05, label="log10 tau, task expert",
+                    elem_id="threshold",
                     info="rows whose mean |delta| exceeds tau count as changed; Analyze sets it "
-                         "from the data")
+                         "from the data (the paper used 1.9e-5 and 1.0e-5 for its two experts)")
                 self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
                                        info="fraction of rows above tau, or mean row MAV")
                 self.log_scale = gr.Checkbox(False, label="Log colour scale (MAV)")
+                self.matrices_only = gr.Checkbox(
+                    False, label="Only the 7 matrices the paper plots (q, k, v, o, gate, up, down)")
+                self.threshold_lang = gr.Slider(
+                    -7, 0, value=-3, step=0.05, label="log10 tau, language expert",
+                    elem_id="threshold-lang", info="each expert has its own threshold")
             self.analyze_btn = gr.Button("Analyze deltas", variant="primary", elem_id="analyze")
             self.deltas_md = gr.Markdown(elem_id="deltas-status")
             self.heatmaps = gr.Plot(label="Where each expert changed", elem_id="heatmaps")
@@ -423,7 +447,30 @@ class Page:
                     self.rules = gr.Textbox("first 6, last 2 : mlp\nall : attention", lines=3,
                                             max_length=wb.LIMITS.rules_chars,
                                             label="Custom rules: LAYERS [: KINDS] per line -> "
-                                                  "language")
+                                                  "language",
+                                            info="LAYERS: 0-5, 7, first 6, last 2, all or "
+                                                 "non-layer; KINDS: attention, mlp, norm, embed, "
+                                                 "lm_head, ...")
+                    with gr.Accordion("More: non-layer parameters, presets, baselines' knobs",
+                                      open=False):
+                        self.non_layer = gr.Radio(
+                            list(wb.NON_LAYER_CHOICES), value=next(iter(wb.NON_LAYER_CHOICES)),
+                            label="Non-layer parameters (embeddings, final norm, LM head)",
+                            info="Algorithm 1 averages them (weights above); or take them from "
+                                 "one expert", elem_id="non-layer")
+                        self.scale_partition = gr.Checkbox(
+                            False, label="Scale presets A/B/C to this depth (layerswap's own "
+                                         "rule; the paper's presets are absolute layers)")
+                        with gr.Row():
+                            self.lambda_task = gr.Number(1.0, label="task arithmetic: lambda task",
+                                                         minimum=-100, maximum=100)
+                            self.lambda_lang = gr.Number(1.0, label="lambda lang",
+                                                         minimum=-100, maximum=100)
+                        with gr.Row():
+                            self.ties_density = gr.Number(0.2, label="TIES density (0-1]",
+                                                          minimum=0, maximum=1, step=0.05)
+                            self.ties_lambda = gr.Number(1.0, label="TIES lambda",
+                                                         minimum=-100, maximum=100)
                 with gr.Column(scale=3):
                     self.config_md = gr.Markdown(elem_id="config-status")
                     self.diagram = gr.Plot(label="Layer stack", elem_id="diagram")
@@ -511,6 +558,9 @@ class Page:
                                          elem_id="sweep-n")
                 self.sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
                                              value="nll", label="Score")
+                self.sweep_shots = gr.Slider(0, wb.LIMITS.shots, value=0, step=1, label="Shots",
+                                             info="MGSM: its standard exemplars, in order",
+                                             elem_id="sweep-shots")
             with gr.Row():
                 self.sweep_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-btn")
                 self.sweep_cancel = gr.Button("Cancel", variant="stop", elem_id="sweep-cancel")
@@ -553,7 +603,7 @@ class Page:
         the components were made); callbacks return ``{component: value}``."""
         sliders = {getattr(self, s) for s in SLIDERS}
         config = {self.session, self.method, *sliders, self.w_task, self.w_lang, self.magnitude,
-                  self.partition, self.rules}
+                  self.partition, self.rules, *(getattr(self, f) for f in MORE_CONFIG)}
         heavy = dict(concurrency_id="heavy", concurrency_limit=wb.LIMITS.jobs)
         models = {self.base, self.task, self.lang, self.session}
         self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
@@ -564,10 +614,13 @@ class Page:
               self.outputs("plan"), api_name="plan", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=wb.LIMITS.plan_jobs)
 
-        self.analyze_btn.click(self.analyze, config | {self.metric, self.log_scale},
+        self.analyze_btn.click(self.analyze,
+                               config | {self.metric, self.log_scale, self.matrices_only},
                                self.outputs("analyze"), api_name="analyze", **heavy)
-        gr.on([self.threshold.release, self.metric.change, self.log_scale.change],
-              self.rethreshold, config | {self.threshold, self.metric, self.log_scale},
+        gr.on([self.threshold.release, self.threshold_lang.release, self.metric.change,
+               self.log_scale.change, self.matrices_only.change],
+              self.rethreshold, config | {self.threshold, self.threshold_lang, self.metric,
+                                          self.log_scale, self.matrices_only},
               self.outputs("rethreshold"), api_visibility="private", trigger_mode="always_last")
         self.apply_btn.click(self.apply_suggestion, {self.session},
                              self.outputs("apply_suggestion"), api_name="apply_suggestion")
@@ -591,7 +644,7 @@ class Page:
 
         self.sweep_btn.click(self.sweep, config | {self.axes, self.xs, self.ys, self.sweep_source,
                                                    self.sweep_lang, self.sweep_n,
-                                                   self.sweep_metric},
+                                                   self.sweep_metric, self.sweep_shots},
                              self.outputs("sweep"), api_name="sweep", **heavy)
         self.sweep_table.select(self.load_sweep_row, {self.axes, self.sweep_table},
                                 self.outputs("load_sweep_row"), api_visibility="private")

@@ -447,6 +447,8 @@ def _ensure_loaded(spec, device):
     if isinstance(spec, (str, Path)):
         from .models import load_model
         return load_model(str(spec), device=device), True
+    if callable(spec):  # asked just before its run (e.g. one live model showing each role)
+        spec = spec()
     model, tokenizer = spec
     return (model, tokenizer), False
 
@@ -459,8 +461,9 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     """Evaluate the same items with the same prompts on each model (up to four, e.g. base,
     task expert, language expert, merged).
 
-    ``models``: name -> (model, tokenizer) or a model reference (loaded with
-    ``models.load_model`` one at a time and freed after its run). Exemplars default to
+    ``models``: name -> (model, tokenizer), a function returning one (called just before that
+    model's run), or a model reference (loaded with ``models.load_model`` one at a time and
+    freed after its run). Exemplars default to
     ``default_exemplars(items, shots, ...)``: MGSM's standard exemplars on MGSM, GSM-Symbolic
     training templates otherwise. Accuracy uses the flexible filter;
     strict accuracy is reported beside it. Mean gold NLL is computed where items have worked

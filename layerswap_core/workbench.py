@@ -23,6 +23,7 @@ import json
 import os
 import re
 import tempfile
+import functools
 import threading
 import time
 import zipfile
@@ -234,31 +235,6 @@ def offered_models(access: Access, limit: int = 50) -> list[str]:
 
 
 # --------------------------------------------------------------------------- shared source models
-class _ModelCache:
-    """Process-wide LRU of loaded read-only models, keyed by folder (and device)."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._items: OrderedDict[tuple, tuple] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, path: Path, device: str | None = None):
-        from .models import load_model
-        device = device or default_device()
-        key = (str(path), device)
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-            model, tok = load_model(path, device=device)
-            for p in model.parameters():
-                p.requires_grad_(False)
-            self._items[key] = (model, tok)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-            return model, tok
-
-
 def default_device() -> str:
     """$LAYERSWAP_DEVICE, else cuda when a GPU is here, else cpu. On a ZeroGPU Space models
     stay on the CPU in the main process (CUDA exists only inside @spaces.GPU calls there)."""
@@ -268,9 +244,6 @@ def default_device() -> str:
         return os.environ["LAYERSWAP_DEVICE"]
     import torch
     return "cuda" if not ZERO_GPU and torch.cuda.is_available() else "cpu"
-
-
-SOURCE_MODELS = _ModelCache(_env_int("LAYERSWAP_MAX_LOADED_MODELS", 6))
 
 
 # --------------------------------------------------------------------------- models tab
@@ -414,6 +387,7 @@ class Session:
         self.access = report.access
         # headers only: architecture, output tensor names (tied heads dropped), checks
         inputs = open_inputs(self.refs["task"], self.refs["lang"], self.refs.get("base"))
+        self.inputs = inputs                # headers only; the live models map the files
         self.paths = dict(inputs.paths)
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
@@ -424,9 +398,9 @@ class Session:
         self._running_lock = threading.Lock()
         self.tau: float | None = None       # the threshold of the delta views last drawn
         self.stats: dict[str, Any] = {}     # role -> DeltaStats (base vs that expert)
-        self.recomposer = None
-        self.built_config = None            # MergeConfig of the merged model in memory
-        self.merged = None                  # (model, tokenizer)
+        self.built_config = None            # MergeConfig of the last build (shown on demand)
+        self._lives: dict[str, Any] = {}    # slot -> LiveModel (at most two: main, chat pane)
+        self._live_lock = threading.Lock()
 
     @property
     def has_base(self) -> bool:
@@ -465,15 +439,46 @@ class Session:
             _say(progress, frac, msg)
         return report
 
-    def model(self, role: str):
-        """(model, tokenizer) for base / task / lang (shared, read-only) or merged (this session)."""
+    def live(self, slot: str = "main", progress: Progress | None = None):
+        """The session's live model in ``slot`` ("main"; "other" for the second chat pane),
+        loaded on first use: one model whose parameters are rewritten to show any role or merge
+        from the memory-mapped checkpoints (``live.LiveModel``)."""
+        from .live import LiveModel
+
+        with self._live_lock:
+            lm = self._lives.get(slot)
+            if lm is None:
+                lm = LiveModel(self.inputs, device=default_device(), progress=progress)
+                self._lives[slot] = lm
+            return lm
+
+    def model(self, role: str, slot: str = "main"):
+        """(model, tokenizer) of the live model in ``slot``, made to show ``role``: "base",
+        "task", "lang" or "merged" (the last build). Only tensors whose source changed are
+        rewritten; use the model before asking for another role in the same slot."""
         if role == "merged":
-            if self.merged is None:
+            if self.built_config is None:
                 raise WorkbenchError("build the merged model first (Build tab)")
-            return self.merged
-        if role not in self.paths:
+            what = self.built_config
+        elif role in self.paths:
+            what = role
+        else:
             raise WorkbenchError(f"no {ROLE_LABELS.get(role, role)} model chosen (Models tab)")
-        return SOURCE_MODELS.get(self.paths[role])
+        with self.lock:
+            lm = self.live(slot)
+            lm.show(what)
+            return lm.model, lm.tokenizer
+
+    @property
+    def merged(self):
+        """(model, tokenizer) showing the last build, or None before a build."""
+        return None if self.built_config is None else self.model("merged")
+
+    def close(self) -> None:
+        """Free the live models (the mapped checkpoints are page cache, shared)."""
+        with self._live_lock:
+            self._lives.clear()
+        self.built_config = None
 
 
 def open_session(base: str, task: str, lang: str, progress: Progress | None = None,
@@ -490,20 +495,19 @@ def banner(session: Session | None) -> str:
     n = session.names
     models = f"{n['task']} + {n['lang']}" + (f" over {n['base']}" if "base" in n else "")
     built = ("built in memory (" + session.built_config.describe(session.num_layers) + ")"
-             if session.merged is not None and session.built_config is not None
+             if session.built_config is not None
              else "not built yet (Build tab)")
     return f"Models: {models} ({session.num_layers} layers). Merged model: {built}."
 
 
 def warm_up(session: Session) -> threading.Thread:
-    """Load the session's source models in the background (the first Build then only copies
-    and recomposes). Shared models: a second visitor with the same models finds them loaded."""
+    """Load the session's live model (the task expert) in the background while the visitor looks
+    around: the first Build then only rewrites the tensors the merge changes."""
     def load():
-        for role in session.paths:
-            try:
-                session.model(role)
-            except Exception:  # noqa: BLE001 - Build reports loading errors where they matter
-                return
+        try:
+            session.live()
+        except Exception:  # noqa: BLE001 - Build reports loading errors where they matter
+            return
     thread = threading.Thread(target=load, name="layerswap-warm-up", daemon=True)
     thread.start()
     return thread
@@ -537,10 +541,17 @@ def parse_custom_rules(text: str) -> list[dict]:
     return rules
 
 
+NON_LAYER_CHOICES = {"blend (average, as in Algorithm 1)": "blend", "task expert": "task",
+                     "language expert": "lang"}
+
+
 def make_config(session: Session, method: str = "layer swap", bottom: int | None = None,
                 top: int | None = None, transition_bottom: int = 0, transition_top: int = 0,
                 w_task: float = 1.0, w_lang: float = 1.0, magnitude_weights: bool = False,
-                partition: str = PARTITION_CHOICES[0], custom_rules: str = "") :
+                partition: str = PARTITION_CHOICES[0], custom_rules: str = "", *,
+                non_layer: str = "blend", scale_partition: bool = False,
+                lambda_task: float = 1.0, lambda_lang: float = 1.0, ties_density: float = 0.2,
+                ties_lambda: float = 1.0):
     """A validated MergeConfig from the Configure tab's controls (labels as shown there)."""
     from .plan import MergeConfig
 
@@ -555,10 +566,29 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
                          transition_bottom=int(transition_bottom or 0),
                          transition_top=int(transition_top or 0),
                          w_task=float(w_task), w_lang=float(w_lang),
-                         magnitude_weights=bool(magnitude_weights), partition=part,
+                         magnitude_weights=bool(magnitude_weights),
+                         non_layer=NON_LAYER_CHOICES.get(non_layer, non_layer),
+                         partition=part, scale_partition=bool(scale_partition),
+                         lambda_task=_number("lambda task", lambda_task),
+                         lambda_lang=_number("lambda lang", lambda_lang),
+                         ties_density=_number("TIES density", ties_density),
+                         ties_lambda=_number("TIES lambda", ties_lambda),
                          task=session.refs["task"], lang=session.refs["lang"],
                          base=session.refs.get("base"))
     return config.validate(session.num_layers, has_base=session.has_base)
+
+
+def _number(name: str, value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise WorkbenchError(f"{name}: expected a number, got {value!r}") from None
+
+
+def ranges_note(session: Session) -> str:
+    """The paper's validated b / u / t ranges for this depth, as a line beside the sliders."""
+    from .plan import validated_ranges
+    return validated_ranges(session.num_layers).note
 
 
 def default_config(session: Session):
@@ -578,7 +608,7 @@ def plan_view(session: Session, config) -> tuple[Any, str]:
     slider move."""
     from . import plots
     p = plan(session, config)
-    return plots.layer_stack_figure(p.layer_rows()), p.summary_text()
+    return plots.layer_stack_figure(p.layer_rows(), non_layer=p.global_sources()), p.summary_text()
 
 
 def plan_cells_figure(session: Session, config, over: str | None = None,
@@ -616,7 +646,7 @@ def delta_stats(session: Session, progress: Progress | None = None) -> dict[str,
 
 @dataclass
 class DeltaViews:
-    threshold: float       # tau used (the data-derived one when none was given)
+    thresholds: tuple[float, float]  # tau of the task and of the language expert
     heatmaps: Any          # side-by-side heatmaps of both experts
     overlap: Any           # where both changed strongly
     profile: Any           # per-layer delta mass
@@ -624,25 +654,35 @@ class DeltaViews:
     suggestion_text: str
 
 
-def delta_views(session: Session, threshold: float | None = None, metric: str = "fraction",
-                log_scale: bool = False, progress: Progress | None = None) -> DeltaViews:
-    """Figures for the Deltas tab. ``threshold`` None: ``analysis.auto_threshold``. Moving the
-    threshold re-uses the stored statistics (no tensor reads)."""
+def delta_views(session: Session, threshold: float | tuple[float, float] | None = None,
+                metric: str = "fraction", log_scale: bool = False,
+                progress: Progress | None = None, matrices_only: bool = False) -> DeltaViews:
+    """Figures for the Deltas tab. ``threshold``: one tau for both experts, a (task, lang) pair
+    (the paper used a threshold per expert), or None (``analysis.auto_threshold`` for both).
+    ``matrices_only``: only the seven 2-D matrices the paper plots. Moving a threshold re-uses
+    the stored statistics (no tensor reads)."""
     from . import plots
     from .analysis import auto_threshold
 
     stats = delta_stats(session, progress)
     task, lang = stats["task"], stats["lang"]
-    tau = float(threshold) if threshold is not None else auto_threshold(task, lang)
-    if not tau > 0:
-        raise WorkbenchError(f"the threshold must be positive, got {tau}")
-    session.tau = tau
+    if threshold is None:
+        taus = (auto_threshold(task, lang),) * 2
+    elif isinstance(threshold, (tuple, list)):
+        taus = tuple(float(t) for t in threshold)
+    else:
+        taus = (float(threshold),) * 2
+    if not all(t > 0 for t in taus) or len(taus) != 2:
+        raise WorkbenchError(f"the thresholds must be two positive numbers, got {threshold}")
+    session.tau = taus[1]  # the plan is drawn over the language expert's changes
     metric = "frac_rows_above" if metric == "fraction" else "mean_row_mav"
-    heat = plots.side_by_side_heatmaps(task, lang, metric=metric, tau=tau, log=bool(log_scale))
-    overlap = plots.overlap_heatmap(task, lang, tau=tau)
+    only = bool(matrices_only)
+    heat = plots.side_by_side_heatmaps(task, lang, metric=metric, tau=taus, log=bool(log_scale),
+                                       matrices_only=only)
+    overlap = plots.overlap_heatmap(task, lang, tau=taus, matrices_only=only)
     suggestion = suggest(session)
     profile = plots.layer_profile_figure([task, lang], suggestion=suggestion)
-    return DeltaViews(tau, heat, overlap, profile, suggestion, suggestion_text(suggestion))
+    return DeltaViews(taus, heat, overlap, profile, suggestion, suggestion_text(suggestion))
 
 
 def suggest(session: Session):
@@ -674,36 +714,20 @@ class BuildResult:
 
 
 def build(session: Session, config, progress: Progress | None = None) -> BuildResult:
-    """Merge in memory. The first build copies the task model and keeps references to the
-    (shared, read-only) experts' tensors; later builds rewrite only the parameters whose source
-    changed."""
+    """Merge in memory: the session's live model is made the merge of ``config``, rewriting only
+    the parameters whose source changed since it last showed something."""
     return _recompose(session, config, session.begin(progress))
 
 
 def _recompose(session: Session, config, guard: Progress) -> BuildResult:
-    import copy
-
-    from .merge import Recomposer
-
     with session.lock:
         t0 = time.perf_counter()
-        if session.recomposer is None:
-            states = {}
-            for i, role in enumerate(session.paths):
-                guard(0.1 + 0.2 * i, f"loading the {ROLE_LABELS[role]}")
-                model = session.model(role)[0]
-                states[role] = {n: p.detach() for n, p in model.named_parameters()}
-            guard(0.7, "copying the task model for the merge")
-            merged = copy.deepcopy(session.model("task")[0])
-            session.recomposer = Recomposer(merged, states["task"], states["lang"],
-                                            states.get("base"), session.arch)
-        guard(0.8, "recomposing the changed layers")
-        changed = session.recomposer.apply(config)
-        session.merged = (session.recomposer.model, session.model("task")[1])
+        guard(0.05, "loading the live model")
+        lm = session.live(progress=lambda f, m: guard(0.05 + 0.25 * f, m))
+        res = lm.show(config, progress=lambda f, m: guard(0.3 + 0.7 * f, m))
         session.built_config = config
-        p = session.recomposer.plan
-        return BuildResult(time.perf_counter() - t0, len(changed), len(p.sources),
-                           p.summary_text())
+        return BuildResult(time.perf_counter() - t0, res.rewritten, res.total,
+                           lm.plan.summary_text())
 
 
 _FOLDER_NAME = re.compile(r"\w[\w.-]*")
@@ -801,7 +825,7 @@ def close_session(session: Session | None) -> None:
     """Free a visitor's merged model (called when their session expires)."""
     if session is not None:
         session.cancel.set()
-        session.recomposer = session.merged = None
+        session.close()
         session.stats.clear()
 
 
@@ -846,14 +870,27 @@ def evaluate(session: Session, source: str = "mgsm", lang: str = "sw", n: int = 
         raise WorkbenchError("choose at least one model to evaluate")
     guard = session.begin(progress)
     with session.lock:
-        models = {ROLE_LABELS[r]: session.model(r) for r in roles}
+        # one live model shows each role in turn (callables: run_side_by_side asks just in time)
+        models = {ROLE_LABELS[r]: functools.partial(session.model, r) for r in roles}
         items = load_items(source, lang, n)
         result = run_side_by_side(models, items, shots=shots, cot=bool(cot),
                                   chat_template=bool(chat_template),
                                   max_new_tokens=max_new_tokens, progress=guard)
+        result.config["items_available"] = len(load_items(source, lang))
     headers, rows = _table(result)
     return EvalResult(headers, rows, _summary_rows(result), plots.accuracy_bars(result.summary),
                       result)
+
+
+def evaluation_note(res: EvalResult) -> str:
+    """What the numbers are: how many items out of the data set, and the exemplars used."""
+    c = res.raw.config
+    total = res.raw.config.get("items_available")
+    sample = (f"the first {c['n']} of {total} items: a sample, not the benchmark's score"
+              if total and c["n"] < total else f"{c['n']} items")
+    shots = f"{c['shots']}-shot ({c.get('exemplar_source', 'no exemplars')})" if c["shots"] \
+        else "0-shot"
+    return f"Evaluated {c['data']} {c['lang']}: {sample}, {shots}, {c['format']} answers."
 
 
 def _table(result) -> tuple[list[str], list[list]]:
@@ -950,36 +987,30 @@ def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: s
     if metric == "nll" and not all(it.solution for it in items):
         raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
     guard = session.begin(progress)
-    built_before = session.built_config
     scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
     rows = []
     total = len(xs) * len(ys)
-    try:
-        for iy, y in enumerate(ys):
-            for ix, x in enumerate(xs):
-                try:
-                    cfg = replace(base_config, method="layer_swap", partition=None, **{fx: x, fy: y})
-                    cfg.validate(session.num_layers, has_base=session.has_base)
-                except ConfigError:
-                    continue  # impossible cell (more swapped layers than the model has): empty
-                done = (iy * len(xs) + ix) / total
-                guard(done, f"{fx} {x}, {fy} {y}")
-                _recompose(session, cfg, guard=lambda f, m: guard(done, m))
-                with session.lock:
-                    # NLL needs one forward pass per item; generation is cut to 1 token
-                    res = run_side_by_side({"merged": session.merged}, items, shots=shots,
-                                           max_new_tokens=1 if metric == "nll" else 64,
-                                           with_nll=metric == "nll",
-                                           progress=lambda f, m: guard(done + f / total, m))
-                s = res.summary[0]
-                scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
-                if scores[iy][ix] is not None:
-                    rows.append([x, y, round(scores[iy][ix], 4)])
-    finally:  # leave the visitor's own build in memory (or none), not the last cell
-        if built_before is not None:
-            _recompose(session, built_before, guard=lambda f, m: None)
-        else:
-            session.merged = session.built_config = None
+    for iy, y in enumerate(ys):
+        for ix, x in enumerate(xs):
+            try:
+                cfg = replace(base_config, method="layer_swap", partition=None, **{fx: x, fy: y})
+                cfg.validate(session.num_layers, has_base=session.has_base)
+            except ConfigError:
+                continue  # impossible cell (more swapped layers than the model has): empty
+            done = (iy * len(xs) + ix) / total
+            guard(done, f"{fx} {x}, {fy} {y}")
+            with session.lock:  # the live model shows the cell; the visitor's build stays
+                lm = session.live()
+                lm.show(cfg, progress=lambda f, m: guard(done, m))
+                # NLL needs one forward pass per item; generation is cut to 1 token
+                res = run_side_by_side({"merged": (lm.model, lm.tokenizer)}, items, shots=shots,
+                                       max_new_tokens=1 if metric == "nll" else 64,
+                                       with_nll=metric == "nll",
+                                       progress=lambda f, m: guard(done + f / total, m))
+            s = res.summary[0]
+            scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
+            if scores[iy][ix] is not None:
+                rows.append([x, y, round(scores[iy][ix], 4)])
     guard(1.0, "done")
     # best first (ties keep grid order): lowest NLL, highest accuracy
     rows.sort(key=lambda r: r[2] if metric == "nll" else -r[2])

@@ -7,6 +7,8 @@ import zipfile
 import pytest
 
 NO_PARTITION = "none (bottom/top sliders)"
+# the Configure tab's "More" controls: non-layer blend, no preset scaling, lambdas, TIES
+MORE = ("blend (average, as in Algorithm 1)", False, 1.0, 1.0, 0.2, 1.0)
 
 
 def free_port() -> int:
@@ -39,7 +41,7 @@ def client(app_url, tiny):
 
 
 def config(b=2, u=1, tb=0, tu=0, method="layer swap", partition=NO_PARTITION, rules=""):
-    return (method, b, u, tb, tu, 1.0, 1.0, False, partition, rules)
+    return (method, b, u, tb, tu, 1.0, 1.0, False, partition, rules, *MORE)
 
 
 def named(event: str, out) -> dict:
@@ -92,7 +94,7 @@ def test_build_download_and_save(client, tmp_path):
 
 
 def test_deltas_and_suggestion(client):
-    out = named("analyze", client.predict("fraction", False, *config(2, 1), api_name="/analyze"))
+    out = named("analyze", client.predict("fraction", False, False, *config(2, 1), api_name="/analyze"))
     assert out["deltas_md"].startswith("✔") and "Suggested configuration" in out["suggestion"]
     assert out["heatmaps"] and out["plan_overlay"]
     status, *sliders, partition = client.predict(api_name="/apply_suggestion")
@@ -193,7 +195,7 @@ def test_a_new_check_clears_the_old_analysis_and_build(app_url, tiny):
     c = Client(app_url, verbose=False)
     good = [str(tiny[r]) for r in ("base", "task", "lang")]
     pick(c, *good)
-    analyzed = named("analyze", c.predict("fraction", False, *config(), api_name="/analyze"))
+    analyzed = named("analyze", c.predict("fraction", False, False, *config(), api_name="/analyze"))
     assert analyzed["heatmaps"] and "Suggested configuration" in analyzed["suggestion"]
     c.predict(*config(), api_name="/build")
     out = pick(c, *good)                                 # the same models, checked again
@@ -218,3 +220,19 @@ def test_a_build_replaces_build_first_messages(app_url, tiny):
     assert out["chat_md"] == "" and out["eval_md"] == ""   # the old "build first" lines go
     chat_status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
     assert chat_status.startswith("✔ Done")
+
+
+def test_configure_exposes_non_layer_and_baseline_knobs(client):
+    """The non-layer source and the TIES/task-arithmetic knobs reach the plan (as Algorithm 1:
+    non-layer parameters averaged by default)."""
+    base = config(2, 1)
+    blend = named("plan", client.predict(*base, api_name="/plan"))["plan_text"]
+    task = named("plan", client.predict(*base[:10], "task expert", *base[11:],
+                                        api_name="/plan"))["plan_text"]
+    assert "non-layer blend" in blend and "non-layer blend" not in task and blend != task
+    ties = config(method="TIES")
+    ties = (*ties[:14], 0.5, 2.0)
+    text = named("plan", client.predict(*ties, api_name="/plan"))["plan_text"]
+    assert "ties d=0.5" in text
+    bad = named("plan", client.predict(*ties[:14], 0, 2.0, api_name="/plan"))["config_md"]
+    assert bad.startswith("⚠") and "ties_density" in bad

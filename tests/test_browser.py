@@ -114,7 +114,8 @@ def _walkthrough(page, url, refs, shot):
     page.locator("#shots input[type=number]").fill("1")
     page.locator("#eval-tokens input[type=number]").fill("16")
     page.locator("#eval-btn").click()
-    expect(page.locator("#eval-status")).to_contain_text("Evaluated 2 questions", timeout=300_000)
+    expect(page.locator("#eval-status")).to_contain_text("the first 2 of 250 items",
+                                                         timeout=300_000)
     table = page.locator("#eval-table")
     expect(table).to_contain_text("merged: output")
     expect(table.locator("[role=grid]")).to_have_attribute("aria-rowcount", "3")  # header + 2
@@ -236,10 +237,11 @@ def _truth(page, url):
     overlay = page.locator("#plan-overlay")
     expect(overlay.locator(".plot-container")).to_be_visible(timeout=30_000)
     before = overlay.inner_html()
-    tau = page.locator("#threshold input[type=number]")
+    tau = page.locator("#threshold-lang input[type=number]")  # the overlay's expert
     tau.fill("-1")
     tau.blur()   # the number box releases the slider on blur
-    expect(page.locator("#deltas-status")).to_contain_text("tau = 1.00e-01", timeout=30_000)
+    expect(page.locator("#deltas-status")).to_contain_text("1.00e-01 (language expert)",
+                                                           timeout=30_000)
     page.wait_for_function("([el, old]) => el.innerHTML !== old",
                            arg=[overlay.element_handle(), before], timeout=30_000)
 

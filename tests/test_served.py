@@ -20,10 +20,12 @@ from layerswap_core import workbench as wb
 from layerswap_core.models import cache_dir
 
 NO_PARTITION = "none (bottom/top sliders)"
+# the Configure tab's "More" controls: non-layer blend, no preset scaling, lambdas, TIES
+MORE = ("blend (average, as in Algorithm 1)", False, 1.0, 1.0, 0.2, 1.0)
 
 
 def config(b=2, u=1, partition=NO_PARTITION, rules=""):
-    return ("layer swap", b, u, 0, 0, 1.0, 1.0, False, partition, rules)
+    return ("layer swap", b, u, 0, 0, 1.0, 1.0, False, partition, rules, *MORE)
 
 
 def snapshot(folder: Path) -> dict:

@@ -74,7 +74,8 @@ def test_plan_view_follows_the_sliders_without_reading_tensors(session, monkeypa
     fig_a, text_a = wb.plan_view(session, swap(session, 2, 1))
     fig_b, text_b = wb.plan_view(session, swap(session, 3, 2, 1, 0))
     cells_a = wb.plan_cells_figure(session, swap(session, 2, 1))
-    cells_b = wb.plan_cells_figure(session, wb.make_config(session, "layer swap", partition="A"))
+    cells_b = wb.plan_cells_figure(session, wb.make_config(session, "layer swap", partition="A",
+                                                            scale_partition=True))
     assert reads == []
     assert cells_a.to_json() != cells_b.to_json()
     assert text_a != text_b and "0-1       lang" in text_a and "0-2       lang" in text_b
@@ -89,7 +90,9 @@ def _tensor(folder, name):
 
 def test_build_in_memory_then_only_changed_layers(session, tiny):
     first = wb.build(session, swap(session, 2, 1))
-    assert first.changed == first.total
+    # the live model starts as the task expert: only tensors from elsewhere are rewritten
+    not_task = [n for n, src in session.live().plan.sources.items() if src.model != "task"]
+    assert first.changed == len(not_task) < first.total
     state = session.merged[0].state_dict()
     q = "model.layers.{}.self_attn.q_proj.weight"
     assert torch.equal(state[q.format(0)], _tensor(tiny["lang"], q.format(0)))
@@ -221,7 +224,8 @@ def test_sweep_grid(session):
     assert res.best == res.rows[0]
     assert {tuple(r[:2]) for r in res.rows} == {(0, 1), (2, 1), (0, 7)}
     assert session.built_config.layer_counts(8) == (3, 2, 0, 0)   # the visitor's build is back
-    assert session.recomposer.plan.config.layer_counts(8) == (3, 2, 0, 0)
+    session.model("merged")
+    assert session.live().plan.config.layer_counts(8) == (3, 2, 0, 0)
     with pytest.raises(wb.WorkbenchError, match="outside"):
         wb.sweep(session, swap(session, 2, 1), "bottom / top", "0-9", "0")
 
@@ -351,11 +355,52 @@ def test_peft_adapter_is_picked_as_a_dense_expert(tiny, tmp_path, monkeypatch):
         wb.check_models("", str(tmp_path / "adapter"), str(tiny["lang"]))
 
 
-def test_warm_up_loads_the_source_models_once(session):
+def test_warm_up_loads_the_one_live_model(session):
     wb.warm_up(session).join(timeout=120)
-    loaded = {k[0] for k in wb.SOURCE_MODELS._items}
-    assert {str(p) for p in session.paths.values()} <= loaded
-    assert session.model("task") is session.model("task")     # shared, not reloaded
+    live = session.live()
+    assert session.live() is live
+    assert session.model("task")[0] is session.model("base")[0] is live.model
+
+
+def test_every_role_is_the_one_live_model_and_matches_its_checkpoint(session, tiny):
+    """base / task / lang / merged are plans over one live model: no second model is loaded,
+    its parameter storages never change, and each role's outputs equal that checkpoint loaded
+    directly with transformers, token for token."""
+    from layerswap_core.models import load_model
+
+    wb.build(session, swap(session, 2, 1))
+    live = session.live()
+    ptrs = [p.data_ptr() for p in live.model.parameters()]
+    prompts = ["Juma ana maembe 12.", "What is 2 + 3?"]
+    for role in ("base", "task", "lang"):
+        model, tok = session.model(role)
+        assert model is live.model
+        direct, _ = load_model(tiny[role])
+        for text in prompts:
+            ids = tok(text, return_tensors="pt")
+            assert model.generate(**ids, max_new_tokens=5, do_sample=False).tolist() == \
+                direct.generate(**ids, max_new_tokens=5, do_sample=False).tolist()
+    assert session.model("merged")[0] is live.model
+    assert [p.data_ptr() for p in live.model.parameters()] == ptrs
+    assert list(session._lives) == ["main"]
+
+
+def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny):
+    """The four roles evaluated one after another on one live model give the outputs of the
+    checkpoints loaded separately (and the merge of a fresh build)."""
+    from layerswap_core.data import load_items
+    from layerswap_core.evaluate import run_side_by_side
+    from layerswap_core.models import load_model
+
+    wb.build(session, swap(session, 2, 1))
+    res = wb.evaluate(session, "gsm-symbolic", "sw", 2, 0, False,
+                      ("base", "task", "lang", "merged"), 8)
+    items = load_items("gsm-symbolic", "sw", 2)
+    direct = {wb.ROLE_LABELS[r]: load_model(tiny[r]) for r in ("base", "task", "lang")}
+    ref = run_side_by_side(direct, items, shots=0, max_new_tokens=8)
+    for got, want in zip(res.raw.rows, ref.rows):
+        for label in direct:
+            assert got["models"][label]["output"] == want["models"][label]["output"]
 
 
 @pytest.mark.slow
@@ -381,3 +426,20 @@ def test_spaces_gpu_decorator_is_a_no_op_without_spaces():
     def work(x):
         return x + 1
     assert spaces.GPU(work) is work and spaces.GPU(duration=30)(work) is work
+
+
+def test_delta_views_take_a_threshold_per_expert_and_the_papers_matrices(session):
+    views = wb.delta_views(session, (1.9e-5, 1.0e-5), matrices_only=True)
+    assert views.thresholds == (1.9e-5, 1.0e-5) and session.tau == 1.0e-5
+    titles = " ".join(a.text for a in views.heatmaps.layout.annotations)
+    assert "1.9e-05" in titles and "1e-05" in titles
+    all_kinds = wb.delta_views(session, 1e-4).heatmaps
+    assert len(views.heatmaps.data[0].y) < len(all_kinds.data[0].y) or \
+        len(views.heatmaps.data[0].x) < len(all_kinds.data[0].x)
+
+
+def test_evaluation_says_it_is_a_sample(session):
+    wb.build(session, swap(session, 2, 1))
+    res = wb.evaluate(session, "gsm-symbolic", "sw", 2, 0, False, ("merged",), 4)
+    note = wb.evaluation_note(res)
+    assert "first 2 of 48 items: a sample" in note and "0-shot" in note
