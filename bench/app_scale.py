@@ -89,8 +89,8 @@ def write_trio(folder: Path, params: float) -> dict[str, Path]:
     return paths
 
 
-def call(client, api_name: str, **values):
-    """Call an endpoint by its parameter names or labels; other parameters keep their defaults."""
+def call(client, api_name: str, values: dict):
+    """Call an endpoint by its parameters' labels (or names); the others keep their defaults."""
     info = client.view_api(return_format="dict", print_info=False)["named_endpoints"][api_name]
     args = []
     for p in info["parameters"]:
@@ -138,20 +138,21 @@ def main(argv=None) -> int:
             raise RuntimeError("the app did not start")
         ref = {k: str(v) for k, v in paths.items()}
         steps = [
-            ("open", "/pick_models", dict(base=ref["base"], task=ref["task"], lang=ref["lang"])),
+            ("open", "/pick_models", {"Base model": ref["base"], "Task expert (math)": ref["task"],
+                                      "Language expert": ref["lang"]}),
             ("analyse", "/analyze", {}),
             ("build", "/build", {}),
-            ("rebuild +1 transition", "/build", {"tb": 1, "t_bottom": 1,
-                                                  "Transition t_b (blended)": 1}),
-            ("evaluate 4 x 4 roles", "/evaluate", {"source": "gsm-symbolic", "lang": "sw", "n": 4,
-                                                   "shots": 0, "max_new_tokens": 8}),
-            ("chat (2 panes)", "/chat", {"message": "Juma ana maembe 12. Anampa dada yake 5.",
-                                         "max_new_tokens": 8}),
+            ("rebuild +1 transition", "/build", {"Transition t_b (blended)": 1}),
+            ("evaluate 4 x 4 roles", "/evaluate", {"Data": "gsm-symbolic", "Language": "sw",
+                                                   "Questions": 4, "Shots": 0,
+                                                   "Max new tokens": 8}),
+            ("chat (2 panes)", "/chat", {"param_1": "Juma ana maembe 12. Anampa dada yake 5.",
+                                         "Max new tokens": 16}),
         ]
         for label, api, values in steps:
             with Sampler(server.pid) as s:
                 t = time.perf_counter()
-                out = call(client, api, **values)
+                out = call(client, api, values)
                 wall = time.perf_counter() - t
             status = out[0] if isinstance(out, (list, tuple)) else out
             row = {"step": label, "wall_s": round(wall, 2),

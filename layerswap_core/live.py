@@ -37,6 +37,10 @@ from .plan import ConfigError, MergeConfig, MergePlan, Source, build_plan
 
 Progress = Callable[[float, str], None]
 ROLES = ("base", "task", "lang")
+# Element-wise methods are computed in row blocks of at most this many float32 bytes, so a blended
+# embedding matrix (e.g. 128k x 4096) never needs three float32 copies of itself at once.
+BLOCK_BYTES = 64 << 20
+ELEMENTWISE = ("linear", "task_arithmetic")
 # Below this many parameters a CPU live model is float32 (see the module docstring): at most
 # 2 GB, and the outputs equal the float32 evaluations published in the README.
 SMALL_MODEL_PARAMS = 500_000_000
@@ -99,6 +103,27 @@ class MappedCheckpoint(Mapping):
                 pass
 
 
+def _row_blocks(param: torch.Tensor, method: str) -> list[slice | None]:
+    """Row slices to compute ``method`` in: [None] for the whole tensor, or blocks of rows for
+    element-wise methods on large tensors (bounded float32 temporaries)."""
+    rows = param.shape[0] if param.dim() else 1
+    per_row = 4 * (param.numel() // max(rows, 1))
+    if param.dim() == 0 or method not in ELEMENTWISE or per_row * rows <= BLOCK_BYTES:
+        return [None]
+    step = max(1, BLOCK_BYTES // max(per_row, 1))
+    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
+def _trim_heap() -> None:
+    """Give freed heap memory back to the OS (glibc keeps freed blocks of float32 temporaries
+    otherwise, which shows as resident memory the process no longer uses)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
 def role_plan(role: str, names: list[str], arch, config: MergeConfig | None = None) -> MergePlan:
     """The plan that makes the live model one of the three input checkpoints."""
     if role not in ROLES:
@@ -151,6 +176,7 @@ class LiveModel:
         self.model, self.tokenizer = load_model(inputs.paths["task"], device=device, dtype=self.dtype)
         for p in self.model.parameters():
             p.requires_grad_(False)
+        _trim_heap()  # what loading freed goes back to the OS
         self.params = dict(self.model.named_parameters())
         self.names = list(self.params)
         have = set(inputs.names)
@@ -221,16 +247,19 @@ class LiveModel:
             if src.method == "copy":
                 param.copy_(inputs[0])
                 continue
-            out = methods.apply(src.method, [t.to(param.device) for t in inputs], src.weights,
-                                src.kwargs())
-            if not bool(torch.isfinite(out).all()) or \
-                    not bool(torch.isfinite(out.to(param.dtype)).all()):
-                if all(bool(torch.isfinite(t).all()) for t in inputs):
-                    raise MergeError(f"the merge makes tensor {n} non-finite (inf/NaN) from finite "
-                                     "inputs: check the weights / lambdas")
-            param.copy_(out)
+            for rows in _row_blocks(param, src.method):
+                part = [(t if rows is None else t[rows]).to(param.device) for t in inputs]
+                out = methods.apply(src.method, part, src.weights, src.kwargs())
+                if not bool(torch.isfinite(out).all()) or \
+                        not bool(torch.isfinite(out.to(param.dtype)).all()):
+                    if all(bool(torch.isfinite(t).all()) for t in part):
+                        raise MergeError(f"the merge makes tensor {n} non-finite (inf/NaN) from "
+                                         "finite inputs: check the weights / lambdas")
+                (param if rows is None else param[rows]).copy_(out)
+                del out, part
         self.plan, self.label = plan, label
         self.release()
+        _trim_heap()
         _say(progress, 1.0, f"{label}: {len(changed)} tensors rewritten")
         return ShowResult(label, len(changed), len(self.names), nbytes, time.perf_counter() - t0)
 
