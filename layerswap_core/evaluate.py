@@ -1,10 +1,10 @@
 """Math evaluation: prompts, answer extraction, scoring with a 95% CI, gold-solution NLL and
 side-by-side runs of several models (the ``layerswap eval`` command is ``cli/evaluate.py``).
 
-Prompts and answer filters follow lm-eval's ``mgsm_direct_*`` and ``mgsm_native_cot_*`` tasks
-(prompt words per language in ``PROMPT_WORDS``, copied from lm-eval 0.4.13's
-``tasks/mgsm/utils.py``; tests check them against the installed YAML files), so our numbers
-compare with published ones. Two extraction filters, as in lm-eval:
+Prompts and answer filters are lm-eval's ``mgsm_direct_*`` and ``mgsm_native_cot_*`` tasks,
+read from its installed YAML (``mgsm_task``: prompt words per language, stop strings, lm-eval's
+own filter objects), so our numbers compare with published ones. Two extraction filters, as in
+lm-eval:
 
 * ``strict``: CoT: the number after the language's "The answer is" phrase (first match);
   direct: the whole output (whitespace stripped) must be the number;
@@ -28,49 +28,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from . import mgsm_task
 from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm,
                    load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
                    normalize_number, source_label, to_ascii_digits)
 from .generation import encode, generate
+from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords,  # noqa: F401
+                        apply_filter, prompt_words, stop_strings, target_delimiter)
 
 Progress = Callable[[float, str], None]
 
 
 # --------------------------------------------------------------------------- prompt words
-@dataclass(frozen=True)
-class PromptWords:
-    question: str        # prefix of every question ("Swali:")
-    cot_answer: str      # chain-of-thought answer prefix ("Jibu la Hatua kwa Hatua:")
-    direct_answer: str   # direct answer prefix ("Answer:", "Antwort:")
-    answer_regex: str    # lm-eval's strict-match pattern, one capture group for the number
+NUMBER_GROUP = r"(\-?[0-9\.\,]+)"   # the number's group in every strict-match pattern
 
 
-# lm-eval 0.4.13 tasks/mgsm/utils.py LANGUAGES (note its own quirks, kept on purpose: several
-# languages use the English "Answer:" for direct prompts, and Bengali's strict pattern is English).
-PROMPT_WORDS: dict[str, PromptWords] = {
-    "bn": PromptWords("প্রশ্ন:", "ধাপে ধাপে উত্তর:", "Answer:", r"The answer is (\-?[0-9\.\,]+)"),
-    "de": PromptWords("Frage:", "Schritt-für-Schritt-Antwort:", "Antwort:",
-                      r"Die Antwort lautet (\-?[0-9\.\,]+)"),
-    "en": PromptWords("Question:", "Step-by-Step Answer:", "Answer:", r"The answer is (\-?[0-9\.\,]+)"),
-    "es": PromptWords("Pregunta:", "Respuesta paso a paso:", "Respuesta:",
-                      r"La respuesta es (\-?[0-9\.\,]+)"),
-    "fr": PromptWords("Question :", "Réponse étape par étape :", "Réponse :",
-                      r"La réponse est (\-?[0-9\.\,]+)"),
-    "ru": PromptWords("Задача:", "Пошаговоерешение:", "Answer:", r"Ответ — (\-?[0-9\.\,]+)"),
-    "sw": PromptWords("Swali:", "Jibu la Hatua kwa Hatua:", "Answer:", r"Jibu ni (\-?[0-9\.\,]+)"),
-    "te": PromptWords("ప్రశ్న:", "దశలవారీగా సమాధానం:", "Answer:", r"సమాధానం (\-?[0-9\.\,]+)"),
-    "th": PromptWords("โจทย์:", "คำตอบทีละขั้นตอน:", "Answer:", r"คำตอบคือ (\-?[0-9\.\,]+)"),
-    "ja": PromptWords("問題：", "ステップごとの答え:", "Answer:", r"答えは(\-?[0-9\.\,]+)です。"),
-    "zh": PromptWords("问题：", "逐步解答:", "Answer:", r"答案是 (\-?[0-9\.\,]+)。"),
-}
-FLEXIBLE_REGEX = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"   # lm-eval's flexible-extract, last match wins
-NUMBER_GROUP = r"(\-?[0-9\.\,]+)"
-CHAT_END_STOPS = ("</s>", "<|im_end|>")          # lm-eval's extra `until` strings
-
-
-def prompt_words(lang: str) -> PromptWords:
-    """Words for ``lang`` (MGSM or ISO 639-3 code); English for languages MGSM lacks."""
-    return PROMPT_WORDS.get(mgsm_lang(lang), PROMPT_WORDS["en"])
+def __getattr__(name: str):
+    if name == "FLEXIBLE_REGEX":   # lm-eval's flexible-extract pattern, from its YAML
+        return mgsm_task.flexible_regex()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def answer_phrase(lang: str, number: str) -> str:
@@ -80,17 +56,6 @@ def answer_phrase(lang: str, number: str) -> str:
     unescape = lambda s: re.sub(r"\\(.)", r"\1", s)  # noqa: E731
     tail = unescape(tail)
     return f"{unescape(head)}{number}{tail if tail else '.'}"
-
-
-def target_delimiter(lang: str, cot: bool) -> str:
-    # lm-eval: direct_yaml sets ""; cot_yaml " " for every language (its generator meant ""
-    # for Japanese and Chinese but never writes a falsy value, so the installed YAMLs keep " ").
-    return " " if cot else ""
-
-
-def stop_strings(lang: str) -> list[str]:
-    """lm-eval's `until` for mgsm: the next question's prefix and chat end markers."""
-    return [prompt_words(lang).question, *CHAT_END_STOPS]
 
 
 # --------------------------------------------------------------------------- prompts
@@ -246,36 +211,25 @@ class Extraction:
     flexible: str | None   # lm-eval flexible-extract (last number), normalised
 
 
-def _regex_first(pattern: str, text: str, group_select: int = 0) -> str | None:
-    """lm-eval's RegexFilter + take_first: findall, pick a match, first non-empty group."""
-    found = re.findall(pattern, text)
-    if not found:
-        return None
-    m = found[group_select]
-    if isinstance(m, tuple):
-        m = next((g for g in m if g), None)
-        if m is None:
-            return None
-    return m.strip()
-
-
 def extract_strict(output: str, lang: str, cot: bool, *, lm_eval_compatible: bool = False) -> str | None:
+    """lm-eval's strict filter of the task (CoT: strict-match, the number after the answer
+    phrase; direct: remove_whitespace, the whole output); by default on ASCII digits and
+    normalised (``normalize_number``)."""
     text = output if lm_eval_compatible else to_ascii_digits(output)
-    if cot:
-        raw = _regex_first(prompt_words(lang).answer_regex, text)
-    else:
-        raw = text.strip()  # lm-eval's remove_whitespace filter: the whole output is the answer
+    raw = apply_filter(text, lang, cot, STRICT_FILTER[cot])
     if raw is None or lm_eval_compatible:
         return raw
     return normalize_number(raw)
 
 
 def extract_flexible(output: str, *, lm_eval_compatible: bool = False) -> str | None:
+    """lm-eval's flexible-extract (the last number-like span). By default on ASCII digits,
+    skipping spans without a digit ("...", ",,", so a final ellipsis does not hide the number
+    before it), and normalised."""
     if lm_eval_compatible:
-        return _regex_first(FLEXIBLE_REGEX, output, -1)
-    # Same pattern, but spans without a digit ("...", ",,") are skipped, so a final ellipsis
-    # does not hide the number before it.
-    spans = [a or b for a, b in re.findall(FLEXIBLE_REGEX, to_ascii_digits(output))]
+        return apply_filter(output, "en", True, FLEXIBLE_FILTER)
+    spans = [next((g for g in m if g), "") if isinstance(m, tuple) else m
+             for m in re.findall(mgsm_task.flexible_regex(), to_ascii_digits(output))]
     spans = [s for s in spans if any(c.isdigit() for c in s)]
     return normalize_number(spans[-1].strip()) if spans else None
 
