@@ -10,6 +10,11 @@ import importlib
 
 __version__ = "0.1.0"
 
+# Plugins that register embedded models, as "module:function" (called once, when models first
+# lists or resolves an embedded model): the demo experts are built with lora, merge and train,
+# so models, below them, names them here instead of importing them.
+EMBEDDED_PLUGINS = ("layerswap_core.experts:register",)
+
 # public name -> module that defines it
 _API = {
     # models and architectures

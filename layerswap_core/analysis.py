@@ -38,9 +38,9 @@ import numpy as np
 import torch
 
 from .architectures import KIND_GROUPS, LAYER_KIND_ORDER, get_architecture
-from .io import INDEX_NAME, ST_TO_DTYPE, CheckpointReader
-from .lora import is_adapter, read_adapter_config
-from .models import cache_dir, pick_device, resolve
+from .io import INDEX_NAME, ST_TO_DTYPE, CheckpointReader, cache_dir
+from .lora import read_adapter_config
+from .models import is_adapter, pick_device, resolve
 
 Progress = Callable[[float, str], None]
 CACHE_VERSION = 1
@@ -797,90 +797,3 @@ def _preset_fits(name: str, num_layers: int) -> bool:
     except ConfigError:
         return False
     return True
-
-
-# --------------------------------------------------------------------------- CLI
-def _tqdm_progress(desc: str):
-    from tqdm import tqdm
-    bar = tqdm(total=1000, desc=desc, unit="‰", leave=False)
-
-    def cb(frac: float, msg: str):
-        bar.update(int(frac * 1000) - bar.n)  # tqdm throttles the redraws
-    return cb, bar
-
-
-def _stats_cli(base, expert, threshold, device, cache, label=None) -> DeltaStats:
-    cb, bar = _tqdm_progress(f"analyze {Path(str(expert)).name}")
-    try:
-        return delta_stats(base, expert, threshold=threshold, device=device, progress=cb,
-                           cache=cache, label=label)
-    finally:
-        bar.close()
-
-
-def _print_profile(st: DeltaStats, tau: float):
-    prof = st.layer_profile()
-    top = prof.max() or 1.0
-    print(f"{st.label}: {len(st.tensors)} tensors, threshold {tau:.3g}"
-          + (" (cached)" if st.from_cache else f" ({st.seconds:.1f} s)"))
-    _, _, frac = st.grid("frac_rows_above", tau)
-    for l in range(st.num_layers):
-        bar = "#" * int(round(30 * prof[l] / top))
-        print(f"  layer {l:>3}  mass {prof[l]:10.4g}  rows>tau {np.nanmean(frac[l]):5.0%}  {bar}")
-
-
-def _analyze(args) -> int:
-    stats = [_stats_cli(args.base, e, args.threshold, args.device, not args.no_cache)
-             for e in args.expert]
-    tau = args.threshold if args.threshold is not None else auto_threshold(*stats)
-    for st in stats:
-        _print_profile(st, tau)
-    if args.out:
-        out = Path(args.out)
-        if out.suffix == ".json":
-            docs = [json.loads(st.to_json(tau=tau)) for st in stats]
-            out.write_text(json.dumps(docs[0] if len(docs) == 1 else docs, indent=1))
-        elif out.suffix == ".csv":
-            text = "".join(st.to_csv(tau=tau) if i == 0 else st.to_csv(tau=tau).split("\n", 1)[1]
-                           for i, st in enumerate(stats))
-            out.write_text(text)
-        else:
-            raise ValueError(f"--out {out}: use a .csv or .json file name")
-        print(f"wrote {out}")
-    return 0
-
-
-def _suggest(args) -> int:
-    task = _stats_cli(args.base, args.task, None, args.device, not args.no_cache, "task")
-    lang = _stats_cli(args.base, args.lang, None, args.device, not args.no_cache, "lang")
-    s = suggest_config(task, lang, task.num_layers)
-    print(f"suggested: bottom {s.bottom}, top {s.top}, transition bottom {s.transition_bottom}, "
-          f"transition top {s.transition_top}, partition {s.partition or 'none'}")
-    print()
-    print(s.explanation)
-    print()
-    flags = (f"--partition {s.partition}" if s.partition else
-             f"--bottom {s.bottom} --top {s.top} --transition-bottom {s.transition_bottom} "
-             f"--transition-top {s.transition_top}")
-    print(f"merge with: layerswap merge --task {args.task} --lang {args.lang} {flags} --out DIR")
-    return 0
-
-
-def add_cli(sub):
-    p = sub.add_parser("analyze", help="where experts changed: per-tensor row-MAV delta statistics")
-    p.add_argument("--base", required=True, help="base model reference")
-    p.add_argument("--expert", required=True, action="append",
-                   help="expert model reference or LoRA adapter folder (repeatable)")
-    p.add_argument("--threshold", type=float, help="row-MAV threshold tau (default: automatic)")
-    p.add_argument("--out", help="write per-tensor statistics to a .csv or .json file")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    p.add_argument("--no-cache", action="store_true", help="recompute (and do not write the cache)")
-    p.set_defaults(func=_analyze)
-    p = sub.add_parser("suggest", help="suggest bottom/top/transition layers from the deltas")
-    p.add_argument("--base", required=True)
-    p.add_argument("--task", required=True, help="task (e.g. math) expert")
-    p.add_argument("--lang", required=True, help="language expert")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-cache", action="store_true")
-    p.set_defaults(func=_suggest)
-

@@ -1,10 +1,10 @@
-"""Math evaluation: prompts, answer extraction, scoring with a 95% CI, gold-solution NLL,
-side-by-side runs of several models, and the ``layerswap eval`` command.
+"""Math evaluation: prompts, answer extraction, scoring with a 95% CI, gold-solution NLL and
+side-by-side runs of several models (the ``layerswap eval`` command is ``cli/evaluate.py``).
 
-Prompts and answer filters follow lm-eval's ``mgsm_direct_*`` and ``mgsm_native_cot_*`` tasks
-(prompt words per language in ``PROMPT_WORDS``, copied from lm-eval 0.4.13's
-``tasks/mgsm/utils.py``; tests check them against the installed YAML files), so our numbers
-compare with published ones. Two extraction filters, as in lm-eval:
+Prompts and answer filters are lm-eval's ``mgsm_direct_*`` and ``mgsm_native_cot_*`` tasks,
+read from its installed YAML (``mgsm_task``: prompt words per language, stop strings, lm-eval's
+own filter objects), so our numbers compare with published ones. Two extraction filters, as in
+lm-eval:
 
 * ``strict``: CoT: the number after the language's "The answer is" phrase (first match);
   direct: the whole output (whitespace stripped) must be the number;
@@ -28,49 +28,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .data import (MGSM_HUB_ID, Item, card_templates, gsm_symbolic_items, load_items, load_mgsm,
+from . import mgsm_task
+from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm,
                    load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
                    normalize_number, source_label, to_ascii_digits)
 from .generation import encode, generate
+from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords,  # noqa: F401
+                        apply_filter, prompt_words, stop_strings, target_delimiter)
 
 Progress = Callable[[float, str], None]
 
 
 # --------------------------------------------------------------------------- prompt words
-@dataclass(frozen=True)
-class PromptWords:
-    question: str        # prefix of every question ("Swali:")
-    cot_answer: str      # chain-of-thought answer prefix ("Jibu la Hatua kwa Hatua:")
-    direct_answer: str   # direct answer prefix ("Answer:", "Antwort:")
-    answer_regex: str    # lm-eval's strict-match pattern, one capture group for the number
+NUMBER_GROUP = r"(\-?[0-9\.\,]+)"   # the number's group in every strict-match pattern
 
 
-# lm-eval 0.4.13 tasks/mgsm/utils.py LANGUAGES (note its own quirks, kept on purpose: several
-# languages use the English "Answer:" for direct prompts, and Bengali's strict pattern is English).
-PROMPT_WORDS: dict[str, PromptWords] = {
-    "bn": PromptWords("প্রশ্ন:", "ধাপে ধাপে উত্তর:", "Answer:", r"The answer is (\-?[0-9\.\,]+)"),
-    "de": PromptWords("Frage:", "Schritt-für-Schritt-Antwort:", "Antwort:",
-                      r"Die Antwort lautet (\-?[0-9\.\,]+)"),
-    "en": PromptWords("Question:", "Step-by-Step Answer:", "Answer:", r"The answer is (\-?[0-9\.\,]+)"),
-    "es": PromptWords("Pregunta:", "Respuesta paso a paso:", "Respuesta:",
-                      r"La respuesta es (\-?[0-9\.\,]+)"),
-    "fr": PromptWords("Question :", "Réponse étape par étape :", "Réponse :",
-                      r"La réponse est (\-?[0-9\.\,]+)"),
-    "ru": PromptWords("Задача:", "Пошаговоерешение:", "Answer:", r"Ответ — (\-?[0-9\.\,]+)"),
-    "sw": PromptWords("Swali:", "Jibu la Hatua kwa Hatua:", "Answer:", r"Jibu ni (\-?[0-9\.\,]+)"),
-    "te": PromptWords("ప్రశ్న:", "దశలవారీగా సమాధానం:", "Answer:", r"సమాధానం (\-?[0-9\.\,]+)"),
-    "th": PromptWords("โจทย์:", "คำตอบทีละขั้นตอน:", "Answer:", r"คำตอบคือ (\-?[0-9\.\,]+)"),
-    "ja": PromptWords("問題：", "ステップごとの答え:", "Answer:", r"答えは(\-?[0-9\.\,]+)です。"),
-    "zh": PromptWords("问题：", "逐步解答:", "Answer:", r"答案是 (\-?[0-9\.\,]+)。"),
-}
-FLEXIBLE_REGEX = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"   # lm-eval's flexible-extract, last match wins
-NUMBER_GROUP = r"(\-?[0-9\.\,]+)"
-CHAT_END_STOPS = ("</s>", "<|im_end|>")          # lm-eval's extra `until` strings
-
-
-def prompt_words(lang: str) -> PromptWords:
-    """Words for ``lang`` (MGSM or ISO 639-3 code); English for languages MGSM lacks."""
-    return PROMPT_WORDS.get(mgsm_lang(lang), PROMPT_WORDS["en"])
+def __getattr__(name: str):
+    if name == "FLEXIBLE_REGEX":   # lm-eval's flexible-extract pattern, from its YAML
+        return mgsm_task.flexible_regex()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def answer_phrase(lang: str, number: str) -> str:
@@ -80,17 +56,6 @@ def answer_phrase(lang: str, number: str) -> str:
     unescape = lambda s: re.sub(r"\\(.)", r"\1", s)  # noqa: E731
     tail = unescape(tail)
     return f"{unescape(head)}{number}{tail if tail else '.'}"
-
-
-def target_delimiter(lang: str, cot: bool) -> str:
-    # lm-eval: direct_yaml sets ""; cot_yaml " " for every language (its generator meant ""
-    # for Japanese and Chinese but never writes a falsy value, so the installed YAMLs keep " ").
-    return " " if cot else ""
-
-
-def stop_strings(lang: str) -> list[str]:
-    """lm-eval's `until` for mgsm: the next question's prefix and chat end markers."""
-    return [prompt_words(lang).question, *CHAT_END_STOPS]
 
 
 # --------------------------------------------------------------------------- prompts
@@ -246,36 +211,25 @@ class Extraction:
     flexible: str | None   # lm-eval flexible-extract (last number), normalised
 
 
-def _regex_first(pattern: str, text: str, group_select: int = 0) -> str | None:
-    """lm-eval's RegexFilter + take_first: findall, pick a match, first non-empty group."""
-    found = re.findall(pattern, text)
-    if not found:
-        return None
-    m = found[group_select]
-    if isinstance(m, tuple):
-        m = next((g for g in m if g), None)
-        if m is None:
-            return None
-    return m.strip()
-
-
 def extract_strict(output: str, lang: str, cot: bool, *, lm_eval_compatible: bool = False) -> str | None:
+    """lm-eval's strict filter of the task (CoT: strict-match, the number after the answer
+    phrase; direct: remove_whitespace, the whole output); by default on ASCII digits and
+    normalised (``normalize_number``)."""
     text = output if lm_eval_compatible else to_ascii_digits(output)
-    if cot:
-        raw = _regex_first(prompt_words(lang).answer_regex, text)
-    else:
-        raw = text.strip()  # lm-eval's remove_whitespace filter: the whole output is the answer
+    raw = apply_filter(text, lang, cot, STRICT_FILTER[cot])
     if raw is None or lm_eval_compatible:
         return raw
     return normalize_number(raw)
 
 
 def extract_flexible(output: str, *, lm_eval_compatible: bool = False) -> str | None:
+    """lm-eval's flexible-extract (the last number-like span). By default on ASCII digits,
+    skipping spans without a digit ("...", ",,", so a final ellipsis does not hide the number
+    before it), and normalised."""
     if lm_eval_compatible:
-        return _regex_first(FLEXIBLE_REGEX, output, -1)
-    # Same pattern, but spans without a digit ("...", ",,") are skipped, so a final ellipsis
-    # does not hide the number before it.
-    spans = [a or b for a, b in re.findall(FLEXIBLE_REGEX, to_ascii_digits(output))]
+        return apply_filter(output, "en", True, FLEXIBLE_FILTER)
+    spans = [next((g for g in m if g), "") if isinstance(m, tuple) else m
+             for m in re.findall(mgsm_task.flexible_regex(), to_ascii_digits(output))]
     spans = [s for s in spans if any(c.isdigit() for c in s)]
     return normalize_number(spans[-1].strip()) if spans else None
 
@@ -526,7 +480,7 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     return SideBySideResult(rows, summary, config)
 
 
-# --------------------------------------------------------------------------- CLI
+# --------------------------------------------------------------------------- contamination
 def contamination_warning(folder, source: str) -> str | None:
     """One line when the model card in ``folder`` says it was trained on GSM-Symbolic templates
     that are scored by an evaluation of ``source``: MGSM items (``data.mgsm_overlap``) for MGSM,
@@ -549,116 +503,3 @@ def contamination_warning(folder, source: str) -> str | None:
         return None
     return (f"warning: {folder}'s card says it was trained on {len(hit)} GSM-Symbolic template(s) "
             f"that are {what}; its score on them is not a clean test")
-
-
-def _warn_contamination(refs, source: str) -> None:
-    import sys
-
-    from .models import ModelLoadError, resolve
-    for ref in refs:
-        try:
-            folder = resolve(ref)
-        except ModelLoadError:
-            continue   # loading it reports the problem
-        line = contamination_warning(folder, source)
-        if line:
-            print(line, file=sys.stderr)
-
-
-def _lm_eval_cli(args, items, exemplars) -> int:
-    """The same items through lm-eval's own mgsm task (its prompts, filters and metric)."""
-    from .lmeval import run_lm_eval
-    from .models import load_model
-
-    if args.data != "mgsm":
-        raise ValueError("--lm-eval runs lm-eval's mgsm tasks: use it with --data mgsm")
-    out = {}
-    for ref in args.model:
-        model, tok = load_model(ref, device=args.device)
-        res = run_lm_eval(model, tok, args.lang, items=items, exemplars=exemplars, cot=args.cot,
-                          data_dir=args.data_dir, batch_size=args.batch_size,
-                          max_gen_toks=args.max_new_tokens, apply_chat_template=args.chat_template)
-        del model
-        metrics = {k: float(v) for k, v in res["metrics"].items()
-                   if k.startswith("exact_match,") and not isinstance(v, str)}
-        out[ref] = {"task": res["task"], "metrics": metrics, "exemplars": res["exemplars"],
-                    "samples": [{"doc_id": s["doc_id"], "filter": s["filter"], "target": s["target"],
-                                 "resps": s["resps"], "filtered_resps": s["filtered_resps"],
-                                 "exact_match": s["exact_match"]} for s in res["samples"]]}
-        print(f"{ref}: lm-eval {res['task']} (n={len(items)}, {len(res['exemplars'])}-shot): "
-              + ", ".join(f"{k.split(',')[1]} {v:.3f}" for k, v in metrics.items()))
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, ensure_ascii=False, indent=1, default=str))
-        print(f"wrote {args.out}")
-    return 0
-
-
-def _eval_cli(args) -> int:
-    from tqdm import tqdm
-
-    if args.n is not None and args.n < 1:
-        raise ValueError(f"--n must be at least 1 (leave it out for all items), not {args.n}")
-    items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir, hub=args.hub)
-    exemplars = default_exemplars(items, args.shots, cot=args.cot, data_dir=args.data_dir,
-                                  hub=args.hub)
-    _warn_contamination(args.model, args.data)
-    if args.lm_eval:
-        return _lm_eval_cli(args, items, exemplars)
-    names = {}
-    for ref in args.model:   # short unique display names for the table
-        name = Path(ref).name if Path(ref).exists() else ref
-        names[name if name not in names else ref] = ref
-    bar = tqdm(total=1000, bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}")
-
-    def progress(frac, msg):
-        bar.n = int(frac * 1000)
-        bar.set_description_str(msg[:60], refresh=False)
-        bar.refresh()
-
-    try:
-        result = run_side_by_side(names, items, exemplars=exemplars, cot=args.cot,
-                                  chat_template=args.chat_template,
-                                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                  data_dir=args.data_dir, device=args.device, progress=progress)
-    finally:
-        bar.close()
-    c = result.config
-    print(f"{c['data']} {c['lang']}: n={c['n']}, {c['shots']}-shot ({c['exemplar_source']}), "
-          f"{c['format']}{', chat template' if c['chat_template'] else ''} (accuracy: flexible "
-          f"extract; strict: lm-eval strict-match)")
-    print(result.table())
-    if args.out:
-        print(f"wrote {result.save(args.out)}")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    s = subparsers.add_parser("eval", help="evaluate models on MGSM or GSM-Symbolic, side by side",
-                              description="Greedy n-shot math evaluation with lm-eval's mgsm "
-                              "prompts and filters; accuracy with a 95% Wilson interval.")
-    s.add_argument("--model", action="append", required=True,
-                   help="model reference (folder, embedded:NAME, owner/name); repeat for up to 4")
-    s.add_argument("--data", choices=["mgsm", "gsm-symbolic"], default="mgsm")
-    s.add_argument("--data-dir", default=None,
-                   help="folder of mgsm_<lang>.tsv files (default: $LAYERSWAP_MGSM_DIR or "
-                   "../shared/data/mgsm)")
-    s.add_argument("--hub", action="store_true",
-                   help=f"MGSM from the Hugging Face Hub ({MGSM_HUB_ID}; needs the network)")
-    s.add_argument("--lang", default="sw", help="language code (sw, bn, te, en, ... or swh, ben)")
-    s.add_argument("--n", type=int, default=None,
-                   help="evaluate only the first N items (default: all; MGSM has 250)")
-    s.add_argument("--shots", type=int, default=2,
-                   help="few-shot exemplars, 0-8. MGSM: the benchmark's own exemplars, first N in "
-                   "order (8: the layer-swapping paper's setting, 2: its follow-up's); "
-                   "GSM-Symbolic: training templates")
-    s.add_argument("--cot", action="store_true", help="chain-of-thought prompts (else direct)")
-    s.add_argument("--chat-template", action="store_true",
-                   help="wrap the prompt in the model's chat template (exemplars as turns)")
-    s.add_argument("--max-new-tokens", type=int, default=None,
-                   help="default: 32 direct, 256 chain-of-thought")
-    s.add_argument("--batch-size", type=int, default=16)
-    s.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    s.add_argument("--lm-eval", action="store_true",
-                   help="run lm-eval's own mgsm task (simple_evaluate, local data) instead")
-    s.add_argument("--out", default=None, help="write per-item rows and summary as JSON")
-    s.set_defaults(func=_eval_cli)

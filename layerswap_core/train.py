@@ -35,11 +35,9 @@ from __future__ import annotations
 import json
 import math
 import random
-import shlex
-import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,6 +52,8 @@ SCHEDULES = ("constant", "linear", "cosine", "wsd")
 # low-rank update, so they take a rate an order of magnitude higher).
 DEFAULT_LR = {"full": 1e-5, "lora": 2e-4}
 PARTS = ("lang", "task")
+TRAIN_DTYPES = ("float32", "bfloat16")             # dtype of the weights while training
+SAVE_DTYPES = ("float32", "bfloat16", "float16")   # dtype of the saved weights
 # Module kinds (architectures.py) LoRA targets by default: attention and MLP projections.
 LORA_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv",
               "mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")
@@ -121,9 +121,9 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise TrainError(f"schedule: unknown {self.schedule!r}; choose one of "
                              f"{', '.join(SCHEDULES)}")
-        if self.dtype not in ("float32", "bfloat16"):
+        if self.dtype not in TRAIN_DTYPES:
             raise TrainError(f"dtype: {self.dtype!r}; use float32 or bfloat16")
-        if self.save_dtype not in (None, "float32", "bfloat16", "float16"):
+        if self.save_dtype not in (None, *SAVE_DTYPES):
             raise TrainError(f"save_dtype: {self.save_dtype!r}; use float32, bfloat16 or float16")
         for f in ("batch_size", "grad_accum", "switch_every", "lora_rank", "max_length"):
             if int(getattr(self, f)) < 1:
@@ -763,130 +763,3 @@ def train(cfg: TrainConfig, progress: Progress | None = None,
     out = t.save(argv)
     _say(progress, 1.0, f"saved {out}")
     return TrainResult(out, t.total_steps, t.seconds, t.history, t.evals, t.trainable_params)
-
-
-# --------------------------------------------------------------------------- CLI
-def _partition_arg(value: str | None):
-    if value is None:
-        return None
-    if value.upper() in ("A", "B", "C"):
-        return value.upper()
-    path = Path(value)
-    if not path.exists():
-        raise TrainError(f"--partition {value!r}: not a preset (A, B, C) nor a rules file")
-    import yaml
-    rules = yaml.safe_load(path.read_text())
-    if isinstance(rules, dict) and "partition" in rules:
-        rules = rules["partition"]
-    return rules
-
-
-def add_cli(subparsers):
-    import argparse
-    s = subparsers.add_parser("train", help="fine-tune an expert (full, LoRA, partial, simultaneous)",
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = TrainConfig(data="", output="")
-    s.add_argument("--model", default=d.model, help="base model reference (default: %(default)s)")
-    s.add_argument("--data", required=True, help="training JSONL (task side in simultaneous mode)")
-    s.add_argument("--out", required=True, help="output folder (adapter or full model)")
-    s.add_argument("--mode", choices=MODES, default=d.mode)
-    s.add_argument("--eval-data", help="validation JSONL (loss before, every --eval-every, after)")
-    s.add_argument("--lang-data", help="simultaneous mode: JSONL of the language side")
-    s.add_argument("--partition", help="A, B, C (the published absolute layers) or a YAML file of "
-                                       "partition rules")
-    s.add_argument("--scale-partition", action="store_true",
-                   help="scale a preset's layer counts to this model's depth (the tool's own "
-                        "rule, not the paper's)")
-    s.add_argument("--train-part", choices=PARTS, default=d.train_part)
-    s.add_argument("--switch-every", type=int, default=d.switch_every,
-                   help="simultaneous mode: steps on one side before switching (default: 1)")
-    s.add_argument("--revert", choices=PARTS, help="after training, reset this side to the base")
-    s.add_argument("--lora", action="store_true",
-                   help="simultaneous mode: partial LoRA (adapters on both sides' projections, "
-                        "each side's adapters trained only on its own steps) instead of full SFT")
-    s.add_argument("--lora-rank", type=int, default=d.lora_rank)
-    s.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
-    s.add_argument("--lora-dropout", type=float, default=d.lora_dropout)
-    s.add_argument("--rslora", action=argparse.BooleanOptionalAction, default=d.rslora,
-                   help="rank-stabilised LoRA scaling alpha/sqrt(r) (default: on; --no-rslora: "
-                        "alpha/r)")
-    s.add_argument("--target-modules", help="comma-separated (default: attention + MLP projections)")
-    s.add_argument("--steps", type=int, help="optimizer steps (default: --epochs passes; "
-                                              "simultaneous mode: both sides' steps together)")
-    s.add_argument("--epochs", type=float, default=d.epochs,
-                   help="passes over the data (default: 1). Simultaneous mode: one epoch is one "
-                        "pass over each dataset: each side gets the steps of one pass over the "
-                        "dataset that needs more, rounded up to whole --switch-every blocks, the "
-                        "other dataset cycles (reshuffled), and the run has twice that many steps")
-    s.add_argument("--batch-size", type=int, default=d.batch_size)
-    s.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    s.add_argument("--lr", type=float, default=None,
-                   help=f"peak learning rate (default: {DEFAULT_LR['full']:g} for full, partial "
-                        f"and simultaneous full-parameter SFT; {DEFAULT_LR['lora']:g} for LoRA "
-                        "modes)")
-    s.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    s.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
-                   help="linear warmup from 0 (default: %(default)s)")
-    s.add_argument("--schedule", choices=SCHEDULES, default=d.schedule,
-                   help="transformers' learning-rate schedule after warmup: constant, linear decay "
-                        "to 0, cosine decay to 0, or wsd (warmup-stable-decay: constant, then "
-                        "cosine decay to 0 over the last --decay-fraction of the steps) "
-                        "(default: %(default)s)")
-    s.add_argument("--decay-fraction", type=float, default=d.decay_fraction,
-                   help="wsd: share of the steps in the final decay (default: %(default)s)")
-    s.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
-    s.add_argument("--max-length", type=int, default=d.max_length)
-    s.add_argument("--seed", type=int, default=d.seed)
-    s.add_argument("--dtype", choices=("float32", "bfloat16"), default=d.dtype)
-    s.add_argument("--autocast", action="store_true", help="bf16 autocast (fp32 weights)")
-    s.add_argument("--threads", type=int, help="torch CPU threads")
-    s.add_argument("--save-dtype", choices=("float32", "bfloat16", "float16"), default=d.save_dtype)
-    s.add_argument("--device", default=d.device, help="auto, cpu or cuda")
-    s.add_argument("--eval-every", type=int, default=d.eval_every)
-    s.add_argument("--eval-batches", type=int)
-    s.add_argument("--save-every", type=int, default=d.save_every,
-                   help="write OUT/checkpoint-<step> (a loadable model or adapter) every N steps, "
-                        "to pick an expert among checkpoints; the last step is OUT itself "
-                        "(default: 0, none)")
-    s.set_defaults(func=_cmd_train)
-    from .lora import add_cli as add_lora_cli  # `layerswap merge-lora` lives with the adapters
-    add_lora_cli(subparsers)
-
-
-def config_from_args(args) -> TrainConfig:
-    kw = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if hasattr(args, f.name)}
-    kw["output"] = args.out
-    kw["partition"] = _partition_arg(args.partition)
-    kw["target_modules"] = [t.strip() for t in args.target_modules.split(",") if t.strip()] \
-        if args.target_modules else None
-    return TrainConfig(**kw)
-
-
-def _mode_label(cfg: TrainConfig) -> str:
-    return f"{cfg.mode} LoRA" if cfg.mode == "simultaneous" and cfg.lora else cfg.mode
-
-
-def _cmd_train(args) -> int:
-    from tqdm import tqdm
-
-    cfg = config_from_args(args).validate()
-    print(f"learning rate {cfg.lr:g} ("
-          f"{'given' if args.lr is not None else 'default for ' + _mode_label(cfg)}), "
-          f"{cfg.schedule} schedule")
-    bar = tqdm(total=1000, unit="‰", bar_format="{l_bar}{bar}| {elapsed}<{remaining} {postfix}")
-
-    def progress(fraction: float, msg: str):
-        bar.update(int(fraction * 1000) - bar.n)
-        bar.set_postfix_str(msg)
-
-    argv = ["layerswap", "train"] + sys.argv[2:] if sys.argv[1:2] == ["train"] else None
-    res = train(cfg, progress, argv)
-    bar.close()
-    print(f"{res.steps} steps in {res.seconds:.0f} s ({res.seconds_per_step:.2f} s/step), "
-          f"{res.trainable_params:,} trainable parameters -> {res.output}")
-    if res.eval_losses:
-        print(f"validation loss {res.eval_before:.4f} -> {res.eval_after:.4f}")
-    if argv:
-        print("command:", shlex.join(argv))
-    return 0

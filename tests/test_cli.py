@@ -34,10 +34,10 @@ def test_every_cli_module_contributes_commands():
     import importlib
     for mod in CLI_MODULES:
         try:
-            m = importlib.import_module(f"layerswap_core.{mod}")
+            m = importlib.import_module(f"layerswap_core.cli.{mod}")
         except ModuleNotFoundError:
             continue
-        assert hasattr(m, "add_cli"), f"layerswap_core.{mod} has no add_cli"
+        assert hasattr(m, "add_cli"), f"layerswap_core.cli.{mod} has no add_cli"
 
 
 def test_info_and_readable_errors(tiny, capsys, tmp_path):

@@ -25,7 +25,7 @@ def _templates(rows) -> set[int]:
 def test_demo_experts_are_registered():
     for ref in (experts.DEMO_TASK, experts.DEMO_LANG):
         assert ref.startswith(models.EMBEDDED_PREFIX)
-        assert ref[len(models.EMBEDDED_PREFIX):] in models.EMBEDDED
+        assert ref[len(models.EMBEDDED_PREFIX):] in models.embedded()  # registered on first use
         assert experts.demo_adapter_dir(ref) == experts.demo_adapter_dir(ref.split(":", 1)[1])
     with pytest.raises(models.ModelLoadError, match="unknown demo expert"):
         experts.demo_adapter_dir("embedded:nope")

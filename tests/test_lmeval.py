@@ -27,6 +27,17 @@ def test_prompt_words_match_installed_yaml(lang):
     assert cot.get("target_delimiter", " ") == ev.target_delimiter(lang, True)
 
 
+def test_prompt_words_are_read_for_every_installed_language_with_an_english_fallback():
+    from layerswap_core import mgsm_task
+
+    assert tuple(ev.PROMPT_WORDS) == mgsm_task.languages() and set(MGSM_LANGS) <= set(ev.PROMPT_WORDS)
+    assert ev.prompt_words("swh") == ev.PROMPT_WORDS["sw"] and ev.prompt_words("yor") == ev.PROMPT_WORDS["en"]
+    assert ev.stop_strings("yor") == ev.stop_strings("en")
+    # lm-eval's RegexFilter finds nothing: None, not its "[invalid]" placeholder
+    assert mgsm_task.apply_filter("no number", "sw", True, "strict-match") is None
+    assert mgsm_task.apply_filter("Jibu ni 7.", "sw", True, "strict-match") == "7."
+
+
 def _lm_eval_scores(lang: str, cot: bool, outputs: list[str], gold: str) -> dict[str, list[bool]]:
     """lm-eval's own filters (from the installed YAML) and exact_match on raw outputs."""
     from lm_eval.api.metrics import exact_match_hf_evaluate

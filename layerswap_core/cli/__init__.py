@@ -1,34 +1,22 @@
-"""The `layerswap` command. Each library module that has commands adds them with ``add_cli``."""
+"""The `layerswap` command: one module of this package per command group, each with
+``add_cli(subparsers)``; the library modules hold no command-line code."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# Modules that contribute subcommands, in --help order. Each defines add_cli(subparsers).
-CLI_MODULES = ("merge", "analysis", "evaluate", "train")
+from ..models import ModelLoadError, set_allow_bin_default
+from . import analysis, evaluate, lora, merge, models, train
+
+GROUPS = (models, merge, analysis, evaluate, train, lora)   # command groups, in --help order
+CLI_MODULES = tuple(m.__name__.rsplit(".", 1)[1] for m in GROUPS)
 # Commands that read no model reference (every other one gets --allow-bin).
 NO_MODEL_COMMANDS = ("prepare",)
-
-
-def _info(args) -> int:
-    from .models import describe
-    for ref in args.model:
-        print(f"{ref}: {describe(ref, progress=print).summary()}")
-    return 0
-
-
-def _prepare(args) -> int:
-    from .models import EMBEDDED, EMBEDDED_PREFIX, resolve
-    for name in args.name or list(EMBEDDED):
-        print(f"{EMBEDDED_PREFIX}{name}: {resolve(EMBEDDED_PREFIX + name, progress=print)}")
-    return 0
 
 
 def _allowing_bin(func):
     """``func`` run with models' allow_bin default set from --allow-bin (restored afterwards)."""
     def run(args):
-        from .models import set_allow_bin_default
         before = set_allow_bin_default(args.allow_bin)
         try:
             return func(args)
@@ -55,21 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Compose LLM capabilities across languages by layer swapping. Model references: a local "
         "folder, a Hub id (owner/name, needs the network), or embedded:NAME."))
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    s = sub.add_parser("info", help="describe models (architecture, layers, dtype, size)")
-    s.add_argument("model", nargs="+")
-    s.set_defaults(func=_info)
-    s = sub.add_parser("prepare", help="build the embedded models into the cache (offline)")
-    s.add_argument("name", nargs="*", help="embedded model names (default: all)")
-    s.set_defaults(func=_prepare)
-    for mod in CLI_MODULES:
-        try:
-            m = importlib.import_module(f"layerswap_core.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"layerswap_core.{mod}":
-                raise
-            continue
-        if hasattr(m, "add_cli"):
-            m.add_cli(sub)
+    for group in GROUPS:
+        group.add_cli(sub)
     for name, command in sub.choices.items():
         if name not in NO_MODEL_COMMANDS:
             add_allow_bin(command)
@@ -77,8 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .models import ModelLoadError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -93,7 +66,3 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {e.filename}" if e.filename else ""
         print(f"layerswap {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

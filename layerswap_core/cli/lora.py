@@ -1,0 +1,36 @@
+"""`layerswap merge-lora`: layer swapping of two LoRA adapters over their base."""
+from __future__ import annotations
+
+from ..io import TORCH_DTYPES
+from ..lora import AdapterError, merge_adapters
+from .merge import add_config_flags, config_from_args
+from .progress import progress_bar
+
+
+def _merge_lora(args) -> int:
+    cfg = config_from_args(args)
+    if not (cfg.task and cfg.lang and args.base):
+        raise AdapterError("merge-lora needs --task ADAPTER --lang ADAPTER --base MODEL")
+    with progress_bar() as progress:
+        out = merge_adapters(cfg, cfg.task, cfg.lang, args.base, args.out, dense=args.dense,
+                             dtype=TORCH_DTYPES.get(cfg.dtype) if cfg.dtype else None,
+                             overwrite=args.overwrite, force=args.force, progress=progress)
+    print(f"{'dense model' if args.dense else 'PEFT adapter'} written to {out}")
+    return 0
+
+
+def add_cli(subparsers):
+    s = subparsers.add_parser(
+        "merge-lora", help="layer-swap two LoRA adapters over their base (adapter or dense output)",
+        description="Experts given as PEFT LoRA adapters over one base: swapped layers take the "
+        "language adapter, the middle the task adapter, transition layers both (ranks "
+        "concatenated, exact). --task/--lang are adapter folders; --base is required.")
+    add_config_flags(s)
+    s.add_argument("--out", required=True, help="output folder")
+    s.add_argument("--dense", action="store_true", help="write base + delta as a full model")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace an existing layerswap output folder")
+    s.add_argument("--force", action="store_true",
+                   help="with --overwrite: also replace a folder that is not a layerswap output "
+                        "(never an input or the model cache)")
+    s.set_defaults(func=_merge_lora)

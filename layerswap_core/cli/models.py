@@ -1,0 +1,25 @@
+"""`layerswap info` and `layerswap prepare`: describe models, build the embedded ones."""
+from __future__ import annotations
+
+from ..models import EMBEDDED_PREFIX, describe, embedded, resolve
+
+
+def _info(args) -> int:
+    for ref in args.model:
+        print(f"{ref}: {describe(ref, progress=print).summary()}")
+    return 0
+
+
+def _prepare(args) -> int:
+    for name in args.name or list(embedded()):
+        print(f"{EMBEDDED_PREFIX}{name}: {resolve(EMBEDDED_PREFIX + name, progress=print)}")
+    return 0
+
+
+def add_cli(sub):
+    s = sub.add_parser("info", help="describe models (architecture, layers, dtype, size)")
+    s.add_argument("model", nargs="+")
+    s.set_defaults(func=_info)
+    s = sub.add_parser("prepare", help="build the embedded models into the cache (offline)")
+    s.add_argument("name", nargs="*", help="embedded model names (default: all)")
+    s.set_defaults(func=_prepare)

@@ -1,0 +1,191 @@
+"""The import graph of layerswap_core and app.py, read from the source with ``ast`` (module- and
+function-level imports alike): no cycle, every arrow points down the declared layers, no import
+hidden behind ``importlib``, and no command-line code in the library."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "layerswap_core"
+
+# Bottom first. A module may import modules of its own layer (without a cycle) and of the layers
+# below it, never above. Every module of the package (and app.py) is in exactly one layer.
+LAYERS = [
+    # the package root (version, lazy API names and plugin names: no static imports), the
+    # architectures' tensor names, the per-tensor merge methods
+    ("layerswap_core", "architectures", "methods"),
+    ("io",),                                      # checkpoint reading and writing, the cache folder
+    ("plan",),                                    # the pure merge plan
+    ("models",),                                  # model references, resolving, loading
+    ("lora", "merge", "live", "testing"),         # adapters, the executor, the live model
+    ("analysis",),                                # delta statistics, suggested swaps
+    ("data", "generation", "mgsm_task", "evaluate", "lmeval"),   # evaluation
+    ("train", "expert_data", "experts"),          # training, the demo experts
+    ("plots", "spaces"),                          # figures and the ZeroGPU shim of the app
+    ("workbench",),                               # the app's session and features
+    ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora",
+     "cli.analysis", "cli.evaluate", "cli.train"),
+    ("__main__", "cli.__main__", "app"),          # entry points
+]
+# The only places that import modules by name at run time: the lazy API of the package root and
+# the embedded-model plugins (the demo experts) that models loads on first use.
+DYNAMIC_IMPORTS = {("layerswap_core", "__getattr__"), ("models", "embedded")}
+# Library modules allowed to parse command lines: expert_data's documented script
+# (`python -m layerswap_core.expert_data`, named in the shipped adapters' cards).
+SCRIPTS = {"expert_data"}
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """{module name relative to the package ("layerswap_core" for the root, "app"): file}."""
+    mods = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(root / PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts) or PACKAGE] = path
+    if (root / "app.py").exists():
+        mods["app"] = root / "app.py"
+    return mods
+
+
+def _package_of(name: str, path: Path) -> list[str]:
+    if name in (PACKAGE, "app"):
+        return []
+    parts = name.split(".")
+    return parts if path.name == "__init__.py" else parts[:-1]
+
+
+def _targets(node, name: str, path: Path, known) -> set[str]:
+    """Modules an import statement of module ``name`` imports: ``from X import y`` imports
+    the module X.y if there is one, else X (the package root when X is the package)."""
+    def pick(module: str) -> str:
+        return module or PACKAGE
+
+    if isinstance(node, ast.Import):
+        return {pick(a.name.removeprefix(PACKAGE).lstrip(".")) for a in node.names
+                if a.name == PACKAGE or a.name.startswith(PACKAGE + ".")}
+    if node.level:
+        base = _package_of(name, path)
+        base = base[:len(base) - (node.level - 1)]
+        module = ".".join(base + ([node.module] if node.module else []))
+    elif node.module == PACKAGE or (node.module or "").startswith(PACKAGE + "."):
+        module = node.module.removeprefix(PACKAGE).lstrip(".")
+    else:
+        return set()
+    out = set()
+    for alias in node.names:
+        sub = f"{module}.{alias.name}" if module else alias.name
+        out.add(sub if sub in known else pick(module))
+    return out
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """{module: modules it imports}, module- and function-level, within the package."""
+    mods = module_files(root)
+    graph = {}
+    for name, path in mods.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                edges |= _targets(node, name, path, mods)
+        graph[name] = (edges & set(mods)) - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for t in sorted(graph.get(m, ())):
+            if state.get(t) == "open":
+                return stack[stack.index(t):] + [t]
+            if t not in state and (found := visit(t)):
+                return found
+        stack.pop()
+        state[m] = "done"
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    rank = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
+                  if rank[b] > rank[a])
+
+
+def test_every_module_has_a_layer():
+    placed = [m for layer in LAYERS for m in layer]
+    assert len(placed) == len(set(placed)), "a module is in two layers"
+    assert set(placed) == set(module_files()), "place new modules in LAYERS (and only real ones)"
+
+
+def test_import_graph_has_no_cycle():
+    assert find_cycle(import_graph()) is None
+
+
+def test_no_module_imports_a_layer_above_it():
+    assert upward_arrows(import_graph()) == []
+
+
+def test_graph_sees_function_level_and_absolute_imports():
+    graph = import_graph()
+    assert "models" in graph["data"]             # `from .models import is_offline` in a function
+    assert "workbench" in graph["app"]           # `from layerswap_core import workbench as wb`
+    assert "cli.merge" in graph["cli.lora"] and "merge" in graph["cli.merge"]
+    assert PACKAGE in graph["plan"]              # `from . import __version__`
+
+
+def _dynamic_imports(node, where: str):
+    """(where, function) of every importlib.import_module / __import__ call under ``node``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from _dynamic_imports(child, child.name)
+            continue
+        if isinstance(child, ast.Call) and (
+                isinstance(child.func, ast.Attribute) and child.func.attr == "import_module"
+                or isinstance(child.func, ast.Name) and child.func.id == "__import__"):
+            yield where
+        yield from _dynamic_imports(child, where)
+
+
+def test_no_import_is_hidden_behind_importlib():
+    found = {(name, where) for name, path in module_files().items()
+             for where in _dynamic_imports(ast.parse(path.read_text(encoding="utf-8")), "<module>")}
+    assert found == DYNAMIC_IMPORTS
+
+
+def _imports_argparse(path: Path) -> bool:
+    return any(isinstance(n, ast.Import) and any(a.name == "argparse" for a in n.names)
+               or isinstance(n, ast.ImportFrom) and n.module == "argparse"
+               for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
+def test_library_modules_hold_no_command_line_code():
+    library = {m: p for m, p in module_files().items()
+               if m != "app" and m.split(".")[0] not in ("cli", "__main__")}
+    parsing = {m for m, p in library.items() if _imports_argparse(p)}
+    assert parsing == SCRIPTS, "command-line code goes in layerswap_core/cli/"
+
+
+def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
+    """The same checks on a copy of the package with one added import that closes a cycle."""
+    import shutil
+
+    shutil.copytree(ROOT / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "app.py", tmp_path / "app.py")
+    io_file = tmp_path / PACKAGE / "io.py"
+    io_file.write_text(io_file.read_text(encoding="utf-8")
+                       + "\n\ndef _late():\n    from .models import resolve  # noqa\n",
+                       encoding="utf-8")
+    graph = import_graph(tmp_path)
+    assert find_cycle(graph) is not None
+    assert upward_arrows(graph) == ["io -> models"]
