@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .models import DEFAULT_BASE, EMBEDDED_PREFIX, compatibility, describe, resolve
+from .models import (DEFAULT_BASE, EMBEDDED_PREFIX, compatibility, describe, is_adapter,
+                     resolve)
 
-# (models imports experts, which registers the embedded demo experts)
 
 Progress = Callable[[float, str], None]
 
@@ -267,11 +267,6 @@ class ModelsReport:
             return (f"**Compatible**: same architecture, shapes and vocabulary "
                     f"({self.num_layers} layers). Ready to configure.")
         return "**Not compatible**:\n" + "\n".join(f"- {p}" for p in self.problems)
-
-
-def is_adapter(ref: str) -> bool:
-    p = Path(str(ref)).expanduser()
-    return p.is_dir() and (p / "adapter_config.json").exists()
 
 
 def dense_from_adapter(adapter: str, base: str | None, progress: Progress | None = None) -> Path:
