@@ -318,14 +318,70 @@ def _from_hub(repo_id: str, progress: Progress | None) -> Path:
                 "(HF_HUB_OFFLINE=1) and it is not in the local Hub cache: download it where the "
                 "network is available, or give a local folder") from None
     else:
-        _say(progress, f"Downloading {repo_id} from the Hugging Face Hub...")
+        size = _hub_download_size(repo_id, patterns)
+        check_free_space(_hub_cache(), size, f"downloading {repo_id}")
+        _say(progress, f"Downloading {repo_id} from the Hugging Face Hub "
+                       f"({_gib(size)} to download)...")
         try:
-            path = Path(snapshot_download(repo_id, allow_patterns=patterns))
+            path = Path(snapshot_download(repo_id, allow_patterns=patterns,
+                                          tqdm_class=_reporting_tqdm(progress)))
         except Exception as e:  # noqa: BLE001 - network, auth, not found: reported the same way
             raise ModelLoadError(f"cannot download {repo_id!r} from the Hub: "
                                  f"{type(e).__name__}: {e}") from e
     check_folder(path)
     return path
+
+
+def _gib(nbytes: int | None) -> str:
+    return "size unknown" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
+
+
+def _hub_cache() -> Path:
+    from huggingface_hub import constants
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _hub_download_size(repo_id: str, patterns: list[str]) -> int | None:
+    """Bytes of the files a download would fetch (from the Hub's file listing), or None."""
+    import fnmatch
+
+    from huggingface_hub import HfApi
+    try:
+        info = HfApi().model_info(repo_id, files_metadata=True)
+    except Exception:  # noqa: BLE001 - the download itself reports what is wrong
+        return None
+    return sum(f.size or 0 for f in info.siblings or ()
+               if any(fnmatch.fnmatch(f.rfilename, p) for p in patterns))
+
+
+def check_free_space(folder: str | os.PathLike, nbytes: int | None, what: str,
+                     margin: float = 1.05) -> None:
+    """ModelLoadError when the disk holding ``folder`` has less free space than ``nbytes`` (plus
+    5%): said before anything is written, not half-way."""
+    if not nbytes:
+        return
+    folder = Path(folder)
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < nbytes * margin:
+        raise ModelLoadError(f"{what} needs {_gib(nbytes)} but {folder} has only {_gib(free)} "
+                             "free: free some space or point HF_HOME / LAYERSWAP_CACHE elsewhere")
+
+
+def _reporting_tqdm(progress: Progress | None):
+    """A tqdm class for huggingface_hub's own download bars that also reports to ``progress``
+    (the CLI keeps the bars; the app shows the messages in its progress bar)."""
+    from tqdm.auto import tqdm
+
+    class Reporting(tqdm):
+        def update(self, n=1):
+            out = super().update(n)
+            if progress is not None and self.total and self.unit == "B":
+                _say(progress, f"{self.desc or 'download'}: {_gib(self.n)} of {_gib(self.total)}")
+            return out
+    return Reporting
 
 
 # --------------------------------------------------------------------------- loading and describing

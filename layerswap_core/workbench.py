@@ -775,7 +775,11 @@ def _merge_into(session: Session, config, out: Path, overwrite: bool,
                 progress: Progress | None) -> Path:
     from .merge import merge_to_folder
 
+    from .models import check_free_space
+
     check_replace(out, overwrite)
+    check_free_space(Path(out).parent, session.inputs.readers["task"].nbytes(),
+                     f"saving the merge to {out}")
     guard = session.begin(progress)
     with session.lock:
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],

@@ -278,3 +278,22 @@ def test_merge_inputs_use_the_same_tokenizer_check_as_the_models_tab(tmp_path, t
     (only / "tokenizer.json").unlink()
     assert compatibility({"task": both, "lang": only}) == []
     assert open_inputs(both, only).names
+
+
+def test_free_space_is_checked_before_a_download_or_a_save(tmp_path):
+    import shutil as sh
+
+    free = sh.disk_usage(tmp_path).free
+    models.check_free_space(tmp_path / "not" / "yet", 1024, "downloading x")  # plenty of room
+    with pytest.raises(models.ModelLoadError, match=r"downloading x needs .* GiB but .* free"):
+        models.check_free_space(tmp_path / "not" / "yet", free * 2, "downloading x")
+    assert not (tmp_path / "not").exists()   # said before anything is written
+
+
+def test_hub_download_bars_report_to_the_page(capsys):
+    said = []
+    bar_class = models._reporting_tqdm(said.append)
+    bar = bar_class(total=3 * 2**30, unit="B", desc="model.safetensors", disable=False)
+    bar.update(2**30)
+    bar.close()
+    assert said and said[-1] == "model.safetensors: 1.00 GiB of 3.00 GiB"
