@@ -193,11 +193,12 @@ def test_text_inputs_are_capped_before_parsing(session):
 # --------------------------------------------------------------------------- deltas
 def test_delta_views_and_suggestion(session):
     v = wb.delta_views(session)
-    assert v.threshold > 0
+    tau = v.thresholds[0]
+    assert tau > 0 and v.thresholds == (tau, tau)   # one data-derived tau for both by default
     # the tiny language expert changed layers 0, 1 and 7: the suggestion swaps the bottom ones
     assert v.suggestion.bottom >= 1 and "bottom" in v.suggestion_text
     assert wb.plan_cells_figure(session, swap(session, 2, 1), over="lang").data
-    w = wb.delta_views(session, v.threshold * 10)
+    w = wb.delta_views(session, tau * 10)
     assert w.heatmaps.to_json() != v.heatmaps.to_json()
 
 
