@@ -188,15 +188,20 @@ def load_mgsm(lang: str, data_dir: str | os.PathLike | None = None) -> list[Item
     return read_mgsm_tsv(path, lang)
 
 
+def _hub_rows(lang: str, split: str, what: str, local: str):
+    """MGSM rows of ``lang`` and ``split`` from the Hugging Face Hub (needs the network)."""
+    from .models import is_offline
+    if is_offline():
+        raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {what}; use the "
+                        f"local {local} (--data-dir or {MGSM_ENV})")
+    import datasets
+    return datasets.load_dataset(MGSM_HUB_ID, lang, split=split)
+
+
 def load_mgsm_hub(lang: str) -> list[Item]:
     """MGSM test split from the Hugging Face Hub (needs the network; not used offline)."""
-    from .models import is_offline
     lang = mgsm_lang(lang)
-    if is_offline():
-        raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {MGSM_HUB_ID}; "
-                        f"use local TSV files (--data-dir or {MGSM_ENV})")
-    import datasets
-    rows = datasets.load_dataset(MGSM_HUB_ID, lang, split="test")
+    rows = _hub_rows(lang, "test", MGSM_HUB_ID, "TSV files")
     return [Item(f"mgsm-{lang}-{i:03d}", "mgsm", lang, r["question"].strip(),
                  normalize_number(str(r["answer_number"])), None, i) for i, r in enumerate(rows)]
 
@@ -238,13 +243,8 @@ def load_mgsm_exemplars(lang: str, data_dir: str | os.PathLike | None = None) ->
 
 def load_mgsm_exemplars_hub(lang: str) -> list[Item]:
     """The same exemplars from the Hub's MGSM train split (needs the network)."""
-    from .models import is_offline
     lang = mgsm_lang(lang)
-    if is_offline():
-        raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {MGSM_HUB_ID}'s "
-                        f"exemplars; use the local {MGSM_EXEMPLARS_FILE} (--data-dir or {MGSM_ENV})")
-    import datasets
-    rows = datasets.load_dataset(MGSM_HUB_ID, lang, split="train")
+    rows = _hub_rows(lang, "train", f"{MGSM_HUB_ID}'s exemplars", MGSM_EXEMPLARS_FILE)
     return [Item(f"mgsm-{lang}-exemplar-{i}", "mgsm", lang, _WORD_PREFIX.sub("", r["question"], 1),
                  normalize_number(str(r["answer_number"])), _WORD_PREFIX.sub("", r["answer"], 1),
                  None, r["question"], r["answer"]) for i, r in enumerate(rows)]

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .models import ADAPTER_CONFIG, is_adapter  # noqa: F401  (lora.is_adapter: the same test)
+from .models import ADAPTER_CONFIG, is_adapter, read_json_object  # noqa: F401  (lora.is_adapter: the same test)
 
 Progress = Callable[[float, str], None]
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -48,15 +48,7 @@ def read_adapter_config(path) -> dict:
     p = Path(str(path)).expanduser() / ADAPTER_CONFIG
     if not p.is_file():
         raise AdapterError(f"{p.parent}: no {ADAPTER_CONFIG} (not a PEFT adapter folder)")
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise AdapterError(f"{p}: cannot read it ({e})") from e
-    except ValueError as e:
-        raise AdapterError(f"{p}: not valid JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise AdapterError(f"{p}: not a JSON object (an adapter config is {{...}})")
-    return cfg
+    return read_json_object(p, AdapterError, "an adapter config")
 
 
 @dataclass

@@ -187,21 +187,26 @@ def embedded_path(name: str, progress: Progress | None = None) -> Path:
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
+def read_json_object(p: Path, error=None, kind: str = "a model config") -> dict:
+    """A JSON object file as a dict; ``error`` (ModelLoadError) naming the file otherwise."""
+    error = error or ModelLoadError
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{p}: cannot read it ({e})") from e
+    except ValueError as e:
+        raise error(f"{p}: not valid JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise error(f"{p}: not a JSON object ({kind} is {{...}})")
+    return cfg
+
+
 def read_config_file(folder: Path) -> dict:
     """The folder's config.json as a dict; ModelLoadError naming the file if it is unreadable."""
     p = Path(folder) / "config.json"
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"{Path(folder)}: no config.json (not a Hugging Face model folder)") \
-            from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{p}: cannot read it ({e})") from e
-    except ValueError as e:
-        raise ModelLoadError(f"{p}: not valid JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise ModelLoadError(f"{p}: not a JSON object (a model config is {{...}})")
-    return cfg
+    if not p.exists():
+        raise ModelLoadError(f"{Path(folder)}: no config.json (not a Hugging Face model folder)")
+    return read_json_object(p)
 
 
 def _bin_files(path: Path) -> list[Path]:
