@@ -32,6 +32,7 @@ from . import mgsm_task
 from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm,
                    load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
                    normalize_number, source_label, to_ascii_digits)
+from .io import release_freed_memory
 from .generation import encode, generate
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords,  # noqa: F401
                         apply_filter, prompt_words, stop_strings, target_delimiter)
@@ -448,6 +449,7 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
                             batch_size=batch_size,
                             progress=lambda f, m: step(0.9 * f if has_solutions else f, m))
             nlls = None
+            release_freed_memory()  # generation's temporaries, before the NLL pass needs its own
             if has_solutions:
                 step(0.9, "gold-solution NLL")
                 delim = target_delimiter(lang, True)

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 import torch
 
 from . import methods
-from .io import ST_TO_DTYPE, CheckpointReader
+from .io import ST_TO_DTYPE, CheckpointReader, release_freed_memory
 from .merge import Inputs, MergeError, open_inputs
 from .plan import ConfigError, MergeConfig, MergePlan, Source, build_plan
 
@@ -114,16 +114,6 @@ def _row_blocks(param: torch.Tensor, method: str) -> list[slice | None]:
     return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
-def _trim_heap() -> None:
-    """Give freed heap memory back to the OS (glibc keeps freed blocks of float32 temporaries
-    otherwise, which shows as resident memory the process no longer uses)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
-
-
 def role_plan(role: str, names: list[str], arch, config: MergeConfig | None = None) -> MergePlan:
     """The plan that makes the live model one of the three input checkpoints."""
     if role not in ROLES:
@@ -176,7 +166,7 @@ class LiveModel:
         self.model, self.tokenizer = load_model(inputs.paths["task"], device=device, dtype=self.dtype)
         for p in self.model.parameters():
             p.requires_grad_(False)
-        _trim_heap()  # what loading freed goes back to the OS
+        release_freed_memory()  # what loading freed goes back to the OS
         self.params = dict(self.model.named_parameters())
         self.names = list(self.params)
         have = set(inputs.names)
@@ -259,7 +249,7 @@ class LiveModel:
                 del out, part
         self.plan, self.label = plan, label
         self.release()
-        _trim_heap()
+        release_freed_memory()
         _say(progress, 1.0, f"{label}: {len(changed)} tensors rewritten")
         return ShowResult(label, len(changed), len(self.names), nbytes, time.perf_counter() - t0)
 
