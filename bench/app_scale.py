@@ -102,6 +102,25 @@ def call(client, api_name: str, values: dict):
     return client.predict(*args, api_name=api_name)
 
 
+def measure_switching(paths: dict[str, Path]) -> dict:
+    """In this process (the server is gone): the live model switching task -> lang -> base,
+    seconds against a `cat` of the bytes each switch reads (both from the page cache, warm)."""
+    from layerswap_core.live import LiveModel
+
+    live = LiveModel.from_refs(paths["task"], paths["lang"], paths["base"])
+    out = {}
+    for role in ("lang", "base", "task"):
+        shown = live.show(role)
+        files = sorted(set(live.sources[role].reader.location(n).path for n in live.names))
+        t = time.perf_counter()
+        subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
+        cat_s = time.perf_counter() - t
+        out[f"to {role}"] = {"tensors": shown.rewritten, "gib": round(shown.nbytes / 2**30, 2),
+                             "seconds": round(shown.seconds, 2), "cat_s": round(cat_s, 2),
+                             "ratio": round(shown.seconds / max(cat_s, 1e-9), 1)}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", type=float, default=1e9)
@@ -164,12 +183,11 @@ def main(argv=None) -> int:
     finally:
         server.terminate()
         server.wait(timeout=60)
-    # switching baseline: a cat of the bytes one checkpoint holds, from the page cache
-    t = time.perf_counter()
-    subprocess.run(f"cat {paths['lang']}/*.safetensors > /dev/null", shell=True, check=True)
-    cat_s = time.perf_counter() - t
-    result = {"params": a.params, "checkpoint_bytes": ckpt, "cat_one_checkpoint_s": round(cat_s, 2),
-              "steps": rows, "date": time.strftime("%Y-%m-%d"), "machine": os.uname().nodename}
+    switching = measure_switching(paths)
+    print(json.dumps(switching), flush=True)
+    result = {"params": a.params, "checkpoint_bytes": ckpt, "steps": rows,
+              "switching": switching, "date": time.strftime("%Y-%m-%d"),
+              "machine": f"{os.cpu_count()} CPUs, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"}
     print(json.dumps(result, indent=1))
     if a.json:
         a.json.write_text(json.dumps(result, indent=1))
