@@ -292,11 +292,10 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
 
     def score(idx, logits, keep):
         """Mean NLL of each row's target, the last tokens of its right-aligned logits rows."""
-        logp = logits[:, -keep:].float().log_softmax(-1)
-        for row, i in enumerate(idx):
+        for row, i in enumerate(idx):  # one row at a time: float32 log-probs of one target
             t = pairs[i][1]
             if t:
-                pred = logp[row, keep - 1 - len(t):keep - 1]
+                pred = logits[row, keep - 1 - len(t):keep - 1].float().log_softmax(-1)
                 nll = -pred.gather(1, torch.tensor(t, device=pred.device)[:, None]).sum()
                 out[i] = float(nll / len(t))
 
