@@ -399,10 +399,19 @@ def default_dtype(device: str):
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
+# ZeroGPU Spaces set this: CUDA exists only inside @spaces.GPU calls (in a forked worker), so
+# models stay on the CPU in the main process there.
+ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
+
+
 def pick_device(device: str | None = None) -> str:
+    """The one device picker. None / "auto": $LAYERSWAP_DEVICE if set, else "cuda" when a GPU is
+    here (not on a ZeroGPU Space's main process), else "cpu". An explicit "cuda" without a GPU
+    is an error."""
     import torch
     if device in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device = os.environ.get("LAYERSWAP_DEVICE") or (
+            "cuda" if not ZERO_GPU and torch.cuda.is_available() else "cpu")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' asked for, but no CUDA GPU is available")
     return str(device)

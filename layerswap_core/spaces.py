@@ -6,11 +6,10 @@ everywhere else the decorator is a no-op, so the app runs unchanged on a laptop 
 from __future__ import annotations
 
 import importlib.util
-import os
+
+from .models import ZERO_GPU  # noqa: F401  (one definition: models.pick_device reads it too)
 
 HAVE_SPACES = importlib.util.find_spec("spaces") is not None
-# ZeroGPU Spaces set this: CUDA exists only inside @spaces.GPU calls (in a forked worker).
-ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
 
 
 def GPU(fn=None, *, duration: int = 120):  # noqa: N802 - same name as spaces.GPU

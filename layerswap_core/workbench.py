@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .models import (DEFAULT_BASE, EMBEDDED_PREFIX, compatibility, describe, is_adapter,
-                     resolve)
+                     pick_device, resolve)
 
 
 Progress = Callable[[float, str], None]
@@ -235,17 +235,6 @@ def offered_models(access: Access, limit: int = 50) -> list[str]:
 
 
 # --------------------------------------------------------------------------- shared source models
-def default_device() -> str:
-    """$LAYERSWAP_DEVICE, else cuda when a GPU is here, else cpu. On a ZeroGPU Space models
-    stay on the CPU in the main process (CUDA exists only inside @spaces.GPU calls there)."""
-    from .spaces import ZERO_GPU
-
-    if os.environ.get("LAYERSWAP_DEVICE"):
-        return os.environ["LAYERSWAP_DEVICE"]
-    import torch
-    return "cuda" if not ZERO_GPU and torch.cuda.is_available() else "cpu"
-
-
 # --------------------------------------------------------------------------- models tab
 @dataclass
 class ModelsReport:
@@ -443,7 +432,7 @@ class Session:
         with self._live_lock:
             lm = self._lives.get(slot)
             if lm is None:
-                lm = LiveModel(self.inputs, device=default_device(), progress=progress)
+                lm = LiveModel(self.inputs, device=pick_device(), progress=progress)
                 self._lives[slot] = lm
             return lm
 

@@ -297,3 +297,17 @@ def test_hub_download_bars_report_to_the_page(capsys):
     bar.update(2**30)
     bar.close()
     assert said and said[-1] == "model.safetensors: 1.00 GiB of 3.00 GiB"
+
+
+def test_one_device_picker_for_the_app_and_the_library(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("LAYERSWAP_DEVICE", raising=False)
+    expected = "cuda" if torch.cuda.is_available() and not models.ZERO_GPU else "cpu"
+    assert models.pick_device() == models.pick_device("auto") == expected
+    monkeypatch.setenv("LAYERSWAP_DEVICE", "cpu")
+    assert models.pick_device() == "cpu" and models.pick_device("cpu") == "cpu"
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("LAYERSWAP_DEVICE", "cuda")
+        with pytest.raises(models.ModelLoadError, match="no CUDA GPU"):
+            models.pick_device()
