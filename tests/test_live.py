@@ -157,3 +157,21 @@ def test_large_elementwise_blends_are_computed_in_row_blocks_with_the_same_resul
     live.show(cfg)
     for n, p in live.model.named_parameters():
         assert torch.equal(p, whole[n]), n
+
+
+def test_bf16_live_model_gives_its_head_a_contiguous_input(tiny):
+    """In bf16 on the CPU the LM head gets a contiguous input (the strided last-position slice
+    takes a matmul path that holds several copies of the head's weight); outputs are the head
+    applied to that slice, and generation works."""
+    live = LiveModel.from_refs(tiny["task"], tiny["lang"], tiny["base"], dtype=torch.bfloat16)
+    head = live.model.get_output_embeddings()
+    assert head._forward_pre_hooks
+    hidden = torch.randn(2, 7, head.weight.shape[1], dtype=torch.bfloat16)
+    with torch.inference_mode():
+        got = head(hidden[:, -1:, :])
+        want = torch.nn.functional.linear(hidden[:, -1:, :].contiguous(), head.weight)
+    assert torch.equal(got, want)
+    ids = live.tokenizer("2 + 3 =", return_tensors="pt")
+    assert live.model.generate(**ids, max_new_tokens=3, do_sample=False).shape[1] > ids["input_ids"].shape[1]
+    fp32 = LiveModel.from_refs(tiny["task"], tiny["lang"], tiny["base"])
+    assert not fp32.model.get_output_embeddings()._forward_pre_hooks
