@@ -32,7 +32,7 @@ import torch
 
 from . import methods
 from .io import ST_TO_DTYPE, CheckpointReader, release_freed_memory
-from .merge import Inputs, MergeError, open_inputs
+from .merge import Inputs, MergeError, check_finite, open_inputs, state_magnitude_weights
 from .plan import ConfigError, MergeConfig, MergePlan, Source, build_plan
 
 Progress = Callable[[float, str], None]
@@ -213,13 +213,7 @@ class LiveModel:
     def magnitude(self) -> tuple[float, float]:
         """Magnitude-adjusted (w_task, w_lang), read once from the mapped checkpoints."""
         if self._magnitude is None:
-            if not self.has_base:
-                raise ConfigError("magnitude-adjusted weights need the base model")
-            acc = methods.MagnitudeAccumulator(("task", "lang"))
-            for n in self.names:
-                for e in ("task", "lang"):
-                    acc.add(e, self.sources[e][n], self.sources["base"][n])
-            self._magnitude = acc.weights()
+            self._magnitude = state_magnitude_weights(self.sources, self.names)
             self.release()
         return self._magnitude
 
@@ -256,12 +250,9 @@ class LiveModel:
                 continue
             for rows in _row_blocks(param, src.method):
                 part = [(t if rows is None else t[rows]).to(param.device) for t in inputs]
-                out = methods.apply(src.method, part, src.weights, src.kwargs())
-                if not bool(torch.isfinite(out).all()) or \
-                        not bool(torch.isfinite(out.to(param.dtype)).all()):
-                    if all(bool(torch.isfinite(t).all()) for t in part):
-                        raise MergeError(f"the merge makes tensor {n} non-finite (inf/NaN) from "
-                                         "finite inputs: check the weights / lambdas")
+                out = methods.apply(src.method, part, src.weights, src.kwargs()).to(param.dtype)
+                check_finite(n, out, part, src, "non-finite result refused; the next plan "
+                                                "rewrites every tensor")
                 (param if rows is None else param[rows]).copy_(out)
                 del out, part
         self.plan, self.label = plan, label

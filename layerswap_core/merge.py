@@ -138,6 +138,18 @@ def magnitude_weights(readers: dict[str, CheckpointReader], names: list[str],
     return acc.weights()
 
 
+def state_magnitude_weights(states: dict, names: list[str]) -> tuple[float, float]:
+    """(w_task, w_lang) from tensors at hand: ``states`` maps role -> {name: tensor} (in memory,
+    or memory-mapped views); the in-memory counterpart of ``magnitude_weights``."""
+    if "base" not in states:
+        raise ConfigError("magnitude-adjusted weights need the base model")
+    acc = methods.MagnitudeAccumulator(("task", "lang"))
+    for n in names:
+        for e in ("task", "lang"):
+            acc.add(e, states[e][n], states["base"][n])
+    return acc.weights()
+
+
 # --------------------------------------------------------------------------- plans
 def plan_for(config: MergeConfig, task_ref=None) -> MergePlan:
     """The plan of ``config`` for the task model's architecture, from headers only."""
@@ -375,13 +387,7 @@ class Recomposer:
 
     def magnitude(self) -> tuple[float, float]:
         if self._magnitude is None:
-            if "base" not in self.states:
-                raise ConfigError("magnitude-adjusted weights need the base model")
-            acc = methods.MagnitudeAccumulator(("task", "lang"))
-            for n in self.names:
-                for e in ("task", "lang"):
-                    acc.add(e, self.states[e][n], self.states["base"][n])
-            self._magnitude = acc.weights()
+            self._magnitude = state_magnitude_weights(self.states, self.names)
         return self._magnitude
 
     def plan_for(self, config: MergeConfig) -> MergePlan:

@@ -860,11 +860,11 @@ def evaluate(session: Session, source: str = "mgsm", lang: str = "sw", n: int = 
     with session.lock:
         # one live model shows each role in turn (callables: run_side_by_side asks just in time)
         models = {ROLE_LABELS[r]: functools.partial(session.model, r) for r in roles}
-        items = load_items(source, lang, n)
-        result = run_side_by_side(models, items, shots=shots, cot=bool(cot),
+        available = load_items(source, lang)
+        result = run_side_by_side(models, available[:n], shots=shots, cot=bool(cot),
                                   chat_template=bool(chat_template),
                                   max_new_tokens=max_new_tokens, progress=guard)
-        result.config["items_available"] = len(load_items(source, lang))
+        result.config["items_available"] = len(available)
     headers, rows = _table(result)
     return EvalResult(headers, rows, _summary_rows(result), plots.accuracy_bars(result.summary),
                       result)
