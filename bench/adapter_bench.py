@@ -29,10 +29,10 @@ def main() -> int:
 
     import torch
 
-    from layerswap_core import experts
-    from layerswap_core.io import CheckpointReader
-    from layerswap_core.lora import apply_adapter
-    from layerswap_core.models import DEFAULT_BASE, load_model, resolve
+    from layerswap_core.training import demo_experts as experts
+    from layerswap_core.checkpoints.io import CheckpointReader
+    from layerswap_core.merge.lora import apply_adapter
+    from layerswap_core.checkpoints.models import DEFAULT_BASE, load_model, resolve
 
     if args.threads:
         torch.set_num_threads(args.threads)

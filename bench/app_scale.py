@@ -72,7 +72,7 @@ class Sampler:
 def write_trio(folder: Path, params: float) -> dict[str, Path]:
     from synthetic import llama_config_for, write_checkpoint
 
-    from layerswap_core.models import DEFAULT_BASE, resolve
+    from layerswap_core.checkpoints.models import DEFAULT_BASE, resolve
     from layerswap_core.testing import copy_tokenizer
 
     cfg = llama_config_for(params)
@@ -105,7 +105,7 @@ def call(client, api_name: str, values: dict):
 def measure_switching(paths: dict[str, Path]) -> dict:
     """In this process (the server is gone): the live model switching task -> lang -> base,
     seconds against a `cat` of the bytes each switch reads (both from the page cache, warm)."""
-    from layerswap_core.live import LiveModel
+    from layerswap_core.merge.live import LiveModel
 
     live = LiveModel.from_refs(paths["task"], paths["lang"], paths["base"])
     out = {}

@@ -29,8 +29,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def bench_prompts(n: int = 32, shots: int = 2, cot: bool = False) -> list[str]:
-    from layerswap_core import evaluate as ev
-    from layerswap_core.data import load_items
+    from layerswap_core.evaluation import runner as ev
+    from layerswap_core.evaluation.data import load_items
 
     prompts = []
     for lang in ("sw", "en"):
@@ -59,9 +59,9 @@ def main() -> int:
 
     import torch
 
-    from layerswap_core import evaluate as ev
-    from layerswap_core.generation import generate
-    from layerswap_core.models import DEFAULT_BASE, load_model
+    from layerswap_core.evaluation import runner as ev
+    from layerswap_core.evaluation.generation import generate
+    from layerswap_core.checkpoints.models import DEFAULT_BASE, load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,7 +93,7 @@ def main() -> int:
     # own stop_strings costs ~1 s per call to set up, which would flatter the batched run).
     from transformers import StoppingCriteriaList
 
-    from layerswap_core.generation import _StopOnStrings, cut_at_stop
+    from layerswap_core.evaluation.generation import _StopOnStrings, cut_at_stop
     eos = tok.eos_token_id
 
     def run_single():
@@ -133,8 +133,8 @@ def main() -> int:
 
 def nll_bench(model, tok, args) -> int:
     """Gold NLL as the sweep computes it: shared few-shot prefix vs the plain padded batch."""
-    from layerswap_core import evaluate as ev
-    from layerswap_core.data import load_items
+    from layerswap_core.evaluation import runner as ev
+    from layerswap_core.evaluation.data import load_items
 
     items = load_items("gsm-symbolic", "sw", 32)
     ex = ev.select_exemplars(ev.exemplar_pool("sw", cot=args.cot, source="gsm-symbolic"), items,

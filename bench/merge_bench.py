@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
-from layerswap_core.merge import merge_to_folder
-from layerswap_core.plan import MergeConfig
+from layerswap_core.merge.executor import merge_to_folder
+from layerswap_core.merge.plan import MergeConfig
 cfg = MergeConfig(**json.loads(sys.argv[1]))
 t1 = time.perf_counter()
 merge_to_folder(cfg, out=sys.argv[2])
@@ -61,9 +61,9 @@ def run_measured(cmd: list[str]) -> dict:
 
 RECOMPOSE = """
 import json, time
-from layerswap_core.merge import Recomposer
-from layerswap_core.models import DEFAULT_BASE
-from layerswap_core.plan import MergeConfig
+from layerswap_core.merge.executor import Recomposer
+from layerswap_core.checkpoints.models import DEFAULT_BASE
+from layerswap_core.merge.plan import MergeConfig
 t0 = time.perf_counter()
 rec = Recomposer.from_refs(DEFAULT_BASE, DEFAULT_BASE, DEFAULT_BASE)
 out = {"load_s": time.perf_counter() - t0, "apply": []}
@@ -83,8 +83,8 @@ SETUP = """
 import json, sys, time
 from pathlib import Path
 from bench.synthetic import llama_config_for, write_checkpoint
-from layerswap_core.io import CheckpointReader
-from layerswap_core.plan import MergeConfig
+from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.merge.plan import MergeConfig
 root, params = Path(sys.argv[1]), float(sys.argv[2])
 if not (root / "lang" / "config.json").exists():
     t0 = time.time()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from layerswap_core import data  # noqa: E402
+from layerswap_core.evaluation import data  # noqa: E402
 
 
 def main() -> int:

@@ -13,25 +13,25 @@ __version__ = "0.1.0"
 # Plugins that register embedded models, as "module:function" (called once, when models first
 # lists or resolves an embedded model): the demo experts are built with lora, merge and train,
 # so models, below them, names them here instead of importing them.
-EMBEDDED_PLUGINS = ("layerswap_core.experts:register",)
+EMBEDDED_PLUGINS = ("layerswap_core.training.demo_experts:register",)
 
 # public name -> module that defines it
 _API = {
     # models and architectures
-    "DEFAULT_BASE": "models", "ModelLoadError": "models", "resolve": "models",
-    "load_model": "models", "load_tokenizer": "models", "describe": "models",
-    "compatibility": "models", "get_architecture": "architectures", "classify": "architectures",
+    "DEFAULT_BASE": "checkpoints.models", "ModelLoadError": "checkpoints.models", "resolve": "checkpoints.models",
+    "load_model": "checkpoints.models", "load_tokenizer": "checkpoints.models", "describe": "checkpoints.models",
+    "compatibility": "checkpoints.models", "get_architecture": "checkpoints.architectures", "classify": "checkpoints.architectures",
     # merge engine
-    "MergeConfig": "plan", "Partition": "plan", "build_plan": "plan", "ConfigError": "plan",
-    "merge_to_folder": "merge", "plan_for": "merge", "Recomposer": "merge", "MergeError": "merge",
-    "merge_adapters": "lora",
+    "MergeConfig": "merge.plan", "Partition": "merge.plan", "build_plan": "merge.plan", "ConfigError": "merge.plan",
+    "merge_to_folder": "merge.executor", "plan_for": "merge.executor", "Recomposer": "merge.executor", "MergeError": "merge.executor",
+    "merge_adapters": "merge.lora",
     # analysis
-    "delta_stats": "analysis", "suggest_config": "analysis",
+    "delta_stats": "analysis.deltas", "suggest_config": "analysis.deltas",
     # evaluation
-    "load_mgsm": "data", "load_items": "data", "gsm_symbolic_items": "data", "run_side_by_side": "evaluate",
-    "generate": "generation", "chat": "generation",
+    "load_mgsm": "evaluation.data", "load_items": "evaluation.data", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
+    "generate": "evaluation.generation", "chat": "evaluation.generation",
     # experts
-    "TrainConfig": "train", "DEMO_TASK": "experts", "DEMO_LANG": "experts",
+    "TrainConfig": "training.trainer", "DEMO_TASK": "training.demo_experts", "DEMO_LANG": "training.demo_experts",
 }
 __all__ = sorted(_API) + ["__version__"]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from .architectures import get_architecture
-from .io import CheckpointReader
-from .models import DEFAULT_BASE, TOKENIZER_FILES, resolve
+from .checkpoints.architectures import get_architecture
+from .checkpoints.io import CheckpointReader
+from .checkpoints.models import DEFAULT_BASE, TOKENIZER_FILES, resolve
 
 
 def tiny_config(num_layers: int = 8, hidden: int = 64, vocab_size: int = 49152, tie: bool = True,

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from layerswap_core import analysis
-from layerswap_core.analysis import DeltaMismatchError, delta_stats, suggest_config
-from layerswap_core.architectures import get_architecture
-from layerswap_core.io import CheckpointReader
+from layerswap_core.analysis import deltas as analysis
+from layerswap_core.analysis.deltas import DeltaMismatchError, delta_stats, suggest_config
+from layerswap_core.checkpoints.architectures import get_architecture
+from layerswap_core.checkpoints.io import CheckpointReader
 from layerswap_core.testing import make_expert, make_tiny_model
 
 MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "mlp_gate", "mlp_up", "mlp_down")
@@ -262,7 +262,7 @@ def test_suggestion_recovers_the_tiny_family(tiny):
     assert all(type(v) is int for v in (s.bottom, s.top, s.transition_bottom, s.transition_top))
     assert "0-1, 7" in s.explanation
     assert set(s.protected) <= {2, 3, 4, 5}
-    from layerswap_core.plan import MergeConfig
+    from layerswap_core.merge.plan import MergeConfig
     MergeConfig(**s.merge_config_kwargs()).validate(8)
     assert suggest_config(task, lang, 8) == s  # deterministic
 
@@ -425,7 +425,7 @@ def test_failed_cache_write_leaves_no_file_and_returns_the_statistics(tiny, monk
 
 
 def test_adapter_with_invalid_config_names_the_file(tiny, tmp_path):
-    from layerswap_core.lora import AdapterError
+    from layerswap_core.merge.lora import AdapterError
 
     d = tmp_path / "adapter"
     d.mkdir()

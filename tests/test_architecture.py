@@ -14,28 +14,30 @@ PACKAGE = "layerswap_core"
 # Bottom first. A module may import modules of its own layer (without a cycle) and of the layers
 # below it, never above. Every module of the package (and app.py) is in exactly one layer.
 LAYERS = [
-    # the package root (version, lazy API names and plugin names: no static imports), the
-    # architectures' tensor names, the per-tensor merge methods
-    ("layerswap_core", "architectures", "methods"),
-    ("io",),                                      # checkpoint reading and writing, the cache folder
-    ("plan",),                                    # the pure merge plan
-    ("models",),                                  # model references, resolving, loading
-    ("lora", "merge", "live", "testing"),         # adapters, the executor, the live model
-    ("analysis",),                                # delta statistics, suggested swaps
-    ("data", "generation", "mgsm_task", "evaluate", "lmeval"),   # evaluation
-    ("train", "expert_data", "experts"),          # training, the demo experts
-    ("plots", "spaces"),                          # figures and the ZeroGPU shim of the app
-    ("workbench",),                               # the app's session and features
+    # the package root and the rooms' __init__ (docstrings, version, lazy API names and plugin
+    # names: no static imports), the architectures' tensor names, the per-tensor merge methods
+    ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "workbench",
+     "checkpoints.architectures", "merge.methods"),
+    ("checkpoints.io",),                          # checkpoint reading and writing, the cache folder
+    ("merge.plan",),                              # the pure merge plan
+    ("checkpoints.models",),                      # model references, resolving, loading
+    ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
+    ("analysis.deltas",),                         # delta statistics, suggested swaps
+    ("evaluation.data", "evaluation.generation", "evaluation.mgsm_task", "evaluation.runner",
+     "evaluation.lmeval"),                        # evaluation
+    ("training.trainer", "training.recipes", "training.demo_experts"),   # training, demo experts
+    ("workbench.figures", "workbench.spaces"),    # figures and the ZeroGPU shim of the app
+    ("workbench.session",),                       # the app's session and features
     ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora",
      "cli.analysis", "cli.evaluate", "cli.train"),
     ("__main__", "cli.__main__", "app"),          # entry points
 ]
 # The only places that import modules by name at run time: the lazy API of the package root and
 # the embedded-model plugins (the demo experts) that models loads on first use.
-DYNAMIC_IMPORTS = {("layerswap_core", "__getattr__"), ("models", "embedded")}
+DYNAMIC_IMPORTS = {("layerswap_core", "__getattr__"), ("checkpoints.models", "embedded")}
 # Library modules allowed to parse command lines: expert_data's documented script
-# (`python -m layerswap_core.expert_data`, named in the shipped adapters' cards).
-SCRIPTS = {"expert_data"}
+# (`python -m layerswap_core.training.recipes`, named in the shipped adapters' cards).
+SCRIPTS = {"training.recipes"}
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
@@ -138,10 +140,12 @@ def test_no_module_imports_a_layer_above_it():
 
 def test_graph_sees_function_level_and_absolute_imports():
     graph = import_graph()
-    assert "models" in graph["data"]             # `from .models import is_offline` in a function
-    assert "workbench" in graph["app"]           # `from layerswap_core import workbench as wb`
-    assert "cli.merge" in graph["cli.lora"] and "merge" in graph["cli.merge"]
-    assert PACKAGE in graph["plan"]              # `from . import __version__`
+    # `from ..checkpoints.models import is_offline` in a function
+    assert "checkpoints.models" in graph["evaluation.data"]
+    # `from layerswap_core.workbench import session as wb`
+    assert "workbench.session" in graph["app"]
+    assert "cli.merge" in graph["cli.lora"] and "merge.executor" in graph["cli.merge"]
+    assert PACKAGE in graph["merge.plan"]        # `from .. import __version__`
 
 
 def _dynamic_imports(node, where: str):
@@ -182,10 +186,10 @@ def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
 
     shutil.copytree(ROOT / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "app.py", tmp_path / "app.py")
-    io_file = tmp_path / PACKAGE / "io.py"
+    io_file = tmp_path / PACKAGE / "checkpoints" / "io.py"
     io_file.write_text(io_file.read_text(encoding="utf-8")
                        + "\n\ndef _late():\n    from .models import resolve  # noqa\n",
                        encoding="utf-8")
     graph = import_graph(tmp_path)
     assert find_cycle(graph) is not None
-    assert upward_arrows(graph) == ["io -> models"]
+    assert upward_arrows(graph) == ["checkpoints.io -> checkpoints.models"]

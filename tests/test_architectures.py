@@ -1,7 +1,7 @@
 import pytest
 
-from layerswap_core.architectures import (FAMILIES, KIND_GROUPS, classify, get_architecture,
-                                          param_names_from_config)
+from layerswap_core.checkpoints.architectures import (FAMILIES, KIND_GROUPS, classify,
+                                                      get_architecture, param_names_from_config)
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 32}
 
@@ -70,7 +70,7 @@ def test_every_family_kind_is_known():
 
 
 def test_param_names_from_config_match_a_real_checkpoint(tiny):
-    from layerswap_core.io import CheckpointReader
+    from layerswap_core.checkpoints.io import CheckpointReader
 
     reader = CheckpointReader(tiny["base"])
     names = param_names_from_config(reader.config())

@@ -36,7 +36,7 @@ def _skip_reason() -> str | None:
 
 def demo_refs(tiny) -> dict[str, str]:
     """The embedded demo when it opens here (its experts shipped), else the tiny family."""
-    from layerswap_core import workbench as wb
+    from layerswap_core.workbench import session as wb
 
     try:
         if wb.check_models(**wb.DEMO_REFS).ok:

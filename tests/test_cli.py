@@ -57,7 +57,7 @@ def test_python_api_names_resolve_and_never_shadow_submodules():
     assert not submodules & set(layerswap_core.__all__), "an API name hides a submodule"
     for name in layerswap_core.__all__:
         assert getattr(layerswap_core, name) is not None, name
-    assert importlib.import_module("layerswap_core.train").TrainConfig is layerswap_core.TrainConfig
+    assert importlib.import_module("layerswap_core.training.trainer").TrainConfig is layerswap_core.TrainConfig
 
 
 def _fails_readably(argv, capsys, *needles):
@@ -87,8 +87,8 @@ def test_eval_on_a_truncated_checkpoint_is_one_line(tiny, capsys, tmp_path):
 def test_allow_bin_on_every_command_that_loads_models(tiny, capsys, tmp_path, monkeypatch):
     import torch
 
-    from layerswap_core import models
-    from layerswap_core.io import CheckpointReader
+    from layerswap_core.checkpoints import models
+    from layerswap_core.checkpoints.io import CheckpointReader
 
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
     parser = build_parser()

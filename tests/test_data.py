@@ -5,10 +5,10 @@ import tomllib
 
 import pytest
 
-from layerswap_core import data
-from layerswap_core.data import (DataError, find_mgsm_dir, gsm_symbolic_items, load_items,
-                                 load_mgsm, normalize_number, parse_symbolic_toml, read_mgsm_tsv,
-                                 symbolic_root)
+from layerswap_core.evaluation import data
+from layerswap_core.evaluation.data import (DataError, find_mgsm_dir, gsm_symbolic_items,
+                                            load_items, load_mgsm, normalize_number,
+                                            parse_symbolic_toml, read_mgsm_tsv, symbolic_root)
 
 
 def test_mgsm_tsv_loads_all_rows_and_normalises_answers():
@@ -206,7 +206,7 @@ def test_card_without_statement_or_with_a_bad_one(tmp_path):
 
 
 def test_expert_recipes_card_front_matter_round_trips(tmp_path):
-    from layerswap_core import expert_data
+    from layerswap_core.training import recipes as expert_data
     (tmp_path / "README.md").write_text(expert_data.card_front_matter() + "# expert\n", encoding="utf-8")
     trained = data.card_templates(tmp_path)
     assert trained == set(expert_data.TRAIN_TEMPLATES)

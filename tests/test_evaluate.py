@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from layerswap_core import evaluate as ev
-from layerswap_core.data import gsm_symbolic_items, load_items, load_mgsm
+from layerswap_core.evaluation import runner as ev
+from layerswap_core.evaluation.data import gsm_symbolic_items, load_items, load_mgsm
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -117,7 +117,7 @@ def test_exemplars_skip_variants_of_scored_problems():
 
 
 def _standard_raw(lang):
-    from layerswap_core.data import MGSM_EXEMPLARS_FILE, find_mgsm_dir
+    from layerswap_core.evaluation.data import MGSM_EXEMPLARS_FILE, find_mgsm_dir
     raw = json.loads((find_mgsm_dir() / MGSM_EXEMPLARS_FILE).read_text(encoding="utf-8"))
     return raw["exemplars"][lang], raw["number_answers"]
 

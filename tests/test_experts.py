@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from layerswap_core import expert_data as D
-from layerswap_core import experts, models
-from layerswap_core.data import mgsm_overlap_templates
+from layerswap_core.training import recipes as D
+from layerswap_core.training import demo_experts as experts
+from layerswap_core.checkpoints import models
+from layerswap_core.evaluation.data import mgsm_overlap_templates
 
 # Optional system data: Debian's FreeDict Swahili<->English dictionaries (the Swahili recipe).
 NEEDS_FREEDICT = pytest.mark.skipif(
@@ -86,8 +87,8 @@ def test_shipped_adapters_are_small_and_documented():
 def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_base, tmp_path, ref):
     import torch
 
-    from layerswap_core.lora import apply_adapter
-    from layerswap_core.train import heldout_nll
+    from layerswap_core.merge.lora import apply_adapter
+    from layerswap_core.training.trainer import heldout_nll
 
     torch.set_num_threads(1)
     rows = (D.worked_solutions("eng")[:12] if ref == experts.DEMO_TASK
@@ -107,7 +108,7 @@ def test_wheel_ships_the_demo_adapters(tmp_path):
     import zipfile
     from pathlib import Path
 
-    root = Path(experts.__file__).resolve().parent.parent
+    root = Path(experts.__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(root), "--no-deps",
                     "--no-build-isolation", "-q", "-w", str(tmp_path)], check=True,
                    capture_output=True, timeout=300)

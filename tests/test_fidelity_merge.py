@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswap_core import methods, plots
-from layerswap_core.architectures import get_architecture
+from layerswap_core.merge import methods
+from layerswap_core.workbench import figures as plots
+from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.cli import main
-from layerswap_core.io import CheckpointReader
-from layerswap_core.plan import MergeConfig, build_plan
+from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.merge.plan import MergeConfig, build_plan
 
 L = 8  # layers of the tiny fixture
 
@@ -102,7 +103,7 @@ def test_cli_non_layer_weights_transitions_and_output_dtype(tiny, states, tmp_pa
 
 
 def test_recomposer_averages_the_non_layer_parameters_in_memory(tiny, states):
-    from layerswap_core.merge import Recomposer
+    from layerswap_core.merge.executor import Recomposer
     rec = Recomposer.from_refs(tiny["task"], tiny["lang"])
     params = dict(rec.model.named_parameters())
     rec.apply(MergeConfig(bottom=2, top=1, w_task=1.0, w_lang=3.0))

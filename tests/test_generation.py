@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from layerswap_core.generation import chat, chat_prompt, cut_at_stop, generate, generate_one, stream_generate
+from layerswap_core.evaluation.generation import (chat, chat_prompt, cut_at_stop, generate,
+                                                  generate_one, stream_generate)
 
 PROMPTS = [
     "Swali: Bata wa Janet hutaga mayai 16 kila siku.\nAnswer:",
@@ -85,7 +86,7 @@ def test_chat_uses_template(tiny_lm):
 
 
 def test_shared_prefix_is_computed_once_and_changes_nothing(tiny_lm):
-    from layerswap_core.generation import common_prefix_len
+    from layerswap_core.evaluation.generation import common_prefix_len
 
     model, tok = tiny_lm
     shots = "Swali: Juma ana maembe 3 na ananunua 4 zaidi. Ana maembe mangapi?\nAnswer:7\n\n" * 3
@@ -164,8 +165,8 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
     Mistral's sliding-window cache the padded fallback) gives transformers' own greedy text.
     The real SmolLM2 (Llama) is sensitive to any slip in positions or cache layout; tiny random
     models cover the other cache shapes."""
-    from layerswap_core.generation import _plain_cache_ok
-    from layerswap_core.models import load_model
+    from layerswap_core.evaluation.generation import _plain_cache_ok
+    from layerswap_core.checkpoints.models import load_model
     from layerswap_core.testing import make_tiny_model
 
     if model_type == "embedded":
@@ -182,7 +183,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
 
 
 def test_prefill_groups_cover_rows_and_bound_padding():
-    from layerswap_core.generation import prefill_groups
+    from layerswap_core.evaluation.generation import prefill_groups
 
     lengths = [130, 59, 0, 94, 62, 205, 99, 90, 130, 210, 105, 121, 1, 136, 121, 126, 120, 210]
     groups = prefill_groups(lengths, slack=0.125, max_tokens=600)
@@ -198,7 +199,7 @@ def test_prefill_groups_cover_rows_and_bound_padding():
 def test_growing_cache_layer_matches_concatenation():
     import torch
 
-    from layerswap_core.generation import _growing_layer_class
+    from layerswap_core.evaluation.generation import _growing_layer_class
 
     grow = _growing_layer_class()
     torch.manual_seed(0)
@@ -224,8 +225,8 @@ def test_growing_cache_layer_matches_concatenation():
 def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
     """Rows that hit their stop string drop out of the decoding batch; every text still equals
     transformers' greedy output cut at the stop, and counts equal running alone."""
-    from layerswap_core.generation import cut_at_stop
-    from layerswap_core.models import load_model
+    from layerswap_core.evaluation.generation import cut_at_stop
+    from layerswap_core.checkpoints.models import load_model
 
     model, tok = load_model(embedded_base)
     prompts = FEW_SHOT + [p + " 7 and then" for p in FEW_SHOT[:2]]
@@ -248,8 +249,8 @@ def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
 
 def test_generation_config_beyond_argmax_goes_through_transformers(tiny):
     """A model whose generation_config asks for a repetition penalty still gets it."""
-    from layerswap_core.generation import _plain_greedy_ok
-    from layerswap_core.models import load_model
+    from layerswap_core.evaluation.generation import _plain_greedy_ok
+    from layerswap_core.checkpoints.models import load_model
 
     model, tok = load_model(tiny["base"])
     plain = generate(model, tok, PROMPTS[:3], max_new_tokens=12, batch_size=3)

@@ -6,11 +6,11 @@ import ctypes
 import pytest
 import torch
 
-from layerswap_core.io import CheckpointReader
-from layerswap_core.live import LiveModel, MappedCheckpoint, live_dtype
-from layerswap_core.merge import merge_to_folder
-from layerswap_core.models import load_model
-from layerswap_core.plan import MergeConfig
+from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.merge.live import LiveModel, MappedCheckpoint, live_dtype
+from layerswap_core.merge.executor import merge_to_folder
+from layerswap_core.checkpoints.models import load_model
+from layerswap_core.merge.plan import MergeConfig
 
 CONFIGS = {
     "layer swap": MergeConfig(bottom=2, top=1),
@@ -126,8 +126,8 @@ def test_non_finite_merge_is_refused_and_the_next_plan_rewrites_everything(live)
     """A plan whose arithmetic overflows (weights no config would allow, set on the plan itself)
     is refused with the tensor named; the model is then in an unknown state, so the next plan
     rewrites every parameter."""
-    from layerswap_core.live import role_plan
-    from layerswap_core.plan import Source
+    from layerswap_core.merge.live import role_plan
+    from layerswap_core.merge.plan import Source
 
     plan = role_plan("task", live.names, live.arch)
     name = next(n for n in live.names if ".layers.3." in n and n.endswith("proj.weight"))
@@ -143,7 +143,7 @@ def test_large_elementwise_blends_are_computed_in_row_blocks_with_the_same_resul
                                                                                  monkeypatch):
     """Blocks bound the float32 temporaries of a blended embedding; the result is the same
     bit for bit as one whole-tensor computation."""
-    import layerswap_core.live as live_mod
+    import layerswap_core.merge.live as live_mod
 
     cfg = CONFIGS["transitions"]
     live.show("task")

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from layerswap_core import evaluate as ev
-from layerswap_core.data import MGSM_LANGS, load_items
-from layerswap_core.lmeval import installed_task_yaml, mgsm_task_config, run_lm_eval
-from layerswap_core.models import load_model
+from layerswap_core.evaluation import runner as ev
+from layerswap_core.evaluation.data import MGSM_LANGS, load_items
+from layerswap_core.evaluation.lmeval import installed_task_yaml, mgsm_task_config, run_lm_eval
+from layerswap_core.checkpoints.models import load_model
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,7 +28,7 @@ def test_prompt_words_match_installed_yaml(lang):
 
 
 def test_prompt_words_are_read_for_every_installed_language_with_an_english_fallback():
-    from layerswap_core import mgsm_task
+    from layerswap_core.evaluation import mgsm_task
 
     assert tuple(ev.PROMPT_WORDS) == mgsm_task.languages() and set(MGSM_LANGS) <= set(ev.PROMPT_WORDS)
     assert ev.prompt_words("swh") == ev.PROMPT_WORDS["sw"] and ev.prompt_words("yor") == ev.PROMPT_WORDS["en"]
@@ -91,7 +91,7 @@ def test_scorer_agrees_with_lm_eval_filters(lang, cot):
 def _standard_raw(lang):
     import json
 
-    from layerswap_core.data import MGSM_EXEMPLARS_FILE, find_mgsm_dir
+    from layerswap_core.evaluation.data import MGSM_EXEMPLARS_FILE, find_mgsm_dir
     raw = json.loads((find_mgsm_dir() / MGSM_EXEMPLARS_FILE).read_text(encoding="utf-8"))
     return raw["exemplars"][lang], raw["number_answers"]
 

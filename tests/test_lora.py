@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from layerswap_core import lora
-from layerswap_core.io import CheckpointReader
-from layerswap_core.merge import merge_to_folder
-from layerswap_core.plan import MergeConfig
+from layerswap_core.merge import lora
+from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.merge.executor import merge_to_folder
+from layerswap_core.merge.plan import MergeConfig
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -82,7 +82,7 @@ def test_adapter_swap_equals_dense_swap(family, tmp_path, name):
 
 
 def test_layer_swap_selects_adapter_weights_per_layer(family):
-    from layerswap_core.architectures import get_architecture
+    from layerswap_core.checkpoints.architectures import get_architecture
     adapters = {k: lora.load_adapter(family[k], family["base"]) for k in ("task", "lang")}
     arch = get_architecture(CheckpointReader(family["base"]).config())
     merged = lora.combine_adapters(MergeConfig(bottom=2, top=1), adapters, arch)

@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswap_core import models
-from layerswap_core.io import CheckpointError, CheckpointReader
-from layerswap_core.models import ModelLoadError, compatibility, describe, load_model, resolve
+from layerswap_core.checkpoints import models
+from layerswap_core.checkpoints.io import CheckpointError, CheckpointReader
+from layerswap_core.checkpoints.models import (ModelLoadError, compatibility, describe, load_model,
+                                               resolve)
 
 
 def test_local_folder_resolves_and_describes(tiny):
@@ -156,7 +157,7 @@ def _bin_beside(folder, weights_from):
 def test_load_model_reads_the_safetensors_that_merge_reads(tmp_path, tiny, monkeypatch, layout):
     """A .bin (or a stale model.safetensors) lying beside the weights is never what gets loaded:
     load_model gives exactly the tensors CheckpointReader (merge, analysis) reads."""
-    from layerswap_core.io import save_sharded
+    from layerswap_core.checkpoints.io import save_sharded
 
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
     d = Path(shutil.copytree(tiny["base"], tmp_path / "m"))
@@ -226,7 +227,7 @@ def _swap_two_tokens(vocab):
 
 
 def test_vocab_json_tokenizers_are_compared(tmp_path, tiny):
-    from layerswap_core.merge import MergeError, open_inputs
+    from layerswap_core.merge.executor import MergeError, open_inputs
 
     same = _slow_tokenizer(tiny["task"], tmp_path / "same")
     other = _slow_tokenizer(tiny["lang"], tmp_path / "other", _swap_two_tokens)
@@ -267,7 +268,7 @@ def test_merge_inputs_use_the_same_tokenizer_check_as_the_models_tab(tmp_path, t
     """open_inputs (merge, analysis, app) asks models.tokenizer_difference: one tokenizer saved in
     both formats merges; a tokenizer.json + tokenizer.model folder against a tokenizer.model-only
     folder with the same file is the same tokenizer."""
-    from layerswap_core.merge import open_inputs
+    from layerswap_core.merge.executor import open_inputs
 
     same = _slow_tokenizer(tiny["task"], tmp_path / "same")
     assert open_inputs(tiny["task"], same).names

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from layerswap_core import plots
-from layerswap_core.analysis import DeltaStats, TensorStats, delta_stats, suggest_config
-from layerswap_core.architectures import LAYER_KIND_ORDER, get_architecture
-from layerswap_core.io import CheckpointReader
-from layerswap_core.plan import MergeConfig, build_plan
+from layerswap_core.workbench import figures as plots
+from layerswap_core.analysis.deltas import DeltaStats, TensorStats, delta_stats, suggest_config
+from layerswap_core.checkpoints.architectures import LAYER_KIND_ORDER, get_architecture
+from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.merge.plan import MergeConfig, build_plan
 
 
 @pytest.fixture(autouse=True)

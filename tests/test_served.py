@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from layerswap_core import workbench as wb
-from layerswap_core.models import cache_dir
+from layerswap_core.workbench import session as wb
+from layerswap_core.checkpoints.models import cache_dir
 
 NO_PARTITION = "none (bottom/top sliders)"
 # the Configure tab's "More" controls: non-layer blend, no preset scaling, lambdas, TIES

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from layerswap_core import train as T
-from layerswap_core.architectures import get_architecture
-from layerswap_core.plan import Partition
+from layerswap_core.training import trainer as T
+from layerswap_core.checkpoints.architectures import get_architecture
+from layerswap_core.merge.plan import Partition
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # first 2 and last 1 of the tiny model's 8 layers -> language side (explicit rules: the presets
@@ -51,7 +51,7 @@ def _changed(before, trainer) -> set[str]:
 
 
 def test_labels_cover_exactly_the_assistant_turns(tiny):
-    from layerswap_core.models import load_tokenizer
+    from layerswap_core.checkpoints.models import load_tokenizer
     tok = load_tokenizer(tiny["base"])
     ex = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
                        {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]}
@@ -308,7 +308,7 @@ def test_simultaneous_lora_trains_each_sides_adapters_only_on_its_steps(tiny, ti
 
 
 def test_simultaneous_lora_saves_a_loadable_rslora_adapter(tiny, data, tmp_path):
-    from layerswap_core.lora import load_adapter
+    from layerswap_core.merge.lora import load_adapter
     t = T.Trainer(_cfg(tiny, data, tmp_path, mode="simultaneous", lora=True, partition=SWAP,
                        lang_data=str(data["lang"]), steps=4))
     t.train()
@@ -386,7 +386,7 @@ def test_schedules_are_transformers_schedules(tiny, data, tmp_path, schedule, ex
 def test_save_every_writes_loadable_checkpoints_without_disturbing_training(tiny, data, tmp_path):
     from safetensors import safe_open
 
-    from layerswap_core.models import load_model
+    from layerswap_core.checkpoints.models import load_model
     cfg = _cfg(tiny, data, tmp_path, mode="full", steps=5, save_every=2, revert="lang",
                partition=SWAP, save_dtype="bfloat16", lr=1e-3)
     t = T.Trainer(cfg)
@@ -423,7 +423,7 @@ def test_save_every_writes_loadable_checkpoints_without_disturbing_training(tiny
 
 
 def test_save_every_with_lora_writes_adapters(tiny, data, tmp_path):
-    from layerswap_core.lora import load_adapter
+    from layerswap_core.merge.lora import load_adapter
     res = T.train(_cfg(tiny, data, tmp_path, mode="lora", steps=3, save_every=1))
     folders = sorted(res.output.glob("checkpoint-*"))
     assert [p.name for p in folders] == ["checkpoint-1", "checkpoint-2"]

@@ -8,9 +8,9 @@ import zipfile
 import pytest
 import torch
 
-from layerswap_core import workbench as wb
-from layerswap_core.io import CheckpointReader
-from layerswap_core.plan import ConfigError, MergeConfig
+from layerswap_core.workbench import session as wb
+from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.merge.plan import ConfigError, MergeConfig
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +367,7 @@ def test_every_role_is_the_one_live_model_and_matches_its_checkpoint(session, ti
     """base / task / lang / merged are plans over one live model: no second model is loaded,
     its parameter storages never change, and each role's outputs equal that checkpoint loaded
     directly with transformers, token for token."""
-    from layerswap_core.models import load_model
+    from layerswap_core.checkpoints.models import load_model
 
     wb.build(session, swap(session, 2, 1))
     live = session.live()
@@ -389,9 +389,9 @@ def test_every_role_is_the_one_live_model_and_matches_its_checkpoint(session, ti
 def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny):
     """The four roles evaluated one after another on one live model give the outputs of the
     checkpoints loaded separately (and the merge of a fresh build)."""
-    from layerswap_core.data import load_items
-    from layerswap_core.evaluate import run_side_by_side
-    from layerswap_core.models import load_model
+    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.runner import run_side_by_side
+    from layerswap_core.checkpoints.models import load_model
 
     wb.build(session, swap(session, 2, 1))
     res = wb.evaluate(session, "gsm-symbolic", "sw", 2, 0, False,
@@ -406,7 +406,7 @@ def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny)
 
 @pytest.mark.slow
 def test_the_embedded_demo_is_preselected_and_compatible():
-    experts = pytest.importorskip("layerswap_core.experts")
+    experts = pytest.importorskip("layerswap_core.training.demo_experts")
     missing = [r for r in (experts.DEMO_TASK, experts.DEMO_LANG)
                if not (experts.demo_adapter_dir(r) / "adapter_model.safetensors").exists()]
     if missing:
@@ -419,7 +419,7 @@ def test_the_embedded_demo_is_preselected_and_compatible():
 
 
 def test_spaces_gpu_decorator_is_a_no_op_without_spaces():
-    from layerswap_core import spaces
+    from layerswap_core.workbench import spaces
 
     if spaces.HAVE_SPACES:
         pytest.skip("the spaces package is installed here")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis import DeltaStats, auto_threshold, delta_stats, suggest_config
+from ..analysis.deltas import DeltaStats, auto_threshold, delta_stats, suggest_config
 from .progress import progress_bar
 
 

@@ -5,10 +5,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..data import MGSM_HUB_ID, SOURCES, load_items
-from ..evaluate import contamination_warning, default_exemplars, run_side_by_side
-from ..lmeval import run_lm_eval
-from ..models import ModelLoadError, load_model, resolve
+from ..evaluation.data import MGSM_HUB_ID, SOURCES, load_items
+from ..evaluation.runner import contamination_warning, default_exemplars, run_side_by_side
+from ..evaluation.lmeval import run_lm_eval
+from ..checkpoints.models import ModelLoadError, load_model, resolve
 from .progress import progress_bar
 
 

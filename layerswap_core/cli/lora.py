@@ -1,8 +1,8 @@
 """`layerswap merge-lora`: layer swapping of two LoRA adapters over their base."""
 from __future__ import annotations
 
-from ..io import TORCH_DTYPES
-from ..lora import AdapterError, merge_adapters
+from ..checkpoints.io import TORCH_DTYPES
+from ..merge.lora import AdapterError, merge_adapters
 from .merge import add_config_flags, config_from_args
 from .progress import progress_bar
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..merge import merge_to_folder, plan_for
-from ..models import DEFAULT_BASE
-from ..plan import DTYPES, MERGE_METHODS, MODELS, NON_LAYER_SOURCES, ConfigError, MergeConfig
+from ..merge.executor import merge_to_folder, plan_for
+from ..checkpoints.models import DEFAULT_BASE
+from ..merge.plan import DTYPES, MERGE_METHODS, MODELS, NON_LAYER_SOURCES, ConfigError, MergeConfig
 from .partition import partition_arg
 from .progress import progress_bar
 

@@ -1,7 +1,7 @@
 """`layerswap info` and `layerswap prepare`: describe models, build the embedded ones."""
 from __future__ import annotations
 
-from ..models import EMBEDDED_PREFIX, describe, embedded, resolve
+from ..checkpoints.models import EMBEDDED_PREFIX, describe, embedded, resolve
 
 
 def _info(args) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..plan import PRESET_LAYERS, ConfigError, load_yaml
+from ..merge.plan import PRESET_LAYERS, ConfigError, load_yaml
 
 MAX_RULES_FILE = 1 << 20  # bytes of a --partition rules file
 

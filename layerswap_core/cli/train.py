@@ -6,9 +6,9 @@ import shlex
 import sys
 from dataclasses import fields
 
-from .. import train as T
-from ..train import (DEFAULT_LR, MODES, PARTS, SAVE_DTYPES, SCHEDULES, TRAIN_DTYPES, TrainConfig,
-                     train)
+from ..training import trainer as T
+from ..training.trainer import (DEFAULT_LR, MODES, PARTS, SAVE_DTYPES, SCHEDULES, TRAIN_DTYPES,
+                                TrainConfig, train)
 from .partition import partition_arg
 from .progress import progress_bar
 

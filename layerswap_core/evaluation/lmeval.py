@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .data import Item, load_mgsm, mgsm_lang
-from .evaluate import answer_phrase, default_exemplars
+from .runner import answer_phrase, default_exemplars
 from .mgsm_task import installed_task_yaml, prompt_words
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from . import models
+from ..checkpoints import models
 
 MATH_EXPERT = "smollm2-math-en"
 SWAHILI_EXPERT = "smollm2-swahili"
@@ -29,7 +29,7 @@ def _assets() -> Path:
     wheel installs under <prefix>/share/layerswap/experts."""
     import sys
 
-    here = Path(__file__).resolve().parent.parent / "assets" / "experts"
+    here = Path(__file__).resolve().parents[2] / "assets" / "experts"
     installed = Path(sys.prefix) / "share" / "layerswap" / "experts"
     return here if here.is_dir() or not installed.is_dir() else installed
 
@@ -53,7 +53,7 @@ def demo_adapter_dir(name: str) -> Path:
 
 def _builder(name: str):
     def build(out: Path, progress=None):
-        from .lora import apply_adapter
+        from ..merge.lora import apply_adapter
 
         adapter = demo_adapter_dir(name)
         if not (adapter / "adapter_model.safetensors").exists():
@@ -93,7 +93,7 @@ def register() -> None:
 def heldout_sets(limit: int | None = None) -> dict[str, list[dict]]:
     """The held-out chat sets: each expert's own domain, and the worked solutions of templates
     0050-0099 in Swahili and English (never trained on)."""
-    from . import expert_data as D
+    from . import recipes as D
     sets = {"math (eng worked solutions 50-99)": D.worked_solutions("eng"),
             "swahili (held-out swahili split)": D.swahili_examples("eval"),
             "swh worked solutions 50-99": D.worked_solutions("swh")}
@@ -110,9 +110,9 @@ def demo_nll_table(limit: int | None = None, threads: int | None = 1, rows=DEMO_
     ``rows``: a subset of DEMO_ROWS (e.g. to split the work over processes)."""
     import torch
 
-    from .merge import Recomposer
-    from .plan import MergeConfig
-    from .train import heldout_nll
+    from ..merge.executor import Recomposer
+    from ..merge.plan import MergeConfig
+    from .trainer import heldout_nll
 
     if threads:
         torch.set_num_threads(threads)

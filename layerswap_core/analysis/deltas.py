@@ -37,10 +37,10 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 import torch
 
-from .architectures import KIND_GROUPS, LAYER_KIND_ORDER, get_architecture
-from .io import INDEX_NAME, ST_TO_DTYPE, CheckpointReader, cache_dir
-from .lora import read_adapter_config
-from .models import is_adapter, pick_device, resolve
+from ..checkpoints.architectures import KIND_GROUPS, LAYER_KIND_ORDER, get_architecture
+from ..checkpoints.io import INDEX_NAME, ST_TO_DTYPE, CheckpointReader, cache_dir
+from ..merge.lora import read_adapter_config
+from ..checkpoints.models import is_adapter, pick_device, resolve
 
 Progress = Callable[[float, str], None]
 CACHE_VERSION = 1
@@ -791,7 +791,7 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
 
 def _preset_fits(name: str, num_layers: int) -> bool:
     """Whether a partition preset, in its published absolute layers, fits this depth."""
-    from .plan import ConfigError, Partition
+    from ..merge.plan import ConfigError, Partition
     try:
         Partition.preset(name, num_layers)
     except ConfigError:

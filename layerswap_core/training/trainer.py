@@ -354,7 +354,7 @@ def mean_nll(model, encoded: list, batch_size: int = 8, pad_id: int = 0, device=
 def heldout_nll(model_or_ref, data, *, tokenizer=None, max_length: int = 512,
                 batch_size: int = 8, device: str = "cpu") -> float:
     """Mean response-token NLL of a model (reference or loaded model) on a JSONL file or rows."""
-    from . import models
+    from ..checkpoints import models
     if isinstance(model_or_ref, (str, Path)):
         model, tokenizer = models.load_model(model_or_ref, device=device)
     else:
@@ -368,7 +368,7 @@ def heldout_nll(model_or_ref, data, *, tokenizer=None, max_length: int = 512,
 def partition_sides(model, partition, arch, scale: bool = False) -> dict[str, set[str]]:
     """{"lang": names, "task": names} of the model's (base) parameters under ``partition``
     (a preset in the published absolute layers, or scaled to the depth with ``scale``)."""
-    from .plan import Partition
+    from ..merge.plan import Partition
     part = Partition.from_spec(partition, arch.num_layers, scale=scale)
     sides = {"lang": set(), "task": set()}
     for name, _ in _base_parameters(model):
@@ -538,8 +538,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, progress: Progress | None = None):
         from accelerate import Accelerator
 
-        from . import models
-        from .architectures import get_architecture
+        from ..checkpoints import models
+        from ..checkpoints.architectures import get_architecture
 
         self.cfg = cfg.validate()
         self.progress = progress

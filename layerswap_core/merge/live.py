@@ -31,8 +31,8 @@ from typing import Callable, Iterator
 import torch
 
 from . import methods
-from .io import ST_TO_DTYPE, CheckpointReader, release_freed_memory
-from .merge import Inputs, MergeError, check_finite, open_inputs, state_magnitude_weights
+from ..checkpoints.io import ST_TO_DTYPE, CheckpointReader, release_freed_memory
+from .executor import Inputs, MergeError, check_finite, open_inputs, state_magnitude_weights
 from .plan import ConfigError, MergeConfig, MergePlan, Source, build_plan
 
 Progress = Callable[[float, str], None]
@@ -172,7 +172,7 @@ class LiveModel:
 
     def __init__(self, inputs: Inputs, *, device: str = "cpu", dtype: torch.dtype | None = None,
                  progress: Progress | None = None):
-        from .models import load_model
+        from ..checkpoints.models import load_model
 
         self.inputs = inputs
         self.arch = inputs.arch

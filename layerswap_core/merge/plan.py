@@ -41,7 +41,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Iterable
 
-from .architectures import KIND_GROUPS, LAYER_KIND_ORDER, Architecture
+from ..checkpoints.architectures import KIND_GROUPS, LAYER_KIND_ORDER, Architecture
 
 MODELS = ("task", "lang", "base")
 MERGE_METHODS = ("layer_swap", "soup", "magnitude_soup", "task_arithmetic", "ties")
@@ -534,7 +534,7 @@ class MergeConfig:
 
     def to_yaml(self) -> str:
         import yaml
-        from . import __version__
+        from .. import __version__
         return yaml.safe_dump({**self.to_dict(), "layerswap_version": __version__}, sort_keys=False)
 
     @classmethod

@@ -74,7 +74,7 @@ def embedded() -> dict[str, Embedded]:
     ``layerswap_core.EMBEDDED_PLUGINS`` (the demo experts). By name, entry-point style: the
     plugins are built from modules above this one, which this one never imports."""
     if not _PLUGINS["loaded"]:
-        from . import EMBEDDED_PLUGINS
+        from .. import EMBEDDED_PLUGINS
 
         for spec in EMBEDDED_PLUGINS:
             module, _, func = spec.partition(":")

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .models import (DEFAULT_BASE, EMBEDDED_PREFIX, compatibility, describe, is_adapter,
-                     pick_device, resolve)
+from ..checkpoints.models import (DEFAULT_BASE, EMBEDDED_PREFIX, compatibility, describe,
+                                  is_adapter, pick_device, resolve)
 
 
 Progress = Callable[[float, str], None]
@@ -171,7 +171,7 @@ class Access:
 
     @classmethod
     def from_env(cls, served: bool, trusted=()) -> "Access":
-        from .models import cache_dir
+        from ..checkpoints.models import cache_dir
 
         out = Path(os.environ.get("LAYERSWAP_OUTPUT_DIR") or cache_dir() / "outputs").expanduser()
         dirs = os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
@@ -209,7 +209,7 @@ def vet_reference(ref, access: Access = LOCAL, progress: Progress | None = None)
     if not access.served or ref in access.trusted or ref.startswith(EMBEDDED_PREFIX):
         return ref
     if HUB_ID.fullmatch(ref):
-        from .models import _from_hub
+        from ..checkpoints.models import _from_hub
         return str(_from_hub(ref, None if progress is None else lambda m: progress(0.0, m)))
     if os.path.isabs(ref) and ref.isprintable():
         try:
@@ -263,7 +263,7 @@ def dense_from_adapter(adapter: str, base: str | None, progress: Progress | None
     so small deltas survive), cached by the identity of both."""
     import hashlib
 
-    from .models import cache_dir, load_model
+    from ..checkpoints.models import cache_dir, load_model
 
     folder = Path(adapter).expanduser().resolve()
     if not base:
@@ -277,7 +277,7 @@ def dense_from_adapter(adapter: str, base: str | None, progress: Progress | None
         return out
     import torch
 
-    from . import lora
+    from ..merge import lora
 
     _say(progress, 0.1, f"merging the adapter {folder.name} into its base (once)")
     try:
@@ -363,7 +363,7 @@ class Session:
     def __init__(self, report: ModelsReport):
         if not report.ok:
             raise WorkbenchError("these models cannot be merged: " + "; ".join(report.problems))
-        from .merge import open_inputs
+        from ..merge.executor import open_inputs
 
         self.refs = dict(report.refs)
         self.names = dict(report.names or report.refs)
@@ -427,7 +427,7 @@ class Session:
         """The session's live model in ``slot`` ("main"; "other" for the second chat pane),
         loaded on first use: one model whose parameters are rewritten to show any role or merge
         from the memory-mapped checkpoints (``live.LiveModel``)."""
-        from .live import LiveModel
+        from ..merge.live import LiveModel
 
         with self._live_lock:
             lm = self._lives.get(slot)
@@ -537,7 +537,7 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
                 lambda_task: float = 1.0, lambda_lang: float = 1.0, ties_density: float = 0.2,
                 ties_lambda: float = 1.0):
     """A validated MergeConfig from the Configure tab's controls (labels as shown there)."""
-    from .plan import MergeConfig
+    from ..merge.plan import MergeConfig
 
     custom_rules = capped("custom rules", custom_rules, LIMITS.rules_chars)
     method_id = METHOD_LABELS.get(method, method)
@@ -571,26 +571,26 @@ def _number(name: str, value) -> float:
 
 def ranges_note(session: Session) -> str:
     """The paper's validated b / u / t ranges for this depth, as a line beside the sliders."""
-    from .plan import validated_ranges
+    from ..merge.plan import validated_ranges
     return validated_ranges(session.num_layers).note
 
 
 def default_config(session: Session):
-    from .plan import MergeConfig
+    from ..merge.plan import MergeConfig
     return MergeConfig.default_for(session.num_layers, task=session.refs["task"],
                                    lang=session.refs["lang"], base=session.refs.get("base"))
 
 
 def plan(session: Session, config):
     """The merge plan (pure data: no tensors read)."""
-    from .plan import build_plan
+    from ..merge.plan import build_plan
     return build_plan(config, session.param_names, session.arch)
 
 
 def plan_view(session: Session, config) -> tuple[Any, str]:
     """(layer-stack figure, plan summary text) for a config. Reads no tensors: runs on every
     slider move."""
-    from . import plots
+    from . import figures as plots
     p = plan(session, config)
     return plots.layer_stack_figure(p.layer_rows(), non_layer=p.global_sources()), p.summary_text()
 
@@ -600,7 +600,7 @@ def plan_cells_figure(session: Session, config, over: str | None = None,
     """Source of every (layer, module) cell; ``over`` = "task"/"lang" draws the plan over that
     expert's delta heatmap (Analyze first) at threshold ``tau`` (default: the one last drawn on
     the Deltas tab). Reads no tensors."""
-    from . import plots
+    from . import figures as plots
     p = plan(session, config)
     stats = None
     if over is not None:
@@ -614,7 +614,7 @@ def plan_cells_figure(session: Session, config, over: str | None = None,
 # --------------------------------------------------------------------------- deltas tab
 def delta_stats(session: Session, progress: Progress | None = None) -> dict[str, Any]:
     """DeltaStats of each expert against the base (computed once per session; cached on disk)."""
-    from .analysis import delta_stats as compute
+    from ..analysis.deltas import delta_stats as compute
 
     if not session.has_base:
         raise WorkbenchError("the delta views need the base model (Models tab)")
@@ -645,8 +645,8 @@ def delta_views(session: Session, threshold: float | tuple[float, float] | None 
     (the paper used a threshold per expert), or None (``analysis.auto_threshold`` for both).
     ``matrices_only``: only the seven 2-D matrices the paper plots. Moving a threshold re-uses
     the stored statistics (no tensor reads)."""
-    from . import plots
-    from .analysis import auto_threshold
+    from . import figures as plots
+    from ..analysis.deltas import auto_threshold
 
     stats = delta_stats(session, progress)
     task, lang = stats["task"], stats["lang"]
@@ -671,7 +671,7 @@ def delta_views(session: Session, threshold: float | tuple[float, float] | None 
 
 def suggest(session: Session):
     """analysis.Suggestion from the stored statistics (Analyze first)."""
-    from .analysis import suggest_config
+    from ..analysis.deltas import suggest_config
     if "task" not in session.stats or "lang" not in session.stats:
         raise WorkbenchError("analyze the deltas first (Deltas tab)")
     return suggest_config(session.stats["task"], session.stats["lang"], session.num_layers)
@@ -762,9 +762,9 @@ def save(session: Session, config, folder: str, overwrite: bool = False,
 
 def _merge_into(session: Session, config, out: Path, overwrite: bool,
                 progress: Progress | None) -> Path:
-    from .merge import merge_to_folder
+    from ..merge.executor import merge_to_folder
 
-    from .models import check_free_space
+    from ..checkpoints.models import check_free_space
 
     check_replace(out, overwrite)
     check_free_space(Path(out).parent, session.inputs.readers["task"].nbytes(),
@@ -777,7 +777,7 @@ def _merge_into(session: Session, config, out: Path, overwrite: bool,
 
 def hub_token() -> str | None:
     """A Hugging Face token from the environment, when the Hub may be used at all."""
-    from .models import is_offline
+    from ..checkpoints.models import is_offline
     if is_offline():
         return None
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
@@ -819,7 +819,7 @@ def close_session(session: Session | None) -> None:
 
 def export_zip(session: Session, config, out_dir: str | None = None) -> Path:
     """A zip with the merge config (layerswap.yaml) and a model card (README.md)."""
-    from .merge import model_card, open_inputs
+    from ..merge.executor import model_card, open_inputs
 
     inputs = open_inputs(session.refs["task"], session.refs["lang"], session.refs.get("base"))
     card = model_card(config, plan(session, config), inputs, 0.0)
@@ -847,9 +847,9 @@ def evaluate(session: Session, source: str = "mgsm", lang: str = "sw", n: int = 
              max_new_tokens: int = 64, chat_template: bool = False,
              progress: Progress | None = None) -> EvalResult:
     """Side-by-side evaluation of the chosen models on the first ``n`` items."""
-    from . import plots
-    from .data import load_items
-    from .evaluate import run_side_by_side
+    from . import figures as plots
+    from ..evaluation.data import load_items
+    from ..evaluation.runner import run_side_by_side
 
     n = _bounded("number of questions", n, 1, LIMITS.eval_questions)
     shots = _bounded("shots", shots, 0, LIMITS.shots)
@@ -955,10 +955,10 @@ def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: s
     """Score a grid of configurations on a small fixed item set by in-memory recomposition."""
     from dataclasses import replace
 
-    from . import plots
-    from .data import load_items
-    from .evaluate import run_side_by_side
-    from .plan import ConfigError
+    from . import figures as plots
+    from ..evaluation.data import load_items
+    from ..evaluation.runner import run_side_by_side
+    from ..merge.plan import ConfigError
 
     if metric not in ("nll", "accuracy"):
         raise WorkbenchError(f"sweep score: 'nll' or 'accuracy', got {metric!r}")
@@ -1078,7 +1078,7 @@ def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
                 ) -> tuple[list[dict], int]:
     """The newest turns that fit the model's context with the new message and an answer of
     ``max_new_tokens``; also how many earlier turns (question + answer) were left out."""
-    from .generation import chat_prompt, encode
+    from ..evaluation.generation import chat_prompt, encode
 
     context = context_tokens(model)
     question = {"role": "user", "content": text}
@@ -1114,7 +1114,7 @@ def chat(session: Session, message: str, history: list[dict] | None, role: str =
 
     The prompt keeps the newest turns that fit the model's context; generation stops at
     ``deadline`` (``time.monotonic()``; default LIMITS.request_seconds from now)."""
-    from .generation import chat as generate_chat
+    from ..evaluation.generation import chat as generate_chat
 
     text = check_chat_message(message, history)
     max_new_tokens = _bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import mgsm_task
-from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm,
-                   load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
-                   normalize_number, source_label, to_ascii_digits)
-from .io import release_freed_memory
+from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
+                   load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap, normalize_number, source_label,
+                   to_ascii_digits)
+from ..checkpoints.io import release_freed_memory
 from .generation import encode, generate
-from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords,  # noqa: F401
-                        apply_filter, prompt_words, stop_strings, target_delimiter)
+from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
+                        prompt_words, stop_strings, target_delimiter)
 
 Progress = Callable[[float, str], None]
 
@@ -399,7 +399,7 @@ def summarize(name: str, correct: Sequence[bool], strict: Sequence[bool],
 
 def _ensure_loaded(spec, device):
     if isinstance(spec, (str, Path)):
-        from .models import load_model
+        from ..checkpoints.models import load_model
         return load_model(str(spec), device=device), True
     if callable(spec):  # asked just before its run (e.g. one live model showing each role)
         spec = spec()

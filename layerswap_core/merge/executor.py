@@ -20,11 +20,13 @@ from typing import Callable
 
 import torch
 
-from . import __version__, methods
-from .architectures import Architecture, get_architecture, text_config
-from .io import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError, CheckpointReader,
-                 OutputWriteError, ShardedWriter, atomic_output_dir, check_output_dir, parse_size)
-from .models import TOKENIZER_FILES, tokenizer_difference
+from .. import __version__
+from . import methods
+from ..checkpoints.architectures import Architecture, get_architecture, text_config
+from ..checkpoints.io import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError,
+                              CheckpointReader, OutputWriteError, ShardedWriter, atomic_output_dir,
+                              check_output_dir, parse_size)
+from ..checkpoints.models import TOKENIZER_FILES, tokenizer_difference
 from .plan import ConfigError, MergeConfig, MergePlan, Partition, build_plan
 
 Progress = Callable[[float, str], None]
@@ -61,7 +63,7 @@ def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
                 need: set[str] | None = None) -> Inputs:
     """Resolve and check the models; MergeError with every problem found (nothing is read but
     headers). ``need``: roles whose tensors the merge reads (all given roles by default)."""
-    from .models import resolve
+    from ..checkpoints.models import resolve
 
     refs = {"task": task, "lang": lang, "base": base}
     refs = {r: str(v) for r, v in refs.items() if v is not None}
@@ -153,7 +155,7 @@ def state_magnitude_weights(states: dict, names: list[str]) -> tuple[float, floa
 # --------------------------------------------------------------------------- plans
 def plan_for(config: MergeConfig, task_ref=None) -> MergePlan:
     """The plan of ``config`` for the task model's architecture, from headers only."""
-    from .models import resolve
+    from ..checkpoints.models import resolve
 
     ref = task_ref if task_ref is not None else config.task
     if ref is None:
@@ -185,7 +187,7 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     references actually used. An existing ``out`` is replaced only with ``overwrite``, and only
     if it is a layerswap output (or empty) unless ``force`` (see ``io.check_output_dir``).
     """
-    from .models import pick_device
+    from ..checkpoints.models import pick_device
 
     if out is None:
         raise ValueError("no output folder given (out=... / --out DIR)")
@@ -371,7 +373,7 @@ class Recomposer:
                   progress: Progress | None = None) -> "Recomposer":
         """Load the task model (torch) and the checkpoints' tensors (kept in their stored dtype).
         The model's tokenizer is the task expert's unless ``tokenizer_source`` names another."""
-        from .models import load_model, load_tokenizer
+        from ..checkpoints.models import load_model, load_tokenizer
 
         inputs = open_inputs(task, lang, base, tokenizer_source=tokenizer_source)
         _say(progress, 0.0, "loading the task model")

