@@ -193,3 +193,28 @@ def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
     graph = import_graph(tmp_path)
     assert find_cycle(graph) is not None
     assert upward_arrows(graph) == ["checkpoints.io -> checkpoints.models"]
+
+
+# The rooms (sub-packages) bottom first; the data flows up this list only. Modules at the package
+# root (the lazy API, testing helpers) and the entry points are outside the rooms.
+ROOMS = ["checkpoints", "merge", "analysis", "evaluation", "training", "workbench", "cli"]
+
+
+def room_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(room, room) pairs of the imports that cross rooms."""
+    def room(m):
+        head = m.split(".")[0]
+        return head if head in ROOMS else None
+    return {(room(a), room(b)) for a, targets in graph.items() for b in targets
+            if room(a) and room(b) and room(a) != room(b)}
+
+
+def test_rooms_import_only_rooms_below_them():
+    rank = {r: i for i, r in enumerate(ROOMS)}
+    up = sorted(f"{a} -> {b}" for a, b in room_arrows(import_graph()) if rank[b] > rank[a])
+    assert up == []
+
+
+def test_every_module_sits_in_a_room():
+    outside = {m for m in module_files() if m.split(".")[0] not in ROOMS}
+    assert outside <= {PACKAGE, "__main__", "app", "testing", "progress"}, outside
