@@ -26,7 +26,7 @@ _API = {
     "merge_to_folder": "merge.executor", "plan_for": "merge.executor", "Recomposer": "merge.executor", "MergeError": "merge.executor",
     "merge_adapters": "merge.lora",
     # analysis
-    "delta_stats": "analysis.deltas", "suggest_config": "analysis.deltas",
+    "delta_stats": "analysis.deltas", "suggest_config": "analysis.suggest",
     # evaluation
     "load_mgsm": "evaluation.data", "load_items": "evaluation.data", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
     "generate": "evaluation.generation", "chat": "evaluation.generation",

@@ -13,7 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from layerswap_core.analysis import deltas as analysis
-from layerswap_core.analysis.deltas import DeltaMismatchError, delta_stats, suggest_config
+from layerswap_core.analysis.deltas import DeltaMismatchError, delta_stats
+from layerswap_core.analysis.providers import lora_delta_provider
+from layerswap_core.analysis.suggest import suggest_config
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.checkpoints.io import CheckpointReader
 from layerswap_core.testing import make_expert, make_tiny_model
@@ -200,7 +202,7 @@ def test_lora_adapter_stats_equal_the_merged_dense_model(tiny, tmp_path):
             changed.add((a.layer, a.kind))
     assert changed == {(l, k) for l in (1, 6) for k in ("attn_q", "attn_v", "mlp_down")}
     # The provider hook directly, and its cache identity.
-    provider = analysis.lora_delta_provider(tmp_path / "adapter")
+    provider = lora_delta_provider(tmp_path / "adapter")
     via_hook = delta_stats(tiny["base"], delta_provider=provider)
     assert via_hook.from_cache  # same adapter files as from_adapter
     assert provider("model.layers.0.self_attn.q_proj.weight") is None

@@ -22,7 +22,7 @@ LAYERS = [
     ("merge.plan",),                              # the pure merge plan
     ("checkpoints.models",),                      # model references, resolving, loading
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
-    ("analysis.deltas",),                         # delta statistics, suggested swaps
+    ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.data", "evaluation.generation", "evaluation.mgsm_task", "evaluation.runner",
      "evaluation.lmeval"),                        # evaluation
     ("training.trainer", "training.recipes", "training.demo_experts"),   # training, demo experts

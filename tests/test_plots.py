@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from layerswap_core.workbench import figures as plots
-from layerswap_core.analysis.deltas import DeltaStats, TensorStats, delta_stats, suggest_config
+from layerswap_core.analysis.deltas import DeltaStats, TensorStats, delta_stats
+from layerswap_core.analysis.suggest import suggest_config
 from layerswap_core.checkpoints.architectures import LAYER_KIND_ORDER, get_architecture
 from layerswap_core.checkpoints.io import CheckpointReader
 from layerswap_core.merge.plan import MergeConfig, build_plan

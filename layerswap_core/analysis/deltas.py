@@ -1,4 +1,4 @@
-"""Where an expert changed: streaming per-row delta statistics, their cache, a suggested swap.
+"""Where an expert changed: streaming per-row delta statistics and their cache.
 
 For every 1-D and 2-D parameter we compute the row-wise mean absolute value (MAV) of
 ``W_expert - W_base`` (a 1-D parameter is one row), reading one tensor pair at a time
@@ -6,14 +6,8 @@ For every 1-D and 2-D parameter we compute the row-wise mean absolute value (MAV
 above any threshold tau is a binary search: moving the threshold slider never touches a tensor. Results are cached on disk, keyed by the
 identity of both checkpoints (resolved paths, file sizes and mtimes).
 
-Experts that are not dense checkpoints plug in through a *delta provider*: any callable
-``provider(name) -> torch.Tensor | None`` giving ``W_expert - W_base`` for the base parameter
-``name`` (None: unchanged). ``lora_delta_provider`` builds one from a PEFT LoRA adapter folder
-(delta = B @ A * scale, the merged-adapter delta); a provider with an ``identity`` string
-attribute is cached like a checkpoint.
-
-``suggest_config`` turns the per-layer delta profiles of a task and a language expert into a
-layer-swap configuration (see its docstring for the formula).
+Experts that are not dense checkpoints (LoRA adapters) come in through a delta provider
+(``providers.py``); ``suggest.py`` turns two experts' statistics into a layer-swap configuration.
 """
 from __future__ import annotations
 
@@ -25,22 +19,21 @@ import math
 import mmap
 import os
 import queue
-import re
 import tempfile
 import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
 
-from ..checkpoints.architectures import KIND_GROUPS, LAYER_KIND_ORDER, get_architecture
+from ..checkpoints.architectures import LAYER_KIND_ORDER, get_architecture
 from ..checkpoints.io import INDEX_NAME, ST_TO_DTYPE, CheckpointReader, cache_dir
-from ..merge.lora import read_adapter_config
 from ..checkpoints.models import is_adapter, pick_device, resolve
+from .providers import DeltaProvider, lora_delta_provider
 
 Progress = Callable[[float, str], None]
 CACHE_VERSION = 1
@@ -51,17 +44,6 @@ CHUNK_ELEMS = 1 << 18
 
 class DeltaMismatchError(ValueError):
     """Base and expert do not have the same tensors (names or shapes); the message names one."""
-
-
-class DeltaProvider(Protocol):
-    """``provider(name) -> W_expert - W_base`` for base parameter ``name``, or None if unchanged.
-
-    Optional attribute ``identity: str``: a stable description of what the provider reads
-    (e.g. adapter file path + size + mtime); providers that have one are cached on disk.
-    The returned tensor must have the base tensor's shape (any float dtype, any device).
-    """
-
-    def __call__(self, name: str) -> torch.Tensor | None: ...
 
 
 # --------------------------------------------------------------------------- statistics
@@ -305,79 +287,6 @@ def _save_cached(st: DeltaStats, path: Path) -> None:
         st.save(path)
     except OSError as e:
         warnings.warn(f"could not write the delta cache {path}: {e}", stacklevel=3)
-
-
-# --------------------------------------------------------------------------- LoRA adapters
-class LoraDeltaProvider:
-    """Delta provider for a PEFT LoRA adapter folder: delta = B @ A * scale per target module.
-
-    Keys ``base_model.model.<module>.lora_A.weight`` map to the base parameter
-    ``<module>.weight``; scale = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora), with
-    per-module ``rank_pattern``/``alpha_pattern`` as PEFT resolves them. Embedding LoRA
-    (lora_embedding_A/B) is supported; DoRA is not (its delta is not B @ A).
-    """
-
-    def __init__(self, folder: str | Path):
-        from safetensors.torch import load_file
-
-        self.folder = Path(folder).expanduser().resolve()
-        cfg_path = self.folder / "adapter_config.json"
-        cfg = read_adapter_config(self.folder)
-        if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
-            raise ValueError(f"{cfg_path}: peft_type {cfg.get('peft_type')!r} is not LORA")
-        if cfg.get("use_dora"):
-            raise ValueError(f"{cfg_path}: DoRA adapters are not supported (delta is not B @ A)")
-        weights = self.folder / "adapter_model.safetensors"
-        if not weights.exists():
-            raise ValueError(f"{self.folder}: no adapter_model.safetensors")
-        self.config = cfg
-        self.fan_in_fan_out = bool(cfg.get("fan_in_fan_out"))
-        self._tensors = load_file(str(weights))  # adapters are small (MBs): keep them in memory
-        self._modules: dict[str, tuple[str, str, bool]] = {}  # base name -> (A key, B key, embedding)
-        rx = re.compile(r"^(?:base_model\.model\.)?(.*)\.(lora_A|lora_embedding_A)"
-                        r"(?:\.[^.]+)?(?:\.weight)?$")
-        for key in self._tensors:
-            m = rx.match(key)
-            if not m:
-                continue
-            module, which = m.group(1), m.group(2)
-            b_key = key.replace(".lora_A", ".lora_B").replace(".lora_embedding_A", ".lora_embedding_B")
-            if b_key not in self._tensors:
-                raise ValueError(f"{weights}: {key} has no matching {b_key}")
-            self._modules[module + ".weight"] = (key, b_key, which == "lora_embedding_A")
-        self.identity = json.dumps({"lora": str(self.folder),
-                                    "files": [[f.name, f.stat().st_size, f.stat().st_mtime_ns]
-                                              for f in (cfg_path, weights)]})
-
-    def names(self) -> list[str]:
-        """Base parameter names this adapter changes."""
-        return list(self._modules)
-
-    def _scale(self, module: str, r: int) -> float:
-        def pattern(d: dict, default):
-            for k, v in (d or {}).items():
-                if re.match(rf"(.*\.)?({k})$", module):
-                    return v
-            return default
-        alpha = pattern(self.config.get("alpha_pattern"), self.config.get("lora_alpha", 8))
-        return alpha / math.sqrt(r) if self.config.get("use_rslora") else alpha / r
-
-    def __call__(self, name: str) -> torch.Tensor | None:
-        entry = self._modules.get(name)
-        if entry is None:
-            return None
-        a_key, b_key, embedding = entry
-        A, B = self._tensors[a_key].float(), self._tensors[b_key].float()
-        delta = B @ A * self._scale(name[: -len(".weight")], A.shape[0])
-        if embedding:
-            delta = delta.T  # lora_embedding_A: (r, vocab), B: (dim, r) -> (vocab, dim)
-        elif self.fan_in_fan_out:
-            delta = delta.T
-        return delta
-
-
-def lora_delta_provider(folder: str | Path) -> LoraDeltaProvider:
-    return LoraDeltaProvider(folder)
 
 
 # --------------------------------------------------------------------------- computation
@@ -631,169 +540,3 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
     if cpath is not None:
         _save_cached(st, cpath)
     return st
-
-
-# --------------------------------------------------------------------------- suggested configuration
-# Knobs of the suggestion formula (see suggest_config), in units of a uniform layer's share 1/L.
-LAYER_COST = 0.1        # a swapped layer must add at least this much language advantage
-AMBIGUOUS = 0.25        # |advantage| below this: neither expert dominates -> transition layer
-SHARED = 0.5            # ... provided both experts changed it at least this much (else: task)
-ELIGIBLE = 0.5          # the language expert changed a swapped layer at least this much
-ATTENTION_RATIO = 1.5   # language expert this much more attention-heavy in the middle -> partition A
-ATTENTION_KINDS = tuple(k for k in KIND_GROUPS["attention"] if k != "norm_qk")
-MLP_KINDS = KIND_GROUPS["mlp"]
-
-
-@dataclass
-class Suggestion:
-    bottom: int
-    top: int
-    transition_bottom: int
-    transition_top: int
-    partition: str | None
-    explanation: str
-    advantage: list[float] = field(default_factory=list)  # per layer: lang share - task share
-    protected: list[int] = field(default_factory=list)    # the task expert's strongest layers
-
-    def merge_config_kwargs(self) -> dict:
-        """Keyword arguments for ``plan.MergeConfig`` (plain ints / None)."""
-        return {"bottom": self.bottom, "top": self.top, "transition_bottom": self.transition_bottom,
-                "transition_top": self.transition_top, "partition": self.partition}
-
-
-def _spans(layers: list[int]) -> str:
-    if not layers:
-        return "none"
-    out, start = [], layers[0]
-    for a, b in zip(layers, layers[1:] + [None]):
-        if b != a + 1:
-            out.append(f"{start}" if start == a else f"{start}-{a}")
-            start = b
-    return ", ".join(out)
-
-
-def _kind_mass(stats: DeltaStats, layers: Iterable[int], group: tuple[str, ...]) -> float:
-    keep = set(layers)
-    return sum(s.mass for s in stats.tensors if s.layer in keep and s.kind in group)
-
-
-def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
-                   num_layers: int | None = None) -> Suggestion:
-    """A layer-swap configuration from the per-layer delta profiles of the two experts.
-
-    With m(l) the total delta mass of layer l (``layer_profile``) and p(l) = m(l) / sum m each
-    expert's share of its own change (so experts trained with different learning rates compare),
-    the language advantage is a(l) = p_lang(l) - p_task(l). In units of u = 1/L:
-
-    1. protected: the task expert's k = max(1, round(L/8)) layers of largest p_task never swap;
-    2. bottom b maximises  sum_{l<b} a(l) - 0.1 u b  over b <= L/2 (ties: the smaller b), the
-       block stopping before a protected layer or one the language expert barely changed
-       (p_lang < 0.5 u); top u likewise over the last layers. The 0.1 u cost per layer keeps
-       near-zero advantages out; the 0.5 u floor keeps out layers that neither expert changed
-       much (their shares differ only because the experts' totals do);
-    3. transition layers: the layers right after the bottom block (right before the top block)
-       that both experts changed (p_lang, p_task >= 0.5 u) and neither dominates (|a(l)| <
-       0.25 u), at most max(1, L/8) on each side, never protected, always leaving at least one
-       pure task layer;
-    4. partition "A" (all attention to the language expert) when, over the middle layers, the
-       language expert's attention share of its attention+MLP change is >= 1.5x the task
-       expert's; then transitions are 0 (a partition replaces them), else None.
-    """
-    L = int(num_layers or task_stats.num_layers)
-    if lang_stats.num_layers != task_stats.num_layers or L != task_stats.num_layers:
-        raise ValueError(f"the experts have {task_stats.num_layers} and {lang_stats.num_layers} "
-                         f"layers, and num_layers is {L}: they must agree")
-    m_task, m_lang = task_stats.layer_profile(), lang_stats.layer_profile()
-    if m_task.sum() <= 0 or m_lang.sum() <= 0:
-        who = "task" if m_task.sum() <= 0 else "language"
-        raise ValueError(f"the {who} expert does not differ from the base in any layer: "
-                         "nothing to suggest from")
-    p_task, p_lang = m_task / m_task.sum(), m_lang / m_lang.sum()
-    adv = p_lang - p_task
-    unit = 1.0 / L
-    k = max(1, round(L / 8))
-    protected = sorted(int(i) for i in np.argsort(-p_task, kind="stable")[:k])
-
-    def best_block(order: list[int]) -> int:
-        best, best_n, total = 0.0, 0, 0.0
-        for n, l in enumerate(order, start=1):
-            if l in protected or p_lang[l] < ELIGIBLE * unit:
-                break
-            total += adv[l] - LAYER_COST * unit
-            if total > best + 1e-12:
-                best, best_n = total, n
-        return best_n
-
-    b = best_block(list(range(L // 2)))
-    u = best_block(list(range(L - 1, L - 1 - L // 2, -1)))
-    while b + u >= L:  # keep at least one task layer (only possible for L <= 2)
-        u, b = (u - 1, b) if u >= b else (u, b - 1)
-
-    cap = max(1, L // 8)
-
-    def transitions(order: Iterable[int], room: int) -> int:
-        n = 0
-        for l in order:
-            if n >= min(cap, room) or l in protected or abs(adv[l]) >= AMBIGUOUS * unit \
-                    or min(p_lang[l], p_task[l]) < SHARED * unit:
-                break
-            n += 1
-        return n
-
-    room = L - b - u - 1  # layers that may become transitions, keeping one task layer
-    tb = transitions(range(b, L - u), room)
-    tu = transitions(range(L - u - 1, b + tb - 1, -1), room - tb)
-    middle = list(range(b, L - u))
-    def att_share(st):
-        a, m = _kind_mass(st, middle, ATTENTION_KINDS), _kind_mass(st, middle, MLP_KINDS)
-        return a / (a + m) if a + m > 0 else 0.0
-
-    share_task, share_lang = att_share(task_stats), att_share(lang_stats)
-    attention_heavy = share_lang > 0 and share_lang >= ATTENTION_RATIO * share_task
-    partition = "A" if attention_heavy and _preset_fits("A", L) else None
-    if partition:
-        tb = tu = 0
-
-    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
-    lang_layers = list(range(b)) + list(range(L - u, L))
-    text = ["Each expert's change is measured per layer as its share of the expert's total delta "
-            "mass (sum of |expert - base|), so experts trained with different strengths compare."]
-    if lang_layers:
-        gain = float(adv[lang_layers].sum())
-        text.append(f"The language expert changed layers {_spans(lang_layers)} most relative to the "
-                    f"task expert: they hold {pct(p_lang[lang_layers].sum())} of its change but only "
-                    f"{pct(p_task[lang_layers].sum())} of the task expert's (advantage "
-                    f"{pct(gain)}), so bottom = {b} and top = {u} layers come from the language expert.")
-    else:
-        text.append("No bottom or top layers changed more in the language expert than in the task "
-                    "expert (relative to each expert's total), so no layers are swapped.")
-    text.append(f"The task expert's strongest layers ({_spans(protected)}, "
-                f"{pct(p_task[protected].sum())} of its change) stay with the task expert.")
-    if tb or tu:
-        where = "next to the swapped blocks" if lang_layers else "at the bottom and top edges"
-        text.append(f"{tb} bottom and {tu} top transition layer(s) {where} changed "
-                    f"about equally in both experts (|advantage| < {AMBIGUOUS:g}/L), so they are "
-                    "blended.")
-    if partition:
-        text.append(f"In the middle layers the language expert's change is attention-heavy "
-                    f"({pct(share_lang)} of its attention+MLP change vs {pct(share_task)} for the "
-                    f"task expert), so partition A (all attention to the language expert) is "
-                    f"suggested; it replaces the layer counts above.")
-    elif attention_heavy:
-        text.append(f"In the middle layers the language expert's change is attention-heavy "
-                    f"({pct(share_lang)} vs {pct(share_task)}), but the published partition A "
-                    f"(first 6 + last 2 layers) does not fit {L} layers, so it is not suggested.")
-    text.append("(This suggestion is layerswap's own heuristic over the delta statistics, not a "
-                "rule from the papers.)")
-    return Suggestion(int(b), int(u), int(tb), int(tu), partition, " ".join(text),
-                      [float(x) for x in adv], protected)
-
-
-def _preset_fits(name: str, num_layers: int) -> bool:
-    """Whether a partition preset, in its published absolute layers, fits this depth."""
-    from ..merge.plan import ConfigError, Partition
-    try:
-        Partition.preset(name, num_layers)
-    except ConfigError:
-        return False
-    return True

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.deltas import DeltaStats, auto_threshold, delta_stats, suggest_config
+from ..analysis.deltas import DeltaStats, auto_threshold, delta_stats
+from ..analysis.suggest import suggest_config
 from .progress import progress_bar
 
 

@@ -671,7 +671,7 @@ def delta_views(session: Session, threshold: float | tuple[float, float] | None 
 
 def suggest(session: Session):
     """analysis.Suggestion from the stored statistics (Analyze first)."""
-    from ..analysis.deltas import suggest_config
+    from ..analysis.suggest import suggest_config
     if "task" not in session.stats or "lang" not in session.stats:
         raise WorkbenchError("analyze the deltas first (Deltas tab)")
     return suggest_config(session.stats["task"], session.stats["lang"], session.num_layers)
