@@ -13,7 +13,8 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from layerswap_core.training import recipes as expert_data  # noqa: E402
-from layerswap_core.training.trainer import TrainConfig, Trainer  # noqa: E402
+from layerswap_core.training.config import TrainConfig  # noqa: E402
+from layerswap_core.training.trainer import Trainer  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=3, help="timed steps per setting (after 1 warm-up)")

@@ -31,7 +31,7 @@ _API = {
     "load_mgsm": "evaluation.data", "load_items": "evaluation.data", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
     "generate": "evaluation.generation", "chat": "evaluation.generation",
     # experts
-    "TrainConfig": "training.trainer", "DEMO_TASK": "training.demo_experts", "DEMO_LANG": "training.demo_experts",
+    "TrainConfig": "training.config", "DEMO_TASK": "training.demo_experts", "DEMO_LANG": "training.demo_experts",
 }
 __all__ = sorted(_API) + ["__version__"]
 

@@ -25,7 +25,8 @@ LAYERS = [
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.data", "evaluation.generation", "evaluation.mgsm_task", "evaluation.runner",
      "evaluation.lmeval"),                        # evaluation
-    ("training.trainer", "training.recipes", "training.demo_experts"),   # training, demo experts
+    ("training.config", "training.sft_data", "training.trainer", "training.recipes",
+     "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
     ("workbench.figures", "workbench.spaces"),    # figures and the ZeroGPU shim of the app
     ("workbench.session",),                       # the app's session and features
     ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora",

@@ -57,7 +57,7 @@ def test_python_api_names_resolve_and_never_shadow_submodules():
     assert not submodules & set(layerswap_core.__all__), "an API name hides a submodule"
     for name in layerswap_core.__all__:
         assert getattr(layerswap_core, name) is not None, name
-    assert importlib.import_module("layerswap_core.training.trainer").TrainConfig is layerswap_core.TrainConfig
+    assert importlib.import_module("layerswap_core.training.config").TrainConfig is layerswap_core.TrainConfig
 
 
 def _fails_readably(argv, capsys, *needles):

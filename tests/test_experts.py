@@ -88,7 +88,7 @@ def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_ba
     import torch
 
     from layerswap_core.merge.lora import apply_adapter
-    from layerswap_core.training.trainer import heldout_nll
+    from layerswap_core.training.sft_data import heldout_nll
 
     torch.set_num_threads(1)
     rows = (D.worked_solutions("eng")[:12] if ref == experts.DEMO_TASK

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from layerswap_core.training import trainer as T
+from layerswap_core.training.config import TrainConfig, TrainDataError, TrainError
+from layerswap_core.training.sft_data import IGNORE, encode_example, read_jsonl
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.merge.plan import Partition
 
@@ -39,7 +41,7 @@ def data(tmp_path_factory):
 def _cfg(tiny, data, tmp_path, **kw):
     kw = {"data": str(data["task"]), "output": str(tmp_path / "out"), "model": str(tiny["base"]),
           "steps": 2, "batch_size": 2, "lr": 1e-2, "max_length": 64, "save_dtype": None, **kw}
-    return T.TrainConfig(**kw)
+    return TrainConfig(**kw)
 
 
 def _base_state(trainer):
@@ -55,9 +57,9 @@ def test_labels_cover_exactly_the_assistant_turns(tiny):
     tok = load_tokenizer(tiny["base"])
     ex = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
                        {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]}
-    ids, labels = T.encode(tok, ex, 512)
+    ids, labels = encode_example(tok, ex, 512)
     assert tok.decode(ids) == tok.apply_chat_template(ex["messages"], tokenize=False)
-    learned = tok.decode([i for i, lab in zip(ids, labels) if lab != T.IGNORE])
+    learned = tok.decode([i for i, lab in zip(ids, labels) if lab != IGNORE])
     assert learned == "yo<|im_end|>\nok<|im_end|>\n"
 
 
@@ -209,27 +211,27 @@ def test_cli_refuses_lora_flag_outside_simultaneous_mode(tiny, data, tmp_path, c
 def test_bad_data_files_name_the_line(tiny, tmp_path, text, where):
     f = tmp_path / "bad.jsonl"
     f.write_text(text)
-    with pytest.raises(T.DataError, match=where):
-        T.read_jsonl(f)
-    with pytest.raises(T.DataError):
-        T.Trainer(T.TrainConfig(data=str(f), output=str(tmp_path / "o"), model=str(tiny["base"])))
+    with pytest.raises(TrainDataError, match=where):
+        read_jsonl(f)
+    with pytest.raises(TrainDataError):
+        T.Trainer(TrainConfig(data=str(f), output=str(tmp_path / "o"), model=str(tiny["base"])))
 
 
 def test_unknown_target_module(tiny, data, tmp_path):
-    with pytest.raises(T.TrainError, match="unknown LoRA target module.*qkv_proj.*q_proj"):
+    with pytest.raises(TrainError, match="unknown LoRA target module.*qkv_proj.*q_proj"):
         T.Trainer(_cfg(tiny, data, tmp_path, mode="lora", target_modules=["q_proj", "qkv_proj"]))
 
 
 def test_partition_with_nothing_trainable(tiny, data, tmp_path):
     all_task = [{"to": "task"}]
-    with pytest.raises(T.TrainError, match="no parameter on the lang side"):
+    with pytest.raises(TrainError, match="no parameter on the lang side"):
         T.Trainer(_cfg(tiny, data, tmp_path, mode="partial", partition=all_task))
-    with pytest.raises(T.TrainError, match="no projection on the lang side"):
+    with pytest.raises(TrainError, match="no projection on the lang side"):
         T.Trainer(_cfg(tiny, data, tmp_path, mode="partial_lora", partition=all_task))
-    with pytest.raises(T.TrainError, match="needs both"):
+    with pytest.raises(TrainError, match="needs both"):
         T.Trainer(_cfg(tiny, data, tmp_path, mode="simultaneous", partition=all_task,
                        lang_data=str(data["lang"])))
-    with pytest.raises(T.TrainError, match="needs a partition"):
+    with pytest.raises(TrainError, match="needs a partition"):
         T.Trainer(_cfg(tiny, data, tmp_path, mode="partial"))
 
 
@@ -249,7 +251,7 @@ def test_simultaneous_epoch_is_one_pass_over_each_dataset(tiny, tmp_path, n_task
                                                           switch, accum, epochs, steps):
     task = _numbered(tmp_path / "t.jsonl", n_task, "task")
     lang = _numbered(tmp_path / "l.jsonl", n_lang, "lang")
-    t = T.Trainer(T.TrainConfig(data=str(task), lang_data=str(lang), output=str(tmp_path / "o"),
+    t = T.Trainer(TrainConfig(data=str(task), lang_data=str(lang), output=str(tmp_path / "o"),
                                 model=str(tiny["base"]), mode="simultaneous", partition=SWAP,
                                 batch_size=batch, switch_every=switch, grad_accum=accum,
                                 epochs=epochs, max_length=64))
@@ -270,9 +272,9 @@ def test_simultaneous_epoch_is_one_pass_over_each_dataset(tiny, tmp_path, n_task
 
 
 def test_plain_epochs_count_batches_of_the_one_dataset(tiny, tmp_path):
-    cfg = T.TrainConfig(data="x", output="o", batch_size=2, grad_accum=2, epochs=1.5).validate()
+    cfg = TrainConfig(data="x", output="o", batch_size=2, grad_accum=2, epochs=1.5).validate()
     assert T.total_steps(cfg, 7) == 3          # ceil(ceil(7/2)/2) = 2 a pass, 1.5 passes
-    assert T.total_steps(T.TrainConfig(data="x", output="o", steps=5), 7) == 5
+    assert T.total_steps(TrainConfig(data="x", output="o", steps=5), 7) == 5
 
 
 # --------------------------------------------------------------------------- simultaneous LoRA
@@ -332,10 +334,10 @@ def test_simultaneous_lora_saves_a_loadable_rslora_adapter(tiny, data, tmp_path)
     ("full", False, 1e-5), ("partial", False, 1e-5), ("simultaneous", False, 1e-5),
     ("lora", False, 2e-4), ("partial_lora", False, 2e-4), ("simultaneous", True, 2e-4)])
 def test_default_learning_rate_per_mode(mode, lora, lr):
-    cfg = T.TrainConfig(data="x", output="o", mode=mode, lora=lora, partition="B",
+    cfg = TrainConfig(data="x", output="o", mode=mode, lora=lora, partition="B",
                         lang_data="l").validate()
     assert cfg.lr == lr and cfg.rslora is True and cfg.schedule == "linear"
-    given = T.TrainConfig(data="x", output="o", mode=mode, lora=lora, partition="B",
+    given = TrainConfig(data="x", output="o", mode=mode, lora=lora, partition="B",
                           lang_data="l", lr=3e-3).validate()
     assert given.lr == 3e-3
 
@@ -349,8 +351,8 @@ def test_default_learning_rate_per_mode(mode, lora, lr):
     ({"save_every": -1}, "save_every"),
 ])
 def test_bad_training_options(bad, match):
-    with pytest.raises(T.TrainError, match=match):
-        T.TrainConfig(data="x", output="o", **bad).validate()
+    with pytest.raises(TrainError, match=match):
+        TrainConfig(data="x", output="o", **bad).validate()
 
 
 @pytest.mark.parametrize("schedule, expected", [
@@ -398,7 +400,7 @@ def test_save_every_writes_loadable_checkpoints_without_disturbing_training(tiny
     assert all(p.dtype == torch.float32 for p in t.model.parameters())  # not cast by saving
     # the same run without checkpoints, stepped by hand: checkpoint-2 is its state after 2 steps
     # (lang side reverted, as the final model is) and the final models are identical
-    ref = T.Trainer(T.TrainConfig(**{**cfg.__dict__, "save_every": 0,
+    ref = T.Trainer(TrainConfig(**{**cfg.__dict__, "save_every": 0,
                                      "output": str(tmp_path / "ref")}))
     for s in range(2):
         ref.step(s)

@@ -7,8 +7,9 @@ import sys
 from dataclasses import fields
 
 from ..training import trainer as T
-from ..training.trainer import (DEFAULT_LR, MODES, PARTS, SAVE_DTYPES, SCHEDULES, TRAIN_DTYPES,
-                                TrainConfig, train)
+from ..training.config import (DEFAULT_LR, MODES, PARTS, SAVE_DTYPES, SCHEDULES, TRAIN_DTYPES,
+                               TrainConfig)
+from ..training.trainer import train
 from .partition import partition_arg
 from .progress import progress_bar
 

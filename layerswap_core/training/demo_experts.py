@@ -112,7 +112,7 @@ def demo_nll_table(limit: int | None = None, threads: int | None = 1, rows=DEMO_
 
     from ..merge.executor import Recomposer
     from ..merge.plan import MergeConfig
-    from .trainer import heldout_nll
+    from .sft_data import heldout_nll
 
     if threads:
         torch.set_num_threads(threads)

@@ -39,126 +39,18 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
+from .config import LORA_KINDS, PARTS, TrainConfig, TrainError
+from .sft_data import IGNORE, Batches, batch_nll, encode_file, mean_nll
+
 Progress = Callable[[float, str], None]
-
-MODES = ("full", "lora", "partial", "partial_lora", "simultaneous")
-SCHEDULES = ("constant", "linear", "cosine", "wsd")
-# Peak learning rate when none is given: full-parameter SFT (full, partial, simultaneous) in the
-# 1e-5 range of full SFT of LLMs; LoRA at the usual 2e-4 (adapters start from zero and move a
-# low-rank update, so they take a rate an order of magnitude higher).
-DEFAULT_LR = {"full": 1e-5, "lora": 2e-4}
-PARTS = ("lang", "task")
-TRAIN_DTYPES = ("float32", "bfloat16")             # dtype of the weights while training
-SAVE_DTYPES = ("float32", "bfloat16", "float16")   # dtype of the saved weights
-# Module kinds (architectures.py) LoRA targets by default: attention and MLP projections.
-LORA_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv",
-              "mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")
-IGNORE = -100
-
-
-class TrainError(ValueError):
-    """Bad training input or configuration; the message names the file, line or option."""
-
-
-class DataError(TrainError):
-    """A malformed or empty training data file; the message gives the file and line."""
-
 
 def _say(progress: Progress | None, fraction: float, msg: str):
     if progress is not None:
         progress(min(max(fraction, 0.0), 1.0), msg)
-
-
-# --------------------------------------------------------------------------- configuration
-@dataclass
-class TrainConfig:
-    data: str                                  # JSONL (task data in simultaneous mode)
-    output: str                                # folder written at the end
-    model: str = "embedded:smollm2-135m-instruct"
-    mode: str = "lora"
-    eval_data: str | None = None               # JSONL for periodic validation loss
-    lang_data: str | None = None               # simultaneous: data of the language side
-    partition: Any = None                      # "A" | "B" | "C" | list of rule mappings
-    scale_partition: bool = False              # scale a preset to the depth (the tool's own rule)
-    train_part: str = "lang"                   # partial modes: the side that trains
-    switch_every: int = 1                      # simultaneous: steps per side before switching
-    revert: str | None = None                  # "lang" | "task": reset that side after training
-    lora: bool = False                         # simultaneous: partial LoRA instead of full SFT
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    rslora: bool = True                        # rank-stabilised scaling alpha / sqrt(r)
-    target_modules: list[str] | None = None    # None: attention + MLP projections
-    steps: int | None = None                   # optimizer steps; None: ``epochs`` passes
-    epochs: float = 1.0
-    batch_size: int = 4
-    grad_accum: int = 1
-    lr: float | None = None                    # None: DEFAULT_LR of the mode (set by validate)
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    schedule: str = "linear"                   # constant | linear | cosine | wsd (transformers')
-    decay_fraction: float = 0.1                # wsd: share of the steps in the final decay
-    max_grad_norm: float = 1.0
-    max_length: int = 256
-    seed: int = 0
-    dtype: str = "float32"                     # weights' dtype: float32 | bfloat16
-    autocast: bool = False                     # bf16 autocast over fp32 weights (faster on CPUs
-                                               # with avx512_bf16/AMX and on GPUs)
-    threads: int | None = None                 # torch CPU threads (1 is fastest on a busy CPU)
-    save_dtype: str | None = "bfloat16"        # dtype of the saved weights (None: training dtype)
-    device: str = "auto"
-    eval_every: int = 0                        # 0: validate only before and after training
-    eval_batches: int | None = None            # cap on validation batches (None: whole file)
-    save_every: int = 0                        # >0: <output>/checkpoint-<step> every N steps
-
-    def validate(self) -> "TrainConfig":
-        if self.mode not in MODES:
-            raise TrainError(f"mode: unknown {self.mode!r}; choose one of {', '.join(MODES)}")
-        if self.schedule not in SCHEDULES:
-            raise TrainError(f"schedule: unknown {self.schedule!r}; choose one of "
-                             f"{', '.join(SCHEDULES)}")
-        if self.dtype not in TRAIN_DTYPES:
-            raise TrainError(f"dtype: {self.dtype!r}; use float32 or bfloat16")
-        if self.save_dtype not in (None, *SAVE_DTYPES):
-            raise TrainError(f"save_dtype: {self.save_dtype!r}; use float32, bfloat16 or float16")
-        for f in ("batch_size", "grad_accum", "switch_every", "lora_rank", "max_length"):
-            if int(getattr(self, f)) < 1:
-                raise TrainError(f"{f}: must be at least 1, got {getattr(self, f)!r}")
-        if self.steps is not None and self.steps < 1:
-            raise TrainError(f"steps: must be at least 1, got {self.steps}")
-        for f in ("warmup_steps", "save_every", "eval_every"):
-            if int(getattr(self, f)) < 0:
-                raise TrainError(f"{f}: must be 0 or more, got {getattr(self, f)!r}")
-        if not 0 < self.decay_fraction <= 1:
-            raise TrainError(f"decay_fraction: must be in (0, 1], got {self.decay_fraction!r}")
-        if self.lora and self.mode in ("full", "partial"):
-            raise TrainError(f"lora with mode {self.mode}: use mode "
-                             f"{'lora' if self.mode == 'full' else 'partial_lora'} (--lora is for "
-                             "simultaneous mode)")
-        if self.lr is None:
-            self.lr = DEFAULT_LR["lora" if self.uses_lora else "full"]
-        if not self.lr > 0:
-            raise TrainError(f"lr: must be positive, got {self.lr!r}")
-        needs_partition = self.mode in ("partial", "partial_lora", "simultaneous") or self.revert
-        if needs_partition and self.partition is None:
-            raise TrainError(f"mode {self.mode}{' with revert' if self.revert else ''} needs a "
-                             "partition (--partition A|B|C or a rules file)")
-        if self.train_part not in PARTS:
-            raise TrainError(f"train_part: {self.train_part!r}; use lang or task")
-        if self.revert not in (None, *PARTS):
-            raise TrainError(f"revert: {self.revert!r}; use lang or task")
-        if self.mode == "simultaneous" and not self.lang_data:
-            raise TrainError("simultaneous mode needs lang_data (--lang-data): the dataset of the "
-                             "language side; --data trains the task side")
-        return self
-
-    @property
-    def uses_lora(self) -> bool:
-        return self.mode in ("lora", "partial_lora") or (self.mode == "simultaneous" and self.lora)
 
 
 @dataclass
@@ -181,187 +73,6 @@ class TrainResult:
     @property
     def eval_after(self) -> float | None:
         return self.eval_losses[-1]["loss"] if self.eval_losses else None
-
-
-# --------------------------------------------------------------------------- data
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Examples as {"messages": [...]}; raises DataError with file:line on the first bad line."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such data file")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            rows.append(_normalise(obj, f"{path}:{lineno}"))
-    if not rows:
-        raise DataError(f"{path}: no examples (the file is empty)")
-    return rows
-
-
-def _normalise(obj, where: str) -> dict:
-    if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    if "messages" in obj:
-        msgs = obj["messages"]
-        if not isinstance(msgs, list) or not msgs:
-            raise DataError(f"{where}: 'messages' must be a non-empty list")
-        for i, m in enumerate(msgs):
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str)):
-                raise DataError(f"{where}: message {i + 1} needs string 'role' and 'content'")
-        if not any(m["role"] == "assistant" for m in msgs):
-            raise DataError(f"{where}: no assistant message (nothing to learn from)")
-        return {"messages": [{"role": m["role"], "content": m["content"]} for m in msgs]}
-    if "prompt" in obj and "response" in obj:
-        if not (isinstance(obj["prompt"], str) and isinstance(obj["response"], str)):
-            raise DataError(f"{where}: 'prompt' and 'response' must be strings")
-        return {"messages": [{"role": "user", "content": obj["prompt"]},
-                             {"role": "assistant", "content": obj["response"]}]}
-    raise DataError(f"{where}: expected 'messages' or 'prompt' and 'response' keys, got "
-                    f"{sorted(obj)}")
-
-
-def _render(tok, messages: list[dict], generation_prompt: bool) -> str:
-    if getattr(tok, "chat_template", None):
-        return tok.apply_chat_template(messages, tokenize=False,
-                                       add_generation_prompt=generation_prompt)
-    # no chat template: plain "role: content" lines
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-    return text + ("assistant: " if generation_prompt else "")
-
-
-def encode(tok, example: dict, max_length: int) -> tuple[list[int], list[int]]:
-    """(input_ids, labels): labels are IGNORE except on assistant turns.
-
-    Each assistant turn is the text between the rendered conversation up to it (with the
-    generation prompt) and the rendered conversation including it, so the labels cover exactly
-    what the model must produce, end-of-turn marker included.
-    """
-    msgs = example["messages"]
-    ids: list[int] = []
-    labels: list[int] = []
-    done = ""
-    for i, m in enumerate(msgs):
-        if m["role"] != "assistant":
-            continue
-        prefix = _render(tok, msgs[:i], True)
-        upto = _render(tok, msgs[:i + 1], False)
-        if not getattr(tok, "chat_template", None):
-            upto += tok.eos_token or ""
-        if not prefix.startswith(done) or not upto.startswith(prefix):
-            raise TrainError("the chat template does not render conversations incrementally; "
-                             "give prompt/response examples instead")
-        ctx = tok(prefix[len(done):], add_special_tokens=False)["input_ids"]
-        resp = tok(upto[len(prefix):], add_special_tokens=False)["input_ids"]
-        ids += ctx + resp
-        labels += [IGNORE] * len(ctx) + resp
-        done = upto
-    return ids[:max_length], labels[:max_length]
-
-
-def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    n = max(len(ids) for ids, _ in batch)
-    input_ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), n), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(batch), n), dtype=torch.long)
-    for i, (ids, lab) in enumerate(batch):
-        input_ids[i, :len(ids)] = torch.tensor(ids)
-        labels[i, :len(lab)] = torch.tensor(lab)
-        mask[i, :len(ids)] = 1
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": mask}
-
-
-class Batches:
-    """Endless shuffled batches of one dataset (reshuffled each pass, seeded)."""
-
-    def __init__(self, encoded: list, batch_size: int, seed: int, pad_id: int):
-        self.encoded, self.batch_size, self.pad_id = encoded, batch_size, pad_id
-        self.rng = random.Random(seed)
-        self.order: list[int] = []
-        self.passes = 0
-        self.served = 0           # batches handed out
-        self.last_indices: list[int] = []   # examples (line order) of the last batch
-
-    def __len__(self):
-        """Batches of one pass; a pass's last batch is topped up from the next (reshuffled) pass,
-        so the first ``len`` batches see every example."""
-        return math.ceil(len(self.encoded) / self.batch_size)
-
-    def next(self) -> dict[str, torch.Tensor]:
-        if len(self.order) < self.batch_size:
-            fresh = list(range(len(self.encoded)))
-            self.rng.shuffle(fresh)
-            self.order += fresh
-            self.passes += 1
-        take, self.order = self.order[:self.batch_size], self.order[self.batch_size:]
-        self.served += 1
-        self.last_indices = take
-        return collate([self.encoded[i] for i in take], self.pad_id)
-
-
-def encode_file(tok, path, max_length: int) -> list[tuple[list[int], list[int]]]:
-    out = []
-    for lineno, ex in enumerate(read_jsonl(path), 1):
-        ids, labels = encode(tok, ex, max_length)
-        if all(x == IGNORE for x in labels):
-            raise DataError(f"{path}: example {lineno}: no response tokens left within "
-                            f"max_length={max_length} (prompt too long)")
-        out.append((ids, labels))
-    return out
-
-
-# --------------------------------------------------------------------------- loss
-def batch_nll(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """(sum of response-token NLL, number of response tokens) for one batch."""
-    # logits only where some row has a response token next: the vocabulary projection is a
-    # large share of the cost and prompt positions need none
-    target = batch["labels"][:, 1:]
-    keep = (target != IGNORE).any(dim=0).nonzero().squeeze(1)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   logits_to_keep=keep).logits.float()
-    target = target[:, keep]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             target.reshape(-1), ignore_index=IGNORE,
-                                             reduction="sum")
-    return loss, int((target != IGNORE).sum())
-
-
-@torch.no_grad()
-def mean_nll(model, encoded: list, batch_size: int = 8, pad_id: int = 0, device="cpu",
-             max_batches: int | None = None) -> float:
-    """Mean per-token NLL of the response tokens (teacher forcing)."""
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    # sort by length so batches pad little; the mean does not depend on the order
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
-    for b, k in enumerate(range(0, len(order), batch_size)):
-        if max_batches is not None and b >= max_batches:
-            break
-        batch = collate([encoded[i] for i in order[k:k + batch_size]], pad_id)
-        loss, n = batch_nll(model, {key: v.to(device) for key, v in batch.items()})
-        total, count = total + float(loss), count + n
-    model.train(was_training)
-    return total / max(count, 1)
-
-
-def heldout_nll(model_or_ref, data, *, tokenizer=None, max_length: int = 512,
-                batch_size: int = 8, device: str = "cpu") -> float:
-    """Mean response-token NLL of a model (reference or loaded model) on a JSONL file or rows."""
-    from ..checkpoints import models
-    if isinstance(model_or_ref, (str, Path)):
-        model, tokenizer = models.load_model(model_or_ref, device=device)
-    else:
-        model = model_or_ref
-    rows = read_jsonl(data) if isinstance(data, (str, Path)) else [_normalise(r, "row") for r in data]
-    encoded = [encode(tokenizer, r, max_length) for r in rows]
-    return mean_nll(model, encoded, batch_size, tokenizer.pad_token_id or 0, device)
 
 
 # --------------------------------------------------------------------------- what trains
@@ -533,7 +244,15 @@ def seed_everything(seed: int):
 
 
 class Trainer:
-    """One training run. ``run()`` trains and saves; the pieces are exposed for tests."""
+    """One training run. ``train()`` trains, ``save()`` writes; the pieces are exposed for tests.
+
+    A small loop of its own rather than transformers' ``Trainer`` (or TRL's SFT trainer): the
+    simultaneous mode switches the trainable side of one optimizer every ``switch_every`` steps
+    over two datasets, and train-then-revert resets a side before every checkpoint and at the
+    end: neither fits their loops without callbacks that reach into the optimizer and the
+    checkpoint writer. It uses what those trainers are built on: accelerate for the device,
+    transformers' LR schedules, PEFT for LoRA.
+    """
 
     def __init__(self, cfg: TrainConfig, progress: Progress | None = None):
         from accelerate import Accelerator
@@ -731,7 +450,9 @@ class Trainer:
 
 def _save_model(model, out: Path, dtype=None):
     """save_pretrained with the weights in ``dtype`` (None: as they are), without casting the
-    model itself; tensors sharing storage (tied embeddings) stay shared so one copy is written."""
+    model itself; tensors sharing storage (tied embeddings) stay shared so one copy is written.
+    (``save_pretrained`` has no dtype option, and casting the model would change it in place
+    while training may go on after a checkpoint.)"""
     state = model.state_dict()
     if dtype is not None:
         cast: dict = {}
@@ -749,6 +470,8 @@ def _save_model(model, out: Path, dtype=None):
 
 
 def _cast_safetensors(path: Path, dtype):
+    """Rewrite a saved adapter's tensors in ``dtype`` (PEFT's save_pretrained has no dtype
+    option; adapters are small, so a load-cast-save round trip is cheap)."""
     from safetensors.torch import load_file, save_file
     sd = load_file(str(path))
     save_file({k: v.to(dtype).contiguous() for k, v in sd.items()}, str(path),
