@@ -146,7 +146,7 @@ class Page:
     def slider_updates(self, session) -> dict:
         """Every layer slider bounded by the model's depth, at the scaled defaults, with the
         paper's validated range beside it; the sweep's default grid is that range."""
-        from layerswap_core.merge.plan import validated_ranges
+        from layerswap_core.merge.config import validated_ranges
 
         counts = wb.default_config(session).layer_counts(session.num_layers)
         r = validated_ranges(session.num_layers)

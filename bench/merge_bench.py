@@ -35,7 +35,7 @@ CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
 from layerswap_core.merge.executor import merge_to_folder
-from layerswap_core.merge.plan import MergeConfig
+from layerswap_core.merge.config import MergeConfig
 cfg = MergeConfig(**json.loads(sys.argv[1]))
 t1 = time.perf_counter()
 merge_to_folder(cfg, out=sys.argv[2])
@@ -63,7 +63,7 @@ RECOMPOSE = """
 import json, time
 from layerswap_core.merge.executor import Recomposer
 from layerswap_core.checkpoints.models import DEFAULT_BASE
-from layerswap_core.merge.plan import MergeConfig
+from layerswap_core.merge.config import MergeConfig
 t0 = time.perf_counter()
 rec = Recomposer.from_refs(DEFAULT_BASE, DEFAULT_BASE, DEFAULT_BASE)
 out = {"load_s": time.perf_counter() - t0, "apply": []}
@@ -84,7 +84,7 @@ import json, sys, time
 from pathlib import Path
 from bench.synthetic import llama_config_for, write_checkpoint
 from layerswap_core.checkpoints.io import CheckpointReader
-from layerswap_core.merge.plan import MergeConfig
+from layerswap_core.merge.config import MergeConfig
 root, params = Path(sys.argv[1]), float(sys.argv[2])
 if not (root / "lang" / "config.json").exists():
     t0 = time.time()

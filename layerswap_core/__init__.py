@@ -22,7 +22,7 @@ _API = {
     "load_model": "checkpoints.models", "load_tokenizer": "checkpoints.models", "describe": "checkpoints.models",
     "compatibility": "checkpoints.models", "get_architecture": "checkpoints.architectures", "classify": "checkpoints.architectures",
     # merge engine
-    "MergeConfig": "merge.plan", "Partition": "merge.plan", "build_plan": "merge.plan", "ConfigError": "merge.plan",
+    "MergeConfig": "merge.config", "Partition": "merge.partition", "build_plan": "merge.plan", "ConfigError": "merge.partition",
     "merge_to_folder": "merge.executor", "plan_for": "merge.executor", "Recomposer": "merge.executor", "MergeError": "merge.executor",
     "merge_adapters": "merge.lora",
     # analysis

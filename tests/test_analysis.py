@@ -264,7 +264,7 @@ def test_suggestion_recovers_the_tiny_family(tiny):
     assert all(type(v) is int for v in (s.bottom, s.top, s.transition_bottom, s.transition_top))
     assert "0-1, 7" in s.explanation
     assert set(s.protected) <= {2, 3, 4, 5}
-    from layerswap_core.merge.plan import MergeConfig
+    from layerswap_core.merge.config import MergeConfig
     MergeConfig(**s.merge_config_kwargs()).validate(8)
     assert suggest_config(task, lang, 8) == s  # deterministic
 

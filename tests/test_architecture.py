@@ -19,7 +19,8 @@ LAYERS = [
     ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "workbench",
      "checkpoints.architectures", "merge.methods"),
     ("checkpoints.io",),                          # checkpoint reading and writing, the cache folder
-    ("merge.plan",),                              # the pure merge plan
+    ("merge.partition", "merge.registry", "merge.config",   # partitions, the methods registry,
+     "merge.plan"),                               # the config and the pure merge plan
     ("checkpoints.models",),                      # model references, resolving, loading
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
@@ -146,7 +147,7 @@ def test_graph_sees_function_level_and_absolute_imports():
     # `from layerswap_core.workbench import session as wb`
     assert "workbench.session" in graph["app"]
     assert "cli.merge" in graph["cli.lora"] and "merge.executor" in graph["cli.merge"]
-    assert PACKAGE in graph["merge.plan"]        # `from .. import __version__`
+    assert PACKAGE in graph["merge.config"]        # `from .. import __version__`
 
 
 def _dynamic_imports(node, where: str):

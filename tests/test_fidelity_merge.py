@@ -15,7 +15,8 @@ from layerswap_core.workbench import figures as plots
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.cli import main
 from layerswap_core.checkpoints.io import CheckpointReader
-from layerswap_core.merge.plan import MergeConfig, build_plan
+from layerswap_core.merge.config import MergeConfig
+from layerswap_core.merge.plan import build_plan
 
 L = 8  # layers of the tiny fixture
 

@@ -26,7 +26,7 @@ from layerswap_core.cli import main
 from layerswap_core.checkpoints.io import (CheckpointError, CheckpointReader, OutputFolderError,
                                            atomic_output_dir, check_output_dir, save_sharded)
 from layerswap_core.merge.executor import MergeError, Recomposer, merge_to_folder
-from layerswap_core.merge.plan import MergeConfig
+from layerswap_core.merge.config import MergeConfig
 
 BLENDED = "model.layers.2.mlp.up_proj.weight"   # blended by BLEND (layer 2 is its transition)
 BLEND = MergeConfig(bottom=2, top=1, transition_bottom=1, w_task=1.0, w_lang=1.0)
@@ -223,7 +223,7 @@ def test_recomposer_refuses_non_finite_and_keeps_the_model(tiny, tmp_path):
 SLOW_MERGE = """
 import sys, time
 from layerswap_core.merge.executor import merge_to_folder
-from layerswap_core.merge.plan import MergeConfig
+from layerswap_core.merge.config import MergeConfig
 def slow(fraction, msg):
     print(f"at {fraction:.3f}", flush=True)
     time.sleep(0.1)

@@ -10,7 +10,7 @@ from layerswap_core.checkpoints.io import CheckpointReader
 from layerswap_core.merge.live import LiveModel, MappedCheckpoint, live_dtype
 from layerswap_core.merge.executor import merge_to_folder
 from layerswap_core.checkpoints.models import load_model
-from layerswap_core.merge.plan import MergeConfig
+from layerswap_core.merge.config import MergeConfig
 
 CONFIGS = {
     "layer swap": MergeConfig(bottom=2, top=1),
@@ -127,7 +127,7 @@ def test_non_finite_merge_is_refused_and_the_next_plan_rewrites_everything(live)
     is refused with the tensor named; the model is then in an unknown state, so the next plan
     rewrites every parameter."""
     from layerswap_core.merge.live import role_plan
-    from layerswap_core.merge.plan import Source
+    from layerswap_core.merge.registry import Source
 
     plan = role_plan("task", live.names, live.arch)
     name = next(n for n in live.names if ".layers.3." in n and n.endswith("proj.weight"))

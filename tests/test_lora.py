@@ -9,7 +9,7 @@ import torch
 from layerswap_core.merge import lora
 from layerswap_core.checkpoints.io import CheckpointReader
 from layerswap_core.merge.executor import merge_to_folder
-from layerswap_core.merge.plan import MergeConfig
+from layerswap_core.merge.config import MergeConfig
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -13,7 +13,8 @@ from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.checkpoints.io import (CheckpointError, CheckpointReader, OutputFolderError,
                                            ShardedWriter, atomic_output_dir, save_sharded)
 from layerswap_core.merge.executor import MergeError, Recomposer, merge_to_folder, plan_for
-from layerswap_core.merge.plan import ConfigError, MergeConfig
+from layerswap_core.merge.config import MergeConfig
+from layerswap_core.merge.partition import ConfigError
 
 L = 8  # layers of the tiny fixture
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 import pytest
 
 from layerswap_core.checkpoints.architectures import get_architecture
-from layerswap_core.merge.plan import (ConfigError, MergeConfig, Partition, Source, build_plan,
-                                       parse_layers, scale_layers, validated_ranges)
+from layerswap_core.merge.config import MergeConfig, validated_ranges
+from layerswap_core.merge.partition import ConfigError, Partition, parse_layers, scale_layers
+from layerswap_core.merge.plan import build_plan
+from layerswap_core.merge.registry import Source
 
 LAYER_SUFFIXES = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                   "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",

@@ -11,7 +11,7 @@ from layerswap_core.training import trainer as T
 from layerswap_core.training.config import TrainConfig, TrainDataError, TrainError
 from layerswap_core.training.sft_data import IGNORE, encode_example, read_jsonl
 from layerswap_core.checkpoints.architectures import get_architecture
-from layerswap_core.merge.plan import Partition
+from layerswap_core.merge.partition import Partition
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # first 2 and last 1 of the tiny model's 8 layers -> language side (explicit rules: the presets

@@ -10,7 +10,8 @@ import torch
 
 from layerswap_core.workbench import session as wb
 from layerswap_core.checkpoints.io import CheckpointReader
-from layerswap_core.merge.plan import ConfigError, MergeConfig
+from layerswap_core.merge.config import MergeConfig
+from layerswap_core.merge.partition import ConfigError
 
 
 @pytest.fixture(scope="module")

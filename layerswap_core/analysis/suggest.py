@@ -37,7 +37,7 @@ class Suggestion:
     protected: list[int] = field(default_factory=list)    # the task expert's strongest layers
 
     def merge_config_kwargs(self) -> dict:
-        """Keyword arguments for ``plan.MergeConfig`` (plain ints / None)."""
+        """Keyword arguments for ``config.MergeConfig`` (plain ints / None)."""
         return {"bottom": self.bottom, "top": self.top, "transition_bottom": self.transition_bottom,
                 "transition_top": self.transition_top, "partition": self.partition}
 
@@ -172,7 +172,7 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
 
 def _preset_fits(name: str, num_layers: int) -> bool:
     """Whether a partition preset, in its published absolute layers, fits this depth."""
-    from ..merge.plan import ConfigError, Partition
+    from ..merge.partition import ConfigError, Partition
     try:
         Partition.preset(name, num_layers)
     except ConfigError:

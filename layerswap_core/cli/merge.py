@@ -3,58 +3,40 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..merge.executor import merge_to_folder, plan_for
 from ..checkpoints.models import DEFAULT_BASE
-from ..merge.plan import DTYPES, MERGE_METHODS, MODELS, NON_LAYER_SOURCES, ConfigError, MergeConfig
+from ..merge.config import FIELDS, MergeConfig
+from ..merge.executor import merge_to_folder, plan_for
+from ..merge.partition import ConfigError
 from .partition import partition_arg
 from .progress import progress_bar
 
+MODEL_FIELDS = ("task", "lang", "base")
 # MergeConfig fields set by the flag of the same name (--partition is parsed on its own)
-FLAG_FIELDS = ("task", "lang", "base", "method", "bottom", "top", "transition_bottom",
-               "transition_top", "w_task", "w_lang", "magnitude_weights", "non_layer",
-               "scale_partition", "lambda_task", "lambda_lang", "ties_density", "ties_lambda",
-               "dtype", "tokenizer_source")
+FLAG_FIELDS = tuple(name for name in FIELDS if name != "partition")
 
 
 def add_config_flags(s):
+    """--config, the models, and one flag per MergeConfig field (``FIELDS``: the method, the
+    registered methods' knobs, dtype, tokenizer source), typed and helped from its ``Knob``."""
     g = s.add_argument_group("models")
     g.add_argument("--config", help="YAML merge config (flags given here override it)")
-    g.add_argument("--task", help="task (e.g. math) expert: folder, owner/name or embedded:NAME")
-    g.add_argument("--lang", help="language expert")
-    g.add_argument("--base", help="common base model (magnitude weights, task arithmetic, TIES)")
+    for name in MODEL_FIELDS:
+        g.add_argument(f"--{name}", help=FIELDS[name].help)
     g = s.add_argument_group("method")
-    g.add_argument("--method", choices=list(MERGE_METHODS))
-    g.add_argument("--bottom", type=int, help="bottom layers from the language expert "
-                   "(default: 5 of 32, scaled to the model)")
-    g.add_argument("--top", type=int, help="top layers from the language expert (default: 2 of 32, scaled)")
-    g.add_argument("--transition-bottom", type=int, help="blended layers above the bottom ones")
-    g.add_argument("--transition-top", type=int, help="blended layers below the top ones")
-    g.add_argument("--w-task", type=float, help="blend weight of the task expert (0..1e4)")
-    g.add_argument("--w-lang", type=float, help="blend weight of the language expert (0..1e4)")
-    g.add_argument("--magnitude-weights", action="store_true", default=None,
-                   help="blend weights = inverse mean delta from the base (needs --base; "
-                   "replaces --w-task/--w-lang)")
-    g.add_argument("--non-layer", choices=list(NON_LAYER_SOURCES),
-                   help="layer swap: where the non-layer parameters (embeddings, final norm, LM "
-                   "head) come from: blend (default; Algorithm 1 averages them with the blend "
-                   "weights), task or lang")
-    g.add_argument("--partition", help="A, B, C (the published presets, in absolute layers), or a "
-                   "YAML file with a list of rules ({layers: '0-5', kinds: attention}; "
-                   "layers: non-layer addresses the embeddings, final norm and LM head)")
-    g.add_argument("--scale-partition", action="store_true", default=None,
-                   help="scale the presets' published layer counts (for 32/36-layer models) to "
-                   "this model's depth: the tool's own rule, not the paper's")
-    g.add_argument("--lambda-task", type=float,
-                   help="task arithmetic scale of the task delta (-100..100)")
-    g.add_argument("--lambda-lang", type=float,
-                   help="task arithmetic scale of the language delta (-100..100)")
-    g.add_argument("--ties-density", type=float,
-                   help="TIES: fraction of each delta kept, per tensor (0 < d <= 1)")
-    g.add_argument("--ties-lambda", type=float, help="TIES: scale of the merged delta (-100..100)")
-    g.add_argument("--dtype", choices=list(DTYPES),
-                   help="output dtype (default: the task expert's)")
-    g.add_argument("--tokenizer-source", choices=list(MODELS),
-                   help="take the tokenizer from this model (required if the vocabularies differ)")
+    for knob in FIELDS.values():
+        if knob.name not in MODEL_FIELDS:
+            _add_flag(g, knob)
+
+
+def _add_flag(group, knob):
+    flag = "--" + knob.name.replace("_", "-")
+    if knob.kind == "bool":
+        group.add_argument(flag, action="store_true", default=None, help=knob.help)
+    elif knob.kind == "choice":
+        group.add_argument(flag, choices=list(knob.options()), help=knob.help or None)
+    else:
+        kind = {"count": int, "number": float}.get(knob.kind)
+        group.add_argument(flag, **({"type": kind} if kind else {}), help=knob.help)
 
 
 def config_from_args(args) -> MergeConfig:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..merge.plan import PRESET_LAYERS, ConfigError, load_yaml
+from ..merge.config import load_yaml
+from ..merge.partition import ConfigError, PRESET_LAYERS
 
 MAX_RULES_FILE = 1 << 20  # bytes of a --partition rules file
 

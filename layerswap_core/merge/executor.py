@@ -27,7 +27,9 @@ from ..checkpoints.io import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, Checkpoint
                               CheckpointReader, OutputWriteError, ShardedWriter, atomic_output_dir,
                               check_output_dir, parse_size)
 from ..checkpoints.models import TOKENIZER_FILES, tokenizer_difference
-from .plan import ConfigError, MergeConfig, MergePlan, Partition, build_plan
+from .config import MergeConfig
+from .partition import ConfigError, Partition
+from .plan import MergePlan, build_plan
 
 Progress = Callable[[float, str], None]
 TIED_HEADS = ("lm_head.weight", "embed_out.weight")

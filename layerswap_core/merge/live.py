@@ -33,7 +33,10 @@ import torch
 from . import methods
 from ..checkpoints.io import ST_TO_DTYPE, CheckpointReader, release_freed_memory
 from .executor import Inputs, MergeError, check_finite, open_inputs, state_magnitude_weights
-from .plan import ConfigError, MergeConfig, MergePlan, Source, build_plan
+from .config import MergeConfig
+from .partition import ConfigError
+from .plan import MergePlan, build_plan
+from .registry import Source
 
 Progress = Callable[[float, str], None]
 ROLES = ("base", "task", "lang")

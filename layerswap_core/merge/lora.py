@@ -26,11 +26,11 @@ from typing import Callable
 import torch
 
 from ..checkpoints.models import ADAPTER_CONFIG, is_adapter, read_json_object  # noqa: F401  (lora.is_adapter: the same test)
+from .registry import linear_methods
 
 Progress = Callable[[float, str], None]
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
-LINEAR_METHODS = ("layer_swap", "soup", "task_arithmetic")
 
 
 class AdapterError(ValueError):
@@ -153,17 +153,17 @@ def _coefficients(source, config) -> dict[str, float]:
     if source.method == "task_arithmetic":
         return {m: w for m, w in zip(source.models[1:], source.weights)}
     raise AdapterError(f"merge method {config.method} is not linear in the deltas; LoRA experts "
-                       f"support {', '.join(LINEAR_METHODS)}")
+                       f"support {', '.join(linear_methods())}")
 
 
 def combine_adapters(config, adapters: dict[str, LoraAdapter], arch) -> dict[str, LoraModule]:
     """The merged adapter's modules (scale 1: the coefficients and scales are folded into B)."""
     from .plan import build_plan
 
-    if config.method not in LINEAR_METHODS or config.uses_magnitude:
+    if config.method not in linear_methods() or config.uses_magnitude:
         raise AdapterError(f"merge method {config.method}"
                            f"{' with magnitude weights' if config.uses_magnitude else ''} is not "
-                           f"linear in the deltas; LoRA experts support {', '.join(LINEAR_METHODS)}")
+                           f"linear in the deltas; LoRA experts support {', '.join(linear_methods())}")
     modules = sorted(set().union(*(a.modules for a in adapters.values())))
     plan = build_plan(config, [m + ".weight" for m in modules], arch)
     out = {}

@@ -111,7 +111,7 @@ def demo_nll_table(limit: int | None = None, threads: int | None = 1, rows=DEMO_
     import torch
 
     from ..merge.executor import Recomposer
-    from ..merge.plan import MergeConfig
+    from ..merge.config import MergeConfig
     from .sft_data import heldout_nll
 
     if threads:

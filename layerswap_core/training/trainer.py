@@ -79,7 +79,7 @@ class TrainResult:
 def partition_sides(model, partition, arch, scale: bool = False) -> dict[str, set[str]]:
     """{"lang": names, "task": names} of the model's (base) parameters under ``partition``
     (a preset in the published absolute layers, or scaled to the depth with ``scale``)."""
-    from ..merge.plan import Partition
+    from ..merge.partition import Partition
     part = Partition.from_spec(partition, arch.num_layers, scale=scale)
     sides = {"lang": set(), "task": set()}
     for name, _ in _base_parameters(model):

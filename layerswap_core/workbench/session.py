@@ -537,7 +537,7 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
                 lambda_task: float = 1.0, lambda_lang: float = 1.0, ties_density: float = 0.2,
                 ties_lambda: float = 1.0):
     """A validated MergeConfig from the Configure tab's controls (labels as shown there)."""
-    from ..merge.plan import MergeConfig
+    from ..merge.config import MergeConfig
 
     custom_rules = capped("custom rules", custom_rules, LIMITS.rules_chars)
     method_id = METHOD_LABELS.get(method, method)
@@ -571,12 +571,12 @@ def _number(name: str, value) -> float:
 
 def ranges_note(session: Session) -> str:
     """The paper's validated b / u / t ranges for this depth, as a line beside the sliders."""
-    from ..merge.plan import validated_ranges
+    from ..merge.config import validated_ranges
     return validated_ranges(session.num_layers).note
 
 
 def default_config(session: Session):
-    from ..merge.plan import MergeConfig
+    from ..merge.config import MergeConfig
     return MergeConfig.default_for(session.num_layers, task=session.refs["task"],
                                    lang=session.refs["lang"], base=session.refs.get("base"))
 
@@ -958,7 +958,7 @@ def sweep(session: Session, base_config, axes: str = "bottom / top", x_values: s
     from . import figures as plots
     from ..evaluation.data import load_items
     from ..evaluation.runner import run_side_by_side
-    from ..merge.plan import ConfigError
+    from ..merge.partition import ConfigError
 
     if metric not in ("nll", "accuracy"):
         raise WorkbenchError(f"sweep score: 'nll' or 'accuracy', got {metric!r}")

@@ -1,0 +1,274 @@
+"""``MergeConfig``: everything that defines a merge, its fields declared once and checked by
+pydantic, read from and written to YAML; the layer-count defaults and the paper's ranges.
+
+The fields are ``method``, the knobs of the registered methods (``registry.KNOBS``: layer counts,
+weights, partition, lambdas, ...) and the output/model fields below (dtype, tokenizer source,
+the three model references). Each field's kind and bounds are declared on its ``Knob``; pydantic
+(strict: no text read as a number) checks them, and a refused value becomes a one-line
+``ConfigError`` naming the field. A config is checked when it is loaded (``from_dict``/YAML),
+validated (``validate``), and planned; constructing one checks nothing (the caller may still
+fill it in).
+
+Defaults for other depths (the tool's own rule, not the papers'): ``bottom``/``top`` None are
+the 32-layer defaults 5/2 scaled to the model's depth; partition presets use the published layer
+counts as given, scaled only with ``scale_partition``.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Annotated, Any, Optional
+
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, create_model
+
+from .partition import MODELS, REFERENCE_LAYERS, ConfigError, Partition, scale_layers, value_text
+from .registry import KNOBS, MERGE_METHODS, Knob, get_method
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+DEFAULT_BOTTOM, DEFAULT_TOP = 5, 2
+# Layer counts the layer-swapping paper validated for its 32-layer models.
+PAPER_RANGES_32 = {"bottom": (3, 4, 5), "top": (0, 1, 2), "transition": (0, 1, 2)}
+
+
+@dataclass(frozen=True)
+class LayerRanges:
+    """Validated layer counts to show next to the sliders and to sweep by default."""
+    bottom: tuple[int, ...]
+    top: tuple[int, ...]
+    transition: tuple[int, ...]    # for each of transition_bottom / transition_top
+    num_layers: int
+    published: bool                # True: the paper's values as given (32 layers)
+
+    @property
+    def note(self) -> str:
+        def r(v):
+            return "{" + ", ".join(map(str, v)) + "}"
+        text = f"b in {r(self.bottom)}, u in {r(self.top)}, t in {r(self.transition)}"
+        if self.published:
+            return f"{text}: validated in the layer-swapping paper (32 layers)"
+        return (f"{text}: the paper's 32-layer ranges (b in {{3, 4, 5}}, u and t in {{0, 1, 2}}) "
+                f"scaled to {self.num_layers} layers by the tool's own rule, not from the paper")
+
+
+def validated_ranges(num_layers: int) -> LayerRanges:
+    """The paper's validated ranges (b in {3,4,5}, u in {0,1,2}, t in {0,1,2}) as published for
+    32 layers; for other depths each value scaled by ``scale_layers`` (the tool's rule)."""
+    if num_layers == REFERENCE_LAYERS:
+        return LayerRanges(*(PAPER_RANGES_32[k] for k in ("bottom", "top", "transition")),
+                           num_layers, True)
+
+    def scaled(values):
+        return tuple(sorted({min(scale_layers(v, num_layers), num_layers) for v in values}))
+    return LayerRanges(*(scaled(PAPER_RANGES_32[k]) for k in ("bottom", "top", "transition")),
+                       num_layers, False)
+
+
+def load_yaml(text: str, what: str = "YAML"):
+    """``yaml.safe_load`` that also reads exponent floats without a dot (``1e39``, ``1e-3``) as
+    numbers, as YAML 1.2 does (PyYAML's 1.1 rules read them as text)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    try:
+        return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} is not valid YAML: {' '.join(str(e).split())}") from e
+
+
+# --------------------------------------------------------------------------- the fields
+def _check_ref(name, v):
+    if v is not None and not isinstance(v, (str, os.PathLike)):
+        raise ConfigError(f"{name}: must be a model reference (a folder, owner/name or "
+                          f"embedded:NAME), got {value_text(v)}")
+
+
+def _model(name: str, help: str) -> Knob:
+    return Knob(name, "value", None, check=_check_ref, help=help)
+
+
+# MergeConfig's fields in order: the method, the knobs of the registered methods, the output
+# and the models (the CLI's --task/--lang/--base are written by hand, with --config).
+FIELDS: dict[str, Knob] = {k.name: k for k in (
+    Knob("method", "choice", "layer_swap", choices=lambda: tuple(MERGE_METHODS),
+         help="merge method"),
+    *KNOBS.values(),
+    Knob("dtype", "choice", None, optional=True, choices=DTYPES,
+         help="output dtype (default: the task expert's)"),
+    Knob("tokenizer_source", "choice", None, optional=True, choices=MODELS,
+         help="take the tokenizer from this model (required if the vocabularies differ)"),
+    _model("task", "task (e.g. math) expert: folder, owner/name or embedded:NAME"),
+    _model("lang", "language expert"),
+    _model("base", "common base model (magnitude weights, task arithmetic, TIES)"))}
+
+
+def _annotation(k: Knob):
+    """The pydantic type of a knob (strict: a number is never read from text)."""
+    if k.kind == "count":
+        t = Annotated[int, Field(ge=0)]
+    elif k.kind == "number":
+        low = {"gt": k.lo} if k.lo_open else {"ge": k.lo}
+        t = Annotated[float, Field(**low, le=k.hi, allow_inf_nan=False)]
+    elif k.kind == "bool":
+        t = bool
+    elif k.kind == "choice":
+        t = Annotated[str, AfterValidator(lambda v, k=k: _in_choices(k, v))]
+    else:
+        t = Annotated[Any, AfterValidator(lambda v, k=k: k.check(k.name, v) or v)]
+    return Optional[t] if k.optional else t
+
+
+def _in_choices(k: Knob, v: str) -> str:
+    if v not in k.options():
+        raise ValueError(k.name)
+    return v
+
+
+_Validator = create_model("MergeConfigFields",
+                          __config__=ConfigDict(strict=True, extra="forbid"),
+                          **{k.name: (_annotation(k), k.default) for k in FIELDS.values()})
+
+
+def _fields_of_knobs(cls):
+    """The dataclass fields of ``FIELDS`` (name, default) on ``cls``, in that order."""
+    cls.__annotations__ = {name: "Any" for name in FIELDS}
+    for k in FIELDS.values():
+        setattr(cls, k.name, k.default)
+    return dataclass(cls)
+
+
+# --------------------------------------------------------------------------- config
+@_fields_of_knobs
+class MergeConfig:
+    """Everything that defines a merge (the fields: ``FIELDS``, i.e. ``method``, the registered
+    methods' knobs, ``dtype``, ``tokenizer_source``, ``task``, ``lang``, ``base``).
+
+    ``bottom``/``top`` None: the 32-layer defaults (5, 2) scaled to the model's depth. A
+    ``partition`` (None | "A" | "B" | "C" | list of rule mappings) replaces bottom/top/
+    transitions. ``dtype`` None: each tensor keeps the task expert's dtype; ``tokenizer_source``
+    None: task (and the vocabularies must agree). Model references are optional here (the
+    CLI/API may give them). Field types and bounds are checked by ``check_fields``.
+    """
+
+    @classmethod
+    def default_for(cls, num_layers: int, **kw) -> "MergeConfig":
+        """Defaults with concrete layer counts for a model of ``num_layers`` layers."""
+        cfg = cls(**kw)
+        b, u = cfg.layer_counts(num_layers)[:2]
+        return replace(cfg, bottom=b, top=u)
+
+    def layer_counts(self, num_layers: int) -> tuple[int, int, int, int]:
+        """(b, u, t_b, t_u) with None resolved to the scaled defaults."""
+        b = scale_layers(DEFAULT_BOTTOM, num_layers) if self.bottom is None else self.bottom
+        u = scale_layers(DEFAULT_TOP, num_layers) if self.top is None else self.top
+        if self.bottom is None and self.top is None:
+            while b + u > num_layers and b > 0:  # tiny models: keep the defaults feasible
+                b -= 1
+        return b, u, self.transition_bottom, self.transition_top
+
+    # ---- validation
+    def check_fields(self) -> "MergeConfig":
+        """Each field's type and bounds (one line naming the first refused field)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        try:
+            _Validator.model_validate(values)
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            name = err["loc"][0]
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, ConfigError):
+                raise ConfigError(str(cause)) from None
+            raise ConfigError(FIELDS[name].message(values[name])) from None
+        return self
+
+    def validate(self, num_layers: int | None = None, has_base: bool | None = None) -> "MergeConfig":
+        self.check_fields()
+        if self.has_blends and not self.uses_magnitude and self.w_task + self.w_lang <= 0:
+            raise ConfigError("w_task + w_lang is 0: the blend has no weight (give a positive weight)")
+        if has_base is False and self.needs_base:
+            what = "magnitude-adjusted weights" if self.magnitude_weights else f"method {self.method}"
+            raise ConfigError(f"{what} need(s) the base model (--base)")
+        check = get_method(self.method).check
+        if num_layers is not None and check is not None:
+            check(self, num_layers)
+        return self
+
+    def partition_for(self, num_layers: int) -> Partition:
+        return Partition.from_spec(self.partition, num_layers, scale=self.scale_partition)
+
+    @property
+    def has_blends(self) -> bool:
+        """Whether some tensors are a task/lang weighted blend (soups, transition layers,
+        averaged non-layer parameters of a layer swap)."""
+        method = MERGE_METHODS.get(self.method)
+        return method is not None and method.blends(self)
+
+    @property
+    def needs_base(self) -> bool:
+        method = MERGE_METHODS.get(self.method)
+        return (method is not None and method.needs_base) or \
+            (self.magnitude_weights and self.has_blends)
+
+    @property
+    def uses_magnitude(self) -> bool:
+        """Whether the blend weights are the magnitude-adjusted ones (computed from the deltas)."""
+        method = MERGE_METHODS.get(self.method)
+        return (method is not None and method.magnitude) or \
+            (self.magnitude_weights and self.has_blends)
+
+    # ---- serialisation
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if isinstance(d["partition"], tuple):
+            d["partition"] = list(d["partition"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MergeConfig":
+        """A config from a mapping (YAML), every field checked (``check_fields``).
+
+        A mapping written by an earlier layerswap (it has ``layerswap_version`` but lacks the
+        newer keys) keeps that version's behaviour: non-layer parameters from the task expert
+        and presets scaled with depth, so a saved ``layerswap.yaml`` reproduces its merge.
+        """
+        if not isinstance(d, dict):
+            raise ConfigError(f"a merge config must be a mapping, got {value_text(d)}")
+        d = dict(d)
+        if "layerswap_version" in d:
+            d.pop("layerswap_version")
+            d.setdefault("non_layer", "task")
+            d.setdefault("scale_partition", True)
+        unknown = sorted(map(str, set(d) - set(FIELDS)))
+        if unknown:
+            raise ConfigError(f"unknown merge config key(s): {', '.join(unknown)} "
+                              f"(known: {', '.join(sorted(FIELDS))})")
+        for k, v in d.items():
+            if FIELDS[k].kind == "number" and isinstance(v, int) and not isinstance(v, bool):
+                d[k] = float(v)
+        return cls(**d).check_fields()
+
+    def to_yaml(self) -> str:
+        import yaml
+        from .. import __version__
+        return yaml.safe_dump({**self.to_dict(), "layerswap_version": __version__}, sort_keys=False)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> "MergeConfig":
+        return cls.from_dict(load_yaml(text, "merge config") or {})
+
+    @classmethod
+    def load(cls, path) -> "MergeConfig":
+        from pathlib import Path
+        try:
+            return cls.from_yaml(Path(path).read_text())
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
+
+    def describe(self, num_layers: int | None = None) -> str:
+        """One line, e.g. 'layer swap: bottom 5, top 2, transitions 0/0, non-layer averaged'."""
+        return get_method(self.method).describe(self, num_layers)
