@@ -21,6 +21,7 @@ import time
 import gradio as gr
 import pandas as pd
 
+from layerswap_core.merge import registry
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.spaces import GPU
 
@@ -35,9 +36,15 @@ LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
 CSS = ".status p { margin: 0; } footer { display: none !important; }"
 
 SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
+# The registered methods' number knobs beyond the blend weights (one row of gr.Number per method)
+METHOD_KNOBS = {m.id: tuple(k for k in m.knobs if registry.KNOBS[k].kind == "number"
+                            and k not in ("w_task", "w_lang"))
+                for m in registry.MERGE_METHODS.values()}
+NUMBER_KNOBS = tuple(k for knobs in METHOD_KNOBS.values() for k in knobs)
 # Configure-tab controls beyond the sliders, as MergeConfig fields (wb.make_config keywords)
-MORE_CONFIG = ("non_layer", "scale_partition", "lambda_task", "lambda_lang", "ties_density",
-               "ties_lambda")
+MORE_CONFIG = ("non_layer", "scale_partition", *NUMBER_KNOBS)
+SWAP_LABEL = registry.MERGE_METHODS["layer_swap"].label
+KNOB = registry.KNOBS  # the knobs' labels, defaults and bounds
 # what a new (or no) session empties: every view that shows results of earlier models
 SESSION_VIEWS = ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "plan_overlay",
                  "config_md", "diagram", "plan_text", "plan_cells",
@@ -326,7 +333,7 @@ class Page:
         return {self.sweep_md: ok(f"Loaded {fx} = {x}, {fy} = {y} on the Configure tab; build it "
                                   "on the Build tab."),
                 getattr(self, fx): gr.update(value=x), getattr(self, fy): gr.update(value=y),
-                self.method: gr.update(value="layer swap"),
+                self.method: gr.update(value=SWAP_LABEL),
                 self.partition: gr.update(value=wb.PARTITION_CHOICES[0])}
 
     # ---- chat tab
@@ -419,31 +426,42 @@ class Page:
             self.plan_overlay = gr.Plot(label="Current plan (Configure tab) over the language "
                                               "expert's changes", elem_id="plan-overlay")
 
+    def knob_controls(self):
+        """One gr.Number per number knob of the registered methods, a row per method, with the
+        knob's default, bounds and label (``registry.KNOBS``)."""
+        for knobs in METHOD_KNOBS.values():
+            if not knobs:
+                continue
+            with gr.Row():
+                for name in knobs:
+                    k = registry.KNOBS[name]
+                    setattr(self, name, gr.Number(k.default, label=k.label, minimum=k.lo,
+                                                  maximum=k.hi, step=k.step or 1))
+
     def configure_tab(self):
         L0 = 30  # the embedded default's depth; pick_models re-bounds the sliders
         with gr.Tab("Configure", id="configure"):
             with gr.Row():
                 with gr.Column(scale=2):
-                    self.method = gr.Radio(list(wb.METHOD_LABELS), value="layer swap",
+                    self.method = gr.Radio(list(wb.METHOD_LABELS), value=SWAP_LABEL,
                                            label="Method")
                     self.bottom = gr.Slider(0, L0, value=5, step=1,
-                                            label="Bottom layers b (language)", elem_id="bottom")
-                    self.top = gr.Slider(0, L0, value=2, step=1, label="Top layers u (language)",
+                                            label=KNOB["bottom"].label, elem_id="bottom")
+                    self.top = gr.Slider(0, L0, value=2, step=1, label=KNOB["top"].label,
                                          elem_id="top")
                     self.transition_bottom = gr.Slider(0, L0, value=0, step=1,
-                                                       label="Transition t_b (blended)",
+                                                       label=KNOB["transition_bottom"].label,
                                                        elem_id="t-bottom")
                     self.transition_top = gr.Slider(0, L0, value=0, step=1,
-                                                    label="Transition t_u (blended)",
+                                                    label=KNOB["transition_top"].label,
                                                     elem_id="t-top")
                     with gr.Row():
                         self.w_task = gr.Slider(0, 1, value=1, step=0.05, label="w_task")
                         self.w_lang = gr.Slider(0, 1, value=1, step=0.05, label="w_lang")
-                    self.magnitude = gr.Checkbox(False,
-                                                 label="Magnitude-adjusted weights (needs base)")
+                    self.magnitude = gr.Checkbox(False, label=KNOB["magnitude_weights"].label)
                     self.partition = gr.Radio(list(wb.PARTITION_CHOICES),
                                               value=wb.PARTITION_CHOICES[0],
-                                              label="Partition (parameters to the language expert)")
+                                              label=KNOB["partition"].label)
                     self.rules = gr.Textbox("first 6, last 2 : mlp\nall : attention", lines=3,
                                             max_length=wb.LIMITS.rules_chars,
                                             label="Custom rules: LAYERS [: KINDS] per line -> "
@@ -455,22 +473,12 @@ class Page:
                                       open=False):
                         self.non_layer = gr.Radio(
                             list(wb.NON_LAYER_CHOICES), value=next(iter(wb.NON_LAYER_CHOICES)),
-                            label="Non-layer parameters (embeddings, final norm, LM head)",
+                            label=KNOB["non_layer"].label,
                             info="Algorithm 1 averages them (weights above); or take them from "
                                  "one expert", elem_id="non-layer")
-                        self.scale_partition = gr.Checkbox(
-                            False, label="Scale presets A/B/C to this depth (layerswap's own "
-                                         "rule; the paper's presets are absolute layers)")
-                        with gr.Row():
-                            self.lambda_task = gr.Number(1.0, label="task arithmetic: lambda task",
-                                                         minimum=-100, maximum=100)
-                            self.lambda_lang = gr.Number(1.0, label="lambda lang",
-                                                         minimum=-100, maximum=100)
-                        with gr.Row():
-                            self.ties_density = gr.Number(0.2, label="TIES density (0-1]",
-                                                          minimum=0, maximum=1, step=0.05)
-                            self.ties_lambda = gr.Number(1.0, label="TIES lambda",
-                                                         minimum=-100, maximum=100)
+                        self.scale_partition = gr.Checkbox(False,
+                                                           label=KNOB["scale_partition"].label)
+                        self.knob_controls()
                 with gr.Column(scale=3):
                     self.config_md = gr.Markdown(elem_id="config-status")
                     self.diagram = gr.Plot(label="Layer stack", elem_id="diagram")

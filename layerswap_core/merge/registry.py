@@ -108,6 +108,7 @@ class Knob:
     optional: bool = False
     choices: tuple | Callable[[], Any] = ()
     check: Callable[[str, Any], None] | None = None
+    step: float | None = None      # the app control's step (None: 1)
 
     def options(self) -> tuple:
         return tuple(self.choices() if callable(self.choices) else self.choices)
@@ -353,7 +354,8 @@ register_method(MergeMethod(
     needs_base=True, linear=True))
 
 # --------------------------------------------------------------------------- TIES
-knob("ties_density", "number", 0.2, lo=0.0, hi=1.0, lo_open=True, label="TIES density (0-1]",
+knob("ties_density", "number", 0.2, lo=0.0, hi=1.0, lo_open=True, step=0.05,
+     label="TIES density (0-1]",
      note=" (the fraction of each delta kept)",
      help="TIES: fraction of each delta kept, per tensor (0 < d <= 1)")
 _lambda("ties_lambda", "TIES: scale of the merged delta (-100..100)", "TIES lambda")

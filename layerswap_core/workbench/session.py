@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator
 
 from ..checkpoints.models import (DEFAULT_BASE, EMBEDDED_PREFIX, compatibility, describe,
                                   is_adapter, pick_device, resolve)
+from ..merge import registry
 
 
 Progress = Callable[[float, str], None]
@@ -43,9 +44,7 @@ ROLES = ("base", "task", "lang")
 ROLE_LABELS = {"base": "base", "task": "task expert", "lang": "language expert", "merged": "merged"}
 DEMO_REFS = {"base": DEFAULT_BASE, "task": "embedded:smollm2-math-en",
              "lang": "embedded:smollm2-swahili"}
-METHOD_LABELS = {  # UI label -> MergeConfig.method
-    "layer swap": "layer_swap", "model soup": "soup", "magnitude soup": "magnitude_soup",
-    "task arithmetic": "task_arithmetic", "TIES": "ties"}
+METHOD_LABELS = registry.METHOD_LABELS  # UI label -> MergeConfig.method (the registry's)
 PARTITION_CHOICES = ("none (bottom/top sliders)", "A", "B", "C", "custom")
 CHAT_EXAMPLES = [
     "Juma ana maembe 12. Anampa dada yake maembe 5. Juma amebaki na maembe mangapi?",
@@ -533,10 +532,10 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
                 top: int | None = None, transition_bottom: int = 0, transition_top: int = 0,
                 w_task: float = 1.0, w_lang: float = 1.0, magnitude_weights: bool = False,
                 partition: str = PARTITION_CHOICES[0], custom_rules: str = "", *,
-                non_layer: str = "blend", scale_partition: bool = False,
-                lambda_task: float = 1.0, lambda_lang: float = 1.0, ties_density: float = 0.2,
-                ties_lambda: float = 1.0):
-    """A validated MergeConfig from the Configure tab's controls (labels as shown there)."""
+                non_layer: str = "blend", scale_partition: bool = False, **knobs):
+    """A validated MergeConfig from the Configure tab's controls (labels as shown there);
+    ``knobs``: the other number knobs of the registered methods by name (lambda_task,
+    ties_density, ...: ``registry.KNOBS``)."""
     from ..merge.config import MergeConfig
 
     custom_rules = capped("custom rules", custom_rules, LIMITS.rules_chars)
@@ -545,6 +544,12 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
     if method_id == "layer_swap" and partition and partition != PARTITION_CHOICES[0]:
         part = parse_custom_rules(custom_rules) if partition == "custom" else partition
         transition_bottom = transition_top = 0  # a partition replaces the sliders
+    numbers = {}
+    for name, value in knobs.items():
+        knob = registry.KNOBS.get(name)
+        if knob is None or knob.kind != "number":
+            raise TypeError(f"make_config: {name!r} is not a number knob of a merge method")
+        numbers[name] = _number(knob.label or name, value)
     config = MergeConfig(method=method_id, bottom=int(bottom) if bottom is not None else None,
                          top=int(top) if top is not None else None,
                          transition_bottom=int(transition_bottom or 0),
@@ -552,11 +557,7 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
                          w_task=float(w_task), w_lang=float(w_lang),
                          magnitude_weights=bool(magnitude_weights),
                          non_layer=NON_LAYER_CHOICES.get(non_layer, non_layer),
-                         partition=part, scale_partition=bool(scale_partition),
-                         lambda_task=_number("lambda task", lambda_task),
-                         lambda_lang=_number("lambda lang", lambda_lang),
-                         ties_density=_number("TIES density", ties_density),
-                         ties_lambda=_number("TIES lambda", ties_lambda),
+                         partition=part, scale_partition=bool(scale_partition), **numbers,
                          task=session.refs["task"], lang=session.refs["lang"],
                          base=session.refs.get("base"))
     return config.validate(session.num_layers, has_base=session.has_base)

@@ -1,0 +1,123 @@
+"""The merge-method registry: each method registered once, read by the config checks, the plan,
+the CLI, the workbench and the LoRA path; MergeConfig's fields declared by the knobs."""
+from __future__ import annotations
+
+import pytest
+
+from layerswap_core.cli import build_parser
+from layerswap_core.cli.merge import config_from_args
+from layerswap_core.merge import registry
+from layerswap_core.merge.config import FIELDS, MergeConfig
+from layerswap_core.merge.partition import ConfigError
+from layerswap_core.merge.plan import build_plan
+from layerswap_core.merge.registry import MergeMethod, Source
+from layerswap_core.workbench import session as wb
+
+from test_plan import llama
+
+
+def _merge_parser_choices(dest: str) -> list:
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["merge"]
+    return list(next(a for a in sub._actions if a.dest == dest).choices)
+
+
+@pytest.fixture
+def lang_only():
+    """A throw-away method, registered here and nowhere else: every tensor from the language
+    expert, blend weights as knobs (it reads existing knobs only)."""
+    method = registry.register_method(MergeMethod(
+        "lang_only", "language only", ("w_lang",),
+        lambda config, names, arch, blend: dict.fromkeys(names, Source.copy("lang")),
+        lambda config, num_layers: f"language expert only (w_lang {config.w_lang:g})",
+        linear=True))
+    try:
+        yield method
+    finally:
+        registry.unregister_method("lang_only")
+
+
+def test_a_method_registered_in_one_place_reaches_plan_cli_workbench_and_lora(lang_only):
+    names, arch = llama(4)
+    plan = build_plan(MergeConfig(method="lang_only", w_lang=2.0), names, arch)
+    assert set(plan.sources.values()) == {Source.copy("lang")} and list(plan.sources) == names
+    assert plan.summary_text().startswith("language expert only (w_lang 2)")
+    assert "lang_only" in _merge_parser_choices("method")
+    args = build_parser().parse_args(["plan", "--method", "lang_only", "--w-lang", "3"])
+    cfg = config_from_args(args)
+    assert (cfg.method, cfg.w_lang) == ("lang_only", 3.0)
+    assert wb.METHOD_LABELS["language only"] == "lang_only"
+    assert "language only" in list(wb.METHOD_LABELS)
+    assert "lang_only" in registry.linear_methods()
+    assert not cfg.needs_base and not cfg.has_blends
+
+
+def test_an_unregistered_method_is_gone_everywhere(lang_only):
+    registry.unregister_method("lang_only")
+    assert "lang_only" not in _merge_parser_choices("method")
+    assert "language only" not in list(wb.METHOD_LABELS)
+    with pytest.raises(ConfigError, match="method: unknown 'lang_only'; choose one of layer_swap"):
+        MergeConfig(method="lang_only").check_fields()
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plan", "--method", "lang_only"])
+
+
+def test_a_method_must_declare_its_knobs():
+    with pytest.raises(ValueError, match="undeclared knob"):
+        registry.register_method(MergeMethod("x", "x", ("alpha",), dict, str))
+    assert "x" not in registry.MERGE_METHODS
+
+
+def test_every_knob_is_a_config_field_with_its_default_and_a_cli_flag():
+    cfg = MergeConfig()
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["merge"]
+    flags = {o for a in sub._actions for o in a.option_strings}
+    for method in registry.MERGE_METHODS.values():
+        for name in method.knobs:
+            knob = FIELDS[name]
+            assert getattr(cfg, name) == knob.default
+            assert "--" + name.replace("_", "-") in flags
+    assert list(cfg.to_dict()) == list(FIELDS)
+    assert list(FIELDS)[:1] == ["method"] and list(FIELDS)[-3:] == ["task", "lang", "base"]
+    # the CLI flags are typed from the knobs: a text for a number is argparse's error
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["plan", "--ties-density", "half"])
+
+
+def test_base_and_linearity_come_from_the_registry():
+    assert set(registry.linear_methods()) == {"layer_swap", "soup", "task_arithmetic"}
+    needs = {m.id for m in registry.MERGE_METHODS.values() if m.needs_base}
+    assert needs == {"magnitude_soup", "task_arithmetic", "ties"}
+    for m in needs:
+        assert MergeConfig(method=m).needs_base
+    assert not MergeConfig(method="soup").needs_base
+    assert MergeConfig(method="soup", magnitude_weights=True).needs_base
+
+
+@pytest.mark.parametrize("text,msg", [
+    ('bottom: "five"', "bottom: must be a non-negative integer, got 'five' (text)"),
+    ("bottom: -1", "bottom: must be a non-negative integer, got -1 (int)"),
+    ("top: 2.0", "top: must be a non-negative integer, got 2.0 (float)"),
+    ("w_task: .inf", "w_task: must be a number from 0 to 10000 (only the ratio w_task : w_lang "
+                     "matters), got inf (float)"),
+    ("w_lang: true", "w_lang: must be a number from 0 to 10000"),
+    ("method: foo", "method: unknown 'foo'; choose one of layer_swap, soup, magnitude_soup, "
+                    "task_arithmetic, ties"),
+    ('magnitude_weights: "yes"', "magnitude_weights: must be true or false, got 'yes' (text)"),
+    ("ties_density: 1.5", "ties_density: must be a number in (0, 1] (the fraction of each delta "
+                          "kept), got 1.5 (float)"),
+    ("tokenizer_source: both", "tokenizer_source: unknown 'both'; choose one of task, lang, base"),
+    ("task: 5", "task: must be a model reference (a folder, owner/name or embedded:NAME), got 5"),
+    ("partition: D", "unknown partition preset 'D'; known: A, B, C"),
+])
+def test_yaml_type_errors_name_the_field_in_one_line(text, msg):
+    with pytest.raises(ConfigError) as e:
+        MergeConfig.from_yaml(text + "\n")
+    assert str(e.value).startswith(msg) and "\n" not in str(e.value)
+
+
+def test_the_first_refused_field_is_named():
+    with pytest.raises(ConfigError, match="^bottom:"):
+        MergeConfig(bottom="x", ties_lambda=1e9).check_fields()
+    # integers are read as numbers, booleans never
+    assert MergeConfig.from_yaml("w_task: 3\n").w_task == 3.0
+    MergeConfig(w_task=3, lambda_task=-2).check_fields()
