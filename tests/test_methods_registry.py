@@ -121,3 +121,9 @@ def test_the_first_refused_field_is_named():
     # integers are read as numbers, booleans never
     assert MergeConfig.from_yaml("w_task: 3\n").w_task == 3.0
     MergeConfig(w_task=3, lambda_task=-2).check_fields()
+
+
+def test_knobs_are_declared_before_the_config_is_made():
+    with pytest.raises(RuntimeError, match="declare knobs in merge/registry.py"):
+        registry.knob("alpha", "number", 0.5, lo=0, hi=1)
+    assert "alpha" not in registry.KNOBS and "alpha" not in FIELDS

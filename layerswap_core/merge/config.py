@@ -23,7 +23,7 @@ from typing import Annotated, Any, Optional
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError, create_model
 
 from .partition import MODELS, REFERENCE_LAYERS, ConfigError, Partition, scale_layers, value_text
-from .registry import KNOBS, MERGE_METHODS, Knob, get_method
+from .registry import MERGE_METHODS, Knob, get_method, seal_knobs
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -97,7 +97,7 @@ def _model(name: str, help: str) -> Knob:
 FIELDS: dict[str, Knob] = {k.name: k for k in (
     Knob("method", "choice", "layer_swap", choices=lambda: tuple(MERGE_METHODS),
          help="merge method"),
-    *KNOBS.values(),
+    *seal_knobs().values(),
     Knob("dtype", "choice", None, optional=True, choices=DTYPES,
          help="output dtype (default: the task expert's)"),
     Knob("tokenizer_source", "choice", None, optional=True, choices=MODELS,
@@ -136,7 +136,9 @@ _Validator = create_model("MergeConfigFields",
 
 def _fields_of_knobs(cls):
     """The dataclass fields of ``FIELDS`` (name, default) on ``cls``, in that order."""
-    cls.__annotations__ = {name: "Any" for name in FIELDS}
+    hint = {"count": "int", "number": "float", "bool": "bool", "choice": "str", "value": "Any"}
+    cls.__annotations__ = {k.name: hint[k.kind] + (" | None" if k.optional else "")
+                           for k in FIELDS.values()}
     for k in FIELDS.values():
         setattr(cls, k.name, k.default)
     return dataclass(cls)

@@ -128,10 +128,14 @@ class Knob:
 
 
 KNOBS: dict[str, Knob] = {}
+_sealed: list[bool] = []  # set once config.py has made the knobs MergeConfig's fields
 
 
 def knob(name: str, kind: str, default=None, **kw) -> Knob:
-    """Declare a knob (a MergeConfig field) once, by name."""
+    """Declare a knob (a MergeConfig field) once, by name, in this file."""
+    if _sealed:
+        raise RuntimeError(f"knob {name!r}: declare knobs in merge/registry.py (MergeConfig's "
+                           "fields are already made)")
     if name in KNOBS:
         raise ValueError(f"knob {name!r} is declared twice")
     KNOBS[name] = Knob(name, kind, default, **kw)
@@ -169,6 +173,12 @@ class MergeMethod:
 
 
 MERGE_METHODS: dict[str, MergeMethod] = {}
+
+
+def seal_knobs() -> dict[str, Knob]:
+    """The knobs, for ``config.py`` to make them MergeConfig's fields; no knob may follow."""
+    _sealed.append(True)
+    return dict(KNOBS)
 
 
 def register_method(method: MergeMethod) -> MergeMethod:
