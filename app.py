@@ -1,14 +1,15 @@
 """layerswap in the browser: explore, configure, build, evaluate and chat.
 
-Layout and wiring only: every callback calls ``layerswap_core.workbench.session`` (plain functions,
-tested without a browser), returns ``{component: value}`` for what it changes and turns its
-errors into a readable status line. The top line and every view are derived from the visitor's
+Layout and wiring only: every callback calls plain functions of ``layerswap_core.workbench``
+(``session`` for models, configure and build; one module per other tab; ``served`` for limits
+and access; all tested without a browser), returns ``{component: value}`` for what it changes
+and turns its errors into a readable status line. The top line and every view are derived from the visitor's
 session, so none of them shows a leftover of earlier models or jobs.
 
     python app.py [--host 127.0.0.1] [--port 7860]     (or GRADIO_SERVER_NAME / GRADIO_SERVER_PORT)
 
 Local by default (loopback: one user, any folder). Served mode (on a Space, on another host, with
---share, or LAYERSWAP_SERVED=1): visitors reach only what ``workbench.Access`` allows.
+--share, or LAYERSWAP_SERVED=1): visitors reach only what ``workbench.served.Access`` allows.
 """
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ import pandas as pd
 
 from layerswap_core.merge import registry
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.chat import (CHAT_EXAMPLES, chat_turn, check_chat_message,
+                                           plain_history)
+from layerswap_core.workbench.deltas import delta_views, suggest
+from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, evaluate_roles,
+                                               evaluation_note)
+from layerswap_core.workbench.served import (LIMITS, Access, offered_models, readable_error,
+                                             served_mode)
+from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
 from layerswap_core.workbench.spaces import GPU
 
 TITLE = "layerswap: compose math and language experts by swapping layers"
@@ -78,7 +87,7 @@ def ok(msg: str) -> str:
 
 def warn(exc: BaseException) -> str:
     """Show the error as a toast and return it for the status line (never a stack trace)."""
-    msg = wb.readable_error(exc)
+    msg = readable_error(exc)
     gr.Warning(msg)
     return f"⚠ {msg}"
 
@@ -104,24 +113,23 @@ def gr_progress(progress: gr.Progress):
 # --------------------------------------------------------------------------- GPU work
 # Plain arguments in, plain results out: on a ZeroGPU Space these calls get the GPU.
 @GPU
-def run_evaluate(session, args: tuple, progress) -> wb.EvalResult:
-    return wb.evaluate(session, *args, progress=progress)
+def run_evaluate(session, args: tuple, progress) -> EvalResult:
+    return evaluate_roles(session, *args, progress=progress)
 
 
 @GPU
 def run_chats(session, message, merged_history, other_history, other, settings, deadline):
     """The merged model's answer, then the other model's: (role, ChatReply) as they grow."""
-    for reply in wb.chat(session, message, merged_history, "merged", *settings, deadline=deadline):
-        yield "merged", reply
-    for reply in wb.chat(session, message, other_history, other, *settings, deadline=deadline):
-        yield other, reply
+    for role, history in (("merged", merged_history), (other, other_history)):
+        for reply in chat_turn(session, message, history, role, *settings, deadline=deadline):
+            yield role, reply
 
 
 # --------------------------------------------------------------------------- the page
 class Page:
     """The components (made by ``layout``), the callbacks and their wiring."""
 
-    def __init__(self, refs: dict[str, str], access: wb.Access):
+    def __init__(self, refs: dict[str, str], access: Access):
         self.refs, self.access = refs, access
 
     # ---- derived views
@@ -131,7 +139,7 @@ class Page:
                 self.suggestion: "", self.plan_overlay: None,
                 self.config_md: "", self.diagram: None, self.plan_text: "", self.plan_cells: None,
                 self.build_md: "", self.config_yaml: "", self.zip_file: None,
-                self.eval_md: "", self.summary: pd.DataFrame(columns=wb.SUMMARY_HEADERS),
+                self.eval_md: "", self.summary: pd.DataFrame(columns=SUMMARY_HEADERS),
                 self.bars: None, self.items_table: pd.DataFrame(),
                 self.sweep_md: "", self.sweep_plot: None,
                 self.sweep_table: pd.DataFrame(columns=["x", "y", "score"]),
@@ -215,8 +223,8 @@ class Page:
         drawn over the language expert's changes."""
         session = wb.require(v[self.session])
         with session.job():
-            views = wb.delta_views(session, None, v[self.metric], v[self.log_scale],
-                                   gr_progress(progress), matrices_only=v[self.matrices_only])
+            views = delta_views(session, None, v[self.metric], v[self.log_scale],
+                                gr_progress(progress), matrices_only=v[self.matrices_only])
         tau_task, tau_lang = views.thresholds
         return {**self.delta_outputs(session, views, v, "Delta statistics ready (tau = "
                                      f"{tau_task:.2e} for both experts; move each slider to set "
@@ -231,15 +239,15 @@ class Page:
         if "task" not in session.stats:
             return gr.skip()
         taus = (10 ** float(v[self.threshold]), 10 ** float(v[self.threshold_lang]))
-        views = wb.delta_views(session, taus, v[self.metric], v[self.log_scale],
-                               matrices_only=v[self.matrices_only])
+        views = delta_views(session, taus, v[self.metric], v[self.log_scale],
+                            matrices_only=v[self.matrices_only])
         return self.delta_outputs(session, views, v,
                                   f"tau = {taus[0]:.2e} (task expert), {taus[1]:.2e} (language "
                                   "expert)")
 
     @guarded("deltas_md")
     def apply_suggestion(self, v):
-        s = wb.suggest(wb.require(v[self.session]))
+        s = suggest(wb.require(v[self.session]))
         counts = (s.bottom, s.top, s.transition_bottom, s.transition_top)
         return {self.deltas_md: ok("Suggestion applied on the Configure tab."),
                 **{getattr(self, n): gr.update(value=c) for n, c in zip(SLIDERS, counts)},
@@ -299,7 +307,7 @@ class Page:
                 roles, v[self.eval_tokens], v[self.chat_template])
         with session.job():
             res = run_evaluate(session, args, gr_progress(progress))
-        return {self.eval_md: ok(wb.evaluation_note(res)),
+        return {self.eval_md: ok(evaluation_note(res)),
                 self.summary: res.summary_rows, self.bars: res.figure,
                 self.items_table: pd.DataFrame(res.rows, columns=res.headers)}
 
@@ -309,9 +317,9 @@ class Page:
         session = wb.require(v[self.session])
         config = self.config(v, session)
         with session.job():
-            res = wb.sweep(session, config, v[self.axes], v[self.xs], v[self.ys],
-                           v[self.sweep_source], v[self.sweep_lang], v[self.sweep_n],
-                           v[self.sweep_shots], v[self.sweep_metric], gr_progress(progress))
+            res = sweep_grid(session, config, v[self.axes], v[self.xs], v[self.ys],
+                             v[self.sweep_source], v[self.sweep_lang], v[self.sweep_n],
+                             v[self.sweep_shots], v[self.sweep_metric], gr_progress(progress))
         msg = f"Swept {len(res.rows)} configurations"
         if res.best is not None:
             fx, fy = res.axes
@@ -325,7 +333,7 @@ class Page:
     @guarded("sweep_md")
     def load_sweep_row(self, v, evt: gr.SelectData):
         """Clicking a sweep table row puts that configuration on the sliders (a plain layer swap)."""
-        fx, fy = wb.SWEEP_AXES[v[self.axes]]
+        fx, fy = SWEEP_AXES[v[self.axes]]
         rows = v[self.sweep_table]
         row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         values = rows.values.tolist()[row] if hasattr(rows, "values") else rows[row]
@@ -340,12 +348,12 @@ class Page:
     def chat(self, v):
         """Stream the merged model's answer, then the other model's, side by side, within the
         server's time per request."""
-        deadline = time.monotonic() + wb.LIMITS.request_seconds
+        deadline = time.monotonic() + LIMITS.request_seconds
         shown, notes = {}, {}
         try:
             session = wb.require(v[self.session])
-            text = wb.check_chat_message(v[self.message], v[self.chat_merged])
-            wb.plain_history(v[self.chat_other])  # both panes checked before anything runs
+            text = check_chat_message(v[self.message], v[self.chat_merged])
+            plain_history(v[self.chat_other])  # both panes checked before anything runs
             label = v[self.other_role]
             other = next(r for r, name in wb.ROLE_LABELS.items() if name == label)
             panes = {"merged": self.chat_merged, other: self.chat_other}
@@ -368,14 +376,14 @@ class Page:
         self.status = gr.Markdown("Loading the embedded demo...", elem_id="status",
                                   elem_classes="status")
         # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
-        self.session = gr.State(None, time_to_live=wb.LIMITS.session_seconds,
+        self.session = gr.State(None, time_to_live=LIMITS.session_seconds,
                                 delete_callback=wb.close_session)
         for tab in (self.models_tab, self.deltas_tab, self.configure_tab, self.build_tab,
                     self.evaluate_tab, self.sweep_tab, self.chat_tab):
             tab()
 
     def models_tab(self):
-        offered = wb.offered_models(self.access)
+        offered = offered_models(self.access)
         where = ("a folder under the model folders above" if self.access.served
                  else "a local folder")
         with gr.Tab("Models", id="models"):
@@ -463,7 +471,7 @@ class Page:
                                               value=wb.PARTITION_CHOICES[0],
                                               label=KNOB["partition"].label)
                     self.rules = gr.Textbox("first 6, last 2 : mlp\nall : attention", lines=3,
-                                            max_length=wb.LIMITS.rules_chars,
+                                            max_length=LIMITS.rules_chars,
                                             label="Custom rules: LAYERS [: KINDS] per line -> "
                                                   "language",
                                             info="LAYERS: 0-5, 7, first 6, last 2, all or "
@@ -489,10 +497,10 @@ class Page:
     def build_tab(self):
         if self.access.served:
             where = dict(label="Save as (a folder name, kept in this server's output folder)",
-                         placeholder="my-merge", max_length=wb.LIMITS.name_chars)
+                         placeholder="my-merge", max_length=LIMITS.name_chars)
         else:
             where = dict(label="Save to folder (a path on this machine)",
-                         placeholder="/tmp/merged", max_length=wb.LIMITS.ref_chars)
+                         placeholder="/tmp/merged", max_length=LIMITS.ref_chars)
         with gr.Tab("Build", id="build"):
             with gr.Row():
                 self.build_btn = gr.Button("Build merged model (in memory)", variant="primary",
@@ -512,7 +520,7 @@ class Page:
             with gr.Row(visible=wb.hub_token() is not None and not self.access.served):
                 self.repo_id = gr.Textbox(label="Push to the Hub as",
                                           placeholder="your-name/merged-model",
-                                          max_length=wb.LIMITS.ref_chars)
+                                          max_length=LIMITS.ref_chars)
                 self.private = gr.Checkbox(True, label="Private")
                 self.push_btn = gr.Button("Push")
 
@@ -522,16 +530,16 @@ class Page:
                 self.source = gr.Radio([("MGSM", "mgsm"), ("GSM-Symbolic", "gsm-symbolic")],
                                        value="mgsm", label="Data")
                 self.eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
-                self.n_items = gr.Slider(1, wb.LIMITS.eval_questions, value=2, step=1,
+                self.n_items = gr.Slider(1, LIMITS.eval_questions, value=2, step=1,
                                          label="Questions", elem_id="n-items")
-                self.shots = gr.Slider(0, wb.LIMITS.shots, value=2, step=1, label="Shots",
+                self.shots = gr.Slider(0, LIMITS.shots, value=2, step=1, label="Shots",
                                        elem_id="shots")
             with gr.Row():  # made in the API's parameter order
                 self.cot = gr.Checkbox(False, label="Chain of thought", min_width=160)
                 self.roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
                                               value=list(wb.ROLE_LABELS.values()), label="Models")
                 with gr.Column(min_width=160):
-                    self.eval_tokens = gr.Slider(8, wb.LIMITS.new_tokens, value=64, step=8,
+                    self.eval_tokens = gr.Slider(8, LIMITS.new_tokens, value=64, step=8,
                                                  label="Max new tokens", elem_id="eval-tokens")
                     self.chat_template = gr.Checkbox(False, label="Chat template")
             with gr.Row():
@@ -539,7 +547,7 @@ class Page:
                 self.eval_cancel = gr.Button("Cancel", variant="stop")
             self.eval_md = gr.Markdown(elem_id="eval-status")
             with gr.Row():
-                self.summary = gr.Dataframe(headers=wb.SUMMARY_HEADERS, interactive=False,
+                self.summary = gr.Dataframe(headers=SUMMARY_HEADERS, interactive=False,
                                             label="Summary", scale=2)
                 self.bars = gr.Plot(label="Accuracy", scale=3)
             self.items_table = gr.Dataframe(
@@ -553,20 +561,20 @@ class Page:
                         "model in memory for each cell (graded signal: mean gold-solution NLL, "
                         "lower is better). Click a table row to load that configuration.")
             with gr.Row():
-                self.axes = gr.Radio(list(wb.SWEEP_AXES), value="bottom / top", label="Grid over")
+                self.axes = gr.Radio(list(SWEEP_AXES), value="bottom / top", label="Grid over")
                 self.xs = gr.Textbox("0,3,6", label="x values (e.g. 0,2,4 or 0-6:2)",
-                                     max_length=wb.LIMITS.values_chars, elem_id="sweep-xs")
-                self.ys = gr.Textbox("0,2", label="y values", max_length=wb.LIMITS.values_chars,
+                                     max_length=LIMITS.values_chars, elem_id="sweep-xs")
+                self.ys = gr.Textbox("0,2", label="y values", max_length=LIMITS.values_chars,
                                      elem_id="sweep-ys")
             with gr.Row():
                 self.sweep_source = gr.Radio([("GSM-Symbolic", "gsm-symbolic"), ("MGSM", "mgsm")],
                                              value="gsm-symbolic", label="Data")
                 self.sweep_lang = gr.Dropdown(LANGS, value="sw", label="Language")
-                self.sweep_n = gr.Slider(1, wb.LIMITS.sweep_items, value=4, step=1, label="Items",
+                self.sweep_n = gr.Slider(1, LIMITS.sweep_items, value=4, step=1, label="Items",
                                          elem_id="sweep-n")
                 self.sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
                                              value="nll", label="Score")
-                self.sweep_shots = gr.Slider(0, wb.LIMITS.shots, value=0, step=1, label="Shots",
+                self.sweep_shots = gr.Slider(0, LIMITS.shots, value=0, step=1, label="Shots",
                                              info="MGSM: its standard exemplars, in order",
                                              elem_id="sweep-shots")
             with gr.Row():
@@ -582,7 +590,7 @@ class Page:
             # made before the panes (the API's parameter order), shown below them
             self.message = gr.Textbox(placeholder="Ask a math question in Swahili or Bengali...",
                                       show_label=False, scale=5, elem_id="chat-input",
-                                      max_length=wb.LIMITS.chat_chars, render=False)
+                                      max_length=LIMITS.chat_chars, render=False)
             with gr.Row():
                 self.chat_merged = gr.Chatbot(label="merged", height=360, elem_id="chat-merged")
                 self.chat_other = gr.Chatbot(label="task expert", height=360, elem_id="chat-other")
@@ -591,11 +599,11 @@ class Page:
                 self.send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
                 self.clear = gr.Button("Clear", scale=1)
             self.chat_md = gr.Markdown(elem_id="chat-status")
-            gr.Examples([[e] for e in wb.CHAT_EXAMPLES], inputs=[self.message])
+            gr.Examples([[e] for e in CHAT_EXAMPLES], inputs=[self.message])
             with gr.Row():
                 self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                               value="task expert", label="Compare with")
-                self.chat_tokens = gr.Slider(16, wb.LIMITS.new_tokens, value=96, step=16,
+                self.chat_tokens = gr.Slider(16, LIMITS.new_tokens, value=96, step=16,
                                              label="Max new tokens", elem_id="chat-tokens")
                 self.chat_temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                                   label="Temperature (0 = greedy)")
@@ -612,15 +620,15 @@ class Page:
         sliders = {getattr(self, s) for s in SLIDERS}
         config = {self.session, self.method, *sliders, self.w_task, self.w_lang, self.magnitude,
                   self.partition, self.rules, *(getattr(self, f) for f in MORE_CONFIG)}
-        heavy = dict(concurrency_id="heavy", concurrency_limit=wb.LIMITS.jobs)
+        heavy = dict(concurrency_id="heavy", concurrency_limit=LIMITS.jobs)
         models = {self.base, self.task, self.lang, self.session}
         self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
-                            api_name="pick_models", concurrency_limit=wb.LIMITS.jobs)
+                            api_name="pick_models", concurrency_limit=LIMITS.jobs)
         demo.load(self.pick_models, models, self.outputs("pick_models"), api_visibility="private")
 
         gr.on([c.change for c in config - {self.session}], self.update_plan, config,
               self.outputs("plan"), api_name="plan", show_progress="hidden",
-              trigger_mode="always_last", concurrency_limit=wb.LIMITS.plan_jobs)
+              trigger_mode="always_last", concurrency_limit=LIMITS.plan_jobs)
 
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},
@@ -670,12 +678,12 @@ class Page:
 
 def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -> gr.Blocks:
     """The app; ``refs`` preselects base/task/lang (default: the embedded demo). ``served``:
-    restrict visitors (``workbench.Access``); None decides from the environment
-    (``workbench.served_mode``: LAYERSWAP_SERVED, SPACE_ID, GRADIO_SERVER_NAME)."""
+    restrict visitors (``workbench.served.Access``); None decides from the environment
+    (``served_mode``: LAYERSWAP_SERVED, SPACE_ID, GRADIO_SERVER_NAME)."""
     refs = {**wb.DEMO_REFS, **(refs or {})}
     if served is None:
-        served = wb.served_mode(os.environ.get("GRADIO_SERVER_NAME"))
-    page = Page(refs, wb.Access.from_env(served, trusted=refs.values()))
+        served = served_mode(os.environ.get("GRADIO_SERVER_NAME"))
+    page = Page(refs, Access.from_env(served, trusted=refs.values()))
     with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         page.layout()
         page.wire(demo)
@@ -701,7 +709,7 @@ def main(argv: list[str] | None = None):
         from layerswap_core.checkpoints.models import ensure_asset_packages
         ensure_asset_packages(install=True)
     demo = build_demo({role: getattr(args, role) for role in wb.ROLES},
-                      served=wb.served_mode(args.host, args.share))
+                      served=served_mode(args.host, args.share))
     demo.queue(default_concurrency_limit=1).launch(
         server_name=args.host, server_port=args.port, share=args.share, css=CSS)
 

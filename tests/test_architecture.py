@@ -28,8 +28,10 @@ LAYERS = [
      "evaluation.lmeval"),                        # evaluation
     ("training.config", "training.sft_data", "training.trainer", "training.recipes",
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
-    ("workbench.figures", "workbench.spaces"),    # figures and the ZeroGPU shim of the app
-    ("workbench.session",),                       # the app's session and features
+    ("workbench.figures", "workbench.spaces", "workbench.served"),   # figures, the ZeroGPU shim,
+                                                  # limits, access and one-line errors
+    ("workbench.session",),                       # the session: models, configure, build tabs
+    ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat"),  # other tabs
     ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora",
      "cli.analysis", "cli.evaluate", "cli.train"),
     ("__main__", "cli.__main__", "app"),          # entry points

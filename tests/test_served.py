@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.served import LIMITS, REFUSED, served_mode
 from layerswap_core.checkpoints.models import cache_dir
 
 NO_PARTITION = "none (bottom/top sliders)"
@@ -104,16 +104,16 @@ def test_served_mode_decision(monkeypatch):
     for var in ("LAYERSWAP_SERVED", "SPACE_ID", "GRADIO_SERVER_NAME"):
         monkeypatch.delenv(var, raising=False)
     assert app.parse_args([]).host == "127.0.0.1"          # `make run` stays local
-    assert not wb.served_mode("127.0.0.1") and not wb.served_mode("localhost")
-    assert not wb.served_mode("::1") and not wb.served_mode(None)
-    assert wb.served_mode("0.0.0.0") and wb.served_mode("192.168.1.5")
-    assert wb.served_mode("example.org") and wb.served_mode("127.0.0.1", share=True)
+    assert not served_mode("127.0.0.1") and not served_mode("localhost")
+    assert not served_mode("::1") and not served_mode(None)
+    assert served_mode("0.0.0.0") and served_mode("192.168.1.5")
+    assert served_mode("example.org") and served_mode("127.0.0.1", share=True)
     monkeypatch.setenv("SPACE_ID", "someone/layerswap")
-    assert wb.served_mode("127.0.0.1")
+    assert served_mode("127.0.0.1")
     monkeypatch.setenv("LAYERSWAP_SERVED", "0")
-    assert not wb.served_mode("0.0.0.0")
+    assert not served_mode("0.0.0.0")
     monkeypatch.setenv("LAYERSWAP_SERVED", "1")
-    assert wb.served_mode("127.0.0.1")
+    assert served_mode("127.0.0.1")
 
 
 # --------------------------------------------------------------------------- model references
@@ -127,7 +127,7 @@ def test_a_visitor_uses_folders_under_the_model_roots(served, tiny):
 def test_outside_references_are_refused_in_one_message(served, tiny):
     before = snapshot(served.victim)
     c = visitor(served)
-    refused = f"⚠ task expert: {wb.REFUSED}"
+    refused = f"⚠ task expert: {REFUSED}"
     outside = ["/etc", "/root", "~", "~/.cache/layerswap", "../..", "../../etc", "/no/such/folder",
                str(served.victim), str(served.links / "escape"), str(cache_dir() / "embedded"),
                str(tiny["task"]) + "/../../outside/victim", "tests", "./x", "/tmp\x00/x"]
@@ -201,7 +201,7 @@ def test_every_parsed_text_is_capped(served, built, tiny):
     t0 = time.perf_counter()
     status, *_ = built.predict(*config(), "bottom / top", "0-1000000000", "0", "gsm-symbolic", "sw",
                                1, "nll", api_name="/sweep")
-    assert "1000000000 is outside 0..8" in status and time.perf_counter() - t0 < 10
+    assert "'0-1000000000' is not a value or range within 0..8" in status and time.perf_counter() - t0 < 10
     status, *_ = built.predict(*config(), "bottom / top", "0," * 150, "0", "gsm-symbolic", "sw",
                                1, "nll", api_name="/sweep")
     assert "at most 200 characters" in status
@@ -215,9 +215,9 @@ def test_every_parsed_text_is_capped(served, built, tiny):
 
 def test_heavy_endpoints_have_concurrency_limits(served):
     limits = {fn.api_name: fn.concurrency_limit for fn in served.demo.fns.values() if fn.api_name}
-    assert limits["plan"] == wb.LIMITS.plan_jobs       # it runs on every keystroke
+    assert limits["plan"] == LIMITS.plan_jobs       # it runs on every keystroke
     for name in ("pick_models", "analyze", "build", "save", "push", "evaluate", "sweep", "chat"):
-        assert limits[name] == wb.LIMITS.jobs, name
+        assert limits[name] == LIMITS.jobs, name
     heavy = {fn.api_name for fn in served.demo.fns.values() if fn.concurrency_id == "heavy"}
     assert {"analyze", "build", "save", "push", "evaluate", "sweep", "chat"} <= heavy
 
@@ -242,7 +242,7 @@ def test_forged_chat_history_is_refused(built):
     assert "turn 2 is not plain text" in chat([turn("user", "a"),
                                                {"role": "assistant", "content": [component]}])
     long_history = [turn("user", "a" * 1999), turn("assistant", "b" * 9000)] * 3
-    assert f"longer than {wb.LIMITS.history_chars} characters" in chat(long_history)
+    assert f"longer than {LIMITS.history_chars} characters" in chat(long_history)
 
 
 def test_chat_history_is_cut_to_the_context(built):
@@ -258,7 +258,11 @@ def test_chat_history_is_cut_to_the_context(built):
 
 
 def test_chat_stops_at_the_time_budget(built, monkeypatch):
-    monkeypatch.setattr(wb, "LIMITS", replace(wb.LIMITS, request_seconds=0))
+    import app
+    from layerswap_core.workbench import chat
+
+    for reader in (app, chat):  # the page's deadline and the reply's note
+        monkeypatch.setattr(reader, "LIMITS", replace(LIMITS, request_seconds=0))
     status, _, merged, other = built.predict("Habari?", [], [], "base", 16, api_name="/chat")
     assert "this server allows 0 s per request" in status
     assert merged[-1]["content"] == [{"type": "text", "text": "(no answer: the time ran out)"}]

@@ -9,6 +9,12 @@ import pytest
 import torch
 
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.chat import chat_turn, context_tokens, fit_context, plain_history
+from layerswap_core.workbench.deltas import delta_views
+from layerswap_core.workbench.evaluate import evaluate_roles, evaluation_note
+from layerswap_core.workbench.served import (LIMITS, REFUSED, Access, Cancelled, WorkbenchError,
+                                             output_folder, readable_error, vet_reference)
+from layerswap_core.workbench.sweep import parse_values, sweep_grid
 from layerswap_core.checkpoints.io import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.partition import ConfigError
@@ -45,14 +51,14 @@ def test_incompatible_models_are_reported_not_opened(tiny, embedded_base):
     ("nobody/no-such-model", "offline"),
 ])
 def test_bad_references_give_readable_errors(tiny, ref, words):
-    with pytest.raises(wb.WorkbenchError) as e:
+    with pytest.raises(WorkbenchError) as e:
         wb.open_session(str(tiny["base"]), ref, str(tiny["lang"]))
-    msg = wb.readable_error(e.value)
+    msg = readable_error(e.value)
     assert words in msg and "Traceback" not in msg and "task expert" in msg
 
 
 def test_missing_expert_is_a_readable_error(tiny):
-    with pytest.raises(wb.WorkbenchError, match="language expert"):
+    with pytest.raises(WorkbenchError, match="language expert"):
         wb.check_models(str(tiny["base"]), str(tiny["task"]), "  ")
 
 
@@ -64,7 +70,7 @@ def test_config_validation_messages(session):
                          custom_rules="first 2 : mlp\n# comment\nall : attention")
     assert cfg.partition == [{"layers": "first 2", "kinds": "mlp"},
                              {"layers": "all", "kinds": "attention"}]
-    with pytest.raises(wb.WorkbenchError, match="at least one rule"):
+    with pytest.raises(WorkbenchError, match="at least one rule"):
         wb.make_config(session, "layer swap", 2, 1, partition="custom", custom_rules="# none")
     assert wb.make_config(session, "TIES").method == "ties"
 
@@ -114,7 +120,7 @@ def test_save_and_zip(session, tmp_path):
     assert (out / "config.json").exists() and (out / "layerswap.yaml").exists()
     with pytest.raises(Exception) as e:
         wb.save(session, cfg, str(tmp_path / "merged"))
-    assert "exists" in wb.readable_error(e.value)
+    assert "exists" in readable_error(e.value)
     z = wb.export_zip(session, cfg, str(tmp_path))
     with zipfile.ZipFile(z) as f:
         assert set(f.namelist()) == {"layerswap.yaml", "README.md"}
@@ -131,7 +137,7 @@ def test_local_saves_take_paths_but_replace_only_layerswap_outputs(session, tiny
     shutil.copytree(tiny["base"], model)
     before = sorted((p.name, p.stat().st_mtime_ns) for p in model.iterdir())
     for folder in (victim, model):
-        with pytest.raises(wb.WorkbenchError, match="not a layerswap output .* not replacing it"):
+        with pytest.raises(WorkbenchError, match="not a layerswap output .* not replacing it"):
             wb.save(session, cfg, str(folder), overwrite=True)
     assert (victim / "MARKER").read_text() == "mine"
     assert sorted((p.name, p.stat().st_mtime_ns) for p in model.iterdir()) == before
@@ -139,85 +145,98 @@ def test_local_saves_take_paths_but_replace_only_layerswap_outputs(session, tiny
     assert (out / "layerswap.yaml").exists()
     assert wb.save(session, swap(session, 3, 1), str(out), overwrite=True) == out
     assert "bottom: 3" in (out / "layerswap.yaml").read_text()
-    with pytest.raises(wb.WorkbenchError, match="give an output folder"):
+    with pytest.raises(WorkbenchError, match="give an output folder"):
         wb.save(session, cfg, "  ")
 
 
 def test_served_output_folder_is_a_name_under_the_root(tmp_path):
-    access = wb.Access(served=True, output_root=tmp_path / "out")
-    assert wb.output_folder(access, " my-merge.v2 ") == tmp_path / "out" / "my-merge.v2"
+    access = Access(served=True, output_root=tmp_path / "out")
+    assert output_folder(access, " my-merge.v2 ") == tmp_path / "out" / "my-merge.v2"
     for name in ("../x", "/abs", "a/b", "a\\b", ".hidden", "..", "a..b", "~", "x y", "n\x00"):
-        with pytest.raises(wb.WorkbenchError, match="give a name .* not a path"):
-            wb.output_folder(access, name)
-    with pytest.raises(wb.WorkbenchError, match="at most 100 characters"):
-        wb.output_folder(access, "x" * 101)
+        with pytest.raises(WorkbenchError, match="give a name .* not a path"):
+            output_folder(access, name)
+    with pytest.raises(WorkbenchError, match="at most 100 characters"):
+        output_folder(access, "x" * 101)
     (tmp_path / "out" / "link").symlink_to(tmp_path)
-    with pytest.raises(wb.WorkbenchError, match="a link out of the output folder"):
-        wb.output_folder(access, "link")
+    with pytest.raises(WorkbenchError, match="a link out of the output folder"):
+        output_folder(access, "link")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_references_are_vetted_only_when_served(tmp_path):
-    local = wb.vet_reference("~/models/x")
+    local = vet_reference("~/models/x")
     assert local == "~/models/x"                       # local: free paths, resolved later
     (tmp_path / "models" / "m").mkdir(parents=True)
     (tmp_path / "models" / "in").symlink_to(tmp_path / "models" / "m")
     (tmp_path / "models" / "out").symlink_to(tmp_path)
-    access = wb.Access(served=True, output_root=tmp_path / "o",
-                       model_roots=(tmp_path / "models",), trusted=frozenset({"/srv/preset"}))
-    assert wb.vet_reference("embedded:smollm2-swahili", access) == "embedded:smollm2-swahili"
-    assert wb.vet_reference("/srv/preset", access) == "/srv/preset"   # preselected by the server
-    assert wb.vet_reference(str(tmp_path / "models" / "in"), access) == str(tmp_path / "models" / "m")
+    access = Access(served=True, output_root=tmp_path / "o",
+                    model_roots=(tmp_path / "models",), trusted=frozenset({"/srv/preset"}))
+    assert vet_reference("embedded:smollm2-swahili", access) == "embedded:smollm2-swahili"
+    assert vet_reference("/srv/preset", access) == "/srv/preset"   # preselected by the server
+    assert vet_reference(str(tmp_path / "models" / "in"), access) == str(tmp_path / "models" / "m")
     messages = set()
     for ref in ("/etc", "~", "../..", str(tmp_path / "models" / "out"), str(tmp_path / "nope"),
                 str(tmp_path / "models" / ".." / "x"), "relative/../x", "/x\x00"):
-        with pytest.raises(wb.WorkbenchError) as e:
-            wb.vet_reference(ref, access)
+        with pytest.raises(WorkbenchError) as e:
+            vet_reference(ref, access)
         messages.add(str(e.value))
-    assert messages == {wb.REFUSED}
-    with pytest.raises(wb.WorkbenchError, match="at most 512 characters"):
-        wb.vet_reference("/" + "x" * 600, access)
+    assert messages == {REFUSED}
+    with pytest.raises(WorkbenchError, match="at most 512 characters"):
+        vet_reference("/" + "x" * 600, access)
 
 
 def test_text_inputs_are_capped_before_parsing(session):
-    with pytest.raises(wb.WorkbenchError, match="custom rules: at most 2000 characters"):
+    with pytest.raises(WorkbenchError, match="custom rules: at most 2000 characters"):
         wb.make_config(session, "layer swap", partition="custom", custom_rules="0 : mlp\n" * 300)
     t0 = time.perf_counter()
-    with pytest.raises(wb.WorkbenchError, match="1000000000 is outside 0..8"):
-        wb.parse_values("0-1000000000", "x", 8)       # bounds checked before the range is built
+    with pytest.raises(WorkbenchError, match="'0-1000000000' is not a value or range within 0..8"):
+        parse_values("0-1000000000", "x", 8)       # bounds checked before the range is built
     assert time.perf_counter() - t0 < 0.5
-    with pytest.raises(wb.WorkbenchError, match="at most 200 characters"):
-        wb.parse_values("1," * 101, "x", 8)
-    assert wb.parse_values("0-8:4, 1", "x", 8) == [0, 1, 4, 8]
+    with pytest.raises(WorkbenchError, match="at most 200 characters"):
+        parse_values("1," * 101, "x", 8)
+    assert parse_values("0-8:4, 1", "x", 8) == [0, 1, 4, 8]
+
+
+def test_sweep_values_are_read_by_the_one_layer_parser():
+    """One layer-range parser: a sweep's values (counts 0..8 here) read as a partition reads a
+    selection of 9 layers, plus a step; what the partition refuses, the sweep refuses."""
+    from layerswap_core.merge.partition import parse_layers
+
+    for spec in ("0,2,4", "0-8", " 3 - 5 ", "first 3, last 2", "all", "7"):
+        assert parse_values(spec, "x", 8) == sorted(parse_layers(spec, 9)), spec
+    assert parse_values("first 5:2, 8", "x", 8) == [0, 2, 4, 8]
+    for spec in ("9", "5-3", "-1", "non-layer", "two", "0-4:0", "0-4:x", ":2"):
+        with pytest.raises(WorkbenchError, match=f"{spec!r} is not a value or range within 0..8"):
+            parse_values(spec, "x", 8)
 
 
 # --------------------------------------------------------------------------- deltas
 def test_delta_views_and_suggestion(session):
-    v = wb.delta_views(session)
+    v = delta_views(session)
     tau = v.thresholds[0]
     assert tau > 0 and v.thresholds == (tau, tau)   # one data-derived tau for both by default
     # the tiny language expert changed layers 0, 1 and 7: the suggestion swaps the bottom ones
     assert v.suggestion.bottom >= 1 and "bottom" in v.suggestion_text
     assert wb.plan_cells_figure(session, swap(session, 2, 1), over="lang").data
-    w = wb.delta_views(session, tau * 10)
+    w = delta_views(session, tau * 10)
     assert w.heatmaps.to_json() != v.heatmaps.to_json()
 
 
 # --------------------------------------------------------------------------- evaluate / sweep
 def test_evaluate_side_by_side(session):
     wb.build(session, swap(session, 2, 1))
-    res = wb.evaluate(session, "mgsm", "sw", n=2, shots=1, roles=("task", "merged"),
-                      max_new_tokens=8)
+    res = evaluate_roles(session, "mgsm", "sw", n=2, shots=1, roles=("task", "merged"),
+                         max_new_tokens=8)
     assert len(res.rows) == 2 and len(res.rows[0]) == len(res.headers)
     assert [r[0] for r in res.summary_rows] == ["task expert", "merged"]
-    with pytest.raises(wb.WorkbenchError, match="between 1 and"):
-        wb.evaluate(session, "mgsm", "sw", n=wb.LIMITS.eval_questions + 1)
+    with pytest.raises(WorkbenchError, match="between 1 and"):
+        evaluate_roles(session, "mgsm", "sw", n=LIMITS.eval_questions + 1)
 
 
 def test_sweep_grid(session):
     wb.build(session, swap(session, 3, 2))
-    res = wb.sweep(session, swap(session, 2, 1), "bottom / top", "0,2", "1,7", "gsm-symbolic",
-                   "sw", n=2, metric="nll")
+    res = sweep_grid(session, swap(session, 2, 1), "bottom / top", "0,2", "1,7",
+                     "gsm-symbolic", "sw", n=2, metric="nll")
     assert res.xs == [0, 2] and res.ys == [1, 7]
     assert res.scores[1][1] is None              # 2 + 7 > 8 layers: impossible, skipped
     assert all(s is not None and s > 0 for s in (res.scores[0][0], res.scores[0][1], res.scores[1][0]))
@@ -228,23 +247,23 @@ def test_sweep_grid(session):
     assert session.built_config.layer_counts(8) == (3, 2, 0, 0)   # the visitor's build is back
     session.model("merged")
     assert session.live().plan.config.layer_counts(8) == (3, 2, 0, 0)
-    with pytest.raises(wb.WorkbenchError, match="outside"):
-        wb.sweep(session, swap(session, 2, 1), "bottom / top", "0-9", "0")
+    with pytest.raises(WorkbenchError, match="'0-9' is not a value or range within 0..8"):
+        sweep_grid(session, swap(session, 2, 1), "bottom / top", "0-9", "0")
 
 
 # --------------------------------------------------------------------------- chat
 def test_chat_streams_and_rejects_empty(session):
     wb.build(session, swap(session, 2, 1))
     steps = [[dict(m) for m in r.history]
-             for r in wb.chat(session, "Habari?", [], "merged", max_new_tokens=12)]
+             for r in chat_turn(session, "Habari?", [], "merged", max_new_tokens=12)]
     assert steps and all(len(h) == 2 for h in steps)
     final = steps[-1]
     assert final[0] == {"role": "user", "content": "Habari?"} and final[1]["content"]
-    with pytest.raises(wb.WorkbenchError, match="type a message"):
-        next(wb.chat(session, "   ", [], "merged"))
+    with pytest.raises(WorkbenchError, match="type a message"):
+        next(chat_turn(session, "   ", [], "merged"))
     gradio_style = [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
                     {"role": "assistant", "content": [{"type": "text", "text": "jambo"}]}]
-    assert wb.plain_history(gradio_style) == [{"role": "user", "content": "hi"},
+    assert plain_history(gradio_style) == [{"role": "user", "content": "hi"},
                                               {"role": "assistant", "content": "jambo"}]
 
 
@@ -263,8 +282,8 @@ def test_chat_streams_and_rejects_empty(session):
      "longer than 24000 characters"),
 ])
 def test_chat_history_is_checked(session, history, words):
-    with pytest.raises(wb.WorkbenchError, match=words):
-        next(wb.chat(session, "Habari?", history, "base"))
+    with pytest.raises(WorkbenchError, match=words):
+        next(chat_turn(session, "Habari?", history, "base"))
 
 
 def test_chat_keeps_the_newest_turns_that_fit_the_context(session):
@@ -272,26 +291,26 @@ def test_chat_keeps_the_newest_turns_that_fit_the_context(session):
     turns = [m for i in range(3) for m in
              ({"role": "user", "content": f"swali {i}: " + "maembe " * 60},
               {"role": "assistant", "content": f"jibu {i}"})]
-    messages, dropped = wb.fit_context(model, tok, turns, "Habari?", 16)
-    assert wb.context_tokens(model) == 512 and dropped >= 1
+    messages, dropped = fit_context(model, tok, turns, "Habari?", 16)
+    assert context_tokens(model) == 512 and dropped >= 1
     assert messages == turns[2 * dropped:] + [{"role": "user", "content": "Habari?"}]
-    assert wb.fit_context(model, tok, turns, "Habari?", 256)[1] > dropped   # longer answer
-    assert wb.fit_context(model, tok, turns[:2], "Habari?", 16)[1] == 0
-    reply = list(wb.chat(session, "Habari?", turns, "base", max_new_tokens=16))[-1]
+    assert fit_context(model, tok, turns, "Habari?", 256)[1] > dropped   # longer answer
+    assert fit_context(model, tok, turns[:2], "Habari?", 16)[1] == 0
+    reply = list(chat_turn(session, "Habari?", turns, "base", max_new_tokens=16))[-1]
     assert reply.dropped == dropped and len(reply.history) == len(turns) + 2
     assert f"{dropped} earlier turn" in reply.note()
 
 
 def test_chat_stops_at_its_deadline(session):
     start = time.monotonic()
-    replies = wb.chat(session, "Habari?", [], "base", max_new_tokens=200, deadline=start + 1.0)
+    replies = chat_turn(session, "Habari?", [], "base", max_new_tokens=200, deadline=start + 1.0)
     first = next(replies)
     assert not first.stopped
     time.sleep(1.1)                              # the visitor's request is out of time
     last = list(replies)[-1]
     assert last.stopped and "s per request" in last.note()
     assert time.monotonic() - start < 5
-    passed = list(wb.chat(session, "Habari?", [], "base", deadline=time.monotonic()))
+    passed = list(chat_turn(session, "Habari?", [], "base", deadline=time.monotonic()))
     assert passed[-1].stopped
     assert passed[-1].history[-1]["content"] == "(no answer: the time ran out)"
 
@@ -310,25 +329,26 @@ def test_cancel_stops_the_job_between_steps(session):
         seen.append(msg)
         session.cancel.set()         # the visitor presses Cancel during the first step
 
-    with pytest.raises(wb.Cancelled):
-        wb.evaluate(session, "mgsm", "sw", n=2, shots=0, roles=("task",), max_new_tokens=4,
-                    progress=press_cancel)
-    assert len(seen) == 1 and wb.readable_error(wb.Cancelled()) == "Cancelled."
-    wb.evaluate(session, "mgsm", "sw", n=1, shots=0, roles=("task",), max_new_tokens=4)  # works again
+    with pytest.raises(Cancelled):
+        evaluate_roles(session, "mgsm", "sw", n=2, shots=0, roles=("task",), max_new_tokens=4,
+                       progress=press_cancel)
+    assert len(seen) == 1 and readable_error(Cancelled()) == "Cancelled."
+    # works again
+    evaluate_roles(session, "mgsm", "sw", n=1, shots=0, roles=("task",), max_new_tokens=4)
 
 
 def test_push_needs_token_and_network(session, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_dummy")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert wb.hub_token() is None
-    with pytest.raises(wb.WorkbenchError, match="network and a token"):
+    with pytest.raises(WorkbenchError, match="network and a token"):
         wb.push_to_hub(session, swap(session, 2, 1), "me/merged")
 
 
 def test_sessions_do_not_share_merged_models(session, tiny):
     other, _ = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     wb.build(session, swap(session, 2, 1))
-    with pytest.raises(wb.WorkbenchError, match="build the merged model first"):
+    with pytest.raises(WorkbenchError, match="build the merged model first"):
         other.model("merged")
     wb.build(other, swap(other, 0, 0))
     assert session.merged[0] is not other.merged[0]
@@ -353,7 +373,7 @@ def test_peft_adapter_is_picked_as_a_dense_expert(tiny, tmp_path, monkeypatch):
     q = "model.layers.3.self_attn.q_proj.weight"
     dense = _tensor(session.paths["task"], q)
     assert torch.equal(dense, expected[q]) and not torch.equal(dense, _tensor(tiny["base"], q))
-    with pytest.raises(wb.WorkbenchError, match="give its base model"):
+    with pytest.raises(WorkbenchError, match="give its base model"):
         wb.check_models("", str(tmp_path / "adapter"), str(tiny["lang"]))
 
 
@@ -395,8 +415,8 @@ def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny)
     from layerswap_core.checkpoints.models import load_model
 
     wb.build(session, swap(session, 2, 1))
-    res = wb.evaluate(session, "gsm-symbolic", "sw", 2, 0, False,
-                      ("base", "task", "lang", "merged"), 8)
+    res = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False,
+                         ("base", "task", "lang", "merged"), 8)
     items = load_items("gsm-symbolic", "sw", 2)
     direct = {wb.ROLE_LABELS[r]: load_model(tiny[r]) for r in ("base", "task", "lang")}
     ref = run_side_by_side(direct, items, shots=0, max_new_tokens=8)
@@ -431,17 +451,17 @@ def test_spaces_gpu_decorator_is_a_no_op_without_spaces():
 
 
 def test_delta_views_take_a_threshold_per_expert_and_the_papers_matrices(session):
-    views = wb.delta_views(session, (1.9e-5, 1.0e-5), matrices_only=True)
+    views = delta_views(session, (1.9e-5, 1.0e-5), matrices_only=True)
     assert views.thresholds == (1.9e-5, 1.0e-5) and session.tau == 1.0e-5
     titles = " ".join(a.text for a in views.heatmaps.layout.annotations)
     assert "1.9e-05" in titles and "1e-05" in titles
-    all_kinds = wb.delta_views(session, 1e-4).heatmaps
+    all_kinds = delta_views(session, 1e-4).heatmaps
     assert len(views.heatmaps.data[0].y) < len(all_kinds.data[0].y) or \
         len(views.heatmaps.data[0].x) < len(all_kinds.data[0].x)
 
 
 def test_evaluation_says_it_is_a_sample(session):
     wb.build(session, swap(session, 2, 1))
-    res = wb.evaluate(session, "gsm-symbolic", "sw", 2, 0, False, ("merged",), 4)
-    note = wb.evaluation_note(res)
+    res = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False, ("merged",), 4)
+    note = evaluation_note(res)
     assert "first 2 of 48 items: a sample" in note and "0-shot" in note

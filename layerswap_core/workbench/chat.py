@@ -1,0 +1,152 @@
+"""The Chat tab: one streamed answer per pane, from a conversation the page sends back.
+
+Every check that costs nothing runs first (message length, history shape and size, turns); the
+prompt keeps the newest turns that fit the model's context; a request stops at its deadline.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from .served import LIMITS, WorkbenchError, bounded, capped
+from .session import Session
+
+CHAT_EXAMPLES = [
+    "Juma ana maembe 12. Anampa dada yake maembe 5. Juma amebaki na maembe mangapi?",
+    "Mama alinunua mikate 3 kwa shilingi 400 kila mmoja. Alilipa shilingi ngapi kwa jumla?",
+    "রহিমের কাছে ১৫টি আপেল আছে। সে ৭টি আপেল খেয়ে ফেলল। তার কাছে কয়টি আপেল আছে?",
+    "একটি বইয়ের দাম ১২০ টাকা। ৩টি বইয়ের দাম কত?",
+]
+
+
+def check_chat_message(message: str, history: list | None) -> str:
+    """The message to send, after the checks that cost nothing (length, empty, turns)."""
+    text = capped("message", message, LIMITS.chat_chars).strip()
+    if not text:
+        raise WorkbenchError("type a message first")
+    if len(plain_history(history)) // 2 >= LIMITS.chat_turns:
+        raise WorkbenchError(f"this conversation has {LIMITS.chat_turns} turns; press Clear to "
+                             "start again")
+    return text
+
+
+def _plain_text(content) -> str | None:
+    """A turn's text: a string, or Gradio's list of text parts; None for anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = [p if isinstance(p, str) else p.get("text") if isinstance(p, dict)
+                 and p.get("type", "text") == "text" else None for p in content]
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+    return None
+
+
+def plain_history(history: list | None) -> list[dict]:
+    """The conversation the page sent back as [{"role", "content": str}], checked: plain-text
+    turns alternating user, assistant (as chat templates expect), LIMITS.history_chars in all."""
+    if not history:
+        return []
+    if not isinstance(history, (list, tuple)):
+        raise WorkbenchError("chat history: expected a list of turns; press Clear to start again")
+    out, total = [], 0
+    for i, turn in enumerate(history):
+        role = turn.get("role") if isinstance(turn, dict) else None
+        if role not in ("user", "assistant"):
+            raise WorkbenchError(f"chat history: only user and assistant turns are accepted, not "
+                                 f"{str(role)[:20]!r}; press Clear to start again")
+        if role != ("user", "assistant")[i % 2]:
+            raise WorkbenchError("chat history: turns must alternate user, assistant; press Clear "
+                                 "to start again")
+        text = _plain_text(turn.get("content"))
+        if text is None:
+            raise WorkbenchError(f"chat history: turn {i + 1} is not plain text; press Clear to "
+                                 "start again")
+        total += len(text)
+        if total > LIMITS.history_chars:
+            raise WorkbenchError(f"this conversation is longer than {LIMITS.history_chars} "
+                                 "characters; press Clear to start again")
+        out.append({"role": role, "content": text})
+    if len(out) % 2:
+        raise WorkbenchError("chat history: the last question has no answer; press Clear to start "
+                             "again")
+    return out
+
+
+def context_tokens(model) -> int | None:
+    """The model's context window in tokens (None when its config does not say)."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
+                ) -> tuple[list[dict], int]:
+    """The newest turns that fit the model's context with the new message and an answer of
+    ``max_new_tokens``; also how many earlier turns (question + answer) were left out."""
+    from ..evaluation.generation import chat_prompt, encode
+
+    context = context_tokens(model)
+    question = {"role": "user", "content": text}
+    for dropped in range(len(turns) // 2 + 1):
+        messages = turns[2 * dropped:] + [question]
+        prompt_tokens = len(encode(tok, chat_prompt(tok, messages)))
+        if context is None or prompt_tokens + max_new_tokens <= context:
+            return messages, dropped
+    raise WorkbenchError(f"the message and a {max_new_tokens}-token answer do not fit the model's "
+                         f"context ({context} tokens): shorten the message or the answer")
+
+
+@dataclass
+class ChatReply:
+    history: list[dict]       # the pane: the earlier turns, the question, the answer so far
+    dropped: int = 0          # earliest turns left out of the prompt to fit the context window
+    stopped: bool = False     # the request's time ran out: the answer is cut short
+
+    def note(self) -> str:
+        notes = []
+        if self.dropped:
+            notes.append(f"{self.dropped} earlier turn{'s' if self.dropped > 1 else ''} left out "
+                         "to fit the model's context")
+        if self.stopped:
+            notes.append(f"stopped: this server allows {LIMITS.request_seconds} s per request")
+        return "; ".join(notes)
+
+
+def chat_turn(session: Session, message: str, history: list[dict] | None, role: str = "merged",
+              max_new_tokens: int = 128, temperature: float = 0.0,
+              repetition_penalty: float = 1.0, deadline: float | None = None
+              ) -> Iterator[ChatReply]:
+    """Stream one answer (greedy unless temperature > 0): yields the reply, answer growing.
+
+    The prompt keeps the newest turns that fit the model's context; generation stops at
+    ``deadline`` (``time.monotonic()``; default LIMITS.request_seconds from now)."""
+    from ..evaluation.generation import chat as generate_chat
+
+    text = check_chat_message(message, history)
+    max_new_tokens = bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
+    turns = plain_history(history)
+    model, tok = session.model(role)
+    messages, dropped = fit_context(model, tok, turns, text, max_new_tokens)
+    deadline = time.monotonic() + LIMITS.request_seconds if deadline is None else deadline
+    answer = {"role": "assistant", "content": ""}
+    reply = ChatReply(turns + [{"role": "user", "content": text}, answer], dropped,
+                      stopped=time.monotonic() >= deadline)
+    if not reply.stopped:
+        stream = generate_chat(model, tok, messages, max_new_tokens=max_new_tokens, stream=True,
+                               temperature=float(temperature),
+                               repetition_penalty=float(repetition_penalty))
+        try:
+            for so_far in stream:
+                answer["content"] = so_far
+                yield reply
+                if time.monotonic() >= deadline:
+                    reply.stopped = True
+                    break
+        finally:
+            stream.close()  # ends the generation thread at its next token
+    if not answer["content"].strip():
+        answer["content"] = ("(no answer: the time ran out)" if reply.stopped
+                             else "(no answer: the model stopped at once)")
+    yield reply

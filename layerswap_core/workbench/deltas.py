@@ -1,0 +1,86 @@
+"""The Deltas tab: where each expert changed against the base, and the swap that suggests.
+
+The statistics are computed once per session (``analyze_deltas``, cached on disk by
+``analysis.deltas``); moving a threshold redraws the figures from them without reading tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .served import Progress, WorkbenchError
+from .session import ROLE_LABELS, Session
+
+
+def analyze_deltas(session: Session, progress: Progress | None = None) -> dict[str, Any]:
+    """DeltaStats of each expert against the base (computed once per session; cached on disk)."""
+    from ..analysis.deltas import delta_stats as compute
+
+    if not session.has_base:
+        raise WorkbenchError("the delta views need the base model (Models tab)")
+    guard = session.begin(progress)
+    for i, role in enumerate(("task", "lang")):
+        if role not in session.stats:
+            guard(i / 2, f"delta statistics of the {ROLE_LABELS[role]}")
+            session.stats[role] = compute(
+                session.paths["base"], session.paths[role], label=ROLE_LABELS[role],
+                progress=lambda f, m, i=i: guard((i + f) / 2, m))
+    return session.stats
+
+
+@dataclass
+class DeltaViews:
+    thresholds: tuple[float, float]  # tau of the task and of the language expert
+    heatmaps: Any          # side-by-side heatmaps of both experts
+    overlap: Any           # where both changed strongly
+    profile: Any           # per-layer delta mass
+    suggestion: Any        # analysis.Suggestion
+    suggestion_text: str
+
+
+def delta_views(session: Session, threshold: float | tuple[float, float] | None = None,
+                metric: str = "fraction", log_scale: bool = False,
+                progress: Progress | None = None, matrices_only: bool = False) -> DeltaViews:
+    """Figures for the Deltas tab. ``threshold``: one tau for both experts, a (task, lang) pair
+    (the paper used a threshold per expert), or None (``analysis.auto_threshold`` for both).
+    ``matrices_only``: only the seven 2-D matrices the paper plots. Moving a threshold re-uses
+    the stored statistics (no tensor reads)."""
+    from . import figures as plots
+    from ..analysis.deltas import auto_threshold
+
+    stats = analyze_deltas(session, progress)
+    task, lang = stats["task"], stats["lang"]
+    if threshold is None:
+        taus = (auto_threshold(task, lang),) * 2
+    elif isinstance(threshold, (tuple, list)):
+        taus = tuple(float(t) for t in threshold)
+    else:
+        taus = (float(threshold),) * 2
+    if not all(t > 0 for t in taus) or len(taus) != 2:
+        raise WorkbenchError(f"the thresholds must be two positive numbers, got {threshold}")
+    session.tau = taus[1]  # the plan is drawn over the language expert's changes
+    metric = "frac_rows_above" if metric == "fraction" else "mean_row_mav"
+    only = bool(matrices_only)
+    heat = plots.side_by_side_heatmaps(task, lang, metric=metric, tau=taus, log=bool(log_scale),
+                                       matrices_only=only)
+    overlap = plots.overlap_heatmap(task, lang, tau=taus, matrices_only=only)
+    suggestion = suggest(session)
+    profile = plots.layer_profile_figure([task, lang], suggestion=suggestion)
+    return DeltaViews(taus, heat, overlap, profile, suggestion, suggestion_text(suggestion))
+
+
+def suggest(session: Session):
+    """analysis.Suggestion from the stored statistics (Analyze first)."""
+    from ..analysis.suggest import suggest_config
+    if "task" not in session.stats or "lang" not in session.stats:
+        raise WorkbenchError("analyze the deltas first (Deltas tab)")
+    return suggest_config(session.stats["task"], session.stats["lang"], session.num_layers)
+
+
+def suggestion_text(s) -> str:
+    head = (f"**Suggested configuration**: bottom {s.bottom}, top {s.top}, transitions "
+            f"{s.transition_bottom}/{s.transition_top}"
+            + (f", partition {s.partition}" if s.partition else ""))
+    return head + ("\n\n" + s.explanation if s.explanation else "")
+
+

@@ -1,0 +1,241 @@
+"""What a visitor may do on this server, and how a refusal reads.
+
+``served_mode`` decides whether the app serves visitors; ``Access`` then says which model folders
+they may name (``vet_reference``) and where saves go (``output_folder``; local: any folder;
+served: embedded models, Hub ids, folders under the model roots, and named folders under the
+output root). Every text the server parses is capped (``LIMITS``, ``capped``, ``bounded``)
+before it is parsed. Errors meant for the page are ``WorkbenchError`` (or another ``ValueError``
+subclass from the library) and ``readable_error`` turns any exception into one short line: the
+page never shows a stack trace. Every other workbench module builds on this one.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..checkpoints.models import EMBEDDED_PREFIX
+
+Progress = Callable[[float, str], None]
+
+
+# --------------------------------------------------------------------------- errors
+class WorkbenchError(ValueError):
+    """A problem to show on the page as one readable sentence."""
+
+
+class Cancelled(Exception):
+    """The visitor pressed Cancel; the work stopped between two steps."""
+
+
+def readable_error(exc: BaseException) -> str:
+    """One line for the page: library errors as they are, anything else with its type."""
+    if isinstance(exc, Cancelled):
+        return "Cancelled."
+    if isinstance(exc, (ValueError, FileNotFoundError, FileExistsError, PermissionError)):
+        msg = str(exc) or type(exc).__name__
+    elif isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
+        msg = "out of memory: try fewer questions, shorter answers or a smaller model"
+    else:
+        msg = f"{type(exc).__name__}: {exc}"
+    msg = " ".join(msg.split())
+    return msg if len(msg) <= 600 else msg[:597] + "..."
+
+
+# --------------------------------------------------------------------------- limits
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Work allowed per request, so one visitor cannot exhaust a shared Space.
+
+    Each can be raised with an environment variable LAYERSWAP_MAX_<NAME> (e.g. on a GPU Space).
+    """
+    eval_questions: int = 20
+    shots: int = 8
+    new_tokens: int = 256
+    chat_chars: int = 2000           # one chat message
+    chat_turns: int = 8
+    history_chars: int = 24000       # a whole conversation sent back by the page
+    request_seconds: int = 120       # one chat request (both answers) stops after this long
+    sweep_cells: int = 25
+    sweep_items: int = 8
+    rules_chars: int = 2000          # custom partition rules
+    values_chars: int = 200          # a sweep's x or y values
+    ref_chars: int = 512             # a model reference, a local folder path, a Hub repo id
+    name_chars: int = 100            # a folder name under the output root (served mode)
+    jobs: int = 2                    # heavy jobs (analyze, build, save, evaluate, ...) at once
+    plan_jobs: int = 4               # plan redraws at once (they follow every slider move)
+    session_seconds: int = 6 * 3600  # an open page keeps its models this long (closed: freed soon)
+
+    @classmethod
+    def from_env(cls) -> "Limits":
+        return cls(**{f: _env_int(f"LAYERSWAP_MAX_{f.upper()}", getattr(cls, f))
+                      for f in cls.__dataclass_fields__})
+
+
+LIMITS = Limits.from_env()
+
+
+def capped(name: str, text, limit: int) -> str:
+    """``text`` as a string, refused (before any parsing) when longer than ``limit`` characters."""
+    text = "" if text is None else str(text)
+    if len(text) > limit:
+        raise WorkbenchError(f"{name}: at most {limit} characters on this server, got {len(text)}")
+    return text
+
+
+def bounded(name: str, value, lo: int, hi: int) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise WorkbenchError(f"{name}: expected a whole number, got {value!r}") from None
+    if not lo <= v <= hi:
+        raise WorkbenchError(f"{name} must be between {lo} and {hi} on this server, got {v}")
+    return v
+
+
+# --------------------------------------------------------------------------- served or local
+def served_mode(host: str | None = None, share: bool = False) -> bool:
+    """Whether the app serves visitors (who then reach only the folders ``Access`` allows).
+
+    ``LAYERSWAP_SERVED=1`` / ``0`` decides; otherwise served on a Space (``SPACE_ID``), with a
+    public share link, or when listening on an address that is not loopback."""
+    forced = os.environ.get("LAYERSWAP_SERVED", "").strip().lower()
+    if forced in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return forced in ("1", "true", "yes", "on")
+    return bool(os.environ.get("SPACE_ID")) or share or not _loopback(host or "127.0.0.1")
+
+
+def _loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:  # a host name: it may face the network
+        return False
+
+
+@dataclass(frozen=True)
+class Access:
+    """What the people using the page may touch on this machine.
+
+    Local (one user on their own machine): any folder. Served (visitors over the network): models
+    are ``embedded:`` names, Hub ids, folders under ``model_roots`` (``LAYERSWAP_MODEL_DIRS`` and
+    the output root) or the references the server preselected (``trusted``); saves are named
+    folders under ``output_root`` (``LAYERSWAP_OUTPUT_DIR``, default ``<cache>/outputs``)."""
+    served: bool = False
+    output_root: Path | None = None
+    model_roots: tuple[Path, ...] = ()
+    trusted: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_env(cls, served: bool, trusted=()) -> "Access":
+        from ..checkpoints.models import cache_dir
+
+        out = Path(os.environ.get("LAYERSWAP_OUTPUT_DIR") or cache_dir() / "outputs").expanduser()
+        dirs = os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
+        roots = [Path(d).expanduser() for d in dirs if d.strip()]
+        return cls(served, out, (*roots, out), frozenset(str(t) for t in trusted))
+
+    def describe(self) -> str:
+        """One line for the page."""
+        if not self.served:
+            return ("Local mode (one user): models and saves may be any folder on this machine "
+                    "(LAYERSWAP_SERVED=1 restricts them as for visitors).")
+        return ("Served mode: models are embedded, Hub ids or folders under "
+                + ", ".join(f"`{r}`" for r in self.model_roots)
+                + f"; saves are named folders under `{self.output_root}`.")
+
+
+LOCAL = Access()
+# a Hub repo id: owner/name, dots only inside words (never '.', '..' or a leading dot)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w-]*(\.[\w-]+)*/[\w-]+(\.[\w-]+)*", re.ASCII)
+REFUSED = ("not available on this server: use an embedded: model, a Hub id (owner/name) or a "
+           "folder under the model folders named at the top of the page")
+
+
+def _within(real: str, root: Path) -> bool:
+    top = os.path.realpath(root)
+    return os.path.commonpath([real, top]) == top
+
+
+def vet_reference(ref, access: Access = LOCAL, progress: Progress | None = None) -> str:
+    """The reference to use for a model someone named. Local: as given. Served: an ``embedded:``
+    name or a trusted reference as given, a Hub id as its downloaded folder (never read as a
+    relative path), an absolute path as its real path (links resolved) when that lies under a
+    model root; anything else is REFUSED, in the same words whatever exists on the server."""
+    ref = capped("model reference", ref, LIMITS.ref_chars).strip()
+    if not access.served or ref in access.trusted or ref.startswith(EMBEDDED_PREFIX):
+        return ref
+    if HUB_ID.fullmatch(ref):
+        from ..checkpoints.models import _from_hub
+        return str(_from_hub(ref, None if progress is None else lambda m: progress(0.0, m)))
+    if os.path.isabs(ref) and ref.isprintable():
+        try:
+            real = os.path.realpath(ref)
+        except (OSError, ValueError):
+            real = ""
+        if real and any(_within(real, root) for root in access.model_roots):
+            return real
+    raise WorkbenchError(REFUSED)
+
+
+def offered_models(access: Access, limit: int = 50) -> list[str]:
+    """Model and adapter folders directly under the model roots (the served page lists them)."""
+    found = []
+    for root in access.model_roots if access.served else ():
+        try:
+            subs = sorted(p for p in Path(root).iterdir() if p.is_dir())
+        except OSError:
+            continue
+        found += [str(p) for p in subs
+                  if (p / "config.json").exists() or (p / "adapter_config.json").exists()]
+    return found[:limit]
+
+
+# --------------------------------------------------------------------------- where saves go
+_FOLDER_NAME = re.compile(r"\w[\w.-]*")
+
+
+def output_folder(access: Access, folder) -> Path:
+    """Where a save goes. Served: a plain name (no '/', '\\', '..', leading '.') for a folder
+    directly under the output root, never a link out of it. Local: any path."""
+    limit = LIMITS.name_chars if access.served else LIMITS.ref_chars
+    text = capped("output folder", folder, limit).strip()
+    if not text:
+        raise WorkbenchError("give a name for the output folder" if access.served
+                             else "give an output folder")
+    if not access.served:
+        return Path(text).expanduser()
+    if not _FOLDER_NAME.fullmatch(text) or ".." in text:
+        raise WorkbenchError(f"output folder {text!r}: give a name (letters, digits, '-', '_', "
+                             "'.'), not a path; it is saved in this server's output folder")
+    root = access.output_root
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / text
+    if out.is_symlink() or os.path.realpath(out) != os.path.join(os.path.realpath(root), text):
+        raise WorkbenchError(f"output folder {text!r} is a link out of the output folder: "
+                             "not writing there")
+    return out
+
+
+def check_replace(out: Path, overwrite: bool) -> None:
+    """An existing folder is replaced only with overwrite, and only when it is a layerswap
+    output (it has its layerswap.yaml): never a model, a cache or anything else."""
+    target = Path(out).expanduser()
+    if not (target.exists() or target.is_symlink()):
+        return
+    if not overwrite:
+        raise WorkbenchError(f"{target} already exists: tick Overwrite to replace it")
+    if not target.is_dir() or not (target / "layerswap.yaml").is_file():
+        raise WorkbenchError(f"{target} is not a layerswap output (no layerswap.yaml): "
+                             "not replacing it")

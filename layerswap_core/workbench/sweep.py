@@ -1,0 +1,123 @@
+"""The Sweep tab: a grid search over two layer counts, each cell recomposed in memory and scored
+on a small fixed item set (gold-solution NLL or accuracy)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .served import LIMITS, Progress, WorkbenchError, bounded, capped
+from .session import Session
+
+
+@dataclass
+class SweepResult:
+    axes: tuple[str, str]
+    xs: list[int]
+    ys: list[int]
+    scores: list[list[float | None]]   # scores[iy][ix]; None: impossible configuration
+    metric: str
+    figure: Any
+    rows: list[list]                   # x, y, score, best first (the table the visitor clicks)
+
+    @property
+    def best(self) -> list | None:
+        """[x, y, score] of the best configuration (lowest NLL, highest accuracy), if any."""
+        return self.rows[0] if self.rows else None
+
+
+SWEEP_AXES = {"bottom / top": ("bottom", "top"),
+              "transition bottom / top": ("transition_bottom", "transition_top")}
+
+
+def parse_values(text: str, name: str, hi: int) -> list[int]:
+    """'0,2,4', '0-4' or '0-8:2' -> sorted ints within 0..hi (layer counts: 0 up to the depth).
+
+    Each item is read by the merge's one layer parser (``partition.parse_layers`` over ``hi + 1``
+    values: bounds checked before any range is built, so 'first 3' and 'all' work too);
+    ``:STEP`` then keeps every STEP-th value of that item."""
+    from ..merge.partition import ConfigError, parse_layers
+
+    out: set[int] = set()
+    for part in capped(name, text, LIMITS.values_chars).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        rng, _, step = part.partition(":")
+        try:
+            every = int(step) if step.strip() else 1
+            values = sorted(parse_layers(rng, hi + 1)) if rng.strip() else []
+        except (ValueError, ConfigError):  # ConfigError is a ValueError: one message for both
+            values = []
+        if not values or every < 1:
+            raise WorkbenchError(f"{name}: {part!r} is not a value or range within 0..{hi} "
+                                 "(use e.g. 0,2,4 or 0-6:2)")
+        out.update(values[::every])
+    if not out:
+        raise WorkbenchError(f"{name}: give at least one value")
+    return sorted(out)
+
+
+def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
+               x_values: str = "0,2,4", y_values: str = "0,1,2", source: str = "gsm-symbolic",
+               lang: str = "sw", n: int = 4, shots: int = 0, metric: str = "nll",
+               progress: Progress | None = None) -> SweepResult:
+    """Score a grid of configurations on a small fixed item set by in-memory recomposition."""
+    from dataclasses import replace
+
+    from . import figures as plots
+    from ..evaluation.data import load_items
+    from ..evaluation.runner import run_side_by_side
+    from ..merge.partition import ConfigError
+
+    if metric not in ("nll", "accuracy"):
+        raise WorkbenchError(f"sweep score: 'nll' or 'accuracy', got {metric!r}")
+    if axes not in SWEEP_AXES:
+        raise WorkbenchError(f"sweep over {axes!r}? choose one of {', '.join(SWEEP_AXES)}")
+    fx, fy = SWEEP_AXES[axes]
+    xs = parse_values(x_values, fx.replace("_", " "), session.num_layers)
+    ys = parse_values(y_values, fy.replace("_", " "), session.num_layers)
+    if len(xs) * len(ys) > LIMITS.sweep_cells:
+        raise WorkbenchError(f"{len(xs)} x {len(ys)} = {len(xs) * len(ys)} configurations; this "
+                             f"server allows {LIMITS.sweep_cells} per sweep")
+    n = bounded("sweep questions", n, 1, LIMITS.sweep_items)
+    items = load_items(source, lang, n)
+    if metric == "nll" and not all(it.solution for it in items):
+        raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
+    guard = session.begin(progress)
+    scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
+    rows = []
+    total = len(xs) * len(ys)
+    for iy, y in enumerate(ys):
+        for ix, x in enumerate(xs):
+            try:
+                cfg = replace(base_config, method="layer_swap", partition=None, **{fx: x, fy: y})
+                cfg.validate(session.num_layers, has_base=session.has_base)
+            except ConfigError:
+                continue  # impossible cell (more swapped layers than the model has): empty
+            done = (iy * len(xs) + ix) / total
+            guard(done, f"{fx} {x}, {fy} {y}")
+            with session.lock:  # the live model shows the cell; the visitor's build stays
+                lm = session.live()
+                lm.show(cfg, progress=lambda f, m: guard(done, m))
+                # NLL needs one forward pass per item; generation is cut to 1 token
+                res = run_side_by_side({"merged": (lm.model, lm.tokenizer)}, items, shots=shots,
+                                       max_new_tokens=1 if metric == "nll" else 64,
+                                       with_nll=metric == "nll",
+                                       progress=lambda f, m: guard(done + f / total, m))
+            s = res.summary[0]
+            scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
+            if scores[iy][ix] is not None:
+                rows.append([x, y, round(scores[iy][ix], 4)])
+    guard(1.0, "done")
+    # best first (ties keep grid order): lowest NLL, highest accuracy
+    rows.sort(key=lambda r: r[2] if metric == "nll" else -r[2])
+    if metric == "nll":  # the figure stars the highest score: plot -NLL
+        fig = plots.sweep_heatmap(xs, ys, [[None if v is None else -v for v in r] for r in scores],
+                                  x_label=fx.replace("_", " "), y_label=fy.replace("_", " "),
+                                  score_label="-gold NLL (higher is better)", fmt=".3f")
+    else:
+        fig = plots.sweep_heatmap(xs, ys, scores, x_label=fx.replace("_", " "),
+                                  y_label=fy.replace("_", " "), score_label="accuracy")
+    return SweepResult((fx, fy), xs, ys, scores, metric, fig, rows)
+
+
