@@ -8,11 +8,12 @@ validated ``MergeConfig`` from the controls, its plan drawn) and Build (in memor
 zip). The other tabs have a module each (``deltas``, ``evaluate``, ``sweep``, ``chat``); what
 visitors may touch, the limits and the one-line errors are in ``served``.
 
-Memory model: no model cache here. Each session has one live model per chat pane
-(``merge.live.LiveModel``) over the memory-mapped checkpoints, whose pages are page cache shared
-by every session; ``checkpoints.models.pick_device`` picks its device. The merged config, the
-chosen references, the statistics and the results live in the ``Session`` that ``gr.State``
-keeps per visitor.
+Memory model: no model cache here. A session holds at most two live models
+(``merge.live.LiveModel``: the main one, which shows every role and the merge, and one for the
+second chat pane) over the memory-mapped checkpoints, whose pages are page cache shared by every
+session; ``checkpoints.models.pick_device`` picks their device. The built config, the chosen
+references, the statistics and the results live in the ``Session`` that ``gr.State`` keeps per
+visitor.
 """
 from __future__ import annotations
 
