@@ -89,6 +89,32 @@ def test_plan_view_follows_the_sliders_without_reading_tensors(session, monkeypa
     assert fig_a.to_json() != fig_b.to_json()
 
 
+def test_layer_diagram_splits_a_mixed_layer_by_parameter_count(session):
+    """Attention to the language expert, the rest to the task expert: each bar's language share
+    is the attention's share of the layer's parameters (not 4 of its 9 module kinds)."""
+    import math
+
+    from layerswap_core.checkpoints.architectures import ATTENTION_KINDS
+
+    cfg = wb.make_config(session, "layer swap", partition="custom", custom_rules="all : attention")
+    fig, _ = wb.plan_view(session, cfg)
+    reader = session.inputs.readers["task"]
+    attention, total = {}, {}
+    for name in session.param_names:
+        info = session.arch.classify(name)
+        if info.layer is None:
+            continue
+        n = math.prod(reader.shape(name))
+        total[info.layer] = total.get(info.layer, 0) + n
+        if info.kind in ATTENTION_KINDS:
+            attention[info.layer] = attention.get(info.layer, 0) + n
+    (lang_bar,) = [tr for tr in fig.data if tr.marker.color == fig.data[0].marker.color]
+    shares = dict(zip(lang_bar.y, lang_bar.x))
+    for layer, n in total.items():
+        assert shares[layer] == pytest.approx(attention[layer] / n)
+    assert all(0 < s < 0.5 for layer, s in shares.items() if layer >= 0)  # the MLP is bigger
+
+
 # --------------------------------------------------------------------------- build / save / zip
 def _tensor(folder, name):
     with CheckpointReader(folder) as r:

@@ -292,11 +292,13 @@ def plan_heatmap(cells: Mapping[tuple[int, str], str], num_layers: int | None = 
     return fig
 
 
-def _row_dict(row) -> dict:
+def _row_dict(row, kind_params: Mapping[str, int] | None = None) -> dict:
     """A layer row as {"layer", "source", "w_task", "w_lang", "label"}.
 
     Accepts plain dicts in that form or ``plan.LayerRow`` objects (label "lang", "task", "base",
     "blend 0.60/0.40" (task/lang), "blend (magnitude weights)", "mixed", or a method label).
+    kind_params: parameters of each module kind in this layer, so that a mixed layer's shares
+    are shares of its parameters (without it, each kind counts once).
     """
     if isinstance(row, Mapping):
         d = dict(row)
@@ -306,13 +308,15 @@ def _row_dict(row) -> dict:
         return {"layer": int(d["layer"]), "source": src, "w_task": float(w_task),
                 "w_lang": float(w_lang), "label": str(d.get("label", src))}
     text = row.text() if hasattr(row, "text") else str(row.label)
-    kinds = list(getattr(row, "kinds", {}).values())
-    return _label_row(int(row.layer), str(row.label), kinds, text)
+    kinds = getattr(row, "kinds", {})
+    sizes = [float((kind_params or {}).get(k, 1)) for k in kinds]
+    return _label_row(int(row.layer), str(row.label), list(kinds.values()), text, sizes)
 
 
-def _label_row(layer: int, label: str, kind_labels: Sequence[str], text: str) -> dict:
-    """The row dict of a source label (see ``_row_dict``); "mixed": the share of the kinds'
-    labels that go to each expert."""
+def _label_row(layer: int, label: str, kind_labels: Sequence[str], text: str,
+               sizes: Sequence[float] | None = None) -> dict:
+    """The row dict of a source label (see ``_row_dict``); "mixed": the share of the layer's
+    parameters (``sizes``: one per kind label; default 1 each) that goes to each expert."""
     if label in ("task", "lang"):
         return {"layer": layer, "source": label, "w_task": float(label == "task"),
                 "w_lang": float(label == "lang"), "label": text}
@@ -322,12 +326,16 @@ def _label_row(layer: int, label: str, kind_labels: Sequence[str], text: str) ->
                 "w_lang": float(m.group(2)), "label": text}
     if label.startswith("blend"):
         return {"layer": layer, "source": "blend", "w_task": 0.5, "w_lang": 0.5, "label": text}
-    if label == "mixed":  # share of module kinds that go to each expert
+    if label == "mixed":  # share of the layer's parameters that goes to each expert
         kinds = list(kind_labels) or ["task"]
-        t = sum(1.0 if k == "task" else 0.5 if k.startswith("blend") else 0.0 for k in kinds)
-        g = sum(1.0 if k == "lang" else 0.5 if k.startswith("blend") else 0.0 for k in kinds)
-        return {"layer": layer, "source": "mixed", "w_task": t / len(kinds),
-                "w_lang": g / len(kinds), "label": text}
+        sizes = list(sizes) if sizes and len(sizes) == len(kinds) else [1.0] * len(kinds)
+        total = sum(sizes) or 1.0
+        t = sum(s * (1.0 if k == "task" else 0.5 if k.startswith("blend") else 0.0)
+                for k, s in zip(kinds, sizes))
+        g = sum(s * (1.0 if k == "lang" else 0.5 if k.startswith("blend") else 0.0)
+                for k, s in zip(kinds, sizes))
+        return {"layer": layer, "source": "mixed", "w_task": t / total, "w_lang": g / total,
+                "label": text}
     return {"layer": layer, "source": _source_key(label), "w_task": 0.0, "w_lang": 0.0,
             "label": text}
 
@@ -348,7 +356,8 @@ def _non_layer_row(non_layer: Mapping[str, str]) -> dict:
 
 def layer_stack_figure(rows: Sequence, title: str | None = None,
                        names: Mapping[str, str] | None = None,
-                       non_layer: Mapping[str, str] | None = None) -> go.Figure:
+                       non_layer: Mapping[str, str] | None = None,
+                       kind_params: Mapping[int, Mapping[str, int]] | None = None) -> go.Figure:
     """The layer stack as in the published figure: one bar per layer, layer 0 at the bottom,
     coloured by source; blended (transition) layers split by their weights.
 
@@ -356,9 +365,13 @@ def layer_stack_figure(rows: Sequence, title: str | None = None,
     names: display names for "task"/"lang" (e.g. the model names).
     non_layer: ``MergePlan.global_sources()`` (name -> source label): one more bar, "non-layer",
     below layer 0 says where the embeddings, final norm and LM head come from.
+    kind_params: layer -> module kind -> parameter count (``layer_kind_params``): a layer whose
+    modules come from several sources is split by parameter count, not by module count.
     """
     names = {**SOURCE_NAMES, **(names or {})}
-    rs = sorted((_row_dict(r) for r in rows), key=lambda r: r["layer"])
+    kind_params = kind_params or {}
+    rs = sorted((_row_dict(r, kind_params.get(getattr(r, "layer", None))) for r in rows),
+                key=lambda r: r["layer"])
     extra = [_non_layer_row(non_layer)] if non_layer else []
     layers = [r["layer"] for r in rs]
     w_lang, w_task, w_other = [], [], []

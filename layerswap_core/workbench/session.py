@@ -18,6 +18,7 @@ visitor.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import threading
@@ -184,6 +185,7 @@ class Session:
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
         self.param_names = list(inputs.names)
+        self.kind_params: dict[int, dict[str, int]] | None = None  # see layer_kind_params
         self.cancel = threading.Event()
         self.lock = threading.RLock()       # one heavy job per session at a time
         self.running = 0                    # jobs in progress (Cancel says whether one runs)
@@ -410,7 +412,24 @@ def plan_view(session: Session, config) -> tuple[Any, str]:
     slider move."""
     from . import figures as plots
     p = merge_plan(session, config)
-    return plots.layer_stack_figure(p.layer_rows(), non_layer=p.global_sources()), p.summary_text()
+    fig = plots.layer_stack_figure(p.layer_rows(), non_layer=p.global_sources(),
+                                   kind_params=layer_kind_params(session))
+    return fig, p.summary_text()
+
+
+def layer_kind_params(session: Session) -> dict[int, dict[str, int]]:
+    """layer -> module kind -> parameter count, from the task expert's headers (computed once
+    per session): the layer diagram splits a mixed layer by parameters."""
+    if session.kind_params is None:
+        reader = session.inputs.readers["task"]
+        out: dict[int, dict[str, int]] = {}
+        for name in session.param_names:
+            info = session.arch.classify(name)
+            if info.layer is not None:
+                kinds = out.setdefault(info.layer, {})
+                kinds[info.kind] = kinds.get(info.kind, 0) + math.prod(reader.shape(name))
+        session.kind_params = out
+    return session.kind_params
 
 
 def plan_cells_figure(session: Session, config, over: str | None = None,
