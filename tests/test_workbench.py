@@ -248,6 +248,21 @@ def test_delta_views_and_suggestion(session):
     assert w.heatmaps.to_json() != v.heatmaps.to_json()
 
 
+def test_the_deltas_tab_tells_the_story_in_one_sentence(session):
+    """tiny: the task expert changed layers 2-5 strongly (the middle third of 8 layers holds
+    2, 3, 4 and the bottom 0, 1, 2), the language expert layers 0, 1 and 7."""
+    from layerswap_core.analysis.suggest import delta_story, profile_overlap
+
+    stats = session.stats
+    story = delta_views(session).story
+    assert story == delta_story(stats["task"], stats["lang"]) and story.count(".") == 1
+    assert "task expert changed most in the middle third" in story
+    assert "language expert changed most in the bottom third" in story
+    ov = profile_overlap(stats["task"], stats["lang"])
+    assert 0 < ov < 0.5 and f"overlap {ov:.0%}" in story and "keeps most of both" in story
+    assert profile_overlap(stats["task"], stats["task"]) == pytest.approx(1.0)
+
+
 # --------------------------------------------------------------------------- evaluate / sweep
 def test_evaluate_side_by_side(session):
     wb.build(session, swap(session, 2, 1))

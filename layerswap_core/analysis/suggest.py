@@ -178,3 +178,44 @@ def _preset_fits(name: str, num_layers: int) -> bool:
     except ConfigError:
         return False
     return True
+
+
+# --------------------------------------------------------------------------- the story in words
+THIRDS = ("bottom", "middle", "top")
+EVEN_SHARE = 0.40  # no third holds more than this share of an expert's change: "spread evenly"
+
+
+def _where(profile: np.ndarray) -> tuple[str, float, int]:
+    """(third holding most of the change or "spread", its share, the peak layer)."""
+    total = float(profile.sum())
+    if total <= 0:
+        return "spread", 0.0, 0
+    cuts = np.array_split(np.arange(len(profile)), 3)
+    shares = [float(profile[c].sum()) / total for c in cuts]
+    i = int(np.argmax(shares))
+    return (THIRDS[i] if shares[i] > EVEN_SHARE else "spread"), shares[i], int(np.argmax(profile))
+
+
+def profile_overlap(task, lang) -> float:
+    """How alike the two experts' per-layer profiles are: the sum over layers of the smaller of
+    their shares of their own total change (1: the same layers, 0: disjoint layers)."""
+    p, q = task.layer_profile(), lang.layer_profile()
+    if p.sum() <= 0 or q.sum() <= 0:
+        return 0.0
+    return float(np.minimum(p / p.sum(), q / q.sum()).sum())
+
+
+def delta_story(task, lang) -> str:
+    """One sentence: where each expert changed most against the base and whether the two
+    overlap (per-layer delta mass, ``DeltaStats.layer_profile``)."""
+    def part(stats) -> str:
+        where, share, peak = _where(stats.layer_profile())
+        if where == "spread":
+            return (f"{stats.label} spread its change over all layers (no third holds more than "
+                    f"{EVEN_SHARE:.0%}; peak layer {peak})")
+        return f"{stats.label} changed most in the {where} third ({share:.0%}, peak layer {peak})"
+
+    ov = profile_overlap(task, lang)
+    verdict = ("so swapping layers keeps most of both" if ov < 0.5 else
+               "so a layer swap trades one expert's changes for the other's wherever it cuts")
+    return f"{part(task)}; {part(lang)}; their layer profiles overlap {ov:.0%}, {verdict}."

@@ -35,7 +35,8 @@ class DeltaViews:
     overlap: Any           # where both changed strongly
     profile: Any           # per-layer delta mass
     suggestion: Any        # analysis.Suggestion
-    suggestion_text: str
+    suggestion_text: str   # the story in one sentence, then the suggested configuration
+    story: str = ""        # analysis.suggest.delta_story: where each expert changed, overlap
 
 
 def delta_views(session: Session, threshold: float | tuple[float, float] | None = None,
@@ -47,6 +48,7 @@ def delta_views(session: Session, threshold: float | tuple[float, float] | None 
     the stored statistics (no tensor reads)."""
     from . import figures as plots
     from ..analysis.deltas import auto_threshold
+    from ..analysis.suggest import delta_story
 
     stats = analyze_deltas(session, progress)
     task, lang = stats["task"], stats["lang"]
@@ -66,7 +68,9 @@ def delta_views(session: Session, threshold: float | tuple[float, float] | None 
     overlap = plots.overlap_heatmap(task, lang, tau=taus, matrices_only=only)
     suggestion = suggest(session)
     profile = plots.layer_profile_figure([task, lang], suggestion=suggestion)
-    return DeltaViews(taus, heat, overlap, profile, suggestion, suggestion_text(suggestion))
+    story = delta_story(task, lang)
+    text = f"**What the deltas say:** {story}\n\n{suggestion_text(suggestion)}"
+    return DeltaViews(taus, heat, overlap, profile, suggestion, text, story)
 
 
 def suggest(session: Session):
