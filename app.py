@@ -106,6 +106,20 @@ def guarded(line: str):
     return deco
 
 
+def item_markdown(headers, values) -> str:
+    """One evaluated question in full: short fields on one line, long ones (the question, raw
+    outputs) as text blocks."""
+    short, long = [], []
+    for h, val in zip(headers, values):
+        text = "" if val is None else str(val)
+        if len(text) <= 40 and "\n" not in text:
+            short.append(f"**{h}**: {text}")
+        else:
+            text = text.replace("~~~", "~ ~ ~")
+            long.append(f"**{h}**\n\n~~~text\n{text}\n~~~")
+    return "\n\n".join([" · ".join(short), *long])
+
+
 def gr_progress(progress: gr.Progress):
     return lambda frac, msg: progress(frac, desc=msg)
 
@@ -331,6 +345,15 @@ class Page:
                 **self.banner(session)}
 
     @guarded("sweep_md")
+    def show_item(self, v, evt: gr.SelectData):
+        """Clicking a row of the per-question table shows that question and every model's raw
+        output in full."""
+        table = v[self.items_table]
+        row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        if table is None or not hasattr(table, "iloc") or not 0 <= row < len(table):
+            return {self.item_details: ""}
+        return {self.item_details: item_markdown(table.columns, table.iloc[row].tolist())}
+
     def load_sweep_row(self, v, evt: gr.SelectData):
         """Clicking a sweep table row puts that configuration on the sliders (a plain layer swap)."""
         fx, fy = SWEEP_AXES[v[self.axes]]
@@ -546,14 +569,15 @@ class Page:
                 self.eval_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-btn")
                 self.eval_cancel = gr.Button("Cancel", variant="stop")
             self.eval_md = gr.Markdown(elem_id="eval-status")
-            with gr.Row():
-                self.summary = gr.Dataframe(headers=SUMMARY_HEADERS, interactive=False,
-                                            label="Summary", scale=2)
-                self.bars = gr.Plot(label="Accuracy", scale=3)
+            # the summary gets the page's width: every column readable, none cut
+            self.summary = gr.Dataframe(headers=SUMMARY_HEADERS, interactive=False,
+                                        label="Summary", wrap=True, elem_id="eval-summary")
+            self.bars = gr.Plot(label="Accuracy")
             self.items_table = gr.Dataframe(
                 interactive=False, max_chars=90, max_height=600, elem_id="eval-table",
-                label="Per question: extracted answer ✓/✗, then the raw outputs (full text: "
-                      "fullscreen or copy)", buttons=["fullscreen", "copy"])
+                label="Per question: extracted answer ✓/✗, then the raw outputs (click a row "
+                      "to read it in full below)", buttons=["fullscreen", "copy"])
+            self.item_details = gr.Markdown(elem_id="eval-details")
 
     def sweep_tab(self):
         with gr.Tab("Sweep", id="sweep"):
@@ -662,6 +686,10 @@ class Page:
                                                    self.sweep_lang, self.sweep_n,
                                                    self.sweep_metric, self.sweep_shots},
                              self.outputs("sweep"), api_name="sweep", **heavy)
+        self.items_table.select(self.show_item, {self.items_table}, [self.item_details],
+                                api_visibility="private")
+        for button in (self.eval_btn, self.pick_btn):  # a new table or new models: no details
+            button.click(lambda: "", None, [self.item_details], api_visibility="private")
         self.sweep_table.select(self.load_sweep_row, {self.axes, self.sweep_table},
                                 self.outputs("load_sweep_row"), api_visibility="private")
 

@@ -96,6 +96,7 @@ def test_build_download_and_save(client, tmp_path):
 def test_deltas_and_suggestion(client):
     out = named("analyze", client.predict("fraction", False, False, *config(2, 1), api_name="/analyze"))
     assert out["deltas_md"].startswith("✔") and "Suggested configuration" in out["suggestion"]
+    assert "What the deltas say:" in out["suggestion"] and "overlap" in out["suggestion"]
     assert out["heatmaps"] and out["plan_overlay"]
     status, *sliders, partition = client.predict(api_name="/apply_suggestion")
     assert status.startswith("✔") and isinstance(sliders[0]["value"], (int, float))
@@ -236,3 +237,15 @@ def test_configure_exposes_non_layer_and_baseline_knobs(client):
     assert "ties d=0.5" in text
     bad = named("plan", client.predict(*ties[:14], 0, 2.0, api_name="/plan"))["config_md"]
     assert bad.startswith("⚠") and "ties_density" in bad
+
+
+def test_a_question_reads_in_full():
+    """The per-question table cuts long cells; a clicked row shows every field whole."""
+    import app
+
+    raw = "Jibu: 3 + 4 = 7.\n" + "hatua " * 60 + "#### 7"
+    text = app.item_markdown(["question", "gold", "merged ✓", "merged raw output"],
+                             ["Amina ana maembe 3 " * 5, "7", "7 ✓", raw])
+    assert "**gold**: 7 · **merged ✓**: 7 ✓" in text
+    assert raw in text and ("Amina ana maembe 3 " * 5).strip() in text
+    assert text.count("~~~text") == 2
