@@ -30,9 +30,10 @@ def main() -> int:
     import torch
 
     from layerswap_core.training import demo_experts as experts
-    from layerswap_core.checkpoints.io import CheckpointReader
+    from layerswap_core.checkpoints.reading import CheckpointReader
     from layerswap_core.merge.lora import apply_adapter
-    from layerswap_core.checkpoints.models import DEFAULT_BASE, load_model, resolve
+    from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
+    from layerswap_core.checkpoints.loading import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

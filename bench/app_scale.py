@@ -72,7 +72,7 @@ class Sampler:
 def write_trio(folder: Path, params: float) -> dict[str, Path]:
     from synthetic import llama_config_for, write_checkpoint
 
-    from layerswap_core.checkpoints.models import DEFAULT_BASE, resolve
+    from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
     from layerswap_core.testing import copy_tokenizer
 
     cfg = llama_config_for(params)

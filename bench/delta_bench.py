@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 def child(mode: str, base: str, expert: str) -> dict:
     """Runs inside the subprocess; returns timings as a dict (printed as JSON)."""
     from layerswap_core.analysis.deltas import delta_stats
-    from layerswap_core.checkpoints.io import CheckpointReader
+    from layerswap_core.checkpoints.reading import CheckpointReader
 
     t0 = time.perf_counter()
     if mode == "read":  # the project's tensor reader: every tensor into fresh memory

@@ -61,7 +61,8 @@ def main() -> int:
 
     from layerswap_core.evaluation import runner as ev
     from layerswap_core.evaluation.generation import generate
-    from layerswap_core.checkpoints.models import DEFAULT_BASE, load_model
+    from layerswap_core.checkpoints.references import DEFAULT_BASE
+    from layerswap_core.checkpoints.loading import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -12,7 +12,8 @@ import time
 t0 = time.perf_counter()
 import torch, transformers
 from transformers import LlamaForCausalLM  # the model classes import lazily; count them as import
-from layerswap_core.checkpoints.models import DEFAULT_BASE, load_model, resolve
+from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
+from layerswap_core.checkpoints.loading import load_model
 from safetensors.torch import load_file
 t1 = time.perf_counter()
 path = resolve(DEFAULT_BASE)

@@ -62,7 +62,7 @@ def run_measured(cmd: list[str]) -> dict:
 RECOMPOSE = """
 import json, time
 from layerswap_core.merge.executor import Recomposer
-from layerswap_core.checkpoints.models import DEFAULT_BASE
+from layerswap_core.checkpoints.references import DEFAULT_BASE
 from layerswap_core.merge.config import MergeConfig
 t0 = time.perf_counter()
 rec = Recomposer.from_refs(DEFAULT_BASE, DEFAULT_BASE, DEFAULT_BASE)
@@ -83,7 +83,7 @@ SETUP = """
 import json, sys, time
 from pathlib import Path
 from bench.synthetic import llama_config_for, write_checkpoint
-from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
 root, params = Path(sys.argv[1]), float(sys.argv[2])
 if not (root / "lang" / "config.json").exists():

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from layerswap_core.checkpoints.io import INDEX_NAME, CheckpointReader  # noqa: E402
+from layerswap_core.checkpoints.reading import INDEX_NAME, CheckpointReader  # noqa: E402
 
 
 def llama_config_for(params: float) -> dict:

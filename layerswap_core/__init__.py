@@ -12,15 +12,15 @@ __version__ = "0.1.0"
 
 # Plugins that register embedded models, as "module:function" (called once, when models first
 # lists or resolves an embedded model): the demo experts are built with lora, merge and train,
-# so models, below them, names them here instead of importing them.
+# so checkpoints.references, below them, names them here instead of importing them.
 EMBEDDED_PLUGINS = ("layerswap_core.training.demo_experts:register",)
 
 # public name -> module that defines it
 _API = {
     # models and architectures
-    "DEFAULT_BASE": "checkpoints.models", "ModelLoadError": "checkpoints.models", "resolve": "checkpoints.models",
-    "load_model": "checkpoints.models", "load_tokenizer": "checkpoints.models", "describe": "checkpoints.models",
-    "compatibility": "checkpoints.models", "get_architecture": "checkpoints.architectures", "classify": "checkpoints.architectures",
+    "DEFAULT_BASE": "checkpoints.references", "ModelLoadError": "checkpoints.references", "resolve": "checkpoints.references",
+    "load_model": "checkpoints.loading", "load_tokenizer": "checkpoints.loading", "describe": "checkpoints.loading",
+    "compatibility": "checkpoints.compatibility", "get_architecture": "checkpoints.architectures", "classify": "checkpoints.architectures",
     # merge engine
     "MergeConfig": "merge.config", "Partition": "merge.partition", "build_plan": "merge.plan", "ConfigError": "merge.partition",
     "merge_to_folder": "merge.executor", "plan_for": "merge.executor", "Recomposer": "merge.executor", "MergeError": "merge.executor",

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from .checkpoints.architectures import get_architecture
-from .checkpoints.io import CheckpointReader
-from .checkpoints.models import DEFAULT_BASE, TOKENIZER_FILES, resolve
+from .checkpoints.reading import CheckpointReader
+from .checkpoints.references import DEFAULT_BASE, resolve
+from .checkpoints.tokenizers import TOKENIZER_FILES
 
 
 def tiny_config(num_layers: int = 8, hidden: int = 64, vocab_size: int = 49152, tie: bool = True,

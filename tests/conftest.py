@@ -12,7 +12,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 @pytest.fixture(scope="session")
 def embedded_base():
     """Folder of the embedded SmolLM2 (converted into the cache on first use, ~30 s once)."""
-    from layerswap_core.checkpoints.models import DEFAULT_BASE, resolve
+    from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
     return resolve(DEFAULT_BASE)
 
 
@@ -42,5 +42,5 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_lm(tiny):
     """(model, tokenizer) of the tiny base, float32 on CPU. Read-only."""
-    from layerswap_core.checkpoints.models import load_model
+    from layerswap_core.checkpoints.loading import load_model
     return load_model(tiny["base"])

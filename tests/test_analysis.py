@@ -17,7 +17,7 @@ from layerswap_core.analysis.deltas import DeltaMismatchError, delta_stats
 from layerswap_core.analysis.providers import lora_delta_provider
 from layerswap_core.analysis.suggest import suggest_config
 from layerswap_core.checkpoints.architectures import get_architecture
-from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.testing import make_expert, make_tiny_model
 
 MATRIX_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "mlp_gate", "mlp_up", "mlp_down")

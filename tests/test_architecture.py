@@ -17,11 +17,13 @@ LAYERS = [
     # the package root and the rooms' __init__ (docstrings, version, lazy API names and plugin
     # names: no static imports), the architectures' tensor names, the per-tensor merge methods
     ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "workbench",
-     "checkpoints.architectures", "merge.methods"),
-    ("checkpoints.io",),                          # checkpoint reading and writing, the cache folder
+     "checkpoints.architectures", "merge.methods", "progress"),
+    ("checkpoints.reading", "checkpoints.tokenizers"),   # tensors and headers; tokenizer identity
+    ("checkpoints.writing",),                     # the sharded writer, output folders, the cache
     ("merge.partition", "merge.registry", "merge.config",   # partitions, the methods registry,
      "merge.plan"),                               # the config and the pure merge plan
-    ("checkpoints.models",),                      # model references, resolving, loading
+    ("checkpoints.references",),                  # model references, embedded models, resolving
+    ("checkpoints.loading", "checkpoints.compatibility"),   # loading; the one compatibility check
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.data", "evaluation.generation", "evaluation.mgsm_task", "evaluation.runner",
@@ -38,7 +40,7 @@ LAYERS = [
 ]
 # The only places that import modules by name at run time: the lazy API of the package root and
 # the embedded-model plugins (the demo experts) that models loads on first use.
-DYNAMIC_IMPORTS = {("layerswap_core", "__getattr__"), ("checkpoints.models", "embedded")}
+DYNAMIC_IMPORTS = {("layerswap_core", "__getattr__"), ("checkpoints.references", "embedded")}
 # Library modules allowed to parse command lines: expert_data's documented script
 # (`python -m layerswap_core.training.recipes`, named in the shipped adapters' cards).
 SCRIPTS = {"training.recipes"}
@@ -144,8 +146,8 @@ def test_no_module_imports_a_layer_above_it():
 
 def test_graph_sees_function_level_and_absolute_imports():
     graph = import_graph()
-    # `from ..checkpoints.models import is_offline` in a function
-    assert "checkpoints.models" in graph["evaluation.data"]
+    # `from ..checkpoints.references import is_offline` in a function
+    assert "checkpoints.references" in graph["evaluation.data"]
     # `from layerswap_core.workbench import session as wb`
     assert "workbench.session" in graph["app"]
     assert "cli.merge" in graph["cli.lora"] and "merge.executor" in graph["cli.merge"]
@@ -190,13 +192,13 @@ def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
 
     shutil.copytree(ROOT / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "app.py", tmp_path / "app.py")
-    io_file = tmp_path / PACKAGE / "checkpoints" / "io.py"
+    io_file = tmp_path / PACKAGE / "checkpoints" / "reading.py"
     io_file.write_text(io_file.read_text(encoding="utf-8")
-                       + "\n\ndef _late():\n    from .models import resolve  # noqa\n",
+                       + "\n\ndef _late():\n    from .references import resolve  # noqa\n",
                        encoding="utf-8")
     graph = import_graph(tmp_path)
     assert find_cycle(graph) is not None
-    assert upward_arrows(graph) == ["checkpoints.io -> checkpoints.models"]
+    assert upward_arrows(graph) == ["checkpoints.reading -> checkpoints.references"]
 
 
 # The rooms (sub-packages) bottom first; the data flows up this list only. Modules at the package

@@ -70,7 +70,7 @@ def test_every_family_kind_is_known():
 
 
 def test_param_names_from_config_match_a_real_checkpoint(tiny):
-    from layerswap_core.checkpoints.io import CheckpointReader
+    from layerswap_core.checkpoints.reading import CheckpointReader
 
     reader = CheckpointReader(tiny["base"])
     names = param_names_from_config(reader.config())

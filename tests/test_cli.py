@@ -87,8 +87,8 @@ def test_eval_on_a_truncated_checkpoint_is_one_line(tiny, capsys, tmp_path):
 def test_allow_bin_on_every_command_that_loads_models(tiny, capsys, tmp_path, monkeypatch):
     import torch
 
-    from layerswap_core.checkpoints import models
-    from layerswap_core.checkpoints.io import CheckpointReader
+    from layerswap_core.checkpoints import references
+    from layerswap_core.checkpoints.reading import CheckpointReader
 
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
     parser = build_parser()
@@ -104,5 +104,5 @@ def test_allow_bin_on_every_command_that_loads_models(tiny, capsys, tmp_path, mo
     _fails_readably(["info", str(d)], capsys, "--allow-bin")
     assert main(["info", "--allow-bin", str(d)]) == 0
     assert "8 layers" in capsys.readouterr().out
-    assert models._ALLOW_BIN["default"] is False  # the flag does not outlive the command
+    assert references._ALLOW_BIN["default"] is False  # the flag does not outlive the command
     _fails_readably(["plan", "--task", str(d), "--lang", str(tiny["lang"])], capsys, "--allow-bin")

@@ -8,7 +8,7 @@ import pytest
 
 from layerswap_core.training import recipes as D
 from layerswap_core.training import demo_experts as experts
-from layerswap_core.checkpoints import models
+from layerswap_core.checkpoints import loading, references
 from layerswap_core.evaluation.data import mgsm_overlap_templates
 
 # Optional system data: Debian's FreeDict Swahili<->English dictionaries (the Swahili recipe).
@@ -25,10 +25,10 @@ def _templates(rows) -> set[int]:
 
 def test_demo_experts_are_registered():
     for ref in (experts.DEMO_TASK, experts.DEMO_LANG):
-        assert ref.startswith(models.EMBEDDED_PREFIX)
-        assert ref[len(models.EMBEDDED_PREFIX):] in models.embedded()  # registered on first use
+        assert ref.startswith(references.EMBEDDED_PREFIX)
+        assert ref[len(references.EMBEDDED_PREFIX):] in references.embedded()  # registered on first use
         assert experts.demo_adapter_dir(ref) == experts.demo_adapter_dir(ref.split(":", 1)[1])
-    with pytest.raises(models.ModelLoadError, match="unknown demo expert"):
+    with pytest.raises(references.ModelLoadError, match="unknown demo expert"):
         experts.demo_adapter_dir("embedded:nope")
 
 
@@ -74,7 +74,7 @@ def test_shipped_adapters_are_small_and_documented():
     for ref in (experts.DEMO_TASK, experts.DEMO_LANG):
         d = experts.demo_adapter_dir(ref)
         cfg = json.loads((d / "adapter_config.json").read_text())
-        assert cfg["base_model_name_or_path"] == models.DEFAULT_BASE
+        assert cfg["base_model_name_or_path"] == references.DEFAULT_BASE
         total += (d / "adapter_model.safetensors").stat().st_size
         card = (d / "README.md").read_text()
         assert "layerswap train" in card and "held-out" in card.lower()
@@ -93,11 +93,11 @@ def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_ba
     torch.set_num_threads(1)
     rows = (D.worked_solutions("eng")[:12] if ref == experts.DEMO_TASK
             else D.swahili_examples("eval")[:24])  # the Swahili set needs FreeDict
-    base, tok = models.load_model(embedded_base)
+    base, tok = loading.load_model(embedded_base)
     t0 = time.time()
     folder = apply_adapter(embedded_base, experts.demo_adapter_dir(ref), tmp_path / ref[9:])
     assert time.time() - t0 < 60  # seconds on an idle CPU; generous for a shared one
-    expert, _ = models.load_model(folder)
+    expert, _ = loading.load_model(folder)
     assert heldout_nll(expert, rows, tokenizer=tok) < heldout_nll(base, rows, tokenizer=tok)
 
 

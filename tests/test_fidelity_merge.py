@@ -14,7 +14,7 @@ from layerswap_core.merge import methods
 from layerswap_core.workbench import figures as plots
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.cli import main
-from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.plan import build_plan
 

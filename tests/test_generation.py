@@ -166,7 +166,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
     The real SmolLM2 (Llama) is sensitive to any slip in positions or cache layout; tiny random
     models cover the other cache shapes."""
     from layerswap_core.evaluation.generation import _plain_cache_ok
-    from layerswap_core.checkpoints.models import load_model
+    from layerswap_core.checkpoints.loading import load_model
     from layerswap_core.testing import make_tiny_model
 
     if model_type == "embedded":
@@ -226,7 +226,7 @@ def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
     """Rows that hit their stop string drop out of the decoding batch; every text still equals
     transformers' greedy output cut at the stop, and counts equal running alone."""
     from layerswap_core.evaluation.generation import cut_at_stop
-    from layerswap_core.checkpoints.models import load_model
+    from layerswap_core.checkpoints.loading import load_model
 
     model, tok = load_model(embedded_base)
     prompts = FEW_SHOT + [p + " 7 and then" for p in FEW_SHOT[:2]]
@@ -250,7 +250,7 @@ def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
 def test_generation_config_beyond_argmax_goes_through_transformers(tiny):
     """A model whose generation_config asks for a repetition penalty still gets it."""
     from layerswap_core.evaluation.generation import _plain_greedy_ok
-    from layerswap_core.checkpoints.models import load_model
+    from layerswap_core.checkpoints.loading import load_model
 
     model, tok = load_model(tiny["base"])
     plain = generate(model, tok, PROMPTS[:3], max_new_tokens=12, batch_size=3)

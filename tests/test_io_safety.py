@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import save_torch_state_dict
 
-from layerswap_core.checkpoints import io
+from layerswap_core.checkpoints import reading, writing
 from layerswap_core.cli import main
-from layerswap_core.checkpoints.io import (CheckpointError, CheckpointReader, OutputFolderError,
-                                           atomic_output_dir, check_output_dir, save_sharded)
+from layerswap_core.checkpoints.reading import CheckpointError, CheckpointReader
+from layerswap_core.checkpoints.writing import OutputFolderError, atomic_output_dir, check_output_dir
 from layerswap_core.merge.executor import MergeError, Recomposer, merge_to_folder
 from layerswap_core.merge.config import MergeConfig
 
@@ -258,7 +259,7 @@ def test_stale_partials_of_dead_processes_are_removed(tiny, tmp_path):
     dead.wait()
     live = subprocess.Popen(["sleep", "60"])
     try:
-        def partial(kind, pid, host=io._HOST, name="m"):
+        def partial(kind, pid, host=writing._HOST, name="m"):
             p = tmp_path / f".{name}.{kind}-{host}-{pid}-abc123"
             (p / "x").mkdir(parents=True)
             (p / "x" / "f").write_text(f"{kind} {pid}")
@@ -332,7 +333,7 @@ def test_read_only_output_is_one_line(tiny, tmp_path, capsys):
 
 
 def test_atomic_output_dir_turns_os_errors_into_one_line(tmp_path):
-    with pytest.raises(io.OutputWriteError, match="disk full while writing .*/o; nothing was written"):
+    with pytest.raises(writing.OutputWriteError, match="disk full while writing .*/o; nothing was written"):
         with atomic_output_dir(tmp_path / "o") as d:
             (d / "f").symlink_to("/dev/full")
             with open(d / "f", "wb") as f:
@@ -349,12 +350,12 @@ def sharded(tiny, tmp_path):
     for f in Path(tiny["task"]).iterdir():
         if not f.name.endswith(".safetensors"):
             shutil.copy2(f, folder / f.name)
-    save_sharded(folder, tensors(tiny["task"]), max_shard_bytes="300KB")
+    save_torch_state_dict(tensors(tiny["task"]), folder, max_shard_size="300KB")
     return folder
 
 
 def _edit_index(folder: Path, name: str, shard: str):
-    index = folder / io.INDEX_NAME
+    index = folder / reading.INDEX_NAME
     data = json.loads(index.read_text())
     data["weight_map"][name] = shard
     index.write_text(json.dumps(data))

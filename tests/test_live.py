@@ -6,10 +6,10 @@ import ctypes
 import pytest
 import torch
 
-from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.live import LiveModel, MappedCheckpoint, live_dtype
 from layerswap_core.merge.executor import merge_to_folder
-from layerswap_core.checkpoints.models import load_model
+from layerswap_core.checkpoints.loading import load_model
 from layerswap_core.merge.config import MergeConfig
 
 CONFIGS = {

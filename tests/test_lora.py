@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from layerswap_core.merge import lora
-from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.executor import merge_to_folder
 from layerswap_core.merge.config import MergeConfig
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from huggingface_hub import save_torch_state_dict
 
 from layerswap_core.checkpoints.architectures import get_architecture
-from layerswap_core.checkpoints.io import (CheckpointError, CheckpointReader, OutputFolderError,
-                                           ShardedWriter, atomic_output_dir, save_sharded)
+from layerswap_core.checkpoints.reading import CheckpointError, CheckpointReader
+from layerswap_core.checkpoints.writing import OutputFolderError, ShardedWriter, atomic_output_dir
 from layerswap_core.merge.executor import MergeError, Recomposer, merge_to_folder, plan_for
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.partition import ConfigError
@@ -426,7 +427,7 @@ def test_atomic_folder_and_writer_errors(tmp_path):
     w.close()
     src = {"x": torch.randn(5, 7), "y": torch.arange(6, dtype=torch.int64), "z": torch.randn(3).half()}
     (tmp_path / "s").mkdir()
-    save_sharded(tmp_path / "s", src, max_shard_bytes=150)
+    save_torch_state_dict(src, tmp_path / "s", max_shard_size=150)
     r = CheckpointReader(tmp_path / "s")
     assert len({r.shard(n) for n in r.names()}) == 2
     for n, t in src.items():

@@ -8,7 +8,7 @@ from layerswap_core.workbench import figures as plots
 from layerswap_core.analysis.deltas import DeltaStats, TensorStats, delta_stats
 from layerswap_core.analysis.suggest import suggest_config
 from layerswap_core.checkpoints.architectures import LAYER_KIND_ORDER, get_architecture
-from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.plan import build_plan
 

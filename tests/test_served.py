@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from layerswap_core.workbench.served import LIMITS, REFUSED, served_mode
-from layerswap_core.checkpoints.models import cache_dir
+from layerswap_core.checkpoints.writing import cache_dir
 
 NO_PARTITION = "none (bottom/top sliders)"
 # the Configure tab's "More" controls: non-layer blend, no preset scaling, lambdas, TIES

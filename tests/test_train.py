@@ -53,7 +53,7 @@ def _changed(before, trainer) -> set[str]:
 
 
 def test_labels_cover_exactly_the_assistant_turns(tiny):
-    from layerswap_core.checkpoints.models import load_tokenizer
+    from layerswap_core.checkpoints.loading import load_tokenizer
     tok = load_tokenizer(tiny["base"])
     ex = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
                        {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]}
@@ -388,7 +388,7 @@ def test_schedules_are_transformers_schedules(tiny, data, tmp_path, schedule, ex
 def test_save_every_writes_loadable_checkpoints_without_disturbing_training(tiny, data, tmp_path):
     from safetensors import safe_open
 
-    from layerswap_core.checkpoints.models import load_model
+    from layerswap_core.checkpoints.loading import load_model
     cfg = _cfg(tiny, data, tmp_path, mode="full", steps=5, save_every=2, revert="lang",
                partition=SWAP, save_dtype="bfloat16", lr=1e-3)
     t = T.Trainer(cfg)

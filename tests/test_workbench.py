@@ -15,7 +15,7 @@ from layerswap_core.workbench.evaluate import evaluate_roles, evaluation_note
 from layerswap_core.workbench.served import (LIMITS, REFUSED, Access, Cancelled, WorkbenchError,
                                              output_folder, readable_error, vet_reference)
 from layerswap_core.workbench.sweep import parse_values, sweep_grid
-from layerswap_core.checkpoints.io import CheckpointReader
+from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.partition import ConfigError
 
@@ -429,7 +429,7 @@ def test_every_role_is_the_one_live_model_and_matches_its_checkpoint(session, ti
     """base / task / lang / merged are plans over one live model: no second model is loaded,
     its parameter storages never change, and each role's outputs equal that checkpoint loaded
     directly with transformers, token for token."""
-    from layerswap_core.checkpoints.models import load_model
+    from layerswap_core.checkpoints.loading import load_model
 
     wb.build(session, swap(session, 2, 1))
     live = session.live()
@@ -453,7 +453,7 @@ def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny)
     checkpoints loaded separately (and the merge of a fresh build)."""
     from layerswap_core.evaluation.data import load_items
     from layerswap_core.evaluation.runner import run_side_by_side
-    from layerswap_core.checkpoints.models import load_model
+    from layerswap_core.checkpoints.loading import load_model
 
     wb.build(session, swap(session, 2, 1))
     res = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False,

@@ -31,8 +31,10 @@ import numpy as np
 import torch
 
 from ..checkpoints.architectures import LAYER_KIND_ORDER, get_architecture
-from ..checkpoints.io import INDEX_NAME, ST_TO_DTYPE, CheckpointReader, cache_dir
-from ..checkpoints.models import is_adapter, pick_device, resolve
+from ..checkpoints.reading import INDEX_NAME, ST_TO_DTYPE, CheckpointReader
+from ..checkpoints.writing import cache_dir
+from ..checkpoints.references import is_adapter, resolve
+from ..checkpoints.loading import pick_device
 from .providers import DeltaProvider, lora_delta_provider
 
 Progress = Callable[[float, str], None]

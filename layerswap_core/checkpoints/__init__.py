@@ -1,3 +1,9 @@
-"""Checkpoints: model references (embedded, folders, Hub ids, adapters), reading and writing
-safetensors, loading models and tokenizers, and the table of architectures (parameter names ->
-layer and kind). The bottom of the house: it imports nothing else of layerswap_core."""
+"""Checkpoints, the bottom room: what a model on disk is and how to read and write it.
+
+``reading`` (tensors one at a time: pread copies or zero-copy mapped views; the one safetensors
+header parser), ``writing`` (the streaming sharded writer, atomic output folders, the cache
+folder), ``references`` (embedded models, folders, Hub ids, resolved to a local folder),
+``loading`` (the device picker, model and tokenizer, header summaries), ``tokenizers``
+(tokenizer identity), ``compatibility`` (the one check that models can be used together) and
+``architectures`` (parameter names -> layer and kind). Of layerswap_core it imports only
+``progress`` (and names the embedded-model plugins, loaded by name)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..checkpoints.models import ModelLoadError, set_allow_bin_default
+from ..checkpoints.references import ModelLoadError, set_allow_bin_default
 from . import analysis, evaluate, lora, merge, models, train
 
 GROUPS = (models, merge, analysis, evaluate, train, lora)   # command groups, in --help order

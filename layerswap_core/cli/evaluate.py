@@ -8,7 +8,8 @@ from pathlib import Path
 from ..evaluation.data import MGSM_HUB_ID, SOURCES, load_items
 from ..evaluation.runner import contamination_warning, default_exemplars, run_side_by_side
 from ..evaluation.lmeval import run_lm_eval
-from ..checkpoints.models import ModelLoadError, load_model, resolve
+from ..checkpoints.references import ModelLoadError, resolve
+from ..checkpoints.loading import load_model
 from .progress import progress_bar
 
 

@@ -1,7 +1,7 @@
 """`layerswap merge-lora`: layer swapping of two LoRA adapters over their base."""
 from __future__ import annotations
 
-from ..checkpoints.io import TORCH_DTYPES
+from ..checkpoints.reading import TORCH_DTYPES
 from ..merge.lora import AdapterError, merge_adapters
 from .merge import add_config_flags, config_from_args
 from .progress import progress_bar

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..checkpoints.models import DEFAULT_BASE
+from ..checkpoints.references import DEFAULT_BASE
 from ..merge.config import FIELDS, MergeConfig
 from ..merge.executor import merge_to_folder, plan_for
 from ..merge.partition import ConfigError

@@ -1,18 +1,23 @@
 """`layerswap info` and `layerswap prepare`: describe models, build the embedded ones."""
 from __future__ import annotations
 
-from ..checkpoints.models import EMBEDDED_PREFIX, describe, embedded, resolve
+from ..checkpoints.references import EMBEDDED_PREFIX, embedded, resolve
+from ..checkpoints.loading import describe
+
+
+def _print(fraction: float, message: str) -> None:
+    print(message)
 
 
 def _info(args) -> int:
     for ref in args.model:
-        print(f"{ref}: {describe(ref, progress=print).summary()}")
+        print(f"{ref}: {describe(ref, progress=_print).summary()}")
     return 0
 
 
 def _prepare(args) -> int:
     for name in args.name or list(embedded()):
-        print(f"{EMBEDDED_PREFIX}{name}: {resolve(EMBEDDED_PREFIX + name, progress=print)}")
+        print(f"{EMBEDDED_PREFIX}{name}: {resolve(EMBEDDED_PREFIX + name, progress=_print)}")
     return 0
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Iterator
+
+from ..progress import Progress
 
 BAR_FORMAT = "{percentage:3.0f}%|{bar:30}| {elapsed}<{remaining} {desc}"
 STEPS = 1000   # resolution of the bar
@@ -12,7 +14,7 @@ WIDTH = 60     # characters of the message shown after the bar (its end, where n
 
 @contextmanager
 def progress_bar(label: str | None = None, *,
-                 leave: bool = True) -> Iterator[Callable[[float, str], None]]:
+                 leave: bool = True) -> Iterator[Progress]:
     """``progress(fraction, message)`` drawing one bar, closed on leaving (also on errors).
     ``label`` prefixes every message; ``leave=False`` clears the bar when it closes."""
     from tqdm import tqdm

@@ -190,7 +190,7 @@ def load_mgsm(lang: str, data_dir: str | os.PathLike | None = None) -> list[Item
 
 def _hub_rows(lang: str, split: str, what: str, local: str):
     """MGSM rows of ``lang`` and ``split`` from the Hugging Face Hub (needs the network)."""
-    from ..checkpoints.models import is_offline
+    from ..checkpoints.references import is_offline
     if is_offline():
         raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {what}; use the "
                         f"local {local} (--data-dir or {MGSM_ENV})")

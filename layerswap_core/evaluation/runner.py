@@ -32,7 +32,7 @@ from . import mgsm_task
 from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
                    load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap, normalize_number, source_label,
                    to_ascii_digits)
-from ..checkpoints.io import release_freed_memory
+from ..checkpoints.writing import release_freed_memory
 from .generation import encode, generate
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
@@ -399,7 +399,7 @@ def summarize(name: str, correct: Sequence[bool], strict: Sequence[bool],
 
 def _ensure_loaded(spec, device):
     if isinstance(spec, (str, Path)):
-        from ..checkpoints.models import load_model
+        from ..checkpoints.loading import load_model
         return load_model(str(spec), device=device), True
     if callable(spec):  # asked just before its run (e.g. one live model showing each role)
         spec = spec()

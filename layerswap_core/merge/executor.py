@@ -16,113 +16,50 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from .. import __version__
 from . import methods
-from ..checkpoints.architectures import Architecture, get_architecture, text_config
-from ..checkpoints.io import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError,
-                              CheckpointReader, OutputWriteError, ShardedWriter, atomic_output_dir,
-                              check_output_dir, parse_size)
-from ..checkpoints.models import TOKENIZER_FILES, tokenizer_difference
+from ..checkpoints.architectures import Architecture, get_architecture
+from ..checkpoints.compatibility import ModelSet, open_models, problems
+from ..checkpoints.reading import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError,
+                                   CheckpointReader)
+from ..checkpoints.tokenizers import TOKENIZER_FILES
+from ..checkpoints.writing import (OutputWriteError, ShardedWriter, atomic_output_dir,
+                                   check_output_dir, parse_size)
+from ..progress import Progress, say as _say
 from .config import MergeConfig
 from .partition import ConfigError, Partition
 from .plan import MergePlan, build_plan
 
-Progress = Callable[[float, str], None]
-TIED_HEADS = ("lm_head.weight", "embed_out.weight")
 
 
 class MergeError(ValueError):
     """Inputs that cannot be merged (architecture, shapes, vocabulary, missing tensors)."""
 
 
-def _say(progress: Progress | None, fraction: float, msg: str):
-    if progress is not None:
-        progress(min(max(fraction, 0.0), 1.0), msg)
-
-
 # --------------------------------------------------------------------------- inputs
-@dataclass
-class Inputs:
-    """The models of a merge, opened (headers only) and checked for compatibility."""
-    refs: dict[str, str]             # role -> reference as given
-    paths: dict[str, Path]
-    readers: dict[str, CheckpointReader]
-    configs: dict[str, dict]
-    arch: Architecture
-    names: list[str]                 # output tensor names (task's, minus a tied head)
-
-    @property
-    def tied(self) -> bool:
-        return bool(text_config(self.configs["task"]).get("tie_word_embeddings",
-                                                            self.configs["task"].get("tie_word_embeddings", False)))
+Inputs = ModelSet   # the models of a merge: task (the reference), lang, base; headers only
 
 
 def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
                 need: set[str] | None = None) -> Inputs:
-    """Resolve and check the models; MergeError with every problem found (nothing is read but
-    headers). ``need``: roles whose tensors the merge reads (all given roles by default)."""
-    from ..checkpoints.models import resolve
-
+    """Resolve and check the models (``checkpoints.compatibility``, the task expert as the
+    reference); MergeError with every problem found (nothing is read but headers). ``need``:
+    roles whose tensors the merge reads (all given roles by default)."""
     refs = {"task": task, "lang": lang, "base": base}
     refs = {r: str(v) for r, v in refs.items() if v is not None}
     for role in ("task", "lang"):
         if role not in refs:
             raise MergeError(f"the {role} expert is missing (give --{role})")
-    paths = {role: resolve(ref) for role, ref in refs.items()}
-    readers = {role: CheckpointReader(p) for role, p in paths.items()}
-    configs = {}
-    for role, p in paths.items():
-        try:
-            configs[role] = json.loads((p / "config.json").read_text())
-        except (OSError, ValueError) as e:
-            raise MergeError(f"{role} ({p}): cannot read config.json ({e})") from e
-    archs = {role: get_architecture(c) for role, c in configs.items()}
-    arch = archs["task"]
-    problems = []
-    for role, a in archs.items():
-        if (a.model_type, a.num_layers) != (arch.model_type, arch.num_layers):
-            problems.append(f"different architectures: {role} is {a.model_type} with {a.num_layers} "
-                            f"layers, task is {arch.model_type} with {arch.num_layers} layers")
-    if problems:
-        raise MergeError("; ".join(problems))
-    v_task = text_config(configs["task"]).get("vocab_size")
-    for role, c in configs.items():
-        v = text_config(c).get("vocab_size")
-        if v != v_task:
-            problems.append(f"different vocabulary sizes: {role} has {v}, task has {v_task}")
-    tied = bool(text_config(configs["task"]).get("tie_word_embeddings", False))
-    names = [n for n in readers["task"].names() if not (tied and n in TIED_HEADS)]
-    # Every header is parsed here (corrupt or truncated shards fail before anything is written).
-    task_locs = {n: readers["task"].location(n) for n in names}
-    for role in sorted((need or set(refs)) - {"task"}):
-        if role not in readers:
-            continue
-        have = set(readers[role].names())
-        missing = [n for n in names if n not in have]
-        if missing:
-            problems.append(f"{role} ({paths[role]}) lacks {len(missing)} tensor(s) the task expert "
-                            f"has, e.g. {missing[0]!r}")
-            continue
-        for n in names:
-            shape = readers[role].location(n).shape
-            if shape != task_locs[n].shape:
-                problems.append(f"tensor {n}: shape {list(shape)} in {role} but "
-                                f"{list(task_locs[n].shape)} in task")
-                break
-    if tokenizer_source is None and not problems:
-        for role in ("lang", "base"):
-            why = role in paths and tokenizer_difference(paths["task"], paths[role])
-            if why:
-                problems.append(f"the tokenizers of {role} and task: {why}; choose the tokenizer "
-                                "explicitly (tokenizer_source / --tokenizer-source task|lang|base) "
-                                "if that is intended")
-    if problems:
-        raise MergeError("cannot merge: " + "; ".join(problems))
-    return Inputs(refs, paths, readers, configs, arch, names)
+    inputs = open_models(refs)
+    found = problems(inputs, roles=need, tokenizers=tokenizer_source is None,
+                     tokenizer_hint="; choose the tokenizer explicitly (tokenizer_source / "
+                                    "--tokenizer-source task|lang|base) if that is intended")
+    if found:
+        raise MergeError("cannot merge: " + "; ".join(found))
+    return inputs
 
 
 # --------------------------------------------------------------------------- magnitude weights
@@ -157,18 +94,11 @@ def state_magnitude_weights(states: dict, names: list[str]) -> tuple[float, floa
 # --------------------------------------------------------------------------- plans
 def plan_for(config: MergeConfig, task_ref=None) -> MergePlan:
     """The plan of ``config`` for the task model's architecture, from headers only."""
-    from ..checkpoints.models import resolve
-
     ref = task_ref if task_ref is not None else config.task
     if ref is None:
         raise ConfigError("plan_for needs the task model (to know its layers and tensor names)")
-    path = resolve(ref)
-    reader = CheckpointReader(path)
-    cfg = reader.config()
-    arch = get_architecture(cfg)
-    tied = bool(text_config(cfg).get("tie_word_embeddings", False))
-    names = [n for n in reader.names() if not (tied and n in TIED_HEADS)]
-    return build_plan(config, names, arch)
+    task = open_models({"task": ref})
+    return build_plan(config, task.names, task.arch)
 
 
 def _ordered(names: list[str], reader: CheckpointReader) -> list[str]:
@@ -189,7 +119,7 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     references actually used. An existing ``out`` is replaced only with ``overwrite``, and only
     if it is a layerswap output (or empty) unless ``force`` (see ``io.check_output_dir``).
     """
-    from ..checkpoints.models import pick_device
+    from ..checkpoints.loading import pick_device
 
     if out is None:
         raise ValueError("no output folder given (out=... / --out DIR)")
@@ -375,7 +305,7 @@ class Recomposer:
                   progress: Progress | None = None) -> "Recomposer":
         """Load the task model (torch) and the checkpoints' tensors (kept in their stored dtype).
         The model's tokenizer is the task expert's unless ``tokenizer_source`` names another."""
-        from ..checkpoints.models import load_model, load_tokenizer
+        from ..checkpoints.loading import load_model, load_tokenizer
 
         inputs = open_inputs(task, lang, base, tokenizer_source=tokenizer_source)
         _say(progress, 0.0, "loading the task model")

@@ -31,7 +31,8 @@ from typing import Callable, Iterator
 import torch
 
 from . import methods
-from ..checkpoints.io import ST_TO_DTYPE, CheckpointReader, release_freed_memory
+from ..checkpoints.reading import CheckpointReader, ST_TO_DTYPE
+from ..checkpoints.writing import release_freed_memory
 from .executor import Inputs, MergeError, check_finite, open_inputs, state_magnitude_weights
 from .config import MergeConfig
 from .partition import ConfigError
@@ -175,7 +176,7 @@ class LiveModel:
 
     def __init__(self, inputs: Inputs, *, device: str = "cpu", dtype: torch.dtype | None = None,
                  progress: Progress | None = None):
-        from ..checkpoints.models import load_model
+        from ..checkpoints.loading import load_model
 
         self.inputs = inputs
         self.arch = inputs.arch

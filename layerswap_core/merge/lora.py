@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..checkpoints.models import ADAPTER_CONFIG, is_adapter, read_json_object  # noqa: F401  (lora.is_adapter: the same test)
+from ..checkpoints.references import ADAPTER_CONFIG, is_adapter, read_json_object  # noqa: F401  (lora.is_adapter: the same test)
 from .registry import linear_methods
 
 Progress = Callable[[float, str], None]
@@ -122,8 +122,8 @@ def load_adapter(path, base=None) -> LoraAdapter:
 
 def check_adapter_base(adapter: LoraAdapter, base) -> None:
     """Raise AdapterError unless every adapted module exists in ``base`` with matching shapes."""
-    from ..checkpoints.io import CheckpointReader
-    from ..checkpoints.models import resolve
+    from ..checkpoints.reading import CheckpointReader
+    from ..checkpoints.references import resolve
 
     reader = CheckpointReader(resolve(base))
     names = set(reader.names())
@@ -199,8 +199,9 @@ def _write_dense(reader, base_path: Path, tmp: Path, modules: dict[str, LoraModu
     """Base + LoRA modules as a full model folder in ``tmp``, one tensor at a time: each adapted
     weight becomes ``W + (B @ A) * scale`` in float32 (as PEFT's merge_and_unload computes it),
     then ``dtype`` (None: the base's dtype). Config, tokenizer and generation config follow."""
-    from ..checkpoints.io import ST_TO_DTYPE, ShardedWriter
-    from ..checkpoints.models import TOKENIZER_FILES
+    from ..checkpoints.reading import ST_TO_DTYPE
+    from ..checkpoints.writing import ShardedWriter
+    from ..checkpoints.tokenizers import TOKENIZER_FILES
 
     names = reader.names()
     writer = ShardedWriter(tmp, "2GB", metadata={"layerswap": tag})
@@ -239,8 +240,9 @@ def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=
     from safetensors.torch import save_file
 
     from ..checkpoints.architectures import get_architecture
-    from ..checkpoints.io import CheckpointReader, atomic_output_dir
-    from ..checkpoints.models import resolve
+    from ..checkpoints.reading import CheckpointReader
+    from ..checkpoints.writing import atomic_output_dir
+    from ..checkpoints.references import resolve
 
     t0 = time.time()
     base_path = resolve(base)
@@ -279,8 +281,9 @@ def apply_adapter(base, adapter, out, *, dtype=torch.bfloat16, progress=None) ->
     does over a float32 base (float32 throughout), then cast to ``dtype``; the result is
     bit-identical to PEFT's (tested) without building a model. ``out`` is replaced atomically.
     """
-    from ..checkpoints.io import CheckpointReader, atomic_output_dir
-    from ..checkpoints.models import resolve
+    from ..checkpoints.reading import CheckpointReader
+    from ..checkpoints.writing import atomic_output_dir
+    from ..checkpoints.references import resolve
 
     t0 = time.time()
     base_path = resolve(base)

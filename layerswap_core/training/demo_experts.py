@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from ..checkpoints import models
+from ..checkpoints import references as models   # the model references (embedded models)
+from ..checkpoints.loading import load_model
 
 MATH_EXPERT = "smollm2-math-en"
 SWAHILI_EXPERT = "smollm2-swahili"
@@ -60,7 +61,7 @@ def _builder(name: str):
             raise models.ModelLoadError(f"the demo expert's adapter is missing: {adapter} "
                                         "(reinstall layerswap from a full checkout)")
         if progress is not None:
-            progress(f"Building {models.EMBEDDED_PREFIX}{name}: base + {adapter.name} adapter...")
+            progress(0.0, f"Building {models.EMBEDDED_PREFIX}{name}: base + {adapter.name} adapter...")
         apply_adapter(DEMO_BASE, adapter, out)
         for extra in ("README.md",):
             if (adapter / extra).exists():
@@ -131,7 +132,7 @@ def demo_nll_table(limit: int | None = None, threads: int | None = 1, rows=DEMO_
     for label, ref in (("base", DEMO_BASE), ("math expert", DEMO_TASK), ("swahili expert", DEMO_LANG)):
         if label not in rows:
             continue
-        model, tok = models.load_model(ref, device="cpu")
+        model, tok = load_model(ref, device="cpu")
         measure(label, model, tok)
         del model
     if not {"layer swap", "uniform soup"} & set(rows):

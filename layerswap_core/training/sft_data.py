@@ -208,9 +208,9 @@ def mean_nll(model, encoded: list, batch_size: int = 8, pad_id: int = 0, device=
 def heldout_nll(model_or_ref, data, *, tokenizer=None, max_length: int = 512,
                 batch_size: int = 8, device: str = "cpu") -> float:
     """Mean response-token NLL of a model (reference or loaded model) on a JSONL file or rows."""
-    from ..checkpoints import models
+    from ..checkpoints.loading import load_model
     if isinstance(model_or_ref, (str, Path)):
-        model, tokenizer = models.load_model(model_or_ref, device=device)
+        model, tokenizer = load_model(model_or_ref, device=device)
     else:
         model = model_or_ref
     rows = read_jsonl(data) if isinstance(data, (str, Path)) else [_normalise(r, "row") for r in data]

@@ -257,22 +257,23 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, progress: Progress | None = None):
         from accelerate import Accelerator
 
-        from ..checkpoints import models
         from ..checkpoints.architectures import get_architecture
+        from ..checkpoints.loading import load_model, pick_device
+        from ..checkpoints.references import resolve
 
         self.cfg = cfg.validate()
         self.progress = progress
         seed_everything(cfg.seed)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        device = models.pick_device(cfg.device)
+        device = pick_device(cfg.device)
         self.accelerator = Accelerator(cpu=device == "cpu")
         self.device = self.accelerator.device
         dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         _say(progress, 0.0, f"loading {cfg.model}")
-        model, self.tok = models.load_model(cfg.model, device="cpu", dtype=dtype)
+        model, self.tok = load_model(cfg.model, device="cpu", dtype=dtype)
         self.arch = get_architecture(model.config.to_dict())
-        self.base_path = models.resolve(cfg.model)
+        self.base_path = resolve(cfg.model)
         self.lora = cfg.uses_lora
         # base values of the side to revert, kept before anything trains
         self.revert_values: dict[str, torch.Tensor] = {}

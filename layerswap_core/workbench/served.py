@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..checkpoints.models import EMBEDDED_PREFIX
+from ..checkpoints.references import EMBEDDED_PREFIX
 
 Progress = Callable[[float, str], None]
 
@@ -139,7 +139,7 @@ class Access:
 
     @classmethod
     def from_env(cls, served: bool, trusted=()) -> "Access":
-        from ..checkpoints.models import cache_dir
+        from ..checkpoints.writing import cache_dir
 
         out = Path(os.environ.get("LAYERSWAP_OUTPUT_DIR") or cache_dir() / "outputs").expanduser()
         dirs = os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
@@ -177,8 +177,8 @@ def vet_reference(ref, access: Access = LOCAL, progress: Progress | None = None)
     if not access.served or ref in access.trusted or ref.startswith(EMBEDDED_PREFIX):
         return ref
     if HUB_ID.fullmatch(ref):
-        from ..checkpoints.models import _from_hub
-        return str(_from_hub(ref, None if progress is None else lambda m: progress(0.0, m)))
+        from ..checkpoints.references import _from_hub
+        return str(_from_hub(ref, progress))
     if os.path.isabs(ref) and ref.isprintable():
         try:
             real = os.path.realpath(ref)

@@ -11,7 +11,7 @@ visitors may touch, the limits and the one-line errors are in ``served``.
 Memory model: no model cache here. A session holds at most two live models
 (``merge.live.LiveModel``: the main one, which shows every role and the merge, and one for the
 second chat pane) over the memory-mapped checkpoints, whose pages are page cache shared by every
-session; ``checkpoints.models.pick_device`` picks their device. The built config, the chosen
+session; ``checkpoints.loading.pick_device`` picks their device. The built config, the chosen
 references, the statistics and the results live in the ``Session`` that ``gr.State`` keeps per
 visitor.
 """
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints.models import (DEFAULT_BASE, compatibility, describe, is_adapter, pick_device,
-                                  resolve)
+from ..checkpoints.references import DEFAULT_BASE, is_adapter, resolve
+from ..checkpoints.loading import describe, pick_device
+from ..checkpoints.compatibility import compatibility
 from ..merge import registry
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Cancelled, Progress, WorkbenchError, capped,
                      check_replace, output_folder, readable_error, vet_reference)
@@ -72,7 +73,8 @@ def dense_from_adapter(adapter: str, base: str | None, progress: Progress | None
     so small deltas survive), cached by the identity of both."""
     import hashlib
 
-    from ..checkpoints.models import cache_dir, load_model
+    from ..checkpoints.writing import cache_dir
+    from ..checkpoints.loading import load_model
 
     folder = Path(adapter).expanduser().resolve()
     if not base:
@@ -141,7 +143,7 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
     for i, (role, ref) in enumerate(refs.items()):
         _say(progress, i / (len(refs) + 1), f"reading {ROLE_LABELS[role]} {names[role]}")
         try:
-            info = describe(ref, progress=lambda m: _say(progress, i / (len(refs) + 1), m))
+            info = describe(ref, progress=lambda _, m: _say(progress, i / (len(refs) + 1), m))
         except Exception as e:  # noqa: BLE001 - any unreadable model becomes one message
             raise WorkbenchError(f"{ROLE_LABELS[role]} {names[role]!r}: {readable_error(e)}") from e
         infos[role] = info
@@ -490,7 +492,7 @@ def _merge_into(session: Session, config, out: Path, overwrite: bool,
                 progress: Progress | None) -> Path:
     from ..merge.executor import merge_to_folder
 
-    from ..checkpoints.models import check_free_space
+    from ..checkpoints.references import check_free_space
 
     check_replace(out, overwrite)
     check_free_space(Path(out).parent, session.inputs.readers["task"].nbytes(),
@@ -503,7 +505,7 @@ def _merge_into(session: Session, config, out: Path, overwrite: bool,
 
 def hub_token() -> str | None:
     """A Hugging Face token from the environment, when the Hub may be used at all."""
-    from ..checkpoints.models import is_offline
+    from ..checkpoints.references import is_offline
     if is_offline():
         return None
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")

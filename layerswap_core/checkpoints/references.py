@@ -1,4 +1,4 @@
-"""Model references, loading, the embedded default and the cache.
+"""Model references: the embedded models, resolving a reference to a folder, Hub downloads.
 
 A *model reference* is one of:
   * ``embedded:NAME``   -- a model that ships with the install (no network), see ``EMBEDDED``;
@@ -10,7 +10,6 @@ analysis, evaluation) works on folders.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.metadata
 import json
@@ -23,26 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .architectures import get_architecture
-from .io import INDEX_NAME, CheckpointReader, cache_dir, weight_files
+from ..progress import Progress, say
+from .reading import INDEX_NAME, weight_files
+from .tokenizers import TOKENIZER_FILES
+from .writing import cache_dir
 
 EMBEDDED_PREFIX = "embedded:"
 ADAPTER_CONFIG = "adapter_config.json"   # a folder with it is a PEFT adapter, not a model
 DEFAULT_BASE = "embedded:smollm2-135m-instruct"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json")
-
-Progress = Callable[[str], None]
 
 
 class ModelLoadError(ValueError):
     """A model reference that cannot be turned into a usable model; the message says why."""
-
-
-def _say(progress: Progress | None, msg: str):
-    if progress is not None:
-        progress(msg)
 
 
 def is_offline() -> bool:
@@ -130,8 +121,8 @@ def _build_smollm2(out: Path, progress: Progress | None):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
     gguf = smollm2_gguf_path()
-    _say(progress, f"Converting the embedded SmolLM2-135M-Instruct ({gguf.name}) to bf16 "
-                   f"safetensors in {out.parent} (once, ~30 s)...")
+    say(progress, 0.0, f"Converting the embedded SmolLM2-135M-Instruct ({gguf.name}) to bf16 "
+                       f"safetensors in {out.parent} (once, ~30 s)...")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = qmodel.config
@@ -177,7 +168,7 @@ def embedded_path(name: str, progress: Progress | None = None) -> Path:
         except OSError:  # another process finished first
             if not (final / "config.json").exists():
                 raise
-        _say(progress, f"{name} ready in {time.time() - t0:.0f} s: {final}")
+        say(progress, 1.0, f"{name} ready in {time.time() - t0:.0f} s: {final}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -252,7 +243,8 @@ def _convert_bin(path: Path, progress: Progress | None) -> Path:
     try:
         weight_map = {}
         for i, b in enumerate(bins):
-            _say(progress, f"Converting {b.name} to safetensors (weights_only=True)...")
+            say(progress, i / len(bins),
+                f"Converting {b.name} to safetensors (weights_only=True)...")
             sd = torch.load(b, map_location="cpu", weights_only=True)
             shard = f"model-{i + 1:05d}-of-{len(bins):05d}.safetensors"
             save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / shard),
@@ -325,8 +317,8 @@ def _from_hub(repo_id: str, progress: Progress | None) -> Path:
     else:
         size = _hub_download_size(repo_id, patterns)
         check_free_space(_hub_cache(), size, f"downloading {repo_id}")
-        _say(progress, f"Downloading {repo_id} from the Hugging Face Hub "
-                       f"({_gib(size)} to download)...")
+        say(progress, 0.0, f"Downloading {repo_id} from the Hugging Face Hub "
+                           f"({_gib(size)} to download)...")
         try:
             path = Path(snapshot_download(repo_id, allow_patterns=patterns,
                                           tqdm_class=_reporting_tqdm(progress)))
@@ -384,283 +376,6 @@ def _reporting_tqdm(progress: Progress | None):
         def update(self, n=1):
             out = super().update(n)
             if progress is not None and self.total and self.unit == "B":
-                _say(progress, f"{self.desc or 'download'}: {_gib(self.n)} of {_gib(self.total)}")
+                say(progress, self.n / self.total, f"{self.desc or 'download'}: {_gib(self.n)} of {_gib(self.total)}")
             return out
     return Reporting
-
-
-# --------------------------------------------------------------------------- loading and describing
-def read_config(ref) -> dict:
-    return read_config_file(resolve(ref))
-
-
-def default_dtype(device: str):
-    import torch
-    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-
-
-# ZeroGPU Spaces set this: CUDA exists only inside @spaces.GPU calls (in a forked worker), so
-# models stay on the CPU in the main process there.
-ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
-
-
-def pick_device(device: str | None = None) -> str:
-    """The one device picker. None / "auto": $LAYERSWAP_DEVICE if set, else "cuda" when a GPU is
-    here (not on a ZeroGPU Space's main process), else "cpu". An explicit "cuda" without a GPU
-    is an error."""
-    import torch
-    if device in (None, "auto"):
-        device = os.environ.get("LAYERSWAP_DEVICE") or (
-            "cuda" if not ZERO_GPU and torch.cuda.is_available() else "cpu")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ModelLoadError("device 'cuda' asked for, but no CUDA GPU is available")
-    return str(device)
-
-
-def load_tokenizer(ref, *, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
-    path = resolve(ref)
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def _weights_entry(path: Path) -> str:
-    """The weights file that transformers must read to load what ``CheckpointReader`` (merge,
-    analysis) reads: the safetensors index, else the one *.safetensors file."""
-    if (path / INDEX_NAME).exists():
-        return INDEX_NAME
-    files = weight_files(path)
-    if len(files) != 1:
-        raise ModelLoadError(f"{path}: {len(files)} *.safetensors files but no {INDEX_NAME} "
-                             "saying which hold the model; write the index, or keep one file")
-    return files[0].name
-
-
-def _check_weights(path: Path) -> None:
-    """Every tensor's header entry is readable and lies within its file (headers only): a
-    truncated or corrupt checkpoint is refused with the file's name before transformers sees it."""
-    from .io import CheckpointError
-
-    try:
-        reader = CheckpointReader(path)
-        for name in reader.names():
-            reader.location(name)
-    except CheckpointError as e:
-        raise ModelLoadError(str(e)) from e
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
-
-
-def load_model(ref, *, device: str | None = "cpu", dtype=None, trust_remote_code: bool = False,
-               allow_bin: bool | None = None, progress: Progress | None = None):
-    """(model, tokenizer) for any reference; model in eval mode on ``device``.
-
-    dtype defaults to float32 on CPU (faster than bf16 there) and bfloat16 on CUDA. The weights
-    are read from exactly the safetensors files that merge and analysis read (never a .bin lying
-    beside them; a .bin-only folder needs ``allow_bin`` and is converted once, see ``resolve``).
-    """
-    from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    path = resolve(ref, allow_bin=allow_bin, progress=progress)
-    device = pick_device(device)
-    dtype = dtype or default_dtype(device)
-    entry = _weights_entry(path)
-    _check_weights(path)
-    try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-        before = config.__dict__.get("transformers_weights")
-        config.transformers_weights = entry  # transformers reads this file and nothing else
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
-                                                     use_safetensors=True,
-                                                     trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, SafetensorError) as e:
-        if "trust_remote_code" in str(e):
-            raise ModelLoadError(f"{path} needs custom code; pass trust_remote_code=True only if you "
-                                 "trust its author") from e
-        raise ModelLoadError(f"{path}: cannot load the model: {_one_line(e)}") from e
-    if before is None:
-        model.config.__dict__.pop("transformers_weights", None)
-    else:
-        model.config.transformers_weights = before
-    model.to(device).eval()
-    return model, load_tokenizer(path, trust_remote_code=trust_remote_code)
-
-
-@dataclass
-class ModelInfo:
-    ref: str
-    path: str
-    model_type: str
-    family: str
-    num_layers: int
-    hidden_size: int | None
-    vocab_size: int | None
-    dtype: str
-    num_params: int
-    size_bytes: int
-    tied_embeddings: bool
-    fallback_architecture: bool
-
-    def summary(self) -> str:
-        return (f"{self.model_type} ({self.family}), {self.num_layers} layers, hidden "
-                f"{self.hidden_size}, vocab {self.vocab_size}, {self.num_params / 1e6:.1f} M params, "
-                f"{self.dtype}, {self.size_bytes / 2**20:.0f} MiB"
-                + (", tied embeddings" if self.tied_embeddings else "")
-                + (" [unknown family: generic layer regex]" if self.fallback_architecture else ""))
-
-
-def describe(ref, progress: Progress | None = None) -> ModelInfo:
-    """Architecture, size and dtype of a model from its headers (no tensor data read)."""
-    path = resolve(ref, progress=progress)
-    cfg = read_config_file(path)
-    arch = get_architecture(cfg)
-    reader = CheckpointReader(path)
-    dtypes = sorted({reader.dtype(n) for n in reader.names()})
-    tc = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
-    return ModelInfo(str(ref), str(path), arch.model_type, arch.name, arch.num_layers,
-                     tc.get("hidden_size"), tc.get("vocab_size"), "/".join(dtypes), reader.numel(),
-                     reader.nbytes(), bool(cfg.get("tie_word_embeddings", False)), arch.is_fallback)
-
-
-def compatibility(refs: dict[str, str]) -> list[str]:
-    """Problems that make the given models impossible to merge (empty list: compatible).
-
-    Checks architecture, layer count, tensor names and shapes, and tokenizer vocabulary.
-    """
-    problems: list[str] = []
-    paths = {role: resolve(r) for role, r in refs.items()}
-    readers = {role: CheckpointReader(p) for role, p in paths.items()}
-    configs = {role: read_config_file(p) for role, p in paths.items()}
-    roles = list(paths)
-    first = roles[0]
-    a0 = get_architecture(configs[first])
-    for role in roles[1:]:
-        a = get_architecture(configs[role])
-        if (a.model_type, a.num_layers) != (a0.model_type, a0.num_layers):
-            problems.append(f"{role} is {a.model_type} with {a.num_layers} layers but {first} is "
-                            f"{a0.model_type} with {a0.num_layers} layers")
-            continue
-        n0, n1 = set(readers[first].names()), set(readers[role].names())
-        for n in sorted(n0 - n1)[:5]:
-            problems.append(f"{role} lacks tensor {n} that {first} has")
-        for n in sorted(n1 - n0)[:5]:
-            problems.append(f"{role} has tensor {n} that {first} lacks")
-        for n in sorted(n0 & n1):
-            if readers[first].shape(n) != readers[role].shape(n):
-                problems.append(f"tensor {n}: shape {list(readers[role].shape(n))} in {role} vs "
-                                f"{list(readers[first].shape(n))} in {first}")
-                if len(problems) > 10:
-                    break
-        if configs[role].get("vocab_size") != configs[first].get("vocab_size"):
-            problems.append(f"vocabulary size {configs[role].get('vocab_size')} in {role} vs "
-                            f"{configs[first].get('vocab_size')} in {first}")
-        else:
-            why = tokenizer_difference(paths[first], paths[role])
-            if why:
-                problems.append(f"tokenizers of {role} and {first}: {why}")
-    return problems
-
-
-# --------------------------------------------------------------------------- tokenizer identity
-# The formats a tokenizer comes in, in the order they are compared. tokenizer.json and
-# vocab.json + merges.txt are fingerprinted from the same normalised content (token -> id map
-# including added tokens, and the BPE merges), so one tokenizer in both formats compares equal;
-# tokenizer.model (sentencepiece) by its bytes.
-TOKENIZER_FORMATS = ("tokenizer.json", "vocab.json+merges.txt", "tokenizer.model")
-
-
-def _hash(obj) -> str:
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
-def _merge_pairs(merges) -> list:
-    return [list(m.split(" ", 1)) if isinstance(m, str) else list(m) for m in merges or []]
-
-
-def _json_or_none(p: Path):
-    return json.loads(p.read_text(encoding="utf-8")) if p.exists() else None
-
-
-def _fast_content(folder: Path) -> str:
-    tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    model = tok["model"]
-    vocab = model.get("vocab") or {}
-    if isinstance(vocab, list):  # Unigram: [[piece, score], ...], the id is the position
-        vocab = {piece[0]: i for i, piece in enumerate(vocab)}
-    vocab = dict(vocab)
-    vocab.update({a["content"]: a["id"] for a in tok.get("added_tokens") or []})
-    return _hash({"vocab": vocab, "merges": _merge_pairs(model.get("merges"))})
-
-
-def _slow_bpe_content(folder: Path) -> str:
-    vocab = dict(json.loads((folder / "vocab.json").read_text(encoding="utf-8")))
-    vocab.update(_json_or_none(folder / "added_tokens.json") or {})
-    decoder = (_json_or_none(folder / "tokenizer_config.json") or {}).get("added_tokens_decoder")
-    vocab.update({a["content"]: int(i) for i, a in (decoder or {}).items()})
-    lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
-    merges = [ln for ln in lines if ln.strip() and not ln.startswith("#version")]
-    return _hash({"vocab": vocab, "merges": _merge_pairs(merges)})
-
-
-def _format_fingerprint(folder: Path, fmt: str) -> str | None:
-    """Fingerprint of one tokenizer format in ``folder`` (None: absent). A file that cannot be
-    parsed is fingerprinted by its bytes (equal only to the very same file)."""
-    files = [folder / f for f in fmt.split("+")]
-    if not all(f.is_file() for f in files):
-        return None
-    try:
-        if fmt == "tokenizer.json":
-            return _fast_content(folder)
-        if fmt == "vocab.json+merges.txt":
-            return _slow_bpe_content(folder)
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
-        pass
-    return f"{fmt}:bytes:" + hashlib.sha1(b"".join(f.read_bytes() for f in files)).hexdigest()
-
-
-def tokenizer_fingerprints(folder: str | os.PathLike) -> dict[str, str]:
-    """{format: fingerprint} for every tokenizer format present in ``folder`` (see
-    TOKENIZER_FORMATS); equal fingerprints mean the same tokens with the same ids and merges."""
-    folder = Path(folder)
-    stamp = tuple((f, (folder / f).stat().st_size, (folder / f).stat().st_mtime_ns)
-                  for f in TOKENIZER_FILES if (folder / f).is_file())
-    return dict(_cached_fingerprints(str(folder.resolve()), stamp))
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_fingerprints(folder: str, stamp: tuple) -> tuple:
-    found = ((fmt, _format_fingerprint(Path(folder), fmt)) for fmt in TOKENIZER_FORMATS)
-    return tuple((fmt, fp) for fmt, fp in found if fp is not None)
-
-
-def tokenizer_difference(a: str | os.PathLike, b: str | os.PathLike) -> str | None:
-    """Why the tokenizers of model folders ``a`` and ``b`` cannot be taken as the same, or None.
-
-    The first format both folders have decides; without a common format, tokenizer.json and
-    vocab.json + merges.txt compare with each other; otherwise they cannot be compared, which is
-    reported too. A folder with no tokenizer files at all is not a difference (nothing to compare).
-    """
-    fa, fb = tokenizer_fingerprints(a), tokenizer_fingerprints(b)
-    if not fa or not fb:
-        return None
-    for fmt in TOKENIZER_FORMATS:
-        if fmt in fa and fmt in fb:
-            return None if fa[fmt] == fb[fmt] else f"their {fmt} differ (other tokens or merges)"
-    ta = next((fmt for fmt in TOKENIZER_FORMATS[:2] if fmt in fa), None)
-    tb = next((fmt for fmt in TOKENIZER_FORMATS[:2] if fmt in fb), None)
-    if ta and tb:
-        return None if fa[ta] == fb[tb] else f"their vocabularies differ ({ta} vs {tb})"
-    return (f"cannot be compared: {Path(a).name} has {' and '.join(fa)}, {Path(b).name} has "
-            f"{' and '.join(fb)}")
-
-
-def vocab_fingerprint(folder: Path) -> str | None:
-    """One fingerprint of a folder's tokenizer (None without tokenizer files): the token/merges
-    content of tokenizer.json or vocab.json + merges.txt (equal for one tokenizer in either
-    format), else tokenizer.model's bytes. Prefer ``tokenizer_difference`` to compare two."""
-    return next(iter(tokenizer_fingerprints(folder).values()), None)

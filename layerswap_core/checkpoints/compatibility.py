@@ -1,0 +1,122 @@
+"""The one compatibility check of models used together: merged, compared or shown side by side.
+
+``open_models`` resolves the references and opens them (headers only); ``problems`` lists what
+keeps them from being used together, one sentence per problem naming the models: architecture
+and depth, vocabulary size, tensor names and shapes, tokenizer identity. The merge
+(``merge.executor.open_inputs``), the analysis (``analysis.deltas.delta_stats``) and the app
+(``workbench.session.check_models``, through ``compatibility``) all ask it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .architectures import Architecture, get_architecture, text_config
+from .reading import CheckpointReader
+from .references import read_config_file, resolve
+from .tokenizers import tokenizer_difference
+
+TIED_HEADS = ("lm_head.weight", "embed_out.weight")
+
+
+@dataclass
+class ModelSet:
+    """Models opened together (headers only). The first role is the reference: the others are
+    checked against it, and its architecture and tensor names are the set's."""
+    refs: dict[str, str]             # role -> reference as given
+    paths: dict[str, Path]
+    readers: dict[str, CheckpointReader]
+    configs: dict[str, dict]
+    arch: Architecture               # the reference's
+    names: list[str]                 # the reference's tensor names, minus a tied head
+
+    @property
+    def reference(self) -> str:
+        return next(iter(self.refs))
+
+    @property
+    def tied(self) -> bool:
+        cfg = self.configs[self.reference]
+        return bool(text_config(cfg).get("tie_word_embeddings",
+                                         cfg.get("tie_word_embeddings", False)))
+
+
+def open_models(refs: dict[str, str | os.PathLike]) -> ModelSet:
+    """Resolve and open the models ``{role: reference}`` (headers and configs only); the first
+    role is the reference. ModelLoadError / CheckpointError when one cannot be read at all."""
+    refs = {role: str(ref) for role, ref in refs.items()}
+    paths = {role: resolve(ref) for role, ref in refs.items()}
+    readers = {role: CheckpointReader(p) for role, p in paths.items()}
+    configs = {role: read_config_file(p) for role, p in paths.items()}
+    first = next(iter(refs))
+    tied = bool(text_config(configs[first]).get("tie_word_embeddings", False))
+    names = [n for n in readers[first].names() if not (tied and n in TIED_HEADS)]
+    return ModelSet(refs, paths, readers, configs, get_architecture(configs[first]), names)
+
+
+def problems(models: ModelSet, *, roles=None, exact: bool = False, tokenizers: bool = True,
+             tokenizer_hint: str = "") -> list[str]:
+    """Why the models cannot be used together (empty: they can), each against the reference.
+
+    ``roles``: the roles whose tensors are read (default: all); each must have every tensor of
+    ``models.names`` with the reference's shape (``exact``: and no other tensor, all the
+    reference's included). Tokenizers (``tokenizers``) are compared only when nothing else is
+    wrong; ``tokenizer_hint`` is appended to a tokenizer problem (what to do about it)."""
+    ref = models.reference
+    others = [role for role in models.refs if role != ref]
+    out = _architecture_problems(models, others)
+    if out:
+        return out
+    for role in others:
+        v, v0 = (text_config(models.configs[r]).get("vocab_size") for r in (role, ref))
+        if v != v0:
+            out.append(f"different vocabulary sizes: {role} has {v}, {ref} has {v0}")
+    names = models.readers[ref].names() if exact else models.names
+    shapes = {n: models.readers[ref].shape(n) for n in names}  # every header parsed here
+    for role in sorted(set(others if roles is None else roles) & set(others)):
+        problem = _tensor_problem(models, role, shapes, exact)
+        if problem:
+            out.append(problem)
+    if tokenizers and not out:
+        for role in others:
+            why = tokenizer_difference(models.paths[ref], models.paths[role])
+            if why:
+                out.append(f"the tokenizers of {role} and {ref}: {why}{tokenizer_hint}")
+    return out
+
+
+def _architecture_problems(models: ModelSet, others: list[str]) -> list[str]:
+    a0, ref = models.arch, models.reference
+    out = []
+    for role in others:
+        a = get_architecture(models.configs[role])
+        if (a.model_type, a.num_layers) != (a0.model_type, a0.num_layers):
+            out.append(f"different architectures: {role} is {a.model_type} with {a.num_layers} "
+                       f"layers, {ref} is {a0.model_type} with {a0.num_layers} layers")
+    return out
+
+
+def _tensor_problem(models: ModelSet, role: str, shapes: dict, exact: bool) -> str | None:
+    """The first difference of ``role``'s tensors from the reference's, or None."""
+    ref, reader = models.reference, models.readers[role]
+    where, where0 = f"{role} ({models.paths[role]})", f"{ref} ({models.paths[ref]})"
+    missing = [n for n in shapes if n not in reader]
+    if missing:
+        return f"{where} lacks {len(missing)} tensor(s) the {ref} has, e.g. {missing[0]!r}"
+    extra = [n for n in reader.names() if n not in shapes] if exact else []
+    if extra:
+        more = f" ({len(extra)} such tensors)" if len(extra) > 1 else ""
+        return f"tensor {extra[0]}: in the {where} but not in the {where0}{more}"
+    for n, shape0 in shapes.items():
+        if reader.shape(n) != shape0:
+            return (f"tensor {n}: shape {list(reader.shape(n))} in the {where} but "
+                    f"{list(shape0)} in the {where0}")
+    return None
+
+
+def compatibility(refs: dict[str, str]) -> list[str]:
+    """Problems that keep the given models from being merged (empty list: compatible), checked
+    against the task expert ("task" role; else the first): ``problems`` of ``open_models``."""
+    order = sorted(refs, key=lambda role: role != "task")
+    return problems(open_models({role: refs[role] for role in order}))

@@ -1,0 +1,151 @@
+"""Loading and describing models: the device picker, (model, tokenizer), header summaries.
+
+Everything here starts from a model reference (see ``references``) and reads exactly the
+safetensors files that merge and analysis read.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..progress import Progress
+from .architectures import get_architecture
+from .reading import INDEX_NAME, CheckpointError, CheckpointReader, weight_files
+from .references import ModelLoadError, read_config_file, resolve
+
+
+def read_config(ref) -> dict:
+    return read_config_file(resolve(ref))
+
+
+def default_dtype(device: str):
+    import torch
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+# ZeroGPU Spaces set this: CUDA exists only inside @spaces.GPU calls (in a forked worker), so
+# models stay on the CPU in the main process there.
+ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
+
+
+def pick_device(device: str | None = None) -> str:
+    """The one device picker. None / "auto": $LAYERSWAP_DEVICE if set, else "cuda" when a GPU is
+    here (not on a ZeroGPU Space's main process), else "cpu". An explicit "cuda" without a GPU
+    is an error."""
+    import torch
+    if device in (None, "auto"):
+        device = os.environ.get("LAYERSWAP_DEVICE") or (
+            "cuda" if not ZERO_GPU and torch.cuda.is_available() else "cpu")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' asked for, but no CUDA GPU is available")
+    return str(device)
+
+
+def load_tokenizer(ref, *, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+    path = resolve(ref)
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _weights_entry(path: Path) -> str:
+    """The weights file that transformers must read to load what ``CheckpointReader`` (merge,
+    analysis) reads: the safetensors index, else the one *.safetensors file."""
+    if (path / INDEX_NAME).exists():
+        return INDEX_NAME
+    files = weight_files(path)
+    if len(files) != 1:
+        raise ModelLoadError(f"{path}: {len(files)} *.safetensors files but no {INDEX_NAME} "
+                             "saying which hold the model; write the index, or keep one file")
+    return files[0].name
+
+
+def _check_weights(path: Path) -> None:
+    """Every tensor's header entry is readable and lies within its file (headers only): a
+    truncated or corrupt checkpoint is refused with the file's name before transformers sees it."""
+    try:
+        reader = CheckpointReader(path)
+        for name in reader.names():
+            reader.location(name)
+    except CheckpointError as e:
+        raise ModelLoadError(str(e)) from e
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def load_model(ref, *, device: str | None = "cpu", dtype=None, trust_remote_code: bool = False,
+               allow_bin: bool | None = None, progress: Progress | None = None):
+    """(model, tokenizer) for any reference; model in eval mode on ``device``.
+
+    dtype defaults to float32 on CPU (faster than bf16 there) and bfloat16 on CUDA. The weights
+    are read from exactly the safetensors files that merge and analysis read (never a .bin lying
+    beside them; a .bin-only folder needs ``allow_bin`` and is converted once, see ``resolve``).
+    """
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = resolve(ref, allow_bin=allow_bin, progress=progress)
+    device = pick_device(device)
+    dtype = dtype or default_dtype(device)
+    entry = _weights_entry(path)
+    _check_weights(path)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        before = config.__dict__.get("transformers_weights")
+        config.transformers_weights = entry  # transformers reads this file and nothing else
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
+                                                     use_safetensors=True,
+                                                     trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, SafetensorError) as e:
+        if "trust_remote_code" in str(e):
+            raise ModelLoadError(f"{path} needs custom code; pass trust_remote_code=True only if you "
+                                 "trust its author") from e
+        raise ModelLoadError(f"{path}: cannot load the model: {_one_line(e)}") from e
+    if before is None:
+        model.config.__dict__.pop("transformers_weights", None)
+    else:
+        model.config.transformers_weights = before
+    model.to(device).eval()
+    return model, load_tokenizer(path, trust_remote_code=trust_remote_code)
+
+
+@dataclass
+class ModelInfo:
+    ref: str
+    path: str
+    model_type: str
+    family: str
+    num_layers: int
+    hidden_size: int | None
+    vocab_size: int | None
+    dtype: str
+    num_params: int
+    size_bytes: int
+    tied_embeddings: bool
+    fallback_architecture: bool
+
+    def summary(self) -> str:
+        return (f"{self.model_type} ({self.family}), {self.num_layers} layers, hidden "
+                f"{self.hidden_size}, vocab {self.vocab_size}, {self.num_params / 1e6:.1f} M params, "
+                f"{self.dtype}, {self.size_bytes / 2**20:.0f} MiB"
+                + (", tied embeddings" if self.tied_embeddings else "")
+                + (" [unknown family: generic layer regex]" if self.fallback_architecture else ""))
+
+
+def describe(ref, progress: Progress | None = None) -> ModelInfo:
+    """Architecture, size and dtype of a model from its headers (no tensor data read)."""
+    path = resolve(ref, progress=progress)
+    cfg = read_config_file(path)
+    arch = get_architecture(cfg)
+    reader = CheckpointReader(path)
+    dtypes = sorted({reader.dtype(n) for n in reader.names()})
+    tc = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    return ModelInfo(str(ref), str(path), arch.model_type, arch.name, arch.num_layers,
+                     tc.get("hidden_size"), tc.get("vocab_size"), "/".join(dtypes), reader.numel(),
+                     reader.nbytes(), bool(cfg.get("tie_word_embeddings", False)), arch.is_fallback)
+

@@ -1,0 +1,285 @@
+"""Reading checkpoints: one tensor at a time from (sharded) safetensors, headers parsed once.
+
+Nothing here loads a whole model. ``CheckpointReader`` maps every tensor name to its shard from
+the index (or the headers, which it parses itself: ``read_header``) and gives each tensor three
+ways: ``read`` copies it out with pread (resident memory stays one tensor), ``view`` is a
+zero-copy view of the memory-mapped file (pages shared through the page cache), ``map_tensor``
+maps just that tensor's pages until released. ``get`` lets safetensors read exotic dtypes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+import warnings
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be read (missing, corrupt, inconsistent)."""
+
+
+def weight_files(folder: Path) -> list[Path]:
+    return sorted(Path(folder).glob("*.safetensors"))
+
+
+# safetensors layout: 8-byte little-endian header length, JSON header, then the tensor bytes.
+# Reading with pread (not mmap) and writing with plain writes keeps the resident memory at one
+# tensor, whatever the checkpoint size; single-source tensors can be copied file-to-file in the
+# kernel (os.copy_file_range) without passing through Python at all.
+
+DTYPE_TO_ST = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
+}
+ST_TO_DTYPE = {v: k for k, v in DTYPE_TO_ST.items()}
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def dtype_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class TensorLocation(NamedTuple):
+    path: Path
+    offset: int      # absolute byte offset of the data in the file
+    nbytes: int
+    dtype: str       # safetensors dtype string
+    shape: tuple[int, ...]
+
+
+def read_header(path: Path) -> dict[str, TensorLocation]:
+    """{tensor: location} of one safetensors file: the one parser of the
+    format's header (8-byte little-endian length, JSON). CheckpointError if it is corrupt."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"{path}: cannot read safetensors (too short)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8 or n > 100 << 20:
+                raise CheckpointError(f"{path}: cannot read safetensors (bad header length: not a "
+                                      "safetensors file)")
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: cannot read safetensors header ({e})") from e
+    locations = {}
+    try:
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            if end > size - 8 - n or begin > end:
+                raise CheckpointError(f"{path}: tensor {name!r} lies beyond the end of the file "
+                                      "(truncated or corrupt)")
+            locations[name] = TensorLocation(path, 8 + n + begin, end - begin, info["dtype"],
+                                             tuple(int(d) for d in info["shape"]))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: cannot read safetensors header (malformed: {e})") from e
+    return locations
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """tensor -> shard file name from a safetensors index; CheckpointError if malformed."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: not a valid safetensors index (weight_map is not a mapping)")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise CheckpointError(f"{index}: tensor {name!r} is mapped to {shard!r}, which is not a "
+                                  "file name in the model folder")
+    return dict(weight_map)
+
+
+class CheckpointReader:
+    """Lazy, per-tensor reader of a Hugging Face safetensors folder (sharded or not).
+
+    Shards are parsed with ``read_header`` when first needed (all of them at once when an index
+    names them, so the index is checked against them). ``read`` (pread copy), ``view`` (zero-copy,
+    the whole shard mapped and kept) and ``map_tensor`` (zero-copy, only the tensor's pages, until
+    released) give the data; ``release`` advises the kept mappings' pages away."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise CheckpointError(f"{self.folder}: not a folder")
+        self._handles: dict[str, object] = {}       # safetensors handles (exotic dtypes only)
+        self._maps: dict[Path, mmap.mmap] = {}      # shard -> whole-file mapping (``view``)
+        self._headers: dict[str, dict[str, TensorLocation]] = {}
+        self.reads = 0  # tensors read so far (tests use it to prove that nothing was read)
+        index = self.folder / INDEX_NAME
+        if index.exists():
+            self._shard_of = _read_index(index)
+        else:
+            files = weight_files(self.folder)
+            if not files:
+                raise CheckpointError(f"{self.folder}: no *.safetensors files")
+            self._shard_of = {name: f.name for f in files for name in self._locations(f.name)}
+        for shard in sorted(set(self._shard_of.values())):
+            if not (self.folder / shard).exists():
+                raise CheckpointError(f"{self.folder}: shard {shard} named in the index is missing")
+        if index.exists():
+            for name in self._shard_of:  # every header (small) is parsed: the index must agree
+                self.location(name)
+
+    # --- metadata (headers only, no tensor data) ---
+    def names(self) -> list[str]:
+        return list(self._shard_of)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._shard_of
+
+    def __len__(self) -> int:
+        return len(self._shard_of)
+
+    def _locations(self, shard: str) -> dict[str, TensorLocation]:
+        if shard not in self._headers:
+            self._headers[shard] = read_header(self.folder / shard)
+        return self._headers[shard]
+
+    def location(self, name: str) -> TensorLocation:
+        """File, byte offset, size, dtype and shape of one tensor's data (headers only)."""
+        if name not in self._shard_of:
+            raise CheckpointError(f"{self.folder}: no tensor named {name!r}")
+        loc = self._locations(self._shard_of[name]).get(name)
+        if loc is None:
+            raise CheckpointError(f"{self.folder / self._shard_of[name]}: the index maps tensor "
+                                  f"{name!r} to this shard, but the shard does not contain it "
+                                  "(wrong or outdated model.safetensors.index.json)")
+        return loc
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.location(name).shape
+
+    def dtype(self, name: str) -> str:
+        """safetensors dtype string, e.g. 'BF16', 'F32'."""
+        return self.location(name).dtype
+
+    def shard(self, name: str) -> str:
+        return self._shard_of[name]
+
+    def numel(self) -> int:
+        return sum(math.prod(self.shape(n)) for n in self._shard_of)
+
+    def nbytes(self) -> int:
+        return sum((self.folder / s).stat().st_size for s in set(self._shard_of.values()))
+
+    def config(self) -> dict:
+        p = self.folder / "config.json"
+        return json.loads(p.read_text()) if p.exists() else {}
+
+    # --- data ---
+    def get(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:
+        """One tensor read by safetensors itself (any dtype it knows, also those torch lacks)."""
+        shard = self._shard_of.get(name)
+        if shard is None:
+            raise CheckpointError(f"{self.folder}: no tensor named {name!r}")
+        try:
+            if shard not in self._handles:
+                self._handles[shard] = safe_open(str(self.folder / shard), framework="pt",
+                                                 device="cpu")
+            t = self._handles[shard].get_tensor(name)
+        except (SafetensorError, Exception) as e:  # noqa: BLE001 - report any as unreadable
+            raise CheckpointError(f"{self.folder / shard}: cannot read {name!r} ({e})") from e
+        self.reads += 1
+        return t if str(device) == "cpu" else t.to(device)
+
+    def _checked(self, name: str) -> tuple[TensorLocation, torch.dtype | None]:
+        loc = self.location(name)
+        dtype = ST_TO_DTYPE.get(loc.dtype)
+        if dtype is not None and math.prod(loc.shape) * dtype_size(dtype) != loc.nbytes:
+            raise CheckpointError(f"{loc.path}: tensor {name!r} has {loc.nbytes} bytes for shape "
+                                  f"{list(loc.shape)} {loc.dtype} (corrupt header)")
+        return loc, dtype
+
+    def read(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:
+        """One tensor read with pread into fresh memory (no mmap: resident memory stays one tensor)."""
+        loc, dtype = self._checked(name)
+        if dtype is None:
+            return self.get(name, device)  # exotic dtype: let safetensors handle it
+        t = torch.empty(loc.shape, dtype=dtype)
+        if loc.nbytes:
+            buf = t.reshape(-1).view(torch.uint8).numpy()
+            with open(loc.path, "rb") as f:
+                f.seek(loc.offset)
+                got = f.readinto(buf)
+            if got != loc.nbytes:
+                raise CheckpointError(f"{loc.path}: tensor {name!r} is truncated")
+        self.reads += 1
+        return t if str(device) == "cpu" else t.to(device)
+
+    def view(self, name: str) -> torch.Tensor:
+        """A zero-copy, read-only view of one tensor in its memory-mapped shard (kept mapped:
+        the pages are the page cache, shared by every process, read when touched). Never write
+        to it (the mapping is private: a write would copy the page into this process)."""
+        loc, dtype = self._checked(name)
+        if dtype is None:  # an exotic dtype: safetensors reads it (a copy)
+            return self.get(name)
+        if loc.nbytes == 0:
+            return torch.empty(loc.shape, dtype=dtype)
+        mm = self._maps.get(loc.path)
+        if mm is None:
+            with open(loc.path, "rb") as f:
+                mm = self._maps[loc.path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return torch.frombuffer(mm, dtype=dtype, count=math.prod(loc.shape),
+                                offset=loc.offset).view(loc.shape)
+
+    def map_tensor(self, name: str) -> tuple[torch.Tensor, Callable[[], None]]:
+        """(tensor, release): a zero-copy view mapping only this tensor's pages (read ahead at
+        once), unmapped by ``release()``: resident memory stays at the tensors in flight.
+        Exotic dtypes are read (a copy)."""
+        loc, dtype = self._checked(name)
+        if dtype is None or loc.nbytes == 0:
+            return self.read(name), lambda: None
+        start = loc.offset - loc.offset % mmap.ALLOCATIONGRANULARITY
+        with open(loc.path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), loc.offset + loc.nbytes - start, access=mmap.ACCESS_READ,
+                           offset=start)
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_WILLNEED)  # start reading ahead before the computation gets there
+        with warnings.catch_warnings():  # "buffer is not writable": it is only ever read
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(mm, dtype=dtype, count=math.prod(loc.shape),
+                                 offset=loc.offset - start).view(loc.shape)
+        self.reads += 1
+
+        def release():
+            try:
+                mm.close()
+            except BufferError:  # a view is still alive somewhere: the GC unmaps it later
+                pass
+        return t, release
+
+    def release(self) -> None:
+        """Drop this process's hold on the pages of ``view``'s mappings (they stay in the page
+        cache, and are read again when touched)."""
+        for mm in self._maps.values():
+            try:
+                mm.madvise(mmap.MADV_DONTNEED)
+            except (AttributeError, OSError, ValueError):  # no madvise here: the OS evicts anyway
+                pass
+
+    def close(self):
+        self._handles.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
