@@ -386,6 +386,30 @@ def test_index_naming_a_missing_or_outside_shard(sharded, shard, msg, capsys):
     assert msg in error_line(capsys)
 
 
+def test_one_reader_reads_views_and_maps_the_same_tensors(sharded):
+    """read (pread), view (the mapped shard) and map_tensor (the tensor's pages) give what
+    safetensors itself reads, located by the reader's own header parser."""
+    r = CheckpointReader(sharded)
+    for n in r.names():
+        want = r.get(n)
+        mapped, release = r.map_tensor(n)
+        assert torch.equal(r.read(n), want) and torch.equal(r.view(n), want), n
+        assert torch.equal(mapped, want) and tuple(want.shape) == r.shape(n), n
+        del mapped
+        release()
+    r.release()
+    assert torch.equal(r.view(n), want)  # released pages are read again when touched
+
+
+def test_malformed_header_is_one_line(tmp_path):
+    import struct
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2]}}).encode()  # no data_offsets
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(CheckpointError, match="model.safetensors: cannot read safetensors header"):
+        CheckpointReader(tmp_path)
+
+
 def test_cli_turns_os_errors_into_one_line(tmp_path, capsys):
     from safetensors.torch import save_file
     odd = tmp_path / "model"

@@ -8,6 +8,7 @@ import torch
 
 from layerswap_core.merge import lora
 from layerswap_core.checkpoints.reading import CheckpointReader
+from layerswap_core.checkpoints.references import is_adapter
 from layerswap_core.merge.executor import merge_to_folder
 from layerswap_core.merge.config import MergeConfig
 
@@ -189,8 +190,8 @@ def test_cli_merge_lora_names_an_invalid_config_json(family, tmp_path, capsys):
         (line,) = [ln for ln in err.splitlines() if "layerswap merge-lora: error: " in ln]
         assert f"{named}: not valid JSON" in line
     assert not out.exists()
-    assert lora.is_adapter(family["task"]) and not lora.is_adapter(family["base"])
-    assert not lora.is_adapter(family["task"] / "adapter_config.json")  # a file, not a folder
+    assert is_adapter(family["task"]) and not is_adapter(family["base"])
+    assert not is_adapter(family["task"] / "adapter_config.json")  # a file, not a folder
 
 
 def test_cli_merge_lora_overwrites_only_layerswap_outputs_unless_forced(family, tmp_path, capsys):
@@ -206,3 +207,77 @@ def test_cli_merge_lora_overwrites_only_layerswap_outputs_unless_forced(family, 
     assert (victim / "notes.txt").read_text() == "keep me"
     assert main(args + ["--force"]) == 0
     assert not (victim / "notes.txt").exists() and (victim / "adapter_config.json").exists()
+
+
+def _peft_dense(base, adapter):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().state_dict()
+
+
+def _random_adapter(model, cfg, out, seed=3):
+    from peft import get_peft_model
+
+    peft_model = get_peft_model(model, cfg)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    peft_model.save_pretrained(out)
+    return out
+
+
+def test_one_reader_for_embedding_lora_patterns_and_the_alpha_default(family, tmp_path):
+    """load_adapter (merge, analysis, the app) reads embedding LoRA, rank/alpha patterns (PEFT's
+    get_pattern_key) and a config without lora_alpha (PEFT's default 8) as PEFT merges them."""
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.analysis.providers import LoraDeltaProvider
+
+    model = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
+    cfg = LoraConfig(r=4, lora_alpha=16, target_modules=["embed_tokens", "q_proj", "down_proj"],
+                     rank_pattern={"down_proj": 2}, alpha_pattern={"layers.1.self_attn.q_proj": 3})
+    adapter = _random_adapter(model, cfg, tmp_path / "adapter")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    del config["lora_alpha"]  # PEFT reads the default (8) for it
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    want = _peft_dense(family["base"], adapter)
+    read = lora.load_adapter(adapter, family["base"])
+    emb = read.modules["model.embed_tokens"]
+    assert emb.embedding and emb.shape == tuple(want["model.embed_tokens.weight"].shape)
+    assert read.modules["model.layers.0.mlp.down_proj"].scale == 8 / 2
+    assert read.modules["model.layers.1.self_attn.q_proj"].scale == 3 / 4
+    assert read.modules["model.layers.2.self_attn.q_proj"].scale == 8 / 4
+    out = lora.apply_adapter(family["base"], adapter, tmp_path / "dense", dtype=torch.float32)
+    got, base = CheckpointReader(out), CheckpointReader(family["base"])
+    provider = LoraDeltaProvider(adapter)
+    for m in read.modules:
+        n = m + ".weight"
+        assert torch.equal(got.get(n), want[n]), n
+        torch.testing.assert_close(base.get(n) + provider(n), want[n], msg=n)
+    assert provider("model.norm.weight") is None
+
+
+def test_fan_in_fan_out_adapters_are_transposed(tmp_path):
+    """GPT-2 stores its projections (in, out) (Conv1D): PEFT's fan_in_fan_out adapters."""
+    from peft import LoraConfig
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                               n_positions=32)).save_pretrained(tmp_path / "gpt2")
+    model = GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2")
+    adapter = _random_adapter(model, LoraConfig(r=2, target_modules=["c_attn"],
+                                                fan_in_fan_out=True), tmp_path / "adapter")
+    want = _peft_dense(tmp_path / "gpt2", adapter)
+    read = lora.load_adapter(adapter, tmp_path / "gpt2")
+    c_attn = read.modules["transformer.h.0.attn.c_attn"]
+    assert c_attn.fan_in_fan_out and c_attn.shape == (32, 96)
+    got = CheckpointReader(lora.apply_adapter(tmp_path / "gpt2", adapter, tmp_path / "dense",
+                                              dtype=torch.float32))
+    for m in read.modules:
+        assert torch.equal(got.get(m + ".weight"), want[m + ".weight"]), m

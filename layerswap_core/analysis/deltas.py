@@ -16,7 +16,6 @@ import hashlib
 import io as _io
 import json
 import math
-import mmap
 import os
 import queue
 import tempfile
@@ -31,7 +30,8 @@ import numpy as np
 import torch
 
 from ..checkpoints.architectures import LAYER_KIND_ORDER, get_architecture
-from ..checkpoints.reading import INDEX_NAME, ST_TO_DTYPE, CheckpointReader
+from ..checkpoints.compatibility import open_models, problems
+from ..checkpoints.reading import INDEX_NAME, CheckpointReader
 from ..checkpoints.writing import cache_dir
 from ..checkpoints.references import is_adapter, resolve
 from ..checkpoints.loading import pick_device
@@ -316,33 +316,14 @@ def _row_mavs(expert: torch.Tensor | None, base: torch.Tensor | None,
 def open_tensor(reader: CheckpointReader, name: str, device: str = "cpu"):
     """(tensor, release) for one checkpoint tensor, read-only.
 
-    On CPU the tensor is a zero-copy view of the file through mmap: the page cache is read
-    once, by the computation itself (a pread copy would double the memory traffic). Only this
-    tensor's pages are mapped, and ``release()`` unmaps them, so resident memory stays at the
-    tensors in flight. On other devices, or for dtypes torch cannot view, it is read normally.
+    On CPU the tensor is a zero-copy view of only its pages (``CheckpointReader.map_tensor``):
+    the page cache is read once, by the computation itself (a pread copy would double the memory
+    traffic), and ``release()`` unmaps them, so resident memory stays at the tensors in flight.
+    On other devices it is read normally.
     """
-    loc = reader.location(name)
-    dtype = ST_TO_DTYPE.get(loc.dtype)
-    if str(device) != "cpu" or dtype is None or loc.nbytes == 0:
+    if str(device) != "cpu":
         return reader.read(name, device), lambda: None
-    start = loc.offset - loc.offset % mmap.ALLOCATIONGRANULARITY
-    with open(loc.path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), loc.offset + loc.nbytes - start, access=mmap.ACCESS_READ,
-                       offset=start)
-    if hasattr(mm, "madvise"):
-        mm.madvise(mmap.MADV_WILLNEED)  # start reading ahead before the computation gets there
-    with warnings.catch_warnings():  # "buffer is not writable": we only ever read it
-        warnings.simplefilter("ignore", UserWarning)
-        t = torch.frombuffer(mm, dtype=dtype, count=math.prod(loc.shape),
-                             offset=loc.offset - start).view(loc.shape)
-    reader.reads += 1
-
-    def release():
-        try:
-            mm.close()
-        except BufferError:  # a view is still alive somewhere: the GC unmaps it later
-            pass
-    return t, release
+    return reader.map_tensor(name)
 
 
 def _row_mavs_parallel(expert, base, delta, pool, parts: int) -> torch.Tensor:
@@ -424,19 +405,16 @@ def _prefetch(items: list, load: Callable, depth: int = 1):
         th.join()
 
 
-def _check_same_tensors(base: CheckpointReader, expert: CheckpointReader, names: list[str]):
-    b, e = set(base.names()), set(expert.names())
-    for n in sorted(b - e):
-        raise DeltaMismatchError(f"tensor {n}: in the base ({base.folder}) but not in the expert "
-                                 f"({expert.folder})")
-    for n in sorted(e - b):
-        raise DeltaMismatchError(f"tensor {n}: in the expert ({expert.folder}) but not in the base "
-                                 f"({base.folder})")
-    for n in names:
-        if base.shape(n) != expert.shape(n):
-            raise DeltaMismatchError(f"tensor {n}: shape {list(expert.shape(n))} in the expert "
-                                     f"({expert.folder}) vs {list(base.shape(n))} in the base "
-                                     f"({base.folder})")
+def _open_pair(base_path: Path, expert_path: Path | None):
+    """(base reader, expert reader or None), the expert checked against the base with the one
+    compatibility check (same tensors, same shapes); DeltaMismatchError names the difference."""
+    if expert_path is None:
+        return CheckpointReader(base_path), None
+    models = open_models({"base": base_path, "expert": expert_path})
+    found = problems(models, exact=True, tokenizers=False)
+    if found:
+        raise DeltaMismatchError("; ".join(found))
+    return models.readers["base"], models.readers["expert"]
 
 
 def delta_stats(base, expert=None, *, threshold: float | None = None, device: str = "cpu",
@@ -479,13 +457,10 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
         return st
 
     device = pick_device(device)
-    base_r = CheckpointReader(base_path)
-    exp_r = CheckpointReader(expert_path) if expert_path is not None else None
+    base_r, exp_r = _open_pair(base_path, expert_path)
     arch = get_architecture(base_r.config())
     names = [n for n in base_r.names() if len(base_r.shape(n)) in (1, 2)]
     skipped = [n for n in base_r.names() if len(base_r.shape(n)) not in (1, 2)]
-    if exp_r is not None:
-        _check_same_tensors(base_r, exp_r, base_r.names())
     # Read shard by shard, in index order: sequential file access.
     names.sort(key=lambda n: base_r.shard(n))
     total = sum(math.prod(base_r.shape(n)) for n in names) or 1

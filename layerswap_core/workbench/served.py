@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..checkpoints.references import EMBEDDED_PREFIX
+from ..checkpoints.references import EMBEDDED_PREFIX, is_adapter
 
 Progress = Callable[[float, str], None]
 
@@ -198,7 +198,7 @@ def offered_models(access: Access, limit: int = 50) -> list[str]:
         except OSError:
             continue
         found += [str(p) for p in subs
-                  if (p / "config.json").exists() or (p / "adapter_config.json").exists()]
+                  if (p / "config.json").exists() or is_adapter(p)]
     return found[:limit]
 
 

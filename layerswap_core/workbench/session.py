@@ -17,7 +17,6 @@ visitor.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -29,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints.references import DEFAULT_BASE, is_adapter, resolve
-from ..checkpoints.loading import describe, pick_device
 from ..checkpoints.compatibility import compatibility
+from ..checkpoints.loading import describe, pick_device
+from ..checkpoints.references import DEFAULT_BASE, is_adapter
 from ..merge import registry
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Cancelled, Progress, WorkbenchError, capped,
                      check_replace, output_folder, readable_error, vet_reference)
@@ -68,51 +67,6 @@ class ModelsReport:
         return "**Not compatible**:\n" + "\n".join(f"- {p}" for p in self.problems)
 
 
-def dense_from_adapter(adapter: str, base: str | None, progress: Progress | None = None) -> Path:
-    """A PEFT LoRA adapter folder as a dense model folder: merged into its base once (float32,
-    so small deltas survive), cached by the identity of both."""
-    import hashlib
-
-    from ..checkpoints.writing import cache_dir
-    from ..checkpoints.loading import load_model
-
-    folder = Path(adapter).expanduser().resolve()
-    if not base:
-        raise WorkbenchError(f"{folder} is a PEFT adapter: give its base model too")
-    base_path = resolve(base)
-    ident = [str(base_path), *[(f.name, f.stat().st_size, f.stat().st_mtime_ns)
-                               for f in sorted(folder.iterdir()) if f.is_file()]]
-    key = hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:16]
-    out = cache_dir() / "adapters" / f"{folder.name}-{key}"
-    if (out / "config.json").exists():
-        return out
-    import torch
-
-    from ..merge import lora
-
-    _say(progress, 0.1, f"merging the adapter {folder.name} into its base (once)")
-    try:
-        lora.load_adapter(folder, base_path)
-    except lora.AdapterError:
-        pass   # DoRA, saved modules...: PEFT below knows more kinds (or says what is wrong)
-    else:      # plain LoRA: streamed, bit-identical to PEFT's merge, no model built
-        return lora.apply_adapter(base_path, folder, out, dtype=torch.float32)
-    from peft import PeftModel
-
-    model, tok = load_model(base_path, device="cpu", dtype=torch.float32)
-    try:
-        merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
-    except Exception as e:  # noqa: BLE001 - peft raises many types for a bad adapter
-        raise WorkbenchError(f"{folder}: cannot apply the adapter to {base}: "
-                             f"{readable_error(e)}") from e
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=out.parent))
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    tmp.rename(out)
-    return out
-
-
 def check_models(base: str, task: str, lang: str, progress: Progress | None = None,
                  access: Access = LOCAL) -> ModelsReport:
     """Describe the three models from their headers and check they can be merged.
@@ -135,6 +89,7 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
             raise WorkbenchError(f"{ROLE_LABELS[role]}: {readable_error(e)}") from e
     for role in ("task", "lang"):  # PEFT adapters: merged into the base once, then dense
         if is_adapter(refs[role]):
+            from ..merge.lora import dense_from_adapter
             try:
                 refs[role] = str(dense_from_adapter(refs[role], refs.get("base"), progress))
             except ValueError as e:
