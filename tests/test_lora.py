@@ -17,19 +17,12 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 
 def make_adapter(base, out, *, seed, r, alpha, targets=ALL, rslora=False):
     """A real PEFT adapter over ``base`` with random (non-zero) A and B."""
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
-                                             use_rslora=rslora, task_type="CAUSAL_LM"))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_" in n:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    model.save_pretrained(out)
-    return out
+    return _random_adapter(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
+                                             use_rslora=rslora, task_type="CAUSAL_LM"), out, seed)
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +211,7 @@ def _peft_dense(base, adapter):
 
 
 def _random_adapter(model, cfg, out, seed=3):
+    """``model`` with the LoRA of ``cfg``, A and B random (non-zero), saved as ``out``."""
     from peft import get_peft_model
 
     peft_model = get_peft_model(model, cfg)
