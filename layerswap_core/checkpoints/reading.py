@@ -130,7 +130,8 @@ class CheckpointReader:
             files = weight_files(self.folder)
             if not files:
                 raise CheckpointError(f"{self.folder}: no *.safetensors files")
-            self._shard_of = {name: f.name for f in files for name in self._locations(f.name)}
+            self._shard_of = {name: f.name for f in files  # names sorted, as safetensors lists them
+                              for name in sorted(self._locations(f.name))}
         for shard in sorted(set(self._shard_of.values())):
             if not (self.folder / shard).exists():
                 raise CheckpointError(f"{self.folder}: shard {shard} named in the index is missing")

@@ -6,7 +6,9 @@ A *model reference* is one of:
   * ``owner/name``      -- a Hugging Face Hub repo id, downloaded only when the network is allowed.
 
 ``resolve`` turns any reference into a local safetensors folder; everything downstream (merge,
-analysis, evaluation) works on folders.
+analysis, evaluation) works on folders. To ship another embedded model, write a builder
+``build(out, progress)`` that saves a Hugging Face folder into ``out`` (``_build_smollm2`` below)
+and ``register_embedded`` it; ``progress`` is ``progress(fraction, message)``.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..checkpoints.loading import ZERO_GPU  # noqa: F401  (one definition: models.pick_device reads it too)
+from ..checkpoints.loading import ZERO_GPU  # noqa: F401  (one definition: loading.pick_device reads it too)
 
 HAVE_SPACES = importlib.util.find_spec("spaces") is not None
 
