@@ -117,7 +117,7 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
 
     Models default to ``config.task/lang/base``; the config saved with the output records the
     references actually used. An existing ``out`` is replaced only with ``overwrite``, and only
-    if it is a layerswap output (or empty) unless ``force`` (see ``io.check_output_dir``).
+    if it is a layerswap output (or empty) unless ``force`` (see ``checkpoints.writing.check_output_dir``).
     """
     from ..checkpoints.loading import pick_device
 
