@@ -35,9 +35,9 @@ from ..checkpoints.reading import INDEX_NAME, CheckpointReader
 from ..checkpoints.writing import cache_dir
 from ..checkpoints.references import is_adapter, resolve
 from ..checkpoints.loading import pick_device
+from ..progress import Progress
 from .providers import DeltaProvider, lora_delta_provider
 
-Progress = Callable[[float, str], None]
 CACHE_VERSION = 1
 METRICS = ("frac_rows_above", "mean_row_mav", "max_row_mav", "mass")
 # Rows per compute chunk are chosen so that one float32 chunk (~1 MiB) stays in cache.

@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-Progress = Callable[[float, str], None]
+from ..progress import Progress
 
 
 @dataclass

@@ -26,18 +26,18 @@ import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from . import mgsm_task
 from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
                    load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap, normalize_number, source_label,
                    to_ascii_digits)
 from ..checkpoints.writing import release_freed_memory
+from ..progress import Progress
 from .generation import encode, generate
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
 
-Progress = Callable[[float, str], None]
 
 
 # --------------------------------------------------------------------------- prompt words

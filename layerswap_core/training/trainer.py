@@ -43,14 +43,10 @@ from typing import Callable
 
 import torch
 
+from ..progress import Progress
+from ..progress import say as _say
 from .config import LORA_KINDS, PARTS, TrainConfig, TrainError
 from .sft_data import IGNORE, Batches, batch_nll, encode_file, mean_nll
-
-Progress = Callable[[float, str], None]
-
-def _say(progress: Progress | None, fraction: float, msg: str):
-    if progress is not None:
-        progress(min(max(fraction, 0.0), 1.0), msg)
 
 
 @dataclass

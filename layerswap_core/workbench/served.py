@@ -15,11 +15,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..checkpoints.references import EMBEDDED_PREFIX, is_adapter
+from ..progress import Progress
 
-Progress = Callable[[float, str], None]
 
 
 # --------------------------------------------------------------------------- errors

@@ -32,6 +32,7 @@ from ..checkpoints.compatibility import compatibility
 from ..checkpoints.loading import describe, pick_device
 from ..checkpoints.references import DEFAULT_BASE, is_adapter
 from ..merge import registry
+from ..progress import say as _say
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Cancelled, Progress, WorkbenchError, capped,
                      check_replace, output_folder, readable_error, vet_reference)
 
@@ -115,11 +116,6 @@ def unchecked_rows(base, task, lang) -> list[list[str]]:
     given = {"base": base, "task": task, "lang": lang}
     return [[ROLE_LABELS[role], str(ref or "")[:200], "(not read)", "", "", "", "", ""]
             for role, ref in given.items() if str(ref or "").strip()]
-
-
-def _say(progress: Progress | None, frac: float, msg: str):
-    if progress is not None:
-        progress(frac, msg)
 
 
 # --------------------------------------------------------------------------- session
