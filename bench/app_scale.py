@@ -102,19 +102,31 @@ def call(client, api_name: str, values: dict):
     return client.predict(*args, api_name=api_name)
 
 
+def _cat_seconds(files) -> float:
+    t = time.perf_counter()
+    subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t
+
+
 def measure_switching(paths: dict[str, Path]) -> dict:
-    """In this process (the server is gone): the live model switching task -> lang -> base,
-    seconds against a `cat` of the bytes each switch reads (both from the page cache, warm)."""
+    """In this process (the server is gone): opening the live model (one read of the task
+    expert into its own memory) and switching it task -> lang -> base -> task, seconds against a
+    `cat` of the bytes each step reads (both from the page cache, warm)."""
     from layerswap_core.merge.live import LiveModel
 
+    task_files = sorted(paths["task"].glob("*.safetensors"))
+    _cat_seconds(task_files)  # warm the page cache for both
+    t = time.perf_counter()
     live = LiveModel.from_refs(paths["task"], paths["lang"], paths["base"])
-    out = {}
+    open_s = time.perf_counter() - t
+    cat_s = _cat_seconds(task_files)
+    out = {"open (reads the task expert)": {
+        "gib": round(live.resident_bytes() / 2**30, 2), "seconds": round(open_s, 2),
+        "cat_s": round(cat_s, 2), "ratio": round(open_s / max(cat_s, 1e-9), 1)}}
     for role in ("lang", "base", "task"):
         shown = live.show(role)
         files = sorted(set(live.sources[role].reader.location(n).path for n in live.names))
-        t = time.perf_counter()
-        subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
-        cat_s = time.perf_counter() - t
+        cat_s = _cat_seconds(files)
         out[f"to {role}"] = {"tensors": shown.rewritten, "gib": round(shown.nbytes / 2**30, 2),
                              "seconds": round(shown.seconds, 2), "cat_s": round(cat_s, 2),
                              "ratio": round(shown.seconds / max(cat_s, 1e-9), 1)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +39,38 @@ def _params(model) -> dict[str, torch.Tensor]:
 def _address_range(mm) -> tuple[int, int]:
     start = ctypes.addressof(ctypes.c_char.from_buffer(mm))
     return start, start + len(mm)
+
+
+def _in_a_mapped_checkpoint(t: torch.Tensor) -> bool:
+    """Whether a tensor's data lies in a memory mapping of a *.safetensors file (Linux)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6 and parts[5].endswith(".safetensors"):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if lo <= t.data_ptr() < hi:
+                    return True
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps")
+def test_the_live_model_owns_its_parameters_from_the_start(tiny, one_thread):
+    """transformers leaves a float32 checkpoint's parameters on a private mapping of the file
+    (the first rewrite then paid a copy-on-write fault per page); the live model reads them once
+    into its own memory at open, and a role switch reads the tensors straight into that memory
+    without mapping the source file."""
+    direct, _ = load_model(tiny["task"])
+    assert any(_in_a_mapped_checkpoint(p) for p in direct.parameters())  # the detector works
+    live = LiveModel.from_refs(tiny["task"], tiny["lang"], tiny["base"])
+    assert not any(_in_a_mapped_checkpoint(p) for p in live.model.parameters())
+    for n, p in live.model.named_parameters():
+        assert torch.equal(p, dict(direct.named_parameters())[n]), n
+    ptrs = {n: p.data_ptr() for n, p in live.model.named_parameters()}
+    for role in ("lang", "base", "task"):
+        assert live.show(role).rewritten > 0
+        assert not live.sources[role]._maps  # read with plain reads, nothing mapped
+    assert {n: p.data_ptr() for n, p in live.model.named_parameters()} == ptrs
+    assert not any(_in_a_mapped_checkpoint(p) for p in live.model.parameters())
 
 
 def test_mapped_tensors_are_views_of_the_file_not_copies(tiny):
