@@ -10,8 +10,8 @@ transition layer, evaluate 4 questions side by side on all four roles, one chat 
 While each step runs, the server's /proc/PID/status is sampled every 50 ms: anonymous resident
 memory (RssAnon: what the process owns) and file-backed resident memory (RssFile: mapped
 checkpoint pages, page cache the OS can reclaim) apart. Per step it prints wall time and the
-peaks of both divided by one checkpoint's size, and a `cat` of the bytes the rebuild rewrote as
-the switching baseline.
+peaks of both divided by one checkpoint's size. Then, in this process, the live model's opening
+and its role switches against a `cat` of the same files (``measure_switching``).
 """
 from __future__ import annotations
 
@@ -109,24 +109,27 @@ def _cat_seconds(files) -> float:
 
 
 def measure_switching(paths: dict[str, Path]) -> dict:
-    """In this process (the server is gone): opening the live model (one read of the task
-    expert into its own memory) and switching it task -> lang -> base -> task, seconds against a
-    `cat` of the bytes each step reads (both from the page cache, warm)."""
-    from layerswap_core.merge.live import LiveModel
+    """In this process (the server is gone): opening the live model (transformers builds it, then
+    it reads the task expert into its own memory) and switching it task -> lang -> base -> task,
+    seconds against a `cat` of the bytes each step reads (both from the page cache: a first cat
+    warms it)."""
+    from layerswap_core.merge.live import LiveModel, ROLES
 
-    task_files = sorted(paths["task"].glob("*.safetensors"))
-    _cat_seconds(task_files)  # warm the page cache for both
+    files = {role: sorted(paths[role].glob("*.safetensors")) for role in ROLES}
+    out = {}
+    _cat_seconds(files["task"])
+    cat_s = _cat_seconds(files["task"])
     t = time.perf_counter()
     live = LiveModel.from_refs(paths["task"], paths["lang"], paths["base"])
     open_s = time.perf_counter() - t
-    cat_s = _cat_seconds(task_files)
-    out = {"open (reads the task expert)": {
-        "gib": round(live.resident_bytes() / 2**30, 2), "seconds": round(open_s, 2),
-        "cat_s": round(cat_s, 2), "ratio": round(open_s / max(cat_s, 1e-9), 1)}}
+    read = live.opened
+    out["open"] = {"seconds": round(open_s, 2), "read_tensors": read.rewritten,
+                   "gib": round(read.nbytes / 2**30, 2), "read_s": round(read.seconds, 2),
+                   "cat_s": round(cat_s, 2), "read_ratio": round(read.seconds / max(cat_s, 1e-9), 1)}
     for role in ("lang", "base", "task"):
+        _cat_seconds(files[role])
+        cat_s = _cat_seconds(files[role])
         shown = live.show(role)
-        files = sorted(set(live.sources[role].reader.location(n).path for n in live.names))
-        cat_s = _cat_seconds(files)
         out[f"to {role}"] = {"tensors": shown.rewritten, "gib": round(shown.nbytes / 2**30, 2),
                              "seconds": round(shown.seconds, 2), "cat_s": round(cat_s, 2),
                              "ratio": round(shown.seconds / max(cat_s, 1e-9), 1)}
@@ -140,12 +143,17 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the trio afterwards")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--port", type=int, default=7873)
+    ap.add_argument("--switching-only", action="store_true",
+                    help="only the live model's opening and role switches (no app)")
     a = ap.parse_args(argv)
     folder = a.dir or Path(tempfile.mkdtemp(prefix="layerswap-scale-", dir="/tmp"))
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     paths = write_trio(folder, a.params)
     print(f"trio ready in {time.perf_counter() - t0:.0f} s: {folder}", flush=True)
+    if a.switching_only:
+        print(json.dumps(measure_switching(paths), indent=1))
+        return 0
     ckpt = sum(f.stat().st_size for f in paths["task"].glob("*.safetensors"))
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LAYERSWAP_SERVED": "0",

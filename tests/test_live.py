@@ -63,6 +63,10 @@ def test_the_live_model_owns_its_parameters_from_the_start(tiny, one_thread):
     assert any(_in_a_mapped_checkpoint(p) for p in direct.parameters())  # the detector works
     live = LiveModel.from_refs(tiny["task"], tiny["lang"], tiny["base"])
     assert not any(_in_a_mapped_checkpoint(p) for p in live.model.parameters())
+    assert live.opened.rewritten == live.opened.total == len(live.names)
+    bf16 = LiveModel.from_refs(tiny["task"], tiny["lang"], tiny["base"], dtype=torch.bfloat16)
+    assert bf16.opened.rewritten == 0  # converted from float32 by transformers: private already
+    assert not any(_in_a_mapped_checkpoint(p) for p in bf16.model.parameters())
     for n, p in live.model.named_parameters():
         assert torch.equal(p, dict(direct.named_parameters())[n]), n
     ptrs = {n: p.data_ptr() for n, p in live.model.named_parameters()}

@@ -223,7 +223,7 @@ class LiveModel:
                     raise MergeError(f"tensor {n}: shape {list(src.reader.location(n).shape)} in "
                                      f"{role} but {list(self.params[n].shape)} in the model")
         _say(progress, 0.5, "reading the task expert into the live model")
-        self._own_parameters()
+        self.opened = self._own_parameters()
         release_freed_memory()  # what loading freed goes back to the OS
         self.plan: MergePlan | None = role_plan("task", self.names, self.arch)
         self.label = "task"
@@ -231,7 +231,7 @@ class LiveModel:
         _say(progress, 1.0, "live model ready")
 
     @torch.no_grad()
-    def _own_parameters(self) -> None:
+    def _own_parameters(self) -> ShowResult:
         """Give each CPU parameter its own memory, read from the task checkpoint once (one read of
         the file, like ``cat``).
 
@@ -239,14 +239,18 @@ class LiveModel:
         of it: the first plan that rewrote them paid a page fault and a copy-on-write per page
         (measured 10-17x a ``cat`` of the same bytes). Owned from the start, every later switch is
         a plain read into the same memory. Parameters converted to another dtype are private
-        already and are left as they are."""
-        task = self.sources["task"]
+        already and are left as they are. Returns what was read, and how long it took (most of
+        it, measured, is the kernel handing out fresh zeroed pages, not the read)."""
+        t0 = time.perf_counter()
+        task, count, nbytes = self.sources["task"], 0, 0
         for n, p in self.params.items():
             if p.device.type != "cpu" or p.dtype != ST_TO_DTYPE.get(task.reader.location(n).dtype):
                 continue
             own = torch.empty(p.shape, dtype=p.dtype)
             if task.read_into(n, own):
                 p.data = own
+                count, nbytes = count + 1, nbytes + task.nbytes(n)
+        return ShowResult("task", count, len(self.names), nbytes, time.perf_counter() - t0)
 
     @classmethod
     def from_refs(cls, task, lang, base=None, **kw) -> "LiveModel":
