@@ -108,31 +108,40 @@ def _cat_seconds(files) -> float:
     return time.perf_counter() - t
 
 
-def measure_switching(paths: dict[str, Path]) -> dict:
+def measure_switching(paths: dict[str, Path], repeat: int = 3) -> dict:
     """In this process (the server is gone): opening the live model (transformers builds it, then
-    it reads the task expert into its own memory) and switching it task -> lang -> base -> task,
-    seconds against a `cat` of the bytes each step reads (both from the page cache: a first cat
-    warms it)."""
+    it reads the task expert into its own memory) and switching it lang -> base -> task,
+    ``repeat`` times, seconds against a `cat` of the same files just before (the faster of two
+    cats: the first brings the files into the page cache, so both read from memory). Medians,
+    and the range of the ratios: other processes on a shared machine move single figures."""
+    import statistics
+
     from layerswap_core.merge.live import LiveModel, ROLES
 
     files = {role: sorted(paths[role].glob("*.safetensors")) for role in ROLES}
-    out = {}
-    _cat_seconds(files["task"])
-    cat_s = _cat_seconds(files["task"])
+    cat_s = min(_cat_seconds(files["task"]) for _ in range(2))
     t = time.perf_counter()
     live = LiveModel.from_refs(paths["task"], paths["lang"], paths["base"])
     open_s = time.perf_counter() - t
     read = live.opened
-    out["open"] = {"seconds": round(open_s, 2), "read_tensors": read.rewritten,
-                   "gib": round(read.nbytes / 2**30, 2), "read_s": round(read.seconds, 2),
-                   "cat_s": round(cat_s, 2), "read_ratio": round(read.seconds / max(cat_s, 1e-9), 1)}
-    for role in ("lang", "base", "task"):
-        _cat_seconds(files[role])
-        cat_s = _cat_seconds(files[role])
-        shown = live.show(role)
-        out[f"to {role}"] = {"tensors": shown.rewritten, "gib": round(shown.nbytes / 2**30, 2),
-                             "seconds": round(shown.seconds, 2), "cat_s": round(cat_s, 2),
-                             "ratio": round(shown.seconds / max(cat_s, 1e-9), 1)}
+    out = {"open": {"seconds": round(open_s, 2), "read_tensors": read.rewritten,
+                    "gib": round(read.nbytes / 2**30, 2), "read_s": round(read.seconds, 2),
+                    "cat_s": round(cat_s, 2),
+                    "read_ratio": round(read.seconds / max(cat_s, 1e-9), 1)}}
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(repeat):
+        for role in ("lang", "base", "task"):
+            cat_s = min(_cat_seconds(files[role]) for _ in range(2))
+            shown = live.show(role)
+            runs.setdefault(role, []).append((shown.seconds, cat_s))
+            out[f"to {role}"] = {"tensors": shown.rewritten, "gib": round(shown.nbytes / 2**30, 2)}
+    for role, pairs in runs.items():
+        ratios = [s / max(c, 1e-9) for s, c in pairs]
+        out[f"to {role}"].update(
+            seconds=round(statistics.median(s for s, _ in pairs), 2),
+            cat_s=round(statistics.median(c for _, c in pairs), 2),
+            ratio=round(statistics.median(ratios), 1),
+            ratio_range=f"{min(ratios):.1f}-{max(ratios):.1f}")
     return out
 
 

@@ -2,6 +2,17 @@
 
 On a ZeroGPU Space, ``spaces.GPU`` attaches a GPU to the decorated call (in a forked worker);
 everywhere else the decorator is a no-op, so the app runs unchanged on a laptop or in CI.
+
+What ZeroGPU expects (read from the ``spaces`` source, 0.4x; never run here: no ``spaces``
+package, no GPU): models are loaded at start-up and moved with ``.to("cuda")`` in the main
+process, where ``spaces`` keeps their data on the CPU behind stand-in CUDA tensors; a decorated
+call runs in a worker forked from the main process, which moves those tensors to the real GPU,
+and the call's arguments and results are *pickled* on their way to and from the worker (which
+is reused between calls while idle). So a decorated function must take and return plain values
+(references, a ``MergeConfig``, numbers, text, results), not a ``workbench.Session``: a session
+holds locks, open safetensors handles and live models, and does not pickle. Models a session
+creates after start-up exist in a worker only if it was forked after they were made; work done
+to them inside the worker (a role shown, a build) is lost when the worker ends.
 """
 from __future__ import annotations
 
