@@ -3,19 +3,20 @@
 For each role of the embedded demo trio (base ``embedded:smollm2-135m-instruct``, task expert
 ``embedded:smollm2-math-en``, language expert ``embedded:smollm2-swahili``) the same MGSM
 questions (the first N Swahili and the first N English, 2-shot, direct answers, greedy) are
-evaluated as the app's side-by-side evaluation does (``evaluate.build_prompt`` with the default
-exemplars and each language's stop strings, ``generation.generate`` with batch 16):
+evaluated as the app's side-by-side evaluation does (``evaluation.runner.build_prompt`` with
+the default exemplars and each language's stop strings, ``evaluation.generation.generate`` with
+batch 16):
 
 * live: one ``LiveModel`` (what the app holds per session) is made to show the role, then
   evaluated;
-* direct: the role's checkpoint is loaded with transformers (``models.load_model``, float32 on
-  the CPU: what the app did before the live model), then evaluated.
+* direct: the role's checkpoint is loaded with transformers (``checkpoints.models.load_model``,
+  float32 on the CPU: what the app did before the live model), then evaluated.
 
 The two alternate, role by role, ``--repeat`` times (which of the two evaluates first alternates
-too). Printed per role: seconds to show the role /
-to load the model, seconds of evaluation (median, min-max), the ratio live / direct (median of
-the pairs: a drifting machine moves both), and whether the outputs are identical (the text and
-the number of generated tokens of every answer, every run).
+too). Printed per role: seconds to show the role / to load the model, seconds of evaluation
+(median, min-max), the ratio live / direct (median of the pairs: a drifting machine moves both),
+and whether the outputs are identical (the text and the number of generated tokens of every
+answer, every run).
 
     python bench/role_eval_bench.py [--n 4] [--repeat 3] [--max-new-tokens 32] [--threads 1]
 """
@@ -37,8 +38,8 @@ TRIO = {"base": "embedded:smollm2-135m-instruct", "task": "embedded:smollm2-math
 
 def question_sets(n: int, shots: int) -> list[tuple[str, list, list]]:
     """(lang, items, exemplars) for the first ``n`` MGSM questions in Swahili and in English."""
-    from layerswap_core import evaluate as ev
-    from layerswap_core.data import load_items
+    from layerswap_core.evaluation import runner as ev
+    from layerswap_core.evaluation.data import load_items
 
     out = []
     for lang in ("sw", "en"):
@@ -49,8 +50,8 @@ def question_sets(n: int, shots: int) -> list[tuple[str, list, list]]:
 
 def evaluate_role(model, tok, sets, max_new_tokens: int) -> list[tuple[str, int]]:
     """(text, generated tokens) per question, as ``evaluate.run_side_by_side`` generates them."""
-    from layerswap_core import evaluate as ev
-    from layerswap_core.generation import generate
+    from layerswap_core.evaluation import runner as ev
+    from layerswap_core.evaluation.generation import generate
 
     out = []
     for lang, items, exemplars in sets:
@@ -84,8 +85,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from layerswap_core.live import LiveModel
-    from layerswap_core.models import load_model
+    from layerswap_core.merge.live import LiveModel
+    from layerswap_core.checkpoints.models import load_model
 
     torch.set_num_threads(a.threads)
     sets = question_sets(a.n, a.shots)

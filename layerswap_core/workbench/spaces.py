@@ -3,7 +3,7 @@
 On a ZeroGPU Space, ``spaces.GPU`` attaches a GPU to the decorated call (in a forked worker);
 everywhere else the decorator is a no-op, so the app runs unchanged on a laptop or in CI.
 
-What ZeroGPU expects (read from the ``spaces`` source, 0.4x; never run here: no ``spaces``
+What ZeroGPU expects (read from the ``spaces`` package's source; never run here: no ``spaces``
 package, no GPU): models are loaded at start-up and moved with ``.to("cuda")`` in the main
 process, where ``spaces`` keeps their data on the CPU behind stand-in CUDA tensors; a decorated
 call runs in a worker forked from the main process, which moves those tensors to the real GPU,
