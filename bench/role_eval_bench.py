@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     import torch
 
     from layerswap_core.merge.live import LiveModel
-    from layerswap_core.checkpoints.models import load_model
+    from layerswap_core.checkpoints.loading import load_model
 
     torch.set_num_threads(a.threads)
     sets = question_sets(a.n, a.shots)
