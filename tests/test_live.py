@@ -72,7 +72,7 @@ def test_the_live_model_owns_its_parameters_from_the_start(tiny, one_thread):
     ptrs = {n: p.data_ptr() for n, p in live.model.named_parameters()}
     for role in ("lang", "base", "task"):
         assert live.show(role).rewritten > 0
-        assert not live.sources[role]._maps  # read with plain reads, nothing mapped
+        assert not live.sources[role].reader._maps  # read with plain reads, nothing mapped
     assert {n: p.data_ptr() for n, p in live.model.named_parameters()} == ptrs
     assert not any(_in_a_mapped_checkpoint(p) for p in live.model.parameters())
 
@@ -84,7 +84,7 @@ def test_mapped_tensors_are_views_of_the_file_not_copies(tiny):
         view = mapped[name]
         assert torch.equal(view, reader.read(name))
         loc = reader.location(name)
-        lo, hi = _address_range(mapped._maps[loc.path])
+        lo, hi = _address_range(mapped.reader._maps[loc.path])
         assert lo <= view.data_ptr() and view.data_ptr() + loc.nbytes <= hi, name
     mapped.release()  # advising the pages away keeps the views valid (read again on touch)
     assert torch.equal(mapped[reader.names()[0]], reader.read(reader.names()[0]))
@@ -102,7 +102,7 @@ def test_showing_roles_and_merges_allocates_no_new_parameter_memory(live):
     # the only tensors the live model keeps are views into the mapped files
     for role, src in live.sources.items():
         assert not hasattr(src, "_cache")
-        assert set(src._maps) <= {src.reader.location(n).path for n in src.names}
+        assert set(src.reader._maps) <= {src.reader.location(n).path for n in src.names}
 
 
 @pytest.mark.parametrize("role", ["base", "task", "lang"])

@@ -215,15 +215,29 @@ class CheckpointReader:
         if dtype is None:
             return self.get(name, device)  # exotic dtype: let safetensors handle it
         t = torch.empty(loc.shape, dtype=dtype)
-        if loc.nbytes:
-            buf = t.reshape(-1).view(torch.uint8).numpy()
-            with open(loc.path, "rb") as f:
-                f.seek(loc.offset)
-                got = f.readinto(buf)
-            if got != loc.nbytes:
-                raise CheckpointError(f"{loc.path}: tensor {name!r} is truncated")
-        self.reads += 1
+        self.read_into(name, t)
         return t if str(device) == "cpu" else t.to(device)
+
+    def read_into(self, name: str, out: torch.Tensor) -> bool:
+        """Read one tensor's bytes straight into ``out`` (contiguous, on the CPU, same dtype and
+        size) with plain reads, as ``cat`` would: no mapping, no page faults, nothing held
+        afterwards. False (nothing read) when ``out`` does not fit that."""
+        loc, dtype = self._checked(name)
+        if (dtype is None or out.device.type != "cpu" or not out.is_contiguous()
+                or out.dtype != dtype or out.numel() * out.element_size() != loc.nbytes):
+            return False
+        if loc.nbytes:
+            buf = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+            done = 0
+            with open(loc.path, "rb", buffering=0) as f:
+                f.seek(loc.offset)
+                while done < loc.nbytes:  # one read per 2 GiB (the kernel's limit per call)
+                    got = f.readinto(buf[done:])
+                    if not got:
+                        raise CheckpointError(f"{loc.path}: tensor {name!r} is truncated")
+                    done += got
+        self.reads += 1
+        return True
 
     def view(self, name: str) -> torch.Tensor:
         """A zero-copy, read-only view of one tensor in its memory-mapped shard (kept mapped:

@@ -20,26 +20,24 @@ the 1B-8B models users bring: one checkpoint of memory instead of two).
 """
 from __future__ import annotations
 
-import math
-import mmap
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
 from . import methods
 from ..checkpoints.reading import CheckpointReader, ST_TO_DTYPE
 from ..checkpoints.writing import release_freed_memory
+from ..progress import Progress
+from ..progress import say as _say
 from .executor import Inputs, MergeError, check_finite, open_inputs, state_magnitude_weights
 from .config import MergeConfig
 from .partition import ConfigError
 from .plan import MergePlan, build_plan
 from .registry import Source
 
-Progress = Callable[[float, str], None]
 ROLES = ("base", "task", "lang")
 # Element-wise methods are computed in row blocks of at most this many float32 bytes, so a blended
 # embedding matrix (e.g. 128k x 4096) never needs three float32 copies of itself at once.
@@ -50,13 +48,9 @@ ELEMENTWISE = ("linear", "task_arithmetic")
 SMALL_MODEL_PARAMS = 500_000_000
 
 
-def _say(progress: Progress | None, frac: float, msg: str):
-    if progress is not None:
-        progress(min(max(frac, 0.0), 1.0), msg)
-
-
 class MappedCheckpoint(Mapping):
-    """name -> read-only tensor view of a safetensors checkpoint, memory-mapped (no copy).
+    """name -> read-only tensor view of a safetensors checkpoint, memory-mapped (no copy):
+    ``CheckpointReader.view``, limited to the plan's names.
 
     The views share the page cache; nothing is read until a view's data is touched. Views must not
     be written to (the mapping is private: a write would copy the page into this process)."""
@@ -65,28 +59,11 @@ class MappedCheckpoint(Mapping):
         self.reader = reader
         self.names = list(names if names is not None else reader.names())
         self._known = set(self.names)
-        self._maps: dict[Path, mmap.mmap] = {}
-
-    def _map(self, path: Path) -> mmap.mmap:
-        mm = self._maps.get(path)
-        if mm is None:
-            with open(path, "rb") as f:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-            self._maps[path] = mm
-        return mm
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._known:
             raise KeyError(name)
-        loc = self.reader.location(name)
-        dtype = ST_TO_DTYPE.get(loc.dtype)
-        if dtype is None:  # an exotic dtype: safetensors reads it (a copy)
-            return self.reader.get(name)
-        numel = math.prod(loc.shape)
-        if numel == 0:
-            return torch.empty(loc.shape, dtype=dtype)
-        view = torch.frombuffer(self._map(loc.path), dtype=dtype, count=numel, offset=loc.offset)
-        return view.view(loc.shape)
+        return self.reader.view(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)
@@ -98,35 +75,13 @@ class MappedCheckpoint(Mapping):
         return self.reader.location(name).nbytes
 
     def read_into(self, name: str, out: torch.Tensor) -> bool:
-        """Read a tensor's bytes straight into ``out`` (contiguous, on the CPU, same dtype and
-        size) with plain reads, as ``cat`` would: no mapping, no page faults, nothing held in this
-        process afterwards. False (nothing read) when ``out`` does not fit that."""
-        loc = self.reader.location(name)
-        if (out.device.type != "cpu" or not out.is_contiguous() or name not in self._known
-                or ST_TO_DTYPE.get(loc.dtype) != out.dtype
-                or out.numel() * out.element_size() != loc.nbytes):
-            return False
-        if loc.nbytes == 0:
-            return True
-        buf = memoryview(out.view(-1).view(torch.uint8).numpy())
-        done = 0
-        with open(loc.path, "rb", buffering=0) as f:
-            f.seek(loc.offset)
-            while done < loc.nbytes:  # one read per 2 GiB (the kernel's limit per call)
-                got = f.readinto(buf[done:])
-                if not got:
-                    raise MergeError(f"{loc.path}: tensor {name!r} is truncated")
-                done += got
-        return True
+        """``CheckpointReader.read_into``: plain reads straight into ``out`` (False: no fit)."""
+        return name in self._known and self.reader.read_into(name, out)
 
     def release(self) -> None:
         """Drop this process's hold on the mapped pages (they stay in the page cache, and are
         read again when touched)."""
-        for mm in self._maps.values():
-            try:
-                mm.madvise(mmap.MADV_DONTNEED)
-            except (AttributeError, OSError, ValueError):  # no madvise here: the OS evicts anyway
-                pass
+        self.reader.release()
 
 
 def _row_blocks(param: torch.Tensor, method: str) -> list[slice | None]:
