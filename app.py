@@ -24,7 +24,7 @@ import pandas as pd
 
 from layerswap_core.merge import registry
 from layerswap_core.workbench import session as wb
-from layerswap_core.workbench.chat import (CHAT_EXAMPLES, chat_turn, check_chat_message,
+from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            plain_history)
 from layerswap_core.workbench.deltas import delta_views, suggest
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, evaluate_roles,
@@ -40,6 +40,20 @@ INTRO = (
     "and top layers come from the language expert, the middle from the task expert. Pick models, "
     "look at where each expert changed, configure the swap, build it in memory, evaluate and chat. "
     "The embedded SmolLM2-135M demo is preselected and runs offline on a CPU.")
+# What the page says a demo-sized model can and cannot do, and which number to watch.
+EVAL_EXPECTATIONS = (
+    "**What to expect.** The embedded demo models have 135M parameters. On MGSM, the standard "
+    "benchmark, every one of them scores about 0%: its grade-school problems are beyond a model "
+    "this size in any language, and its accuracy cannot separate the four models. Watch the "
+    "**gold NLL** column instead (mean negative log-likelihood of the reference solution per "
+    "token, lower is better): it moves where accuracy cannot. With your own 1B-8B experts, "
+    "accuracy with its 95% interval is the number to watch.")
+CHAT_EXPECTATIONS = (
+    "**What to expect.** The demo's math expert learned English worked solutions only, and its "
+    "language expert learned the language, not math. At 135M parameters the models answer short "
+    "one-step problems at best, often with wrong arithmetic, and cannot hold a conversation. Ask "
+    "problems like the examples below and compare the merged model with an expert (Compare "
+    "with).")
 EXPERT_CHOICES = [wb.DEMO_REFS["task"], wb.DEMO_REFS["lang"]]
 LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
 CSS = ".status p { margin: 0; } footer { display: none !important; }"
@@ -549,6 +563,7 @@ class Page:
 
     def evaluate_tab(self):
         with gr.Tab("Evaluate", id="evaluate"):
+            gr.Markdown(EVAL_EXPECTATIONS, elem_id="eval-expectations")
             with gr.Row():
                 self.source = gr.Radio([("MGSM", "mgsm"), ("GSM-Symbolic", "gsm-symbolic")],
                                        value="mgsm", label="Data")
@@ -610,9 +625,11 @@ class Page:
                                             label="Configurations, best first (click to load)")
 
     def chat_tab(self):
+        language, examples = chat_examples(self.refs["lang"])
         with gr.Tab("Chat", id="chat"):
+            gr.Markdown(CHAT_EXPECTATIONS, elem_id="chat-expectations")
             # made before the panes (the API's parameter order), shown below them
-            self.message = gr.Textbox(placeholder="Ask a math question in Swahili or Bengali...",
+            self.message = gr.Textbox(placeholder=f"Ask a math question in {language}...",
                                       show_label=False, scale=5, elem_id="chat-input",
                                       max_length=LIMITS.chat_chars, render=False)
             with gr.Row():
@@ -623,7 +640,8 @@ class Page:
                 self.send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
                 self.clear = gr.Button("Clear", scale=1)
             self.chat_md = gr.Markdown(elem_id="chat-status")
-            gr.Examples([[e] for e in CHAT_EXAMPLES], inputs=[self.message])
+            gr.Examples([[e] for e in examples], inputs=[self.message],
+                        label=f"Examples in {language} (problems like the evaluated ones)")
             with gr.Row():
                 self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                               value="task expert", label="Compare with")

@@ -506,3 +506,14 @@ def test_evaluation_says_it_is_a_sample(session):
     res = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False, ("merged",), 4)
     note = evaluation_note(res)
     assert "first 2 of 48 items: a sample" in note and "0-shot" in note
+
+
+def test_chat_examples_follow_the_language_expert():
+    """Bengali examples only with a Bengali expert; the demo's Swahili expert gets Swahili ones."""
+    from layerswap_core.workbench.chat import CHAT_EXAMPLES, chat_examples, language_of
+
+    assert chat_examples(wb.DEMO_REFS["lang"]) == ("Swahili", CHAT_EXAMPLES["sw"])
+    assert chat_examples("/models/llama-3-8b-bengali-lora") == ("Bengali", CHAT_EXAMPLES["bn"])
+    assert language_of("owner/aya-bn-instruct") == "bn" and language_of("owner/benchmark") is None
+    name, examples = chat_examples("/models/telugu-expert")      # no examples for Telugu
+    assert name == "Swahili" and not set(examples) & set(CHAT_EXAMPLES["bn"])

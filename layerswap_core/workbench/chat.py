@@ -5,6 +5,7 @@ prompt keeps the newest turns that fit the model's context; a request stops at i
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -12,12 +13,31 @@ from typing import Iterator
 from .served import LIMITS, WorkbenchError, bounded, capped
 from .session import Session
 
-CHAT_EXAMPLES = [
-    "Juma ana maembe 12. Anampa dada yake maembe 5. Juma amebaki na maembe mangapi?",
-    "Mama alinunua mikate 3 kwa shilingi 400 kila mmoja. Alilipa shilingi ngapi kwa jumla?",
-    "রহিমের কাছে ১৫টি আপেল আছে। সে ৭টি আপেল খেয়ে ফেলল। তার কাছে কয়টি আপেল আছে?",
-    "একটি বইয়ের দাম ১২০ টাকা। ৩টি বইয়ের দাম কত?",
-]
+# Examples per language of the language expert: short problems like the evaluated ones. A
+# language's examples show only when the language expert is in that language (``chat_examples``).
+CHAT_EXAMPLES = {
+    "sw": ["Juma ana maembe 12. Anampa dada yake maembe 5. Juma amebaki na maembe mangapi?",
+           "Mama alinunua mikate 3 kwa shilingi 400 kila mmoja. Alilipa shilingi ngapi kwa jumla?"],
+    "bn": ["রহিমের কাছে ১৫টি আপেল আছে। সে ৭টি আপেল খেয়ে ফেলল। তার কাছে কয়টি আপেল আছে?",
+           "একটি বইয়ের দাম ১২০ টাকা। ৩টি বইয়ের দাম কত?"],
+}
+LANGUAGE_NAMES = {"sw": "Swahili", "bn": "Bengali"}
+# words of a model reference that name its language (``embedded:smollm2-swahili``, ``bn-lora``)
+LANGUAGE_WORDS = {"sw": {"sw", "swa", "swh", "swahili", "kiswahili"},
+                  "bn": {"bn", "ben", "bengali", "bangla"}}
+
+
+def language_of(ref: str | None) -> str | None:
+    """The language a model reference names ("sw", "bn"), or None."""
+    words = set(re.split(r"[^a-z0-9]+", str(ref or "").lower()))
+    return next((lang for lang, names in LANGUAGE_WORDS.items() if words & names), None)
+
+
+def chat_examples(lang_ref: str | None) -> tuple[str, list[str]]:
+    """(language name, examples) for a language expert: its language's examples; Swahili (the
+    demo's language) when the reference names no language we have examples for."""
+    lang = language_of(lang_ref) or "sw"
+    return LANGUAGE_NAMES[lang], list(CHAT_EXAMPLES[lang])
 
 
 def check_chat_message(message: str, history: list | None) -> str:
