@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints.compatibility import compatibility
+from ..checkpoints.compatibility import ModelSet, open_models, problems as compatibility_problems
 from ..checkpoints.loading import describe, pick_device
 from ..checkpoints.references import DEFAULT_BASE, is_adapter
 from ..merge import registry
@@ -54,6 +54,7 @@ class ModelsReport:
     num_layers: int | None = None
     names: dict[str, str] | None = None   # the references as the visitor gave them
     access: Access = LOCAL
+    models: ModelSet | None = None        # the opened models (headers), checked once
 
     HEADERS = ("role", "model", "architecture", "layers", "hidden", "vocab", "dtype", "size")
 
@@ -107,8 +108,10 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
                      str(info.num_layers), str(info.hidden_size), str(info.vocab_size), info.dtype,
                      f"{info.num_params / 1e6:.1f} M params, {info.size_bytes / 2**20:.0f} MiB"])
     _say(progress, len(refs) / (len(refs) + 1), "checking compatibility")
-    problems = compatibility(refs)
-    return ModelsReport(refs, rows, problems, infos["task"].num_layers, names, access)
+    # the one check (checkpoints.compatibility), against the task expert; the Session reuses it
+    models = open_models({role: refs[role] for role in sorted(refs, key=lambda r: r != "task")})
+    found = compatibility_problems(models)
+    return ModelsReport(refs, rows, found, infos["task"].num_layers, names, access, models)
 
 
 def unchecked_rows(base, task, lang) -> list[list[str]]:
@@ -125,15 +128,15 @@ class Session:
     def __init__(self, report: ModelsReport):
         if not report.ok:
             raise WorkbenchError("these models cannot be merged: " + "; ".join(report.problems))
-        from ..merge.executor import open_inputs
-
         self.refs = dict(report.refs)
         self.names = dict(report.names or report.refs)
         self.report = report
         self.access = report.access
-        # headers only: architecture, output tensor names (tied heads dropped), checks
-        inputs = open_inputs(self.refs["task"], self.refs["lang"], self.refs.get("base"))
-        self.inputs = inputs                # headers only; the live models map the files
+        # headers only: architecture, output tensor names (tied heads dropped), checked once by
+        # check_models (the models tab); the live models map the files
+        inputs = report.models or open_models(
+            {role: self.refs[role] for role in ("task", "lang", "base") if role in self.refs})
+        self.inputs = inputs
         self.paths = dict(inputs.paths)
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
