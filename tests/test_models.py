@@ -314,3 +314,20 @@ def test_one_device_picker_for_the_app_and_the_library(monkeypatch):
         monkeypatch.setenv("LAYERSWAP_DEVICE", "cuda")
         with pytest.raises(references.ModelLoadError, match="no CUDA GPU"):
             loading.pick_device()
+
+
+@pytest.mark.slow
+def test_gguf_converter_rebuilds_the_embedded_default_identically(embedded_base, tmp_path, monkeypatch):
+    """The converter the embedded models share (GGUF -> transformers -> bf16 safetensors) gives,
+    in a fresh cache, the same tensors, config and tokenizer as the cached SmolLM2."""
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    fresh = resolve(references.DEFAULT_BASE)
+    assert fresh != embedded_base and fresh.parent.parent == tmp_path / "cache"
+    old, new = CheckpointReader(embedded_base), CheckpointReader(fresh)
+    assert sorted(old.names()) == sorted(new.names())
+    for n in old.names():
+        assert torch.equal(old.get(n), new.get(n)), n
+    assert json.loads((fresh / "config.json").read_text()) == \
+        json.loads((embedded_base / "config.json").read_text())
+    assert (fresh / "tokenizer.json").read_bytes() == (embedded_base / "tokenizer.json").read_bytes()
+    assert "Apache-2.0" in (fresh / "LICENSE.txt").read_text()
