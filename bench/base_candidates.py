@@ -44,7 +44,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from layerswap_core.checkpoints.models import load_model, resolve  # noqa: E402
+from layerswap_core.checkpoints.loading import load_model  # noqa: E402
+from layerswap_core.checkpoints.references import resolve  # noqa: E402
 from layerswap_core.evaluation.data import Item, mgsm_overlap_templates  # noqa: E402
 from layerswap_core.evaluation.mgsm_task import prompt_words  # noqa: E402
 from layerswap_core.evaluation.generation import generate  # noqa: E402

@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from layerswap_core.analysis.deltas import delta_stats, suggest_config
-from layerswap_core.checkpoints import models
+from layerswap_core.analysis.deltas import delta_stats
+from layerswap_core.analysis.suggest import suggest_config
+from layerswap_core.checkpoints import references as models
 from layerswap_core.checkpoints.architectures import get_architecture
-from layerswap_core.checkpoints.io import CheckpointReader
-from layerswap_core.checkpoints.models import GEMMA_NOTICE, ModelLoadError, load_model
+from layerswap_core.checkpoints.loading import load_model
+from layerswap_core.checkpoints.reading import CheckpointReader
+from layerswap_core.checkpoints.references import GEMMA_NOTICE, ModelLoadError
+from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.executor import merge_to_folder
 from layerswap_core.merge.live import LiveModel
-from layerswap_core.merge.plan import MergeConfig
 from layerswap_core.testing import tiny_family
 
 L = 8  # layers of the tiny Gemma3 family (task: 2..5 changed strongly; lang: 0, 1, 7)
