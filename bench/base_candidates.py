@@ -13,7 +13,8 @@ For each base (converted into the embedded cache on first use):
 * accuracy of the base model on held-out GSM-Symbolic *variants* (new numbers and names, fixed
   seed) of evaluation templates 0050-0099 that are not MGSM items, in English and Swahili:
   2-shot chain of thought with the library's prompts and exemplars (training templates of the
-  same language), answer = last number;
+  same language), answer = last number; with --zero-shot also 0-shot (chat template where the
+  tokenizer has one);
 * teacher-forced NLL of the English worked solutions of those variants (after their question)
   and of the Swahili question texts (after "Swali:"), per token and per whitespace word (the
   tokenizers differ, so only nats per word compare across bases).
@@ -264,20 +265,24 @@ def bos_prefix(tok) -> str:
 
 def accuracy(model, tok, items: dict[str, list[Item]], shots: int, max_new_tokens: int,
              bos: str) -> dict:
-    """2-shot CoT accuracy with the library's prompts, exemplars, generation and extraction
-    (flexible = last number), ``bos`` prepended to each prompt."""
+    """CoT accuracy with the library's prompts, exemplars, generation and extraction (flexible =
+    last number), ``bos`` prepended to each prompt. With 0 shots the question goes through the
+    chat template where the tokenizer has one (SmolLM2-Instruct), plain otherwise (Gemma base)."""
     out = {}
+    chat = not shots and bool(getattr(tok, "chat_template", None))
     for lang, its in items.items():
         t0 = time.perf_counter()
         exemplars = default_exemplars(its, shots, cot=True)
-        prompts = [bos + build_prompt(it, exemplars, cot=True, lang=lang) for it in its]
+        prompts = [(bos if not chat else "") + build_prompt(it, exemplars, cot=True, lang=lang,
+                                                           tokenizer=tok, chat_template=chat)
+                   for it in its]
         gens = generate(model, tok, prompts, max_new_tokens=max_new_tokens,
                         stop=stop_strings(lang), batch_size=GEN_BATCH)
         ok = [is_correct(extract_answer(g.text, lang, True).flexible, it.answer)
               for g, it in zip(gens, its)]
         k = sum(ok)
         lo, hi = wilson_interval(k, len(its))
-        out[lang] = {"n": len(its), "correct": k, "accuracy": round(k / len(its), 3),
+        out[lang] = {"n": len(its), "correct": k, "chat_template": chat, "accuracy": round(k / len(its), 3),
                      "ci95": [round(lo, 3), round(hi, 3)],
                      "new_tokens": sum(g.num_tokens for g in gens),
                      "seconds": round(time.perf_counter() - t0, 1),
@@ -315,6 +320,10 @@ def bench_base(name: str, ref: str, args, texts, items) -> dict:
     if not args.no_accuracy:
         r["accuracy"] = accuracy(model, tok, items, args.shots, args.max_new_tokens, bos)
         log(f"{name}: accuracy { {k: v['accuracy'] for k, v in r['accuracy'].items()} }")
+        if args.zero_shot:
+            r["accuracy_0shot"] = accuracy(model, tok, items, 0, args.max_new_tokens, bos)
+            log(f"{name}: 0-shot accuracy "
+                f"{ {k: v['accuracy'] for k, v in r['accuracy_0shot'].items()} }")
     del model
     if not args.no_train:
         batch = training_batch(tok, [target_text(it, "en", True) for it in items["en"]])
@@ -347,11 +356,12 @@ def table(results: dict) -> str:
     for mode in TRAIN_MODES:
         rows.append((f"train fwd+bwd s/1k tok, {mode}", lambda r, mode=mode:
                      train_cell(r.get("train", {}).get(mode))))
-    for lang in EVAL_LANGS:
-        rows.append((f"2-shot CoT accuracy {lang} variants", lambda r, lang=lang:
-                     f"{r['accuracy'][lang]['correct']}/{r['accuracy'][lang]['n']} "
-                     f"[{r['accuracy'][lang]['ci95'][0]:.2f}, {r['accuracy'][lang]['ci95'][1]:.2f}]"
-                     if "accuracy" in r else "-"))
+    for key, label in (("accuracy", "few-shot"), ("accuracy_0shot", "0-shot")):
+        for lang in EVAL_LANGS:
+            rows.append((f"{label} CoT accuracy {lang} variants", lambda r, lang=lang, key=key:
+                         f"{r[key][lang]['correct']}/{r[key][lang]['n']} "
+                         f"[{r[key][lang]['ci95'][0]:.2f}, {r[key][lang]['ci95'][1]:.2f}]"
+                         if key in r else "-"))
     for key, label in (("eng_worked_solutions", "NLL eng worked solutions"),
                        ("swh_questions", "NLL swh question text")):
         rows.append((f"{label}, nats/token; nats/word", lambda r, key=key:
@@ -378,6 +388,8 @@ def main(argv=None) -> int:
                     help="dtype for accuracy and NLL (bf16: ~8x faster matmuls on avx512_bf16)")
     ap.add_argument("--train-modes", nargs="+", default=list(TRAIN_MODES), choices=TRAIN_MODES)
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--zero-shot", action="store_true",
+                    help="also 0-shot accuracy (chat template where the tokenizer has one)")
     ap.add_argument("--no-train", action="store_true")
     ap.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES))
     ap.add_argument("--json", type=Path, help="also write the results here")
