@@ -34,16 +34,15 @@ LAYERS = [
                                                   # limits, access and one-line errors
     ("workbench.session",),                       # the session: models, configure, build tabs
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat"),  # other tabs
-    ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora",
+    ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora", "cli.data",
      "cli.analysis", "cli.evaluate", "cli.train"),
     ("__main__", "cli.__main__", "app"),          # entry points
 ]
 # The only places that import modules by name at run time: the lazy API of the package root and
 # the embedded-model plugins (the demo experts) that models loads on first use.
 DYNAMIC_IMPORTS = {("layerswap_core", "__getattr__"), ("checkpoints.references", "embedded")}
-# Library modules allowed to parse command lines: expert_data's documented script
-# (`python -m layerswap_core.training.recipes`, named in the shipped adapters' cards).
-SCRIPTS = {"training.recipes"}
+# Library modules allowed to parse command lines: none (command lines live in cli/).
+SCRIPTS: set[str] = set()
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:

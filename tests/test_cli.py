@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from layerswap_core.cli import CLI_MODULES, build_parser, main
+from layerswap_core.cli import CLI_MODULES, NO_MODEL_COMMANDS, build_parser, main
 
 
 def _subcommands():
@@ -93,7 +93,7 @@ def test_allow_bin_on_every_command_that_loads_models(tiny, capsys, tmp_path, mo
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
     parser = build_parser()
     for name, command in next(a for a in parser._actions if a.dest == "command").choices.items():
-        assert ("--allow-bin" in command._option_string_actions) == (name != "prepare"), name
+        assert ("--allow-bin" in command._option_string_actions) == (name not in NO_MODEL_COMMANDS), name
     d = tmp_path / "binonly"
     d.mkdir()
     for f in tiny["base"].iterdir():
@@ -106,3 +106,22 @@ def test_allow_bin_on_every_command_that_loads_models(tiny, capsys, tmp_path, mo
     assert "8 layers" in capsys.readouterr().out
     assert references._ALLOW_BIN["default"] is False  # the flag does not outlive the command
     _fails_readably(["plan", "--task", str(d), "--lang", str(tiny["lang"])], capsys, "--allow-bin")
+
+
+def test_demo_data_writes_a_recipe_as_chat_jsonl(tmp_path, capsys):
+    """`layerswap demo-data` (the recipes' command line, out of the library): the held-out math
+    split as chat JSONL; a missing source is one line and exit code 2."""
+    import json
+
+    from layerswap_core.training import recipes
+
+    out = tmp_path / "math_eval.jsonl"
+    assert main(["demo-data", "math", "--split", "eval", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert rows == recipes.math_examples("eval")
+    assert [m["role"] for m in rows[0]["messages"]] == ["user", "assistant"]
+    assert f"{len(rows)} examples" in capsys.readouterr().out
+    if not (recipes.FREEDICT_DIR / "freedict-swh-eng.index").exists():
+        assert main(["demo-data", "swahili", "--out", str(tmp_path / "s.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert "apt-get install" in err and len(err.strip().splitlines()) == 1

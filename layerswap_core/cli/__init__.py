@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from ..checkpoints.references import ModelLoadError, set_allow_bin_default
-from . import analysis, evaluate, lora, merge, models, train
+from . import analysis, data, evaluate, lora, merge, models, train
 
-GROUPS = (models, merge, analysis, evaluate, train, lora)   # command groups, in --help order
+GROUPS = (models, merge, analysis, evaluate, train, lora, data)   # command groups, in --help order
 CLI_MODULES = tuple(m.__name__.rsplit(".", 1)[1] for m in GROUPS)
 # Commands that read no model reference (every other one gets --allow-bin).
-NO_MODEL_COMMANDS = ("prepare",)
+NO_MODEL_COMMANDS = ("prepare", "demo-data")
 
 
 def _allowing_bin(func):

