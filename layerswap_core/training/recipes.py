@@ -10,6 +10,11 @@ Two recipes, both deterministic (fixed seeds, fixed template lists):
                  word-translation exercises from the FreeDict Swahili<->English dictionaries
                  (Debian packages dict-freedict-swh-eng and dict-freedict-eng-swh).
 
+Two more recipes are for the next demo experts, measured on held-out variants
+(``evaluation.variants``): ``math-variants`` (English worked solutions of the variants' train
+seed set) and ``swahili-clean`` (Swahili statements of templates that are not evaluated, and the
+dictionaries; no worked math, no statement of an evaluated template).
+
 Neither recipe trains on a template that is an MGSM test item (11 of 0000-0049 are: the
 templates were built from GSM8K test problems, MGSM is the first 250 of those translated; see
 ``data.mgsm_overlap``), so MGSM stays a clean benchmark for the demo experts. A card for an
@@ -172,6 +177,14 @@ def swahili_examples(split: str = "train", variants: int = SWAHILI_VARIANTS,
         for q, _answer in swh:  # the answer is deliberately dropped: no worked math in this expert
             rows.append(_chat(SWH_WRITE_PROMPT, q, f"gsm-symbolic swh {i:04d} question"))
     rng = random.Random(seed)
+    rows += _dictionary_rows(split, rng)
+    rng.shuffle(rows)
+    return rows
+
+
+def _dictionary_rows(split: str, rng: random.Random) -> list[dict]:
+    """FreeDict word-translation exercises of a split (90/10 by headword), both directions."""
+    rows = []
     for direction, prompt in (("swh-eng", SWH_WORDS_TO_ENG), ("eng-swh", ENG_WORDS_TO_SWH)):
         entries = [e for e in freedict_entries(direction) if _dict_split(e[0]) == split]
         rng.shuffle(entries)
@@ -179,6 +192,45 @@ def swahili_examples(split: str = "train", variants: int = SWAHILI_VARIANTS,
             group = entries[k:k + DICT_WORDS_PER_EXAMPLE]
             rows.append(_chat(prompt + ", ".join(h for h, _ in group),
                               "\n".join(f"{h} — {t}" for h, t in group), f"freedict {direction}"))
+    return rows
+
+
+# --------------------------------------------------------------------------- variant recipes
+# For the next demo experts, measured on held-out variants (evaluation.variants): the math
+# expert sees English worked solutions of the ``train`` variants only; the language expert
+# sees no worked math and no problem statement of an evaluated template.
+def math_variant_examples(split: str = "train", seed: int = SEED) -> list[dict]:
+    """English variant problems (user) with worked solutions (assistant, ending ``#### N``):
+    ``train`` = the variants' train seed set; ``eval`` = their validation set (never trained)."""
+    from ..evaluation.variants import variant_items
+
+    items = variant_items("en", "train" if split == "train" else "validation")
+    rows = [_chat(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
+            for i in items]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def statement_templates() -> tuple[int, ...]:
+    """Templates whose Swahili problem statements the clean language recipe may use: validated
+    in Swahili, not MGSM items, and not evaluated (``evaluation.variants.templates``)."""
+    from ..evaluation.variants import NOT_VALIDATED, templates
+
+    skip = set(templates()) | mgsm_overlap_templates() | NOT_VALIDATED
+    return tuple(i for i in range(100) if i not in skip)
+
+
+def swahili_clean_examples(split: str = "train", seed: int = SEED) -> list[dict]:
+    """Swahili text with no worked math and no statement of an evaluated template: the original
+    Swahili statements of ``statement_templates()`` (train split only) and FreeDict
+    word-translation exercises."""
+    rows = []
+    if split == "train":
+        for i in statement_templates():
+            rows.append(_chat(SWH_WRITE_PROMPT, problems("swh", i)[0][0],
+                              f"gsm-symbolic swh {i:04d} question"))
+    rng = random.Random(seed)
+    rows += _dictionary_rows(split, rng)
     rng.shuffle(rows)
     return rows
 
@@ -189,7 +241,8 @@ def worked_solutions(lang: str, split: str = "eval") -> list[dict]:
             for q, a in problems(lang, i)]
 
 
-RECIPES = {"math": math_examples, "swahili": swahili_examples}
+RECIPES = {"math": math_examples, "swahili": swahili_examples,   # the shipped adapters' data
+           "math-variants": math_variant_examples, "swahili-clean": swahili_clean_examples}
 
 
 def card_front_matter(split: str = "train") -> str:
