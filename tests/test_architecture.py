@@ -27,13 +27,14 @@ LAYERS = [
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.data", "evaluation.variants", "evaluation.generation", "evaluation.mgsm_task",
-     "evaluation.runner", "evaluation.lmeval"),   # evaluation
+     "evaluation.runner", "evaluation.lmeval", "evaluation.demo_result"),   # evaluation
     ("training.config", "training.sft_data", "training.trainer", "training.recipes",
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
     ("workbench.figures", "workbench.spaces", "workbench.served"),   # figures, the ZeroGPU shim,
                                                   # limits, access and one-line errors
     ("workbench.session",),                       # the session: models, configure, build tabs
-    ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat"),  # other tabs
+    ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",
+     "workbench.demo"),                          # the other tabs; the demo result
     ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora", "cli.data",
      "cli.analysis", "cli.evaluate", "cli.train"),
     ("__main__", "cli.__main__", "app"),          # entry points

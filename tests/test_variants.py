@@ -85,3 +85,36 @@ def test_the_clean_language_recipe_sees_no_evaluated_template():
     for r in rows:
         reply = r["messages"][-1]["content"]
         assert "####" not in reply and reply not in evaluated
+
+
+def test_mcnemar_and_answer_extraction():
+    from math import comb
+
+    from layerswap_core.evaluation.demo_result import extract, mcnemar_p
+
+    a = [True] * 7 + [False] * 2 + [True] * 5
+    b = [False] * 7 + [True] * 2 + [True] * 5          # 7 vs 2 discordant, 5 concordant
+    expected = 2 * sum(comb(9, k) for k in range(3)) / 2 ** 9
+    assert mcnemar_p(a, b) == pytest.approx(expected) == pytest.approx(mcnemar_p(b, a))
+    assert mcnemar_p([True, False], [True, False]) == 1.0
+    assert extract("3 apples + 4 = 7 #### 1,200 then 5") == "1200"
+    assert extract("so 3 and then 12.") == "12" and extract("no number") is None
+
+
+def test_the_demo_result_runs_end_to_end_on_a_tiny_trio(tiny):
+    """The bench's code path on tiny models: every model scored on the same paired items, the
+    swap chosen on validation, comparisons for both swaps against both experts."""
+    from layerswap_core.workbench.demo import reproduce_demo_result
+
+    refs = {k: str(tiny[k]) for k in ("base", "task", "lang")}
+    res = reproduce_demo_result(refs, n=3, n_validation=2, max_new_tokens=2)
+    names = {s["model"] for s in res["summaries"]}
+    assert names == {"base", "math expert", "language expert", "layer swap (default)",
+                     "uniform soup", "layer swap (best on validation)"}
+    assert all(s["n"] == 3 and 0 <= s["ci_low"] <= s["accuracy"] <= s["ci_high"] <= 1
+               for s in res["summaries"])
+    assert len(res["comparisons"]) == 2 * 2 * 2 and all(0 <= c["p_value"] <= 1
+                                                        for c in res["comparisons"])
+    assert (res["best"]["bottom"], res["best"]["top"]) in {(r["bottom"], r["top"])
+                                                           for r in res["sweep"]}
+    assert "| layer swap (default) |" in res["markdown"] and "McNemar" in res["markdown"]

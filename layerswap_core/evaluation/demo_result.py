@@ -1,0 +1,123 @@
+"""Scoring models on the demo's held-out variants, with paired comparisons.
+
+The prompt is the math expert's training format: the question as the only user turn of the
+model's chat template (plain ``user: ...`` / ``assistant: `` lines without one, as the trainer
+writes them); greedy decoding; the answer is the number after the last ``####``, else the last
+number of the output. Per model: n, correct, accuracy and its 95% Wilson interval; between two
+models on the same items: the exact McNemar test (two-sided binomial test on the items exactly
+one of them answers correctly).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ..progress import Progress, say
+from .data import Item, normalize_number
+from .generation import generate
+from .runner import wilson_interval
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def chat_prompt(tokenizer, question: str) -> str:
+    messages = [{"role": "user", "content": question}]
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"user: {question}\nassistant: "
+
+
+def extract(output: str) -> str | None:
+    """The number after the last ``####``, else the last number in the output."""
+    if "####" in output:
+        found = NUMBER.findall(output.rsplit("####", 1)[1])[:1]
+    else:
+        found = NUMBER.findall(output)[-1:]
+    return normalize_number(found[0]) if found else None
+
+
+def mcnemar_p(a: Sequence[bool], b: Sequence[bool]) -> float:
+    """Exact two-sided McNemar p-value of two models' correctness on the same items."""
+    if len(a) != len(b):
+        raise ValueError("paired comparison of different item lists")
+    only_a = sum(1 for x, y in zip(a, b) if x and not y)
+    only_b = sum(1 for x, y in zip(a, b) if y and not x)
+    n = only_a + only_b
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+@dataclass
+class Scores:
+    """One model on one item list: per-item correctness and outputs."""
+    model: str
+    lang: str
+    correct: list[bool]
+    outputs: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        n, k = len(self.correct), sum(self.correct)
+        lo, hi = wilson_interval(k, n)
+        return {"model": self.model, "lang": self.lang, "n": n, "correct": k,
+                "accuracy": k / n if n else 0.0, "ci_low": lo, "ci_high": hi}
+
+
+def score(name: str, model, tokenizer, items: Sequence[Item], *, max_new_tokens: int = 192,
+          batch_size: int = 16, progress: Progress | None = None) -> Scores:
+    """Greedy answers of one model to ``items`` (the demo prompt), scored against the gold."""
+    prompts = [chat_prompt(tokenizer, it.question) for it in items]
+    outs = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                    batch_size=batch_size, progress=progress)
+    correct = [extract(o.text) == it.answer for o, it in zip(outs, items)]
+    return Scores(name, items[0].lang if items else "", correct, [o.text for o in outs])
+
+
+def score_models(models: dict[str, Callable[[], tuple]], items: Sequence[Item], *,
+                 progress: Progress | None = None, **kw) -> list[Scores]:
+    """Each model (a function returning (model, tokenizer), called just before its run) on the
+    same items, one after another."""
+    out = []
+    for i, (name, get) in enumerate(models.items()):
+        say(progress, i / len(models), f"{name}: {len(items)} {items[0].lang} variants")
+        model, tok = get()
+        out.append(score(name, model, tok, items, **kw))
+    return out
+
+
+def paired(scores: Sequence[Scores], first: str, others: Sequence[str]) -> list[dict]:
+    """McNemar comparisons of ``first`` against each of ``others`` (same language)."""
+    by = {s.model: s for s in scores}
+    a = by[first].correct
+    rows = []
+    for o in others:
+        b = by[o].correct
+        rows.append({"model": first, "vs": o, "lang": by[first].lang,
+                     "only_model": sum(1 for x, y in zip(a, b) if x and not y),
+                     "only_vs": sum(1 for x, y in zip(a, b) if y and not x),
+                     "p_value": mcnemar_p(a, b)})
+    return rows
+
+
+def markdown_table(summaries: Sequence[dict], comparisons: Sequence[dict] = ()) -> str:
+    """Accuracy per model and language (95% interval, n), then the paired comparisons."""
+    langs = sorted({s["lang"] for s in summaries})
+    models = list(dict.fromkeys(s["model"] for s in summaries))
+    cell = {(s["model"], s["lang"]): s for s in summaries}
+    lines = ["| model | " + " | ".join(langs) + " |", "|---|" + "---|" * len(langs)]
+    for m in models:
+        cells = []
+        for lang in langs:
+            s = cell.get((m, lang))
+            cells.append("" if s is None else f"{s['accuracy']:.1%} [{s['ci_low']:.1%}, "
+                                              f"{s['ci_high']:.1%}] ({s['correct']}/{s['n']})")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    if comparisons:
+        lines += ["", "| paired (McNemar, exact) | language | only the first right | "
+                      "only the second right | p |", "|---|---|---:|---:|---:|"]
+        lines += [f"| {c['model']} vs {c['vs']} | {c['lang']} | {c['only_model']} | "
+                  f"{c['only_vs']} | {c['p_value']:.3g} |" for c in comparisons]
+    return "\n".join(lines)
