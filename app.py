@@ -27,6 +27,7 @@ from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            plain_history)
 from layerswap_core.workbench.deltas import delta_views, suggest
+from layerswap_core.workbench.demo import reproduce_demo_result
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, evaluate_roles,
                                                evaluation_note)
 from layerswap_core.workbench.served import (LIMITS, Access, offered_models, readable_error,
@@ -92,6 +93,7 @@ OUTPUTS = {
     "sweep": ("sweep_md", "sweep_plot", "sweep_table", "status"),
     "load_sweep_row": ("sweep_md", *SLIDERS, "method", "partition"),
     "chat": ("chat_md", "message", "chat_merged", "chat_other"),
+    "demo_result": ("demo_md",),
 }
 
 
@@ -143,6 +145,12 @@ def gr_progress(progress: gr.Progress):
 @GPU
 def run_evaluate(session, args: tuple, progress) -> EvalResult:
     return evaluate_roles(session, *args, progress=progress)
+
+
+@GPU
+def run_demo_result(refs: dict, n: int, progress) -> dict:
+    return reproduce_demo_result(refs, n=n, n_validation=min(n, 20), progress=progress,
+                                 max_new_tokens=128)
 
 
 @GPU
@@ -359,6 +367,19 @@ class Page:
                 **self.banner(session)}
 
     @guarded("sweep_md")
+    @guarded("demo_md")
+    def demo_result(self, v, progress=gr.Progress()):
+        """The demo table on a sample of the held-out variants, for the models picked (the
+        embedded demo by default)."""
+        n = int(v[self.demo_n])
+        refs = dict(wb.require(v[self.session]).refs)
+        res = run_demo_result(refs, n, gr_progress(progress))
+        best = res["best"]
+        return {self.demo_md: (f"{ok('Done')} in {res['seconds']:.0f} s: {n} variants per "
+                               f"language (a sample; the README's table uses 200). Best swap on "
+                               f"validation: bottom {best['bottom']}, top {best['top']}.\n\n"
+                               + res["markdown"])}
+
     def show_item(self, v, evt: gr.SelectData):
         """Clicking a row of the per-question table shows that question and every model's raw
         output in full."""
@@ -593,6 +614,19 @@ class Page:
                 label="Per question: extracted answer ✓/✗, then the raw outputs (click a row "
                       "to read it in full below)", buttons=["fullscreen", "copy"])
             self.item_details = gr.Markdown(elem_id="eval-details")
+            with gr.Accordion("Reproduce the demo result (the models picked, on held-out "
+                              "GSM-Symbolic variants)", open=False):
+                gr.Markdown("Base, math expert, language expert, the default layer swap, the "
+                            "best swap of a small sweep (chosen on separate validation "
+                            "variants) and a uniform soup, on the same held-out variants in "
+                            "Swahili and English, with exact McNemar tests of each swap against "
+                            "each expert. `python bench/demo_result.py` runs the full 200 per "
+                            "language; here a sample.")
+                with gr.Row():
+                    self.demo_n = gr.Slider(2, LIMITS.eval_questions, value=10, step=1,
+                                            label="Variants per language", elem_id="demo-n")
+                    self.demo_btn = gr.Button("Reproduce the demo result", elem_id="demo-btn")
+                self.demo_md = gr.Markdown(elem_id="demo-result")
 
     def sweep_tab(self):
         with gr.Tab("Sweep", id="sweep"):
@@ -704,6 +738,8 @@ class Page:
                                                    self.sweep_lang, self.sweep_n,
                                                    self.sweep_metric, self.sweep_shots},
                              self.outputs("sweep"), api_name="sweep", **heavy)
+        self.demo_btn.click(self.demo_result, {self.session, self.demo_n}, [self.demo_md],
+                            api_name="demo_result", **heavy)
         self.items_table.select(self.show_item, {self.items_table}, [self.item_details],
                                 api_visibility="private")
         for button in (self.eval_btn, self.pick_btn):  # a new table or new models: no details

@@ -249,3 +249,10 @@ def test_a_question_reads_in_full():
     assert "**gold**: 7 · **merged ✓**: 7 ✓" in text
     assert raw in text and ("Amina ana maembe 3 " * 5).strip() in text
     assert text.count("~~~text") == 2
+
+
+def test_reproduce_the_demo_result(client):
+    """The Evaluate tab's button: the demo table for the models picked (here the tiny trio)."""
+    (md,) = [client.predict(2, api_name="/demo_result")]
+    assert md.startswith("✔") and "| layer swap (best on validation) |" in md
+    assert "McNemar" in md and "2 variants per language" in md
