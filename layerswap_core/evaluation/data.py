@@ -296,15 +296,25 @@ def parse_symbolic_toml(path: str | os.PathLike, lang: str | None = None) -> Ite
     final = _FINAL.findall(data["answer"].rstrip())
     if not final:
         raise DataError(f"{path}: answer does not end with a '#### N' line")
-    answer = normalize_number(final[-1]) or _fraction_to_decimal(final[-1])
+    answer = gold_number(final[-1])
     if answer is None:
         raise DataError(f"{path}: final answer {final[-1]!r} is not a number")
-    reasoning = _FINAL.split(data["answer"].rstrip())[0]
-    solution = " ".join(line.strip() for line in _CALC.sub("", reasoning).splitlines() if line.strip())
+    solution = solution_text(_FINAL.split(data["answer"].rstrip())[0])
     lang = lang or data.get("language") or path.parent.parent.name
     number = int(path.stem)
     return Item(f"gsm-symbolic-{lang}-{number:04d}", "gsm-symbolic", mgsm_lang(lang),
                 data["question"].strip(), answer, solution, data.get("id_orig"))
+
+
+def gold_number(text: str) -> str | None:
+    """A GSM-Symbolic final answer as a canonical number ("1,200" -> "1200", "-57/2" ->
+    "-28.5"), or None."""
+    return normalize_number(text) or _fraction_to_decimal(text)
+
+
+def solution_text(reasoning: str) -> str:
+    """Worked-solution lines as one line: GSM8K ``<<calc>>`` annotations removed."""
+    return " ".join(line.strip() for line in _CALC.sub("", reasoning).splitlines() if line.strip())
 
 
 def _fraction_to_decimal(text: str) -> str | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from .data import DataError, Item, mgsm_overlap_templates, normalize_number, symbolic_root
+from .data import DataError, Item, gold_number, mgsm_overlap_templates, solution_text, symbolic_root
 
 SPLITS = ("train", "validation", "eval")
 SPLIT_SEEDS = {"train": 1_000_000, "validation": 2_000_000, "eval": 3_000_000}
@@ -47,15 +47,11 @@ def templates() -> tuple[int, ...]:
 
 def _answer(text: str) -> tuple[str, str]:
     """(worked solution without the final line and calculator notes, canonical gold number)."""
-    import re
-
     body, _, final = text.rpartition("####")
-    gold = normalize_number(final.strip())
+    gold = gold_number(final.strip())
     if gold is None:
         raise DataError(f"a generated answer does not end with a number: {final!r}")
-    solution = " ".join(line.strip() for line in re.sub(r"<<[^<>]*>>", "", body).splitlines()
-                        if line.strip())
-    return solution, gold
+    return solution_text(body), gold
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,16 +66,21 @@ def _generated(lang: str, template: int, seed: int, n: int) -> tuple[tuple[str, 
     return tuple((q.question.strip(), *_answer(q.answer)) for q in qs)
 
 
+def _rows(lang: str, template: int, split: str) -> tuple[tuple[str, str, str], ...]:
+    """All variants drawn for one template and split (before disjointness)."""
+    return _generated(lang, template, SPLIT_SEEDS[split] + template, PER_TEMPLATE[split])
+
+
 @functools.lru_cache(maxsize=None)
 def _paired(template: int, split: str) -> tuple[int, ...]:
     """Indices of the template's variants in ``split`` that survive disjointness (by English
     question text against the earlier splits and within the split)."""
-    earlier = SPLITS[:SPLITS.index(split)]
-    seen = {q for s in earlier for i in _paired(template, s)
-            for q in [_generated("eng", template, SPLIT_SEEDS[s] + template, PER_TEMPLATE[s])[i][0]]}
+    seen = set()
+    for s in SPLITS[:SPLITS.index(split)]:
+        earlier = _rows("eng", template, s)
+        seen |= {earlier[i][0] for i in _paired(template, s)}
     keep = []
-    for i, (q, _, _) in enumerate(_generated("eng", template, SPLIT_SEEDS[split] + template,
-                                             PER_TEMPLATE[split])):
+    for i, (q, _, _) in enumerate(_rows("eng", template, split)):
         if q not in seen:
             seen.add(q)
             keep.append(i)
@@ -98,7 +99,7 @@ def variant_items(lang: str, split: str = "eval", templates_: tuple[int, ...] | 
         raise DataError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
     out = []
     for t in templates_ or templates():
-        rows = _generated(code, t, SPLIT_SEEDS[split] + t, PER_TEMPLATE[split])
+        rows = _rows(code, t, split)
         for k in _paired(t, split):
             question, solution, gold = rows[k]
             out.append(Item(f"variant-{split}-{t:04d}-{k}", "gsm-symbolic-variants",

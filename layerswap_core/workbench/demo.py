@@ -63,7 +63,7 @@ def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validati
     models = {"base": shown("base"), "math expert": shown("task"),
               "language expert": shown("lang"),
               **{name: shown(cfg) for name, cfg in configs.items()}}
-    if "base" not in refs or not refs.get("base"):
+    if not refs.get("base"):
         models.pop("base")
     summaries, comparisons = [], []
     for j, lang in enumerate(langs):
