@@ -275,3 +275,51 @@ def test_fan_in_fan_out_adapters_are_transposed(tmp_path):
                                               dtype=torch.float32))
     for m in read.modules:
         assert torch.equal(got.get(m + ".weight"), want[m + ".weight"]), m
+
+
+def test_extract_adapter_recovers_a_low_rank_change_and_peft_loads_it(family, tmp_path):
+    """A 'fully fine-tuned' expert whose projections changed by a rank-4 LoRA comes back
+    exactly at rank 4 (every other tensor untouched), as a PEFT adapter PEFT itself loads."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    tuned = family["dense"]["task"]
+    res = lora.extract_adapter(family["base"], tuned, tmp_path / "x", rank=4, dtype=torch.float32)
+    assert res["modules"] == 7 * 8 and res["kept"] == pytest.approx(1.0, abs=1e-6)
+    back = _tensors(lora.apply_adapter(family["base"], res["out"], tmp_path / "xd",
+                                       dtype=torch.float32))
+    want = _tensors(tuned)
+    assert set(back) == set(want)
+    for n in want:
+        assert torch.allclose(back[n], want[n], atol=2e-5), n
+    ids = torch.tensor([[1, 5, 9, 42, 7]])
+    base_model = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
+    peft_logits = PeftModel.from_pretrained(base_model, res["out"])(ids).logits
+    dense_logits = AutoModelForCausalLM.from_pretrained(tuned, dtype=torch.float32)(ids).logits
+    assert torch.allclose(peft_logits, dense_logits, atol=1e-4)
+
+
+def test_extract_adapter_lower_rank_keeps_the_largest_directions(family, tmp_path):
+    """Rank 1 of a rank-4 change keeps its top singular direction: the kept share is below 1
+    and equals 1 - (residual / change) in squared Frobenius norm, summed over modules."""
+    tuned = family["dense"]["task"]
+    res = lora.extract_adapter(family["base"], tuned, tmp_path / "x1", rank=1, dtype=torch.float32)
+    assert 0 < res["kept"] < 1
+    adapter = lora.load_adapter(res["out"], family["base"])
+    base, want = _tensors(family["base"]), _tensors(tuned)
+    change = residual = 0.0
+    for m, lm in adapter.modules.items():
+        assert lm.rank == 1
+        d = want[m + ".weight"] - base[m + ".weight"]
+        change += float((d ** 2).sum())
+        residual += float(((d - lm.delta()) ** 2).sum())
+    assert 1 - residual / change == pytest.approx(res["kept"], rel=1e-4)
+
+
+def test_extract_adapter_refuses_a_model_of_another_shape(family, tmp_path, tiny):
+    from layerswap_core.testing import make_tiny_model
+
+    other = make_tiny_model(tmp_path / "other", num_layers=8, hidden=32)
+    with pytest.raises(lora.AdapterError, match="does not fit"):
+        lora.extract_adapter(family["base"], other, tmp_path / "bad", rank=2)
+    assert not (tmp_path / "bad").exists()

@@ -1,8 +1,9 @@
-"""`layerswap merge-lora`: layer swapping of two LoRA adapters over their base."""
+"""`layerswap merge-lora`: layer swapping of two LoRA adapters over their base; `layerswap
+extract-lora`: a fully fine-tuned expert as a low-rank LoRA adapter."""
 from __future__ import annotations
 
 from ..checkpoints.reading import TORCH_DTYPES
-from ..merge.lora import AdapterError, merge_adapters
+from ..merge.lora import AdapterError, extract_adapter, merge_adapters
 from .merge import add_config_flags, config_from_args
 from .progress import progress_bar
 
@@ -16,6 +17,16 @@ def _merge_lora(args) -> int:
                              dtype=TORCH_DTYPES.get(cfg.dtype) if cfg.dtype else None,
                              overwrite=args.overwrite, force=args.force, progress=progress)
     print(f"{'dense model' if args.dense else 'PEFT adapter'} written to {out}")
+    return 0
+
+
+def _extract_lora(args) -> int:
+    with progress_bar() as progress:
+        res = extract_adapter(args.base, args.tuned, args.out, rank=args.rank,
+                              dtype=TORCH_DTYPES[args.dtype], overwrite=args.overwrite,
+                              force=args.force, progress=progress)
+    print(f"PEFT adapter of {res['modules']} projections (rank {args.rank}) written to "
+          f"{res['out']}; it keeps {res['kept']:.1%} of their squared change")
     return 0
 
 
@@ -34,3 +45,20 @@ def add_cli(subparsers):
                    help="with --overwrite: also replace a folder that is not a layerswap output "
                         "(never an input or the model cache)")
     s.set_defaults(func=_merge_lora)
+
+    s = subparsers.add_parser(
+        "extract-lora", help="a fully fine-tuned expert as a low-rank LoRA adapter over its base",
+        description="Each attention / MLP projection's change (tuned - base) is cut to its best "
+        "rank-R approximation (truncated SVD) and saved as a PEFT LoRA adapter (scaling 1). "
+        "Embeddings and norms are not carried.")
+    s.add_argument("--base", required=True, help="the base model the expert was tuned from")
+    s.add_argument("--tuned", required=True, help="the fully fine-tuned expert")
+    s.add_argument("--rank", type=int, default=16, help="rank of every module (default 16)")
+    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                   help="dtype of the saved A and B (default bfloat16)")
+    s.add_argument("--out", required=True, help="output adapter folder")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace an existing layerswap output folder")
+    s.add_argument("--force", action="store_true",
+                   help="with --overwrite: also replace a folder that is not a layerswap output")
+    s.set_defaults(func=_extract_lora)

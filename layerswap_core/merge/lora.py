@@ -408,3 +408,57 @@ def _peft_merge(folder: Path, base_path: Path, out: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def extract_adapter(base, tuned, out, *, rank: int = 16, dtype=torch.bfloat16,
+                    overwrite: bool = False, force: bool = False,
+                    progress: Progress | None = None) -> dict:
+    """A fully fine-tuned model as a PEFT LoRA adapter over ``base``: each attention / MLP
+    projection's change ``dW = W_tuned - W_base`` (float32) is cut to its best rank-``rank``
+    approximation (truncated SVD, ``B = U_r sqrt(S_r)``, ``A = sqrt(S_r) V_r^T``, scaling 1).
+
+    Other tensors (embeddings, norms) are not carried: the adapter changes projections only.
+    Returns {"out", "modules", "kept"}: ``kept`` is the share of the projections' total
+    squared change (Frobenius) the rank keeps, over all modules.
+    """
+    from safetensors.torch import save_file
+
+    from ..checkpoints.architectures import PROJECTION_KINDS, get_architecture
+    from ..checkpoints.reading import CheckpointReader
+    from ..checkpoints.references import resolve
+    from ..checkpoints.writing import atomic_output_dir
+
+    if int(rank) < 1:
+        raise AdapterError(f"rank must be at least 1, got {rank}")
+    base_path, tuned_path = resolve(base), resolve(tuned)
+    b_reader, t_reader = CheckpointReader(base_path), CheckpointReader(tuned_path)
+    arch = get_architecture(t_reader.config())
+    names = [n for n in t_reader.names() if n.endswith(".weight")
+             and arch.classify(n).kind in PROJECTION_KINDS and len(t_reader.shape(n)) == 2]
+    if not names:
+        raise AdapterError(f"{tuned}: no attention or MLP projection to extract")
+    for n in names:
+        if n not in b_reader or tuple(b_reader.shape(n)) != tuple(t_reader.shape(n)):
+            raise AdapterError(f"{tuned} does not fit {base}: {n} differs in shape or is missing")
+    modules, total, kept = {}, 0.0, 0.0
+    for i, n in enumerate(names):
+        delta = t_reader.read(n).float() - b_reader.read(n).float()
+        U, S, Vh = torch.linalg.svd(delta, full_matrices=False)
+        r = min(int(rank), S.numel())
+        root = S[:r].sqrt()
+        modules[n[:-len(".weight")]] = LoraModule(root[:, None] * Vh[:r], U[:, :r] * root, 1.0)
+        total += float((S ** 2).sum())
+        kept += float((S[:r] ** 2).sum())
+        say(progress, 0.9 * (i + 1) / len(names), f"rank {r}: {n}")
+    with atomic_output_dir(out, overwrite=overwrite, force=force,
+                           inputs=[base_path, tuned_path]) as tmp:
+        tensors = {}
+        for m, lm in modules.items():
+            tensors.update(_peft_tensors(m, lm, dtype))
+        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        acfg = _adapter_config(modules, str(base), {})
+        (tmp / ADAPTER_CONFIG).write_text(json.dumps(acfg, indent=2) + "\n")
+    share = kept / total if total else 1.0
+    say(progress, 1.0, f"rank-{rank} adapter of {len(modules)} projections written to {out}: "
+                       f"it keeps {share:.1%} of their squared change")
+    return {"out": Path(out).expanduser().resolve(), "modules": len(modules), "kept": share}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoints.architectures import PROJECTION_KINDS
+
 MODES = ("full", "lora", "partial", "partial_lora", "simultaneous")
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
 # Peak learning rate when none is given: full-parameter SFT (full, partial, simultaneous) in the
@@ -14,9 +16,8 @@ DEFAULT_LR = {"full": 1e-5, "lora": 2e-4}
 PARTS = ("lang", "task")
 TRAIN_DTYPES = ("float32", "bfloat16")             # dtype of the weights while training
 SAVE_DTYPES = ("float32", "bfloat16", "float16")   # dtype of the saved weights
-# Module kinds (architectures.py) LoRA targets by default: attention and MLP projections.
-LORA_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv",
-              "mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")
+# Module kinds LoRA targets by default: the attention and MLP projections.
+LORA_KINDS = PROJECTION_KINDS
 
 
 class TrainError(ValueError):

@@ -103,7 +103,7 @@ def problems(lang: str, index: int, variants: int = 0, seed: int = SEED) -> list
     return out
 
 
-def _chat(prompt: str, response: str, source: str) -> dict:
+def chat_row(prompt: str, response: str, source: str) -> dict:
     return {"messages": [{"role": "user", "content": prompt},
                          {"role": "assistant", "content": response}], "source": source}
 
@@ -155,7 +155,7 @@ def math_examples(split: str = "train", variants: int = MATH_VARIANTS, seed: int
     rows = []
     for i in SPLITS[split]:
         for q, a in problems("eng", i, variants if split == "train" else 0, seed):
-            rows.append(_chat(q, a, f"gsm-symbolic eng {i:04d}"))
+            rows.append(chat_row(q, a, f"gsm-symbolic eng {i:04d}"))
     random.Random(seed).shuffle(rows)
     return rows
 
@@ -173,9 +173,9 @@ def swahili_examples(split: str = "train", variants: int = SWAHILI_VARIANTS,
     for i in SPLITS[split]:
         eng_q = read_template("eng", i)["question"].strip()
         swh = problems("swh", i, variants if split == "train" else 0, seed)
-        rows.append(_chat(SWH_TRANSLATE_PROMPT + eng_q, swh[0][0], f"gsm-symbolic eng->swh {i:04d}"))
+        rows.append(chat_row(SWH_TRANSLATE_PROMPT + eng_q, swh[0][0], f"gsm-symbolic eng->swh {i:04d}"))
         for q, _answer in swh:  # the answer is deliberately dropped: no worked math in this expert
-            rows.append(_chat(SWH_WRITE_PROMPT, q, f"gsm-symbolic swh {i:04d} question"))
+            rows.append(chat_row(SWH_WRITE_PROMPT, q, f"gsm-symbolic swh {i:04d} question"))
     rng = random.Random(seed)
     rows += _dictionary_rows(split, rng)
     rng.shuffle(rows)
@@ -190,7 +190,7 @@ def _dictionary_rows(split: str, rng: random.Random) -> list[dict]:
         rng.shuffle(entries)
         for k in range(0, len(entries), DICT_WORDS_PER_EXAMPLE):
             group = entries[k:k + DICT_WORDS_PER_EXAMPLE]
-            rows.append(_chat(prompt + ", ".join(h for h, _ in group),
+            rows.append(chat_row(prompt + ", ".join(h for h, _ in group),
                               "\n".join(f"{h} — {t}" for h, t in group), f"freedict {direction}"))
     return rows
 
@@ -205,7 +205,7 @@ def math_variant_examples(split: str = "train", seed: int = SEED) -> list[dict]:
     from ..evaluation.variants import variant_items
 
     items = variant_items("en", "train" if split == "train" else "validation")
-    rows = [_chat(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
+    rows = [chat_row(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
             for i in items]
     random.Random(seed).shuffle(rows)
     return rows
@@ -227,7 +227,7 @@ def swahili_clean_examples(split: str = "train", seed: int = SEED) -> list[dict]
     rows = []
     if split == "train":
         for i in statement_templates():
-            rows.append(_chat(SWH_WRITE_PROMPT, problems("swh", i)[0][0],
+            rows.append(chat_row(SWH_WRITE_PROMPT, problems("swh", i)[0][0],
                               f"gsm-symbolic swh {i:04d} question"))
     rng = random.Random(seed)
     rows += _dictionary_rows(split, rng)
@@ -237,7 +237,7 @@ def swahili_clean_examples(split: str = "train", seed: int = SEED) -> list[dict]
 
 def worked_solutions(lang: str, split: str = "eval") -> list[dict]:
     """Original problems of a split as (question -> worked solution) chats, in ``lang``."""
-    return [_chat(q, a, f"gsm-symbolic {lang} {i:04d}") for i in SPLITS[split]
+    return [chat_row(q, a, f"gsm-symbolic {lang} {i:04d}") for i in SPLITS[split]
             for q, a in problems(lang, i)]
 
 
