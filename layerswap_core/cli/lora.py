@@ -30,6 +30,14 @@ def _extract_lora(args) -> int:
     return 0
 
 
+def _output_flags(s):
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace an existing layerswap output folder")
+    s.add_argument("--force", action="store_true",
+                   help="with --overwrite: also replace a folder that is not a layerswap output "
+                        "(never an input or the model cache)")
+
+
 def add_cli(subparsers):
     s = subparsers.add_parser(
         "merge-lora", help="layer-swap two LoRA adapters over their base (adapter or dense output)",
@@ -39,11 +47,7 @@ def add_cli(subparsers):
     add_config_flags(s)
     s.add_argument("--out", required=True, help="output folder")
     s.add_argument("--dense", action="store_true", help="write base + delta as a full model")
-    s.add_argument("--overwrite", action="store_true",
-                   help="replace an existing layerswap output folder")
-    s.add_argument("--force", action="store_true",
-                   help="with --overwrite: also replace a folder that is not a layerswap output "
-                        "(never an input or the model cache)")
+    _output_flags(s)
     s.set_defaults(func=_merge_lora)
 
     s = subparsers.add_parser(
@@ -54,11 +58,8 @@ def add_cli(subparsers):
     s.add_argument("--base", required=True, help="the base model the expert was tuned from")
     s.add_argument("--tuned", required=True, help="the fully fine-tuned expert")
     s.add_argument("--rank", type=int, default=16, help="rank of every module (default 16)")
-    s.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+    s.add_argument("--dtype", choices=tuple(TORCH_DTYPES), default="bfloat16",
                    help="dtype of the saved A and B (default bfloat16)")
     s.add_argument("--out", required=True, help="output adapter folder")
-    s.add_argument("--overwrite", action="store_true",
-                   help="replace an existing layerswap output folder")
-    s.add_argument("--force", action="store_true",
-                   help="with --overwrite: also replace a folder that is not a layerswap output")
+    _output_flags(s)
     s.set_defaults(func=_extract_lora)
