@@ -312,9 +312,11 @@ def gold_number(text: str) -> str | None:
     return normalize_number(text) or _fraction_to_decimal(text)
 
 
-def solution_text(reasoning: str) -> str:
-    """Worked-solution lines as one line: GSM8K ``<<calc>>`` annotations removed."""
-    return " ".join(line.strip() for line in _CALC.sub("", reasoning).splitlines() if line.strip())
+def solution_text(reasoning: str, calculator: bool = False) -> str:
+    """Worked-solution lines as one line: GSM8K ``<<calc>>`` annotations removed, or kept with
+    ``calculator`` (the demo's format: ``evaluation.calculator`` fills them in at decoding)."""
+    text = reasoning if calculator else _CALC.sub("", reasoning)
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _fraction_to_decimal(text: str) -> str | None:

@@ -2,8 +2,9 @@
 
 The prompt is the math expert's training format: the question as the only user turn of the
 model's chat template (plain ``user: ...`` / ``assistant: `` lines without one, as the trainer
-writes them); greedy decoding; the answer is the number after the last ``####``, else the last
-number of the output. Per model: n, correct, accuracy and its 95% Wilson interval; between two
+writes them); greedy decoding with the GSM8K calculator (``evaluation.calculator``: the result
+of each ``<<expr=`` note is filled in, the same for every model); the answer is the number after
+the last ``####``, else the last number of the output. Per model: n, correct, accuracy and its 95% Wilson interval; between two
 models on the same items: the exact McNemar test (two-sided binomial test on the items exactly
 one of them answers correctly).
 """
@@ -67,11 +68,13 @@ class Scores:
 
 
 def score(name: str, model, tokenizer, items: Sequence[Item], *, max_new_tokens: int = 192,
-          batch_size: int = 16, progress: Progress | None = None) -> Scores:
-    """Greedy answers of one model to ``items`` (the demo prompt), scored against the gold."""
+          batch_size: int = 16, calculator: bool = True,
+          progress: Progress | None = None) -> Scores:
+    """Greedy answers of one model to ``items`` (the demo prompt, the calculator on unless
+    ``calculator`` is False), scored against the gold."""
     prompts = [chat_prompt(tokenizer, it.question) for it in items]
     outs = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                    batch_size=batch_size, progress=progress)
+                    batch_size=batch_size, calculator=calculator, progress=progress)
     correct = [extract(o.text) == it.answer for o, it in zip(outs, items)]
     return Scores(name, items[0].lang if items else "", correct, [o.text for o in outs])
 

@@ -367,7 +367,8 @@ DROP_FINISHED = 0.25   # drop finished rows from the batch once they are this sh
 
 
 def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tensor,
-                   max_new_tokens: int, eos: set[int], stop: Sequence[str]) -> list[list[int]]:
+                   max_new_tokens: int, eos: set[int], stop: Sequence[str],
+                   calculator=None) -> list[list[int]]:
     """Greedy tokens of each row (up to and including the EOS or the token that completed a
     stop string), from a cache holding all but the last column of ``ids``.
 
@@ -386,15 +387,18 @@ def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tenso
         pos = mask.sum(-1, keepdim=True) - 1
         logits = model(input_ids=cur, attention_mask=mask, position_ids=pos,
                        past_key_values=cache, use_cache=True, **fwd).logits[:, -1]
-        nxt = logits.float().argmax(-1)
-        for row, t in zip(live, nxt.tolist()):
+        picks = logits.float().argmax(-1).tolist()
+        for j, row in enumerate(live):
             if row in done:
                 continue
+            forced = calculator.next_token(out[row]) if calculator is not None else None
+            t = picks[j] = forced if forced is not None else picks[j]
             out[row].append(t)
             if t in eos or (stop and any(
                     s in tokenizer.decode(out[row][-tail:], skip_special_tokens=False)
                     for s in stop)):
                 done.add(row)
+        nxt = torch.tensor(picks, device=ids.device)
         finished = [j for j, row in enumerate(live) if row in done]
         if len(finished) == len(live):
             break
@@ -412,7 +416,8 @@ def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tenso
 @torch.inference_mode()
 def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 256,
              stop: Sequence[str] = (), batch_size: int = 16, share_prefix: bool = True,
-             split_prefill: bool = True, progress: Progress | None = None) -> list[Generation]:
+             split_prefill: bool = True, calculator: bool = False,
+             progress: Progress | None = None) -> list[Generation]:
     """Greedy continuations of ``prompts`` (in order), ``batch_size`` at a time.
 
     Prompts are grouped by how they start, then sorted by length, so a batch holds similar
@@ -424,8 +429,11 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     with ``split_prefill`` the rows' own tokens are run in groups of similar length on top of
     it instead of one batch padded to the longest row. Either may be turned off (for
     comparison; the text is the same); models whose KV cache is not a plain per-layer store
-    (sliding-window, hybrid) use a padded batch.
+    (sliding-window, hybrid) use a padded batch. With ``calculator`` the result of every
+    ``<<expr=`` note is filled in (``evaluation.calculator``).
     """
+    from .calculator import Calculator
+
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
     device = next(model.parameters()).device
@@ -435,6 +443,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     own_loop = _plain_greedy_ok(model)
     # an empty prompt continues from the start-of-text token (as lm-eval does with empty contexts)
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad
+    calc = Calculator(tokenizer) if calculator else None
     encoded = [encode(tokenizer, p) or [start_id] for p in prompts]
     order = batch_order(encoded)
     results: list[Generation | None] = [None] * len(prompts)
@@ -456,10 +465,13 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
                           room=max_new_tokens + 1) if split_prefill else None
         if filled is not None and own_loop:
             new_tokens = _greedy_decode(model, tokenizer, filled, ids.to(device),
-                                        mask.to(device), max_new_tokens, eos, stop)
+                                        mask.to(device), max_new_tokens, eos, stop, calc)
             ends = [len(new) for new in new_tokens]
         else:
             kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width)
+            if calc is not None:
+                from transformers import LogitsProcessorList
+                kw["logits_processor"] = LogitsProcessorList([calc.logits_processor(width)])
             if filled is not None:
                 kw["past_key_values"] = filled
             elif cache is not None:
@@ -519,10 +531,11 @@ def sampling_kwargs(temperature: float = 0.0, top_p: float = 1.0,
 
 def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
                     stop: Sequence[str] = (), temperature: float = 0.0, top_p: float = 1.0,
-                    repetition_penalty: float = 1.0) -> Iterator[str]:
+                    repetition_penalty: float = 1.0, calculator: bool = False) -> Iterator[str]:
     """Yield the growing continuation of ``prompt`` (cumulative text, for a chat UI).
 
     Greedy unless ``temperature`` > 0 (then sampled with ``top_p``; seed torch for repeatability).
+    ``calculator``: fill in the result of every ``<<expr=`` note (``evaluation.calculator``).
 
     Generation runs in a thread feeding a ``TextIteratorStreamer``; closing the iterator early
     (the user pressed stop) ends the thread at its next token.
@@ -536,6 +549,12 @@ def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
     cancel = _Cancelled()
     kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, ids.shape[1], extra=[cancel])
     kw.update(sampling_kwargs(temperature, top_p, repetition_penalty))
+    if calculator:
+        from transformers import LogitsProcessorList
+
+        from .calculator import Calculator
+        kw["logits_processor"] = LogitsProcessorList(
+            [Calculator(tokenizer).logits_processor(ids.shape[1])])
     errors: list[BaseException] = []
 
     def run():
@@ -579,17 +598,18 @@ def chat_prompt(tokenizer, messages: list[dict] | str, system: str | None = None
 
 def chat(model, tokenizer, messages: list[dict] | str, *, system: str | None = None,
          max_new_tokens: int = 256, stream: bool = False, temperature: float = 0.0,
-         top_p: float = 1.0, repetition_penalty: float = 1.0):
+         top_p: float = 1.0, repetition_penalty: float = 1.0, calculator: bool = False):
     """Reply of the model to a conversation (list of {"role","content"} or one user message).
 
     ``stream=True`` returns an iterator of the growing reply (see ``stream_generate``).
-    Greedy by default; ``temperature`` > 0 samples (see ``sampling_kwargs``).
+    Greedy by default; ``temperature`` > 0 samples (see ``sampling_kwargs``); ``calculator``
+    fills in GSM8K ``<<expr=result>>`` notes.
     """
     prompt = chat_prompt(tokenizer, messages, system)
     stop = () if getattr(tokenizer, "chat_template", None) else ("\nUser:",)
     replies = stream_generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, stop=stop,
                               temperature=temperature, top_p=top_p,
-                              repetition_penalty=repetition_penalty)
+                              repetition_penalty=repetition_penalty, calculator=calculator)
     if stream:
         return replies
     reply = ""

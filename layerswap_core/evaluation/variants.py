@@ -46,12 +46,13 @@ def templates() -> tuple[int, ...]:
 
 
 def _answer(text: str) -> tuple[str, str]:
-    """(worked solution without the final line and calculator notes, canonical gold number)."""
+    """(worked solution without the final line, with its ``<<expr=result>>`` calculator notes;
+    canonical gold number)."""
     body, _, final = text.rpartition("####")
     gold = gold_number(final.strip())
     if gold is None:
         raise DataError(f"a generated answer does not end with a number: {final!r}")
-    return solution_text(body), gold
+    return solution_text(body, calculator=True), gold
 
 
 @functools.lru_cache(maxsize=None)

@@ -139,6 +139,8 @@ def chat_turn(session: Session, message: str, history: list[dict] | None, role: 
               repetition_penalty: float = 1.0, deadline: float | None = None
               ) -> Iterator[ChatReply]:
     """Stream one answer (greedy unless temperature > 0): yields the reply, answer growing.
+    The GSM8K calculator fills in the result of every ``<<expr=`` note the model writes (as in
+    the demo's evaluation; ``evaluation.calculator``).
 
     The prompt keeps the newest turns that fit the model's context; generation stops at
     ``deadline`` (``time.monotonic()``; default LIMITS.request_seconds from now)."""
@@ -156,7 +158,8 @@ def chat_turn(session: Session, message: str, history: list[dict] | None, role: 
     if not reply.stopped:
         stream = generate_chat(model, tok, messages, max_new_tokens=max_new_tokens, stream=True,
                                temperature=float(temperature),
-                               repetition_penalty=float(repetition_penalty))
+                               repetition_penalty=float(repetition_penalty),
+                               calculator=True)
         try:
             for so_far in stream:
                 answer["content"] = so_far
