@@ -27,7 +27,7 @@ from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            plain_history)
 from layerswap_core.workbench.deltas import delta_views, suggest
-from layerswap_core.workbench.demo import reproduce_demo_result
+from layerswap_core.workbench.demo import measured_markdown, reproduce_demo_result, sweep_markdown
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, evaluate_roles,
                                                evaluation_note)
 from layerswap_core.workbench.served import (LIMITS, Access, offered_models, readable_error,
@@ -44,17 +44,21 @@ INTRO = (
 # What the page says a demo-sized model can and cannot do, and which number to watch.
 EVAL_EXPECTATIONS = (
     "**What to expect.** The embedded demo models have 135M parameters. On MGSM, the standard "
-    "benchmark, every one of them scores about 0%: its grade-school problems are beyond a model "
-    "this size in any language, and its accuracy cannot separate the four models. Watch the "
-    "**gold NLL** column instead (mean negative log-likelihood of the reference solution per "
-    "token, lower is better): it moves where accuracy cannot. With your own 1B-8B experts, "
-    "accuracy with its 95% interval is the number to watch.")
+    "benchmark, every one of them scores about 0%: its problems are beyond a model this size in "
+    "any language. The demo's proof is the table in *The demo result* below: held-out variants "
+    "(new numbers and names) of the word-problem templates the math expert learned in English, "
+    "asked in Swahili. **Watch the layer swap's Swahili accuracy against both experts** and its "
+    "paired p-value, and its English accuracy against the math expert's. All demo models decode "
+    "with the GSM8K calculator (the result of each `<<expr=` note is filled in), so the numbers "
+    "measure whether a model understood the problem, not its arithmetic. With your own 1B-8B "
+    "experts, MGSM accuracy with its 95% interval is the number to watch.")
 CHAT_EXPECTATIONS = (
-    "**What to expect.** The demo's math expert learned English worked solutions only, and its "
-    "language expert learned the language, not math. At 135M parameters the models answer short "
-    "one-step problems at best, often with wrong arithmetic, and cannot hold a conversation. Ask "
-    "problems like the examples below and compare the merged model with an expert (Compare "
-    "with).")
+    "**What to expect.** The demo's math expert learned English worked solutions of a family of "
+    "word problems (GSM-Symbolic templates); its language expert learned Swahili words and "
+    "sentences, no math. The merged model can answer problems like the examples below (the same "
+    "kinds of problems with new numbers and names), usually with a worked solution in English; "
+    "the calculator fills in each `<<expr=result>>` note. It cannot solve other problems or hold "
+    "a conversation. Compare the merged model with an expert (Compare with).")
 EXPERT_CHOICES = [wb.DEMO_REFS["task"], wb.DEMO_REFS["lang"]]
 LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
 CSS = ".status p { margin: 0; } footer { display: none !important; }"
@@ -374,11 +378,10 @@ class Page:
         n = int(v[self.demo_n])
         refs = dict(wb.require(v[self.session]).refs)
         res = run_demo_result(refs, n, gr_progress(progress))
-        best = res["best"]
         return {self.demo_md: (f"{ok('Done')} in {res['seconds']:.0f} s: {n} variants per "
-                               f"language (a sample; the README's table uses 200). Best swap on "
-                               f"validation: bottom {best['bottom']}, top {best['top']}.\n\n"
-                               + res["markdown"])}
+                               f"language (a sample; the measured table above uses 200)."
+                               f"\n\n" + res["markdown"]
+                               + "\n\n" + sweep_markdown(res))}
 
     def show_item(self, v, evt: gr.SelectData):
         """Clicking a row of the per-question table shows that question and every model's raw
@@ -614,14 +617,16 @@ class Page:
                 label="Per question: extracted answer ✓/✗, then the raw outputs (click a row "
                       "to read it in full below)", buttons=["fullscreen", "copy"])
             self.item_details = gr.Markdown(elem_id="eval-details")
-            with gr.Accordion("Reproduce the demo result (the models picked, on held-out "
-                              "GSM-Symbolic variants)", open=False):
+            with gr.Accordion("The demo result: layer swap vs both experts on held-out "
+                              "GSM-Symbolic variants", open=True):
                 gr.Markdown("Base, math expert, language expert, the default layer swap, the "
                             "best swap of a small sweep (chosen on separate validation "
                             "variants) and a uniform soup, on the same held-out variants in "
                             "Swahili and English, with exact McNemar tests of each swap against "
-                            "each expert. `python bench/demo_result.py` runs the full 200 per "
-                            "language; here a sample.")
+                            "each expert. The button reruns it for the models picked on a "
+                            "sample; `python bench/demo_result.py` runs the full 200 per "
+                            "language.")
+                gr.Markdown(measured_markdown(), elem_id="demo-measured")
                 with gr.Row():
                     self.demo_n = gr.Slider(2, LIMITS.eval_questions, value=10, step=1,
                                             label="Variants per language", elem_id="demo-n")

@@ -256,3 +256,4 @@ def test_reproduce_the_demo_result(client):
     (md,) = [client.predict(2, api_name="/demo_result")]
     assert md.startswith("✔") and "| layer swap (best on validation) |" in md
     assert "McNemar" in md and "2 variants per language" in md
+    assert "Sweep on the validation variants (sw)" in md and "Deltas tab suggests" in md

@@ -517,3 +517,15 @@ def test_chat_examples_follow_the_language_expert():
     assert language_of("owner/aya-bn-instruct") == "bn" and language_of("owner/benchmark") is None
     name, examples = chat_examples("/models/telugu-expert")      # no examples for Telugu
     assert name == "Swahili" and not set(examples) & set(CHAT_EXAMPLES["bn"])
+
+
+def test_swahili_chat_examples_are_validation_variants_never_evaluated():
+    """The demo's Swahili chat examples are problems like the evaluated ones: variants of the
+    validation seed set (never of the eval set the headline is measured on)."""
+    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.workbench.chat import CHAT_EXAMPLES
+
+    examples = set(CHAT_EXAMPLES["sw"])
+    assert len(examples) >= 3
+    assert examples <= {it.question for it in variant_items("sw", "validation")}
+    assert not examples & {it.question for it in variant_items("sw", "eval")}

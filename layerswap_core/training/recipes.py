@@ -241,7 +241,7 @@ def worked_solutions(lang: str, split: str = "eval") -> list[dict]:
             for q, a in problems(lang, i)]
 
 
-RECIPES = {"math": math_examples, "swahili": swahili_examples,   # the shipped adapters' data
+RECIPES = {"math": math_examples, "swahili": swahili_examples,   # the first demo experts' data
            "math-variants": math_variant_examples, "swahili-clean": swahili_clean_examples}
 
 

@@ -15,9 +15,15 @@ from .session import Session
 
 # Examples per language of the language expert: short problems like the evaluated ones. A
 # language's examples show only when the language expert is in that language (``chat_examples``).
+# Swahili: held-out *validation* variants of the demo's templates (evaluation.variants; never the
+# eval set), the kind of problem the demo is measured on. Bengali: shown only with a Bengali expert.
 CHAT_EXAMPLES = {
-    "sw": ["Juma ana maembe 12. Anampa dada yake maembe 5. Juma amebaki na maembe mangapi?",
-           "Mama alinunua mikate 3 kwa shilingi 400 kila mmoja. Alilipa shilingi ngapi kwa jumla?"],
+    "sw": ["Kuna 21 wasichana katika shamba. Ikiwa kuna mara mbili ya idadi ya wavulana katika "
+           "shamba, ni watoto wangapi wako katika shamba?",
+           "Faraji ana miaka 22. Baada ya saba miaka, dada yake Sarah atakuwa na umri mara tano "
+           "kama Faraji sasa. Sarah ana umri gani sasa?",
+           "Keki ina 72 huduma. Ikiwa Asha anaweza kula 3 huduma kwa siku huku Nyota anaweza kula "
+           "mara tatu kama hiyo, siku ngapi keki itadumu?"],
     "bn": ["রহিমের কাছে ১৫টি আপেল আছে। সে ৭টি আপেল খেয়ে ফেলল। তার কাছে কয়টি আপেল আছে?",
            "একটি বইয়ের দাম ১২০ টাকা। ৩টি বইয়ের দাম কত?"],
 }

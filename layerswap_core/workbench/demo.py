@@ -8,12 +8,15 @@ One live model shows every model in turn. The best layer swap of a small sweep i
 """
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 from ..progress import Progress, say
 
 SWEEP = ((2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top) layer counts tried
 DEMO_LANGS = ("sw", "en")
+RESULT_FILE = "demo_result.json"   # the measured result, shipped beside the demo experts
 
 
 def _configs(live, refs: dict) -> dict:
@@ -24,18 +27,45 @@ def _configs(live, refs: dict) -> dict:
             "uniform soup": MergeConfig(method="soup", **common)}
 
 
-def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validation: int = 60,
-                          progress: Progress | None = None, max_new_tokens: int = 192) -> dict:
+def spread(items: list, n: int) -> list:
+    """``n`` items evenly spaced over the list (all when ``n`` >= its length): the variant lists
+    are in template order, so a spread sample covers every template, a prefix only the first."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
+
+
+def best_of(sweep: list[dict]) -> dict:
+    """The sweep's best row: highest validation accuracy, the smaller swap on ties."""
+    return max(sweep, key=lambda r: (r["accuracy"], -r["bottom"] - r["top"]))
+
+
+def suggestion(refs: dict) -> dict:
+    """What the Deltas tab suggests for these experts (``analysis.suggest_config``) and its
+    one-sentence story, to report beside the sweep's choice."""
+    from ..analysis.deltas import delta_stats
+    from ..analysis.suggest import delta_story, suggest_config
+
+    task = delta_stats(refs["base"], refs["task"], label="math expert")
+    lang = delta_stats(refs["base"], refs["lang"], label="language expert")
+    s = suggest_config(task, lang, task.num_layers)
+    return {**s.merge_config_kwargs(), "story": delta_story(task, lang)}
+
+
+def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validation: int = 66,
+                          progress: Progress | None = None, max_new_tokens: int = 192,
+                          dtype=None) -> dict:
     """The demo table as data: ``summaries`` (per model and language: n, correct, accuracy,
     95% interval), ``comparisons`` (each layer swap vs each expert, McNemar), the ``sweep`` on
-    the validation set and the chosen configuration, ``markdown`` and ``seconds``."""
+    the validation set and the chosen configuration, ``markdown`` and ``seconds``. ``dtype``:
+    the live model's (default: ``merge.live.live_dtype``, float32 for a small model on a CPU)."""
     from ..evaluation.demo_result import markdown_table, paired, score, score_models
     from ..evaluation.variants import variant_items
     from ..merge.config import MergeConfig
     from ..merge.live import LiveModel
 
     t0 = time.time()
-    live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"))
+    live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
     configs = _configs(live, refs)
 
     def shown(what):
@@ -45,7 +75,7 @@ def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validati
         return get
 
     # the sweep, on validation variants in the first language
-    val = variant_items(langs[0], "validation")[:n_validation]
+    val = spread(variant_items(langs[0], "validation"), n_validation)
     sweep = []
     for i, (b, u) in enumerate(SWEEP):
         if b + u >= live.arch.num_layers:
@@ -56,7 +86,7 @@ def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validati
         live.show(cfg)
         s = score(f"b={b} u={u}", live.model, live.tokenizer, val, max_new_tokens=max_new_tokens)
         sweep.append({"bottom": b, "top": u, **s.summary()})
-    best = max(sweep, key=lambda r: (r["accuracy"], -r["bottom"] - r["top"]))
+    best = best_of(sweep)
     configs["layer swap (best on validation)"] = MergeConfig(
         bottom=best["bottom"], top=best["top"], task=refs["task"], lang=refs["lang"],
         base=refs.get("base"))
@@ -67,7 +97,7 @@ def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validati
         models.pop("base")
     summaries, comparisons = [], []
     for j, lang in enumerate(langs):
-        items = variant_items(lang, "eval")[:n]
+        items = spread(variant_items(lang, "eval"), n)
         scores = score_models(models, items, max_new_tokens=max_new_tokens, progress=lambda f, m, j=j:
                               say(progress, 0.3 + 0.7 * (j + f) / len(langs), m))
         summaries += [s.summary() for s in scores]
@@ -75,5 +105,48 @@ def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validati
             comparisons += paired(scores, swap, ["math expert", "language expert"])
     return {"summaries": summaries, "comparisons": comparisons, "sweep": sweep,
             "best": {"bottom": best["bottom"], "top": best["top"]},
+            "suggestion": suggestion(refs) if refs.get("base") else None,
             "markdown": markdown_table(summaries, comparisons), "n": n, "langs": list(langs),
+            "dtype": str(live.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
             "seconds": round(time.time() - t0, 1)}
+
+
+def measured_demo_result(path: str | Path | None = None) -> dict | None:
+    """The shipped measurement (``bench/demo_result.py --json``), with its markdown table
+    rebuilt from the counts; None when none is shipped."""
+    from ..evaluation.demo_result import markdown_table
+    from ..training.demo_experts import ASSETS
+
+    p = Path(path) if path else ASSETS / RESULT_FILE
+    if not p.is_file():
+        return None
+    res = json.loads(p.read_text())
+    res["markdown"] = markdown_table(res["summaries"], res["comparisons"])
+    return res
+
+
+def sweep_markdown(res: dict) -> str:
+    """The sweep on the validation variants and the suggestion of the delta analysis, in words."""
+    rows = " · ".join(f"b={r['bottom']} u={r['top']}: {r['correct']}/{r['n']}"
+                      for r in res["sweep"])
+    best = res["best"]
+    text = (f"Sweep on the validation variants ({res['sweep'][0]['lang']}): {rows}; best "
+            f"bottom {best['bottom']}, top {best['top']}.")
+    s = res.get("suggestion")
+    if s:
+        text += (f" The Deltas tab suggests bottom {s['bottom']}, top {s['top']}, transitions "
+                 f"{s['transition_bottom']}/{s['transition_top']}"
+                 + (f", partition {s['partition']}" if s.get("partition") else "") + ".")
+    return text
+
+
+def measured_markdown() -> str:
+    """The Evaluate tab's account of the shipped measurement."""
+    res = measured_demo_result()
+    if res is None:
+        return "No measured demo result is shipped with this install."
+    minutes = res["seconds"] / 60
+    return (f"**Measured** with `python bench/demo_result.py --n {res['n']}` ({minutes:.0f} min "
+            f"on a 2-core CPU): accuracy on {res['n']} held-out variants per language, 95% "
+            f"Wilson intervals, then exact McNemar tests of each swap against each expert.\n\n"
+            + res["markdown"] + "\n\n" + sweep_markdown(res))
