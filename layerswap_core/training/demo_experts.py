@@ -1,14 +1,18 @@
-"""The embedded demo experts: two LoRA adapters over the embedded SmolLM2-135M-Instruct.
+"""The embedded demo experts over the embedded SmolLM2-135M-Instruct, shipped as PEFT LoRA adapters.
 
-* ``embedded:smollm2-math-en``  -- math expert: English word problems with worked solutions
-                                   (GSM-Symbolic templates 0000-0049 and variants of them);
-* ``embedded:smollm2-swahili``  -- Swahili language expert: Swahili problem statements without
-                                   solutions and FreeDict Swahili<->English word translations.
+* ``embedded:smollm2-math-en``  -- math expert: a LoRA (rank 32) trained on English worked
+                                   solutions of the ``train`` seed set of GSM-Symbolic variants
+                                   (recipe ``math-variants``);
+* ``embedded:smollm2-swahili``  -- Swahili language expert: a full fine-tune on FreeDict
+                                   Swahili<->English word exercises and the Swahili statements of
+                                   13 templates that are neither evaluated nor MGSM items (recipe
+                                   ``swahili-clean``; no worked math), shipped as the rank-16
+                                   adapter ``layerswap extract-lora`` extracted from it.
 
-The adapters ship in ``assets/experts/<name>/`` (bf16, with a card saying how they were made:
-``layerswap train ...``). On first use each is applied to the embedded base (``lora.apply_adapter``:
-streamed, bit-identical to PEFT's merge_and_unload) and cached as a bf16 safetensors model, so
-the rest of the product sees two ordinary model folders.
+The adapters ship in ``assets/experts/<name>/`` (bf16, with a card giving the exact commands and
+why each expert took its form). On first use each is applied to the embedded base
+(``lora.apply_adapter``: streamed, bit-identical to PEFT's merge_and_unload) and cached as a bf16
+safetensors model, so the rest of the product sees two ordinary model folders.
 """
 from __future__ import annotations
 
@@ -37,10 +41,10 @@ def _assets() -> Path:
 
 ASSETS = _assets()
 DESCRIPTIONS = {
-    MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA (English GSM-Symbolic worked solutions, "
-                 "templates 0-49)",
-    SWAHILI_EXPERT: "SmolLM2-135M-Instruct + Swahili LoRA (Swahili problem statements without "
-                    "solutions, FreeDict Swahili-English words)",
+    MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA (English worked solutions of GSM-Symbolic "
+                 "variants, train seeds)",
+    SWAHILI_EXPERT: "SmolLM2-135M-Instruct, full SFT on Swahili dictionary exercises and non-"
+                    "evaluated problem statements (no math), shipped as an extracted LoRA",
 }
 
 
@@ -92,12 +96,16 @@ def register() -> None:
 
 # --------------------------------------------------------------------------- held-out measurements
 def heldout_sets(limit: int | None = None) -> dict[str, list[dict]]:
-    """The held-out chat sets: each expert's own domain, and the worked solutions of templates
-    0050-0099 in Swahili and English (never trained on)."""
+    """The held-out chat sets (never trained on): each expert's own validation split, and the
+    Swahili validation variants with their worked solutions (math in Swahili, which neither
+    expert saw)."""
+    from ..evaluation.variants import variant_items
     from . import recipes as D
-    sets = {"math (eng worked solutions 50-99)": D.worked_solutions("eng"),
-            "swahili (held-out swahili split)": D.swahili_examples("eval"),
-            "swh worked solutions 50-99": D.worked_solutions("swh")}
+    swh = [D.chat_row(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
+           for i in variant_items("sw", "validation")]
+    sets = {"math (eng validation variants)": D.math_variant_examples("eval"),
+            "swahili (held-out dictionary split)": D.swahili_clean_examples("eval"),
+            "swh validation variants": swh}
     return {k: v[:limit] for k, v in sets.items()}
 
 
