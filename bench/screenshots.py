@@ -1,6 +1,6 @@
 """The README's screenshots of the embedded demo: Deltas, Evaluate and Chat tabs.
 
-    python bench/screenshots.py [--out assets/screenshots]
+    python bench/screenshots.py [--out assets/screenshots] [--tabs deltas,evaluate,chat]
 
 Serves the app on the embedded demo (base SmolLM2-135M-Instruct, the shipped math and Swahili
 experts), drives it with headless Debian Chromium through Playwright (as tests/test_browser.py
@@ -23,11 +23,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-def shoot(url: str, out: Path, chat_tokens: int) -> list[Path]:
+def shoot(url: str, out: Path, chat_tokens: int, tabs=("deltas", "evaluate", "chat")) -> list[Path]:
     from playwright.sync_api import expect, sync_playwright
 
-    from layerswap_core.workbench.chat import chat_examples
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench.chat import chat_examples
 
     out.mkdir(parents=True, exist_ok=True)
     shots = []
@@ -37,33 +37,34 @@ def shoot(url: str, out: Path, chat_tokens: int) -> list[Path]:
         page.goto(url)
         expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
 
-        page.get_by_role("tab", name="Deltas").click()
-        page.locator("#analyze").click()
-        expect(page.locator("#deltas-status")).to_contain_text("ready", timeout=600_000)
-        expect(page.locator("#heatmaps .plot-container")).to_be_visible(timeout=60_000)
-        page.wait_for_timeout(1500)
-        shots.append(out / "deltas.png")
-        page.screenshot(path=str(shots[-1]), full_page=True)
+        def snap(name):
+            page.wait_for_timeout(1500)
+            shots.append(out / f"{name}.png")
+            page.screenshot(path=str(shots[-1]), full_page=True)
 
-        page.get_by_role("tab", name="Build").click()
-        page.locator("#build-btn").click()
-        expect(page.locator("#build-status")).to_contain_text("Built in memory", timeout=600_000)
-
-        page.get_by_role("tab", name="Evaluate").click()
-        expect(page.locator("#demo-measured")).to_be_visible(timeout=30_000)
-        page.wait_for_timeout(1000)
-        shots.append(out / "evaluate.png")
-        page.screenshot(path=str(shots[-1]), full_page=True)
-
-        page.get_by_role("tab", name="Chat").click()
-        page.locator("#chat-tokens input[type=number]").fill(str(chat_tokens))
-        _, examples = chat_examples(wb.DEMO_REFS["lang"])
-        page.locator("#chat-input textarea").fill(examples[0])
-        page.locator("#chat-send").click()
-        expect(page.locator("#chat-status")).to_contain_text("Done", timeout=600_000)
-        page.wait_for_timeout(1000)
-        shots.append(out / "chat.png")
-        page.screenshot(path=str(shots[-1]), full_page=True)
+        if "deltas" in tabs:
+            page.get_by_role("tab", name="Deltas").click()
+            page.locator("#analyze").click()
+            expect(page.locator("#deltas-status")).to_contain_text("ready", timeout=600_000)
+            expect(page.locator("#heatmaps .plot-container")).to_be_visible(timeout=60_000)
+            snap("deltas")
+        if "chat" in tabs:   # the merged model is built first (Build tab)
+            page.get_by_role("tab", name="Build").click()
+            page.locator("#build-btn").click()
+            expect(page.locator("#build-status")).to_contain_text("Built in memory",
+                                                                  timeout=600_000)
+        if "evaluate" in tabs:
+            page.get_by_role("tab", name="Evaluate").click()
+            expect(page.locator("#demo-measured")).to_be_visible(timeout=30_000)
+            snap("evaluate")
+        if "chat" in tabs:
+            page.get_by_role("tab", name="Chat").click()
+            page.locator("#chat-tokens input[type=number]").fill(str(chat_tokens))
+            _, examples = chat_examples(wb.DEMO_REFS["lang"])
+            page.locator("#chat-input textarea").fill(examples[0])
+            page.locator("#chat-send").click()
+            expect(page.locator("#chat-status")).to_contain_text("Done", timeout=600_000)
+            snap("chat")
         browser.close()
     return shots
 
@@ -74,7 +75,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "assets" / "screenshots"))
-    p.add_argument("--chat-tokens", type=int, default=160)
+    p.add_argument("--chat-tokens", type=int, default=192)
+    p.add_argument("--tabs", default="deltas,evaluate,chat")
     a = p.parse_args(argv)
     demo = app.build_demo(dict(wb.DEMO_REFS))
     with socket.socket() as s:
@@ -83,7 +85,8 @@ def main(argv=None) -> int:
     demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
                         quiet=True, css=app.CSS)
     try:
-        for f in shoot(f"http://127.0.0.1:{port}/", Path(a.out), a.chat_tokens):
+        for f in shoot(f"http://127.0.0.1:{port}/", Path(a.out), a.chat_tokens,
+                       tuple(a.tabs.split(","))):
             print(f"{f} ({f.stat().st_size / 1024:.0f} KiB)")
     finally:
         demo.close()
