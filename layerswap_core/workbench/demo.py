@@ -146,7 +146,8 @@ def measured_markdown() -> str:
     if res is None:
         return "No measured demo result is shipped with this install."
     minutes = res["seconds"] / 60
-    return (f"**Measured** with `python bench/demo_result.py --n {res['n']}` ({minutes:.0f} min "
-            f"on a 2-core CPU): accuracy on {res['n']} held-out variants per language, 95% "
+    dtype = f" --dtype {res['dtype']}" if res.get("dtype") else ""
+    return (f"**Measured** with `python bench/demo_result.py --n {res['n']}{dtype}` "
+            f"({minutes:.0f} min on a 2-core CPU): accuracy on {res['n']} held-out variants per language, 95% "
             f"Wilson intervals, then exact McNemar tests of each swap against each expert.\n\n"
             + res["markdown"] + "\n\n" + sweep_markdown(res))
