@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from ..progress import Progress
+from .calculator import Calculator
 
 
 @dataclass
@@ -84,16 +85,20 @@ class _StopOnStrings:
 
 
 def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
-                   prompt_width: int, extra=()) -> dict:
-    from transformers import StoppingCriteriaList
+                   prompt_width: int, extra=(), calculator=None) -> dict:
+    """``model.generate`` keywords: greedy, the stop strings, and the calculator if given."""
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     criteria = list(extra)
     stop = [s for s in stop if s]
     if stop:
         criteria.append(_StopOnStrings(tokenizer, stop, prompt_width))
-    return dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
-                top_k=None, pad_token_id=_pad_id(tokenizer), eos_token_id=_eos_ids(model, tokenizer),
-                stopping_criteria=StoppingCriteriaList(criteria))
+    kw = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
+              top_k=None, pad_token_id=_pad_id(tokenizer), eos_token_id=_eos_ids(model, tokenizer),
+              stopping_criteria=StoppingCriteriaList(criteria))
+    if calculator is not None:
+        kw["logits_processor"] = LogitsProcessorList([calculator.logits_processor(prompt_width)])
+    return kw
 
 
 MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass
@@ -432,8 +437,6 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     (sliding-window, hybrid) use a padded batch. With ``calculator`` the result of every
     ``<<expr=`` note is filled in (``evaluation.calculator``).
     """
-    from .calculator import Calculator
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
     device = next(model.parameters()).device
@@ -468,10 +471,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
                                         mask.to(device), max_new_tokens, eos, stop, calc)
             ends = [len(new) for new in new_tokens]
         else:
-            kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width)
-            if calc is not None:
-                from transformers import LogitsProcessorList
-                kw["logits_processor"] = LogitsProcessorList([calc.logits_processor(width)])
+            kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width, calculator=calc)
             if filled is not None:
                 kw["past_key_values"] = filled
             elif cache is not None:
@@ -547,14 +547,9 @@ def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True,
                                     timeout=600)
     cancel = _Cancelled()
-    kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, ids.shape[1], extra=[cancel])
+    kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, ids.shape[1], extra=[cancel],
+                        calculator=Calculator(tokenizer) if calculator else None)
     kw.update(sampling_kwargs(temperature, top_p, repetition_penalty))
-    if calculator:
-        from transformers import LogitsProcessorList
-
-        from .calculator import Calculator
-        kw["logits_processor"] = LogitsProcessorList(
-            [Calculator(tokenizer).logits_processor(ids.shape[1])])
     errors: list[BaseException] = []
 
     def run():

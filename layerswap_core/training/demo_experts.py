@@ -99,13 +99,10 @@ def heldout_sets(limit: int | None = None) -> dict[str, list[dict]]:
     """The held-out chat sets (never trained on): each expert's own validation split, and the
     Swahili validation variants with their worked solutions (math in Swahili, which neither
     expert saw)."""
-    from ..evaluation.variants import variant_items
     from . import recipes as D
-    swh = [D.chat_row(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
-           for i in variant_items("sw", "validation")]
     sets = {"math (eng validation variants)": D.math_variant_examples("eval"),
             "swahili (held-out dictionary split)": D.swahili_clean_examples("eval"),
-            "swh validation variants": swh}
+            "swh validation variants": D.variant_rows("sw", "validation")}
     return {k: v[:limit] for k, v in sets.items()}
 
 

@@ -202,13 +202,18 @@ def _dictionary_rows(split: str, rng: random.Random) -> list[dict]:
 def math_variant_examples(split: str = "train", seed: int = SEED) -> list[dict]:
     """English variant problems (user) with worked solutions (assistant, ending ``#### N``):
     ``train`` = the variants' train seed set; ``eval`` = their validation set (never trained)."""
-    from ..evaluation.variants import variant_items
-
-    items = variant_items("en", "train" if split == "train" else "validation")
-    rows = [chat_row(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
-            for i in items]
+    rows = variant_rows("en", "train" if split == "train" else "validation")
     random.Random(seed).shuffle(rows)
     return rows
+
+
+def variant_rows(lang: str, split: str) -> list[dict]:
+    """The variants of a split in ``lang`` as (question -> worked solution ending ``#### N``)
+    chats, in the variants' order."""
+    from ..evaluation.variants import variant_items
+
+    return [chat_row(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
+            for i in variant_items(lang, split)]
 
 
 def statement_templates() -> tuple[int, ...]:
