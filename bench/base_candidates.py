@@ -19,9 +19,8 @@ For each base (converted into the embedded cache on first use):
   and of the Swahili question texts (after "Swali:"), per token and per whitespace word (the
   tokenizers differ, so only nats per word compare across bases).
 
-Prompts start with the BOS token where the tokenizer's own encoding does (Gemma: ``<bos>``);
-the library's evaluation and training encode with add_special_tokens=False and so drop it:
-the NLL rows "without <bos>" show what that costs.
+Prompts start with the BOS token where the tokenizer's own encoding does (Gemma: ``<bos>``),
+as the library's evaluation and training encode them (``checkpoints.tokenizers.encode_prompt``).
 
 Everything runs on 1 CPU thread (``--threads``). On a shared machine the timings are noisy:
 each timing is the median of a few repeats; compare within one run.
@@ -244,38 +243,27 @@ def nll(model, tok, prompts: list[str], targets: list[str]) -> dict:
             "tokens": sum(n_tok), "words": words}
 
 
-def heldout_nll(model, tok, items: dict[str, list[Item]], bos: str = "") -> dict:
+def heldout_nll(model, tok, items: dict[str, list[Item]]) -> dict:
     en = items["en"]
-    solutions = nll(model, tok, [bos + question_text(it, "en", True) for it in en],
+    solutions = nll(model, tok, [question_text(it, "en", True) for it in en],
                     [" " + target_text(it, "en", True) for it in en])
     sw = items["sw"]
-    questions = nll(model, tok, [bos + prompt_words("sw").question] * len(sw),
+    questions = nll(model, tok, [prompt_words("sw").question] * len(sw),
                     [" " + it.question for it in sw])
     return {"eng_worked_solutions": solutions, "swh_questions": questions}
 
 
-def bos_prefix(tok) -> str:
-    """The BOS token's text when the tokenizer's own encoding starts with it (Gemma), else "".
-
-    The library encodes prompts with add_special_tokens=False (lm-eval's convention), which
-    drops Gemma's <bos>; Gemma without it is badly off (see the NLL rows)."""
-    ids = tok("a")["input_ids"]
-    return tok.bos_token if tok.bos_token_id is not None and ids[:1] == [tok.bos_token_id] else ""
-
-
-def accuracy(model, tok, items: dict[str, list[Item]], shots: int, max_new_tokens: int,
-             bos: str) -> dict:
+def accuracy(model, tok, items: dict[str, list[Item]], shots: int, max_new_tokens: int) -> dict:
     """CoT accuracy with the library's prompts, exemplars, generation and extraction (flexible =
-    last number), ``bos`` prepended to each prompt. With 0 shots the question goes through the
+    last number). With 0 shots the question goes through the
     chat template where the tokenizer has one (SmolLM2-Instruct), plain otherwise (Gemma base)."""
     out = {}
     chat = not shots and bool(getattr(tok, "chat_template", None))
     for lang, its in items.items():
         t0 = time.perf_counter()
         exemplars = default_exemplars(its, shots, cot=True)
-        prompts = [(bos if not chat else "") + build_prompt(it, exemplars, cot=True, lang=lang,
-                                                           tokenizer=tok, chat_template=chat)
-                   for it in its]
+        prompts = [build_prompt(it, exemplars, cot=True, lang=lang, tokenizer=tok,
+                                chat_template=chat) for it in its]
         gens = generate(model, tok, prompts, max_new_tokens=max_new_tokens,
                         stop=stop_strings(lang), batch_size=GEN_BATCH)
         ok = [is_correct(extract_answer(g.text, lang, True).flexible, it.answer)
@@ -311,17 +299,13 @@ def bench_base(name: str, ref: str, args, texts, items) -> dict:
     r["gen_tok_per_s"]["bf16"] = generation_speed(model, tok, prompts)
     log(f"{name}: generation speed {r['gen_tok_per_s']}")
     model = model.to(eval_dtype)
-    bos = bos_prefix(tok)
-    r["bos_prefix"] = bos
-    r["nll"] = heldout_nll(model, tok, items, bos=bos)
-    if bos:
-        r["nll_without_bos"] = heldout_nll(model, tok, items)
+    r["nll"] = heldout_nll(model, tok, items)
     log(f"{name}: NLL {r['nll']}")
     if not args.no_accuracy:
-        r["accuracy"] = accuracy(model, tok, items, args.shots, args.max_new_tokens, bos)
+        r["accuracy"] = accuracy(model, tok, items, args.shots, args.max_new_tokens)
         log(f"{name}: accuracy { {k: v['accuracy'] for k, v in r['accuracy'].items()} }")
         if args.zero_shot:
-            r["accuracy_0shot"] = accuracy(model, tok, items, 0, args.max_new_tokens, bos)
+            r["accuracy_0shot"] = accuracy(model, tok, items, 0, args.max_new_tokens)
             log(f"{name}: 0-shot accuracy "
                 f"{ {k: v['accuracy'] for k, v in r['accuracy_0shot'].items()} }")
     del model
@@ -366,10 +350,6 @@ def table(results: dict) -> str:
                        ("swh_questions", "NLL swh question text")):
         rows.append((f"{label}, nats/token; nats/word", lambda r, key=key:
                      f"{r['nll'][key]['nats_per_token']}; {r['nll'][key]['nats_per_word']}"))
-        rows.append(("  same without <bos> (library today)", lambda r, key=key:
-                     f"{r['nll_without_bos'][key]['nats_per_token']}; "
-                     f"{r['nll_without_bos'][key]['nats_per_word']}" if "nll_without_bos" in r
-                     else "-"))
     width = max(len(label) for label, _ in rows)
     lines = [f"| {'':{width}} | " + " | ".join(names) + " |",
              f"|{'-' * (width + 2)}|" + "|".join("-" * (len(n) + 2) for n in names) + "|"]

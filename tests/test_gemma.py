@@ -156,3 +156,33 @@ def test_embedded_gemma3_converts_once_and_knows_its_facts():
             return float(model(input_ids=ids, labels=ids).loss)
 
     assert loss(text) < 3.0 and loss(text) + 2.0 < loss(shuffled)
+
+
+@pytest.mark.slow
+@needs_gemma
+def test_gemma_prompts_start_with_one_bos_and_targets_with_none(embedded_base):
+    """Gemma's tokenizer puts <bos> in front of text (the model is badly off without it):
+    prompts for generation, NLL and training get exactly one, targets none; SmolLM2's
+    tokenizer adds none, and its prompts stay the text's tokens alone."""
+    from transformers import AutoTokenizer
+
+    from layerswap_core.checkpoints.tokenizers import adds_bos
+    from layerswap_core.evaluation.generation import encode, encode_continuation
+    from layerswap_core.training.sft_data import IGNORE, encode_example
+
+    tok = AutoTokenizer.from_pretrained(models.resolve("embedded:gemma3-270m"))
+    bos = tok.bos_token_id
+    assert adds_bos(tok)
+    plain = tok("user: Habari\nassistant: ", add_special_tokens=False)["input_ids"]
+    assert encode(tok, "user: Habari\nassistant: ") == [bos] + plain
+    assert encode(tok, "<bos>user: Habari\nassistant: ") == [bos] + plain   # not twice
+    assert bos not in encode_continuation(tok, " Jibu ni 12.")
+    ids, labels = encode_example(tok, {"messages": [{"role": "user", "content": "Habari"},
+                                                    {"role": "assistant", "content": "Nzuri"}]}, 64)
+    assert ids[0] == bos and ids.count(bos) == 1 and labels[0] == IGNORE
+
+    small = AutoTokenizer.from_pretrained(embedded_base)
+    assert not adds_bos(small)
+    text = small.apply_chat_template([{"role": "user", "content": "Habari"}], tokenize=False,
+                                     add_generation_prompt=True)
+    assert encode(small, text) == small(text, add_special_tokens=False)["input_ids"]

@@ -114,3 +114,22 @@ def vocab_fingerprint(folder: Path) -> str | None:
     content of tokenizer.json or vocab.json + merges.txt (equal for one tokenizer in either
     format), else tokenizer.model's bytes. Prefer ``tokenizer_difference`` to compare two."""
     return next(iter(tokenizer_fingerprints(folder).values()), None)
+
+
+# --------------------------------------------------------------------------- prompt encoding
+def adds_bos(tokenizer) -> bool:
+    """Whether a loaded tokenizer puts its BOS in front of plain text by itself (Gemma's does;
+    SmolLM2's and other GPT-2-style ones add nothing)."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids of the text a model starts reading from: the text's own tokens, with the BOS
+    in front where the tokenizer adds one itself and the text (a rendered chat template, say)
+    does not already start with it. Text that follows a prompt is encoded with
+    ``add_special_tokens=False`` and never gets one."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if adds_bos(tokenizer) and ids[:1] != [tokenizer.bos_token_id]:
+        ids = [tokenizer.bos_token_id] + ids
+    return ids

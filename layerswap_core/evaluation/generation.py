@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from ..checkpoints.tokenizers import encode_prompt
 from ..progress import Progress
 from .calculator import Calculator
 
@@ -52,9 +53,15 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 
 
 def encode(tokenizer, prompt: str) -> list[int]:
-    # Prompts are either plain text (lm-eval adds no BOS for causal models either) or
-    # chat-templated text that already holds its special tokens.
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    """A prompt's token ids (``checkpoints.tokenizers.encode_prompt``: the BOS where the
+    tokenizer adds one itself, as Gemma's does; SmolLM2's adds none, as lm-eval encodes causal
+    models' prompts)."""
+    return encode_prompt(tokenizer, prompt)
+
+
+def encode_continuation(tokenizer, text: str) -> list[int]:
+    """Token ids of text that follows a prompt (a gold target): never a BOS."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _stop_tail(stop: Sequence[str]) -> int:

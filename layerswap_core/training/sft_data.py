@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoints.tokenizers import encode_prompt
 from .config import TrainDataError, TrainError
 
 IGNORE = -100   # label of the tokens the loss skips (prompt, padding): PyTorch's ignore_index
@@ -98,7 +99,9 @@ def encode_example(tok, example: dict, max_length: int) -> tuple[list[int], list
         if not prefix.startswith(done) or not upto.startswith(prefix):
             raise TrainError("the chat template does not render conversations incrementally; "
                              "give prompt/response examples instead")
-        ctx = tok(prefix[len(done):], add_special_tokens=False)["input_ids"]
+        # the conversation's first piece is what the model starts reading: BOS rule as prompts
+        ctx = (encode_prompt(tok, prefix) if not done
+               else tok(prefix[len(done):], add_special_tokens=False)["input_ids"])
         resp = tok(upto[len(prefix):], add_special_tokens=False)["input_ids"]
         ids += ctx + resp
         labels += [IGNORE] * len(ctx) + resp
