@@ -19,13 +19,42 @@ def test_the_template_list_excludes_mgsm_items_and_unusable_templates():
     assert len(ts) >= 50 and set(FEW) <= ts
 
 
-def test_generation_is_deterministic():
-    V._generated.cache_clear()
-    V._paired.cache_clear()
-    first = V.variant_items("sw", "eval", FEW)
-    V._generated.cache_clear()
-    V._paired.cache_clear()
-    assert V.variant_items("sw", "eval", FEW) == first and first
+def _fresh(lang, template, split):
+    """The package's engine, bypassing every cache and the shipped file."""
+    return V._generated.__wrapped__(lang, template, V.SPLIT_SEEDS[split] + template,
+                                    V.PER_TEMPLATE[split])
+
+
+def test_generation_is_deterministic_and_the_shipped_file_is_what_it_generates():
+    assert V._shipped(), "the shipped variants file is missing or stale: run layerswap demo-variants"
+    for lang in V.LANGS:
+        for split in V.SPLITS:
+            for t in FEW[:3]:
+                first = _fresh(lang, t, split)
+                assert first and _fresh(lang, t, split) == first
+                assert V._rows(lang, t, split) == first, (lang, split, t)
+    assert len(V._shipped()) == len(V.LANGS) * len(V.SPLITS) * len(V.templates())
+
+
+def test_a_stale_variants_file_is_ignored(tmp_path, monkeypatch):
+    """A file made with another package version (or other seeds) is not read: the variants
+    are generated instead."""
+    import gzip
+    import json
+
+    data = json.loads(gzip.decompress(V.VARIANTS_FILE.read_bytes()))
+    data["stamp"]["package"] = "multilingual-gsm-symbolic==0.0.1"
+    data["rows"]["swh/eval/0000"] = [["not a question", "no", "0"]]
+    stale = tmp_path / "variants.json.gz"
+    stale.write_bytes(gzip.compress(json.dumps(data).encode()))
+    monkeypatch.setattr(V, "VARIANTS_FILE", stale)
+    V._shipped.cache_clear()
+    try:
+        assert V._shipped() == {}
+        assert V._rows("swh", 0, "eval") == _fresh("swh", 0, "eval")
+    finally:
+        monkeypatch.undo()
+        V._shipped.cache_clear()
 
 
 def test_the_three_sets_are_disjoint_and_paired_across_languages():

