@@ -29,6 +29,19 @@ def default_dtype(device: str):
 ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
 
 
+def cpu_has_bf16() -> bool | None:
+    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX-BF16; read from
+    /proc/cpuinfo), None where that cannot be read. Without them bf16 matrix products are
+    emulated and run several times slower than float32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if flags is None else bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
 def pick_device(device: str | None = None) -> str:
     """The one device picker. None / "auto": $LAYERSWAP_DEVICE if set, else "cuda" when a GPU is
     here (not on a ZeroGPU Space's main process), else "cpu". An explicit "cuda" without a GPU

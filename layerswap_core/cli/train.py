@@ -6,6 +6,7 @@ import shlex
 import sys
 from dataclasses import fields
 
+from ..checkpoints.loading import cpu_has_bf16, pick_device
 from ..training import trainer as T
 from ..training.config import (DEFAULT_LR, MODES, PARTS, SAVE_DTYPES, SCHEDULES, TRAIN_DTYPES,
                                TrainConfig)
@@ -102,6 +103,10 @@ def _train(args) -> int:
     print(f"learning rate {cfg.lr:g} ("
           f"{'given' if args.lr is not None else 'default for ' + _mode_label(cfg)}), "
           f"{cfg.schedule} schedule")
+    if (cfg.autocast or cfg.dtype == "bfloat16") and pick_device(cfg.device) == "cpu" \
+            and cpu_has_bf16() is False:
+        print("note: this CPU has no bfloat16 instructions, so bf16 training runs several times "
+              "slower here than float32 (leave out --autocast / --dtype bfloat16)")
     argv = ["layerswap", "train"] + sys.argv[2:] if sys.argv[1:2] == ["train"] else None
     with progress_bar() as progress:
         res = train(cfg, progress, argv)
