@@ -25,7 +25,7 @@ import pandas as pd
 from layerswap_core.merge import registry
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
-                                           plain_history)
+                                           english_twins, plain_history)
 from layerswap_core.workbench.deltas import delta_views, suggest
 from layerswap_core.workbench.demo import measured_markdown, reproduce_demo_result, sweep_markdown
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, evaluate_roles,
@@ -62,8 +62,9 @@ CHAT_EXPECTATIONS = (
     "(new numbers and names) and the layer swaps a quarter to 40%, with worked solutions whose "
     "`<<expr=result>>` notes the calculator fills in. **Asked in Swahili, as in the examples below, the demo models "
     "mostly repeat the question**: a 135M model reads too little Swahili, and the measured "
-    "Swahili accuracy (Evaluate tab) is near zero for every model. Try an example, then the same "
-    "problem in English, and compare the merged model with an expert (Compare with).")
+    "Swahili accuracy (Evaluate tab) is near zero for every model. Try a Swahili example, then "
+    "the same problem in English (the second row of examples), and compare the merged model with "
+    "an expert (Compare with).")
 EXPERT_CHOICES = [wb.DEMO_REFS["task"], wb.DEMO_REFS["lang"]]
 LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
 CSS = ".status p { margin: 0; } footer { display: none !important; }"
@@ -686,6 +687,11 @@ class Page:
             self.chat_md = gr.Markdown(elem_id="chat-status")
             gr.Examples([[e] for e in examples], inputs=[self.message],
                         label=f"Examples in {language} (problems like the evaluated ones)")
+            twins = english_twins(self.refs["lang"])
+            if twins:
+                gr.Examples([[e] for e in twins], inputs=[self.message],
+                            label="The same problems in English (the control: the math expert "
+                                  "learned these in English)")
             with gr.Row():
                 self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                               value="task expert", label="Compare with")

@@ -529,3 +529,16 @@ def test_swahili_chat_examples_are_validation_variants_never_evaluated():
     assert len(examples) >= 3
     assert examples <= {it.question for it in variant_items("sw", "validation")}
     assert not examples & {it.question for it in variant_items("sw", "eval")}
+
+
+def test_english_twins_are_the_same_validation_variants_in_english():
+    """The English control examples are the Swahili examples' own variants (same id, same gold)
+    in English, one for one; other languages have none."""
+    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.workbench.chat import CHAT_EXAMPLES, english_twins
+
+    sw, en = variant_items("sw", "validation"), variant_items("en", "validation")
+    ids = {it.question: it.id for it in sw}
+    twins = {it.id: it.question for it in en}
+    assert english_twins(wb.DEMO_REFS["lang"]) == [twins[ids[q]] for q in CHAT_EXAMPLES["sw"]]
+    assert english_twins("/models/llama-3-8b-bengali-lora") == []

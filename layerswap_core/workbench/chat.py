@@ -27,6 +27,16 @@ CHAT_EXAMPLES = {
     "bn": ["রহিমের কাছে ১৫টি আপেল আছে। সে ৭টি আপেল খেয়ে ফেলল। তার কাছে কয়টি আপেল আছে?",
            "একটি বইয়ের দাম ১২০ টাকা। ৩টি বইয়ের দাম কত?"],
 }
+# The same validation variants in English (the math expert's language; the numbers are paired
+# item by item, the names are the English template's): the control a visitor can compare with.
+ENGLISH_TWINS = {
+    "sw": ["There are 21 girls in the field. If there are twice the number of boys in the field, "
+           "how many kids are in the field?",
+           "Bob is 22 years old. In seven years his sister Sarah will be five times as old as Bob "
+           "is now. How old is Sarah right now?",
+           "A cake has 72 servings. If Ashley can eat 3 servings a day while Lily can eat thrice "
+           "as much, how many days will the cake last?"],
+}
 LANGUAGE_NAMES = {"sw": "Swahili", "bn": "Bengali"}
 # words of a model reference that name its language (``embedded:smollm2-swahili``, ``bn-lora``)
 LANGUAGE_WORDS = {"sw": {"sw", "swa", "swh", "swahili", "kiswahili"},
@@ -44,6 +54,11 @@ def chat_examples(lang_ref: str | None) -> tuple[str, list[str]]:
     demo's language) when the reference names no language we have examples for."""
     lang = language_of(lang_ref) or "sw"
     return LANGUAGE_NAMES[lang], list(CHAT_EXAMPLES[lang])
+
+
+def english_twins(lang_ref: str | None) -> list[str]:
+    """The English versions of the language's examples (empty where we have none)."""
+    return list(ENGLISH_TWINS.get(language_of(lang_ref) or "sw", []))
 
 
 def check_chat_message(message: str, history: list | None) -> str:
