@@ -630,7 +630,8 @@ class Page:
                             "variants) and a uniform soup, on the same held-out variants in "
                             "Swahili and English, with exact McNemar tests of each swap against "
                             "each expert. The button reruns it for the models picked on a "
-                            "sample; `python bench/demo_result.py` runs the full 200 per "
+                            "sample (10 variants per language: about 6 minutes on a 2-core "
+                            "CPU); `python bench/demo_result.py` runs the full 200 per "
                             "language.")
                 gr.Markdown(measured_markdown(), elem_id="demo-measured")
                 with gr.Row():
