@@ -166,8 +166,8 @@ def test_gemma_prompts_start_with_one_bos_and_targets_with_none(embedded_base):
     tokenizer adds none, and its prompts stay the text's tokens alone."""
     from transformers import AutoTokenizer
 
-    from layerswap_core.checkpoints.tokenizers import adds_bos
-    from layerswap_core.evaluation.generation import encode, encode_continuation
+    from layerswap_core.checkpoints.tokenizers import adds_bos, encode_continuation
+    from layerswap_core.checkpoints.tokenizers import encode_prompt as encode
     from layerswap_core.training.sft_data import IGNORE, encode_example
 
     tok = AutoTokenizer.from_pretrained(models.resolve("embedded:gemma3-270m"))

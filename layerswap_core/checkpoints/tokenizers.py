@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import os
+import weakref
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -117,11 +118,16 @@ def vocab_fingerprint(folder: Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- prompt encoding
+_ADDS_BOS = weakref.WeakKeyDictionary()   # tokenizer -> adds_bos
+
+
 def adds_bos(tokenizer) -> bool:
     """Whether a loaded tokenizer puts its BOS in front of plain text by itself (Gemma's does;
-    SmolLM2's and other GPT-2-style ones add nothing)."""
-    bos = tokenizer.bos_token_id
-    return bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+    SmolLM2's and other GPT-2-style ones add nothing); asked once per tokenizer object."""
+    if tokenizer not in _ADDS_BOS:
+        bos = tokenizer.bos_token_id
+        _ADDS_BOS[tokenizer] = bos is not None and tokenizer("a")["input_ids"][:1] == [bos]
+    return _ADDS_BOS[tokenizer]
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:
@@ -133,3 +139,8 @@ def encode_prompt(tokenizer, text: str) -> list[int]:
     if adds_bos(tokenizer) and ids[:1] != [tokenizer.bos_token_id]:
         ids = [tokenizer.bos_token_id] + ids
     return ids
+
+
+def encode_continuation(tokenizer, text: str) -> list[int]:
+    """Token ids of text that follows a prompt (a response, a gold target): never a BOS."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -52,18 +52,6 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def encode(tokenizer, prompt: str) -> list[int]:
-    """A prompt's token ids (``checkpoints.tokenizers.encode_prompt``: the BOS where the
-    tokenizer adds one itself, as Gemma's does; SmolLM2's adds none, as lm-eval encodes causal
-    models' prompts)."""
-    return encode_prompt(tokenizer, prompt)
-
-
-def encode_continuation(tokenizer, text: str) -> list[int]:
-    """Token ids of text that follows a prompt (a gold target): never a BOS."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 def _stop_tail(stop: Sequence[str]) -> int:
     """How many last tokens to decode to see any stop string (a token holds >= 1 char or byte)."""
     return 4 * max((len(s) for s in stop), default=0) + 4
@@ -454,7 +442,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     # an empty prompt continues from the start-of-text token (as lm-eval does with empty contexts)
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else pad
     calc = Calculator(tokenizer) if calculator else None
-    encoded = [encode(tokenizer, p) or [start_id] for p in prompts]
+    encoded = [encode_prompt(tokenizer, p) or [start_id] for p in prompts]
     order = batch_order(encoded)
     results: list[Generation | None] = [None] * len(prompts)
     for start in range(0, len(order), batch_size):
@@ -550,7 +538,7 @@ def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
     from transformers import TextIteratorStreamer
 
     device = next(model.parameters()).device
-    ids = torch.tensor([encode(tokenizer, prompt)], device=device)
+    ids = torch.tensor([encode_prompt(tokenizer, prompt)], device=device)
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True,
                                     timeout=600)
     cancel = _Cancelled()

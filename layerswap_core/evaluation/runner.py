@@ -34,7 +34,8 @@ from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm, load_mgs
                    to_ascii_digits)
 from ..checkpoints.writing import release_freed_memory
 from ..progress import Progress
-from .generation import encode, encode_continuation, generate
+from ..checkpoints.tokenizers import encode_continuation, encode_prompt
+from .generation import generate
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
 
@@ -285,7 +286,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
 
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    pairs = [(encode(tokenizer, p), encode_continuation(tokenizer, t))
+    pairs = [(encode_prompt(tokenizer, p), encode_continuation(tokenizer, t))
              for p, t in zip(prompts, targets)]
     out = [math.nan] * len(pairs)
     share_prefix = share_prefix and _plain_cache_ok(model)

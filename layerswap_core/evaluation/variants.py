@@ -110,7 +110,7 @@ def _shipped() -> dict[str, tuple[tuple[str, str, str], ...]]:
     if not VARIANTS_FILE.is_file():
         return {}
     data = json.loads(gzip.decompress(VARIANTS_FILE.read_bytes()))
-    if data.get("stamp") != json.loads(json.dumps(_file_stamp())):
+    if data.get("stamp") != _file_stamp():
         return {}
     return {k: tuple(tuple(r) for r in rows) for k, rows in data["rows"].items()}
 

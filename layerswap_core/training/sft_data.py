@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoints.tokenizers import encode_prompt
+from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .config import TrainDataError, TrainError
 
 IGNORE = -100   # label of the tokens the loss skips (prompt, padding): PyTorch's ignore_index
@@ -101,8 +101,8 @@ def encode_example(tok, example: dict, max_length: int) -> tuple[list[int], list
                              "give prompt/response examples instead")
         # the conversation's first piece is what the model starts reading: BOS rule as prompts
         ctx = (encode_prompt(tok, prefix) if not done
-               else tok(prefix[len(done):], add_special_tokens=False)["input_ids"])
-        resp = tok(upto[len(prefix):], add_special_tokens=False)["input_ids"]
+               else encode_continuation(tok, prefix[len(done):]))
+        resp = encode_continuation(tok, upto[len(prefix):])
         ids += ctx + resp
         labels += [IGNORE] * len(ctx) + resp
         done = upto

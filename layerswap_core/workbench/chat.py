@@ -126,13 +126,14 @@ def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
                 ) -> tuple[list[dict], int]:
     """The newest turns that fit the model's context with the new message and an answer of
     ``max_new_tokens``; also how many earlier turns (question + answer) were left out."""
-    from ..evaluation.generation import chat_prompt, encode
+    from ..checkpoints.tokenizers import encode_prompt
+    from ..evaluation.generation import chat_prompt
 
     context = context_tokens(model)
     question = {"role": "user", "content": text}
     for dropped in range(len(turns) // 2 + 1):
         messages = turns[2 * dropped:] + [question]
-        prompt_tokens = len(encode(tok, chat_prompt(tok, messages)))
+        prompt_tokens = len(encode_prompt(tok, chat_prompt(tok, messages)))
         if context is None or prompt_tokens + max_new_tokens <= context:
             return messages, dropped
     raise WorkbenchError(f"the message and a {max_new_tokens}-token answer do not fit the model's "
