@@ -789,6 +789,34 @@ def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -
     return demo
 
 
+# --------------------------------------------------------------------------- from a script
+# The browser tests and bench/screenshots.py look at the page the same way: the app on a free
+# loopback port in their own process, and Debian's headless Chromium driven by Playwright.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run")
+
+
+def serve_locally(refs: dict[str, str] | None = None) -> tuple[gr.Blocks, str]:
+    """The app (``build_demo(refs)``) on a free port of 127.0.0.1, without blocking: (demo, its
+    URL). ``demo.close()`` stops it."""
+    import socket
+
+    demo = build_demo(refs)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                        quiet=True, css=CSS)
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+def open_chromium(playwright):
+    """Headless Debian Chromium (``CHROMIUM``) through a running Playwright."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS),
+                                      headless=True)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="layerswap web app")
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),

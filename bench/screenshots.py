@@ -11,28 +11,24 @@ on a 2-core CPU.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-
 
 def shoot(url: str, out: Path, chat_tokens: int, tabs=("deltas", "evaluate", "chat")) -> list[Path]:
     from playwright.sync_api import expect, sync_playwright
 
+    from app import open_chromium
     from layerswap_core.workbench import session as wb
     from layerswap_core.workbench.chat import chat_examples
 
     out.mkdir(parents=True, exist_ok=True)
     shots = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = open_chromium(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url)
         expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
@@ -78,14 +74,9 @@ def main(argv=None) -> int:
     p.add_argument("--chat-tokens", type=int, default=192)
     p.add_argument("--tabs", default="deltas,evaluate,chat")
     a = p.parse_args(argv)
-    demo = app.build_demo(dict(wb.DEMO_REFS))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-                        quiet=True, css=app.CSS)
+    demo, url = app.serve_locally(dict(wb.DEMO_REFS))
     try:
-        for f in shoot(f"http://127.0.0.1:{port}/", Path(a.out), a.chat_tokens,
+        for f in shoot(url, Path(a.out), a.chat_tokens,
                        tuple(a.tabs.split(","))):
             print(f"{f} ({f.stat().st_size / 1024:.0f} KiB)")
     finally:

@@ -8,15 +8,10 @@ Uses the embedded demo when its experts are installed, else the tiny test family
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 
 import pytest
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 pytestmark = pytest.mark.browser
 
@@ -29,6 +24,8 @@ except ImportError:  # pragma: no cover - CI installs it (requirements-dev.txt)
 def _skip_reason() -> str | None:
     if sync_playwright is None:
         return "the Python package playwright is not installed (pip install -r requirements-dev.txt)"
+    from app import CHROMIUM
+
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} is missing (apt-get install -y chromium; .ci/run does it)"
     return None
@@ -51,24 +48,21 @@ def served(tiny):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    import app
+    from app import serve_locally
 
     refs = demo_refs(tiny)
-    demo = app.build_demo(refs)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-                        quiet=True, css=app.CSS)
-    yield f"http://127.0.0.1:{port}/", refs
+    demo, url = serve_locally(refs)
+    yield url, refs
     demo.close()
 
 
 def test_browser_walkthrough(served, tmp_path):
     url, refs = served
+    from app import open_chromium
+
     shot = Path(os.environ.get("LAYERSWAP_SCREENSHOT") or tmp_path / "screenshot.png")
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = open_chromium(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             _walkthrough(page, url, refs, shot)
@@ -158,15 +152,10 @@ def tiny_served(tiny):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    import app
+    from app import serve_locally
 
-    demo = app.build_demo({role: str(tiny[role]) for role in ("base", "task", "lang")})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-                        quiet=True, css=app.CSS)
-    yield f"http://127.0.0.1:{port}/"
+    demo, url = serve_locally({role: str(tiny[role]) for role in ("base", "task", "lang")})
+    yield url
     demo.close()
 
 
@@ -174,8 +163,10 @@ def test_the_page_tells_the_truth(tiny_served):
     """Every line and view follows the session: build updates the top line, a chat error stays
     on the Chat tab, Cancel's note is replaced when the job ends, moving tau redraws the plan over
     the deltas, a new check clears the old analysis, a failed check clears the session."""
+    from app import open_chromium
+
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        browser = open_chromium(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
             _truth(page, tiny_served)
