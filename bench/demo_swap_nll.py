@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -24,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def sign_test(a: list[float], b: list[float]) -> dict:
     """Items where ``a`` is lower / higher than ``b``, and the exact two-sided sign-test p."""
+    from layerswap_core.evaluation.demo_result import sign_test_p
+
     lower = sum(x < y for x, y in zip(a, b))
     higher = sum(x > y for x, y in zip(a, b))
-    n = lower + higher
-    p = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(lower, higher) + 1)) / 2 ** n) if n else 1.0
-    return {"lower": lower, "higher": higher, "p": p}
+    return {"lower": lower, "higher": higher, "p": sign_test_p(lower, higher)}
 
 
 def main(argv=None) -> int:

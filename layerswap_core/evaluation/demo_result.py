@@ -39,17 +39,22 @@ def extract(output: str) -> str | None:
     return normalize_number(found[0]) if found else None
 
 
-def mcnemar_p(a: Sequence[bool], b: Sequence[bool]) -> float:
-    """Exact two-sided McNemar p-value of two models' correctness on the same items."""
-    if len(a) != len(b):
-        raise ValueError("paired comparison of different item lists")
-    only_a = sum(1 for x, y in zip(a, b) if x and not y)
-    only_b = sum(1 for x, y in zip(a, b) if y and not x)
-    n = only_a + only_b
+def sign_test_p(wins: int, losses: int) -> float:
+    """Exact two-sided sign-test p-value: a binomial(wins + losses, 1/2) test of ``wins``."""
+    n = wins + losses
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2 ** n
+    tail = sum(math.comb(n, k) for k in range(min(wins, losses) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
+
+
+def mcnemar_p(a: Sequence[bool], b: Sequence[bool]) -> float:
+    """Exact two-sided McNemar p-value of two models' correctness on the same items (the sign
+    test on the items exactly one of them answers correctly)."""
+    if len(a) != len(b):
+        raise ValueError("paired comparison of different item lists")
+    return sign_test_p(sum(1 for x, y in zip(a, b) if x and not y),
+                       sum(1 for x, y in zip(a, b) if y and not x))
 
 
 @dataclass
