@@ -71,6 +71,8 @@ def test_full_sft_changes_every_parameter(tiny, data, tmp_path):
     assert t.evals == []  # no eval data given
     out = t.save()
     assert (out / "config.json").exists() and (out / "training_log.json").exists()
+    card = (out / "README.md").read_text()
+    assert "full fine-tune of" in card and "library_name" not in card and "Reproduce" not in card
 
 
 def test_lora_leaves_the_base_bit_identical_and_saves_an_adapter(tiny, data, tmp_path):
@@ -189,6 +191,10 @@ def test_cli_trains_and_writes_the_log(tiny, data, tmp_path, capsys):
     assert log["steps"] == 1 and log["config"]["grad_accum"] == 2 and log["config"]["lr"] == 2e-4
     assert (out / "adapter_model.safetensors").exists()
     assert json.loads((out / "adapter_config.json").read_text())["use_rslora"] is False
+    card = (out / "README.md").read_text()   # ours, not PEFT's boilerplate
+    assert f"base_model: {tiny['base']}" in card and "More Information Needed" not in card
+    assert "LoRA adapter (rank 8, alpha 16)" in card and "1 optimizer steps of 4 examples" in card
+    assert "layerswap train --model" in card and "--grad-accum 2" in card
 
 
 def test_cli_refuses_lora_flag_outside_simultaneous_mode(tiny, data, tmp_path, capsys):

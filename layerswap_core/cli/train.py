@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from dataclasses import fields
 
 from ..checkpoints.loading import cpu_has_bf16, pick_device
@@ -107,7 +106,7 @@ def _train(args) -> int:
             and cpu_has_bf16() is False:
         print("note: this CPU has no bfloat16 instructions, so bf16 training runs several times "
               "slower here than float32 (leave out --autocast / --dtype bfloat16)")
-    argv = ["layerswap", "train"] + sys.argv[2:] if sys.argv[1:2] == ["train"] else None
+    argv = ["layerswap", *args.argv]
     with progress_bar() as progress:
         res = train(cfg, progress, argv)
     print(f"{res.steps} steps in {res.seconds:.0f} s ({res.seconds_per_step:.2f} s/step), "

@@ -442,7 +442,42 @@ class Trainer:
                "trainable_params": self.trainable_params,
                "eval_losses": self.evals, "train_losses": self.history[:steps]}
         (out / "training_log.json").write_text(json.dumps(log, indent=1))
+        # PEFT writes a boilerplate card ("More Information Needed"); say what was done instead
+        (out / "README.md").write_text(training_card(self.cfg, log, len(self.data.encoded),
+                                                     out.name), encoding="utf-8")
         return out
+
+
+def training_card(cfg: TrainConfig, log: dict, n_examples: int, name: str) -> str:
+    """A model card for a trained expert: base, mode, data, schedule, time, held-out loss and the
+    command that made it (the facts of ``training_log.json``, in words). Shipped experts start
+    from it and add why and what was measured."""
+    import shlex
+
+    lora = cfg.uses_lora
+    front = [f"base_model: {cfg.model}"] + (["library_name: peft"] if lora else []) + \
+        ["tags:", "- layerswap", f"- {'lora' if lora else cfg.mode}"]
+    what = (f"LoRA adapter (rank {cfg.lora_rank}, alpha {cfg.lora_alpha:g}"
+            f"{', rsLoRA scaling' if cfg.rslora else ''}) over" if lora
+            else f"{cfg.mode} fine-tune of")
+    lines = ["---", *front, "---", "", f"# {name}", "",
+             f"{what} `{cfg.model}`, trained with layerswap. Data: `{cfg.data}` "
+             f"({n_examples} examples, loss on the response tokens only"
+             + (f"; language data `{cfg.lang_data}`" if cfg.lang_data else "") + ").", "",
+             f"{log['steps']} optimizer steps of {cfg.batch_size * cfg.grad_accum} examples "
+             f"(max {cfg.max_length} tokens), AdamW lr {cfg.lr:g}, {cfg.schedule} schedule, "
+             f"{cfg.warmup_steps} warmup steps, seed {cfg.seed}, {cfg.dtype}"
+             + (" with bf16 autocast" if cfg.autocast else "")
+             + f". Wall time {log['seconds']:g} s ({log['seconds_per_step']:g} s/step"
+             + (f", {cfg.threads} threads" if cfg.threads else "") + ").", ""]
+    evals = log.get("eval_losses") or []
+    if evals:
+        lines += [f"Held-out loss (`{cfg.eval_data}`, mean NLL per response token): "
+                  + " -> ".join(f"{e['loss']:.3f} (step {e['step']})" for e in evals) + ".", ""]
+    if log.get("command"):
+        lines += ["Reproduce:", "```", shlex.join(log["command"]), "```", ""]
+    lines += ["`training_log.json` has the configuration and the per-step losses.", ""]
+    return "\n".join(lines)
 
 
 def _save_model(model, out: Path, dtype=None):
