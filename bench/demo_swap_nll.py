@@ -4,6 +4,7 @@ sign tests of each merge against each expert (item by item: which model makes th
 solution more likely).
 
     python bench/demo_swap_nll.py [--n 40] [--swaps 5/2,2/1,5/0] [--threads 2] [--json OUT]
+                                  [--base REF --task REF --lang REF]
 
 Accuracy is 0-2% for every demo model in Swahili, so it cannot tell the models apart; the NLL of
 the gold solution can. Validation variants only (``spread`` over the templates), never the eval
@@ -45,12 +46,15 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=40, help="validation variants (spread over templates)")
     p.add_argument("--swaps", default="5/2,2/1,5/0", help="bottom/top layer counts to compare")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--base", default=DEMO_BASE)
+    p.add_argument("--task", default=DEMO_TASK)
+    p.add_argument("--lang", default=DEMO_LANG)
     p.add_argument("--json")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     t0 = time.time()
-    refs = dict(task=DEMO_TASK, lang=DEMO_LANG, base=DEMO_BASE)
-    live = LiveModel.from_refs(DEMO_TASK, DEMO_LANG, DEMO_BASE, dtype=torch.float32)
+    refs = dict(task=a.task, lang=a.lang, base=a.base)
+    live = LiveModel.from_refs(**refs, dtype=torch.float32)
     items = spread(variant_items("sw", "validation"), a.n)
     prompts = [chat_prompt(live.tokenizer, it.question) for it in items]
     targets = [f"{it.solution}\n#### {it.answer}" for it in items]
