@@ -72,8 +72,8 @@ def main(argv=None) -> int:
             rows.append({**s.summary(), "seconds": round(time.time() - t, 1),
                          "items": [it.id for it in items], "correct_items": s.correct,
                          "outputs": s.outputs})
-            print(f"{lang} {name}: {s.summary()['correct']}/{len(items)} "
-                  f"({time.time() - t:.0f} s)", file=sys.stderr, flush=True)
+            print(f"{lang} {name}: {rows[-1]['correct']}/{len(items)} ({rows[-1]['seconds']:.0f} s)",
+                  file=sys.stderr, flush=True)
             if a.json:
                 Path(a.json).write_text(json.dumps({"runs": rows}, indent=1))
     comparisons = []
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         for s in here:
             if s.model.startswith("swap") and experts:
                 comparisons += paired(here, s.model, experts)
-    print(markdown_table([r for r in (s.summary() for s in scores)], comparisons))
+    print(markdown_table([s.summary() for s in scores], comparisons))
     if a.json:
         Path(a.json).write_text(json.dumps({"runs": rows, "comparisons": comparisons,
                                             "refs": {"base": a.base, "task": a.task,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shlex
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -452,8 +453,6 @@ def training_card(cfg: TrainConfig, log: dict, n_examples: int, name: str) -> st
     """A model card for a trained expert: base, mode, data, schedule, time, held-out loss and the
     command that made it (the facts of ``training_log.json``, in words). Shipped experts start
     from it and add why and what was measured."""
-    import shlex
-
     lora = cfg.uses_lora
     front = [f"base_model: {cfg.model}"] + (["library_name: peft"] if lora else []) + \
         ["tags:", "- layerswap", f"- {'lora' if lora else cfg.mode}"]
