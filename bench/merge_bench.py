@@ -11,8 +11,8 @@ run in its own subprocess (peak RSS from os.wait4 of that child alone):
   mergekit    the same layer swap as a mergekit passthrough config (only if mergekit-yaml is on PATH)
 For our merges, both the whole command (Python + torch start-up included) and the merge call
 alone are reported. Repetitions alternate copy/merge; medians are reported (shared machines).
-Then, in-memory recomposition for the app (Recomposer on the embedded 30-layer SmolLM2, CPU):
-the time of ``apply`` for a sequence of new configs (target < 1 s each for layer swaps).
+Then, in-memory recomposition for the app (LiveModel on the embedded 30-layer SmolLM2, CPU):
+the time of ``show`` for a sequence of new configs (target < 1 s each for layer swaps).
 Targets: merge <= 1.3x the copy time, >= 2x faster than mergekit, peak RSS < 2 GB.
 """
 from __future__ import annotations
@@ -61,11 +61,12 @@ def run_measured(cmd: list[str]) -> dict:
 
 RECOMPOSE = """
 import json, time
-from layerswap_core.merge.executor import Recomposer
+import torch
+from layerswap_core.merge.live import LiveModel
 from layerswap_core.checkpoints.references import DEFAULT_BASE
 from layerswap_core.merge.config import MergeConfig
 t0 = time.perf_counter()
-rec = Recomposer.from_refs(DEFAULT_BASE, DEFAULT_BASE, DEFAULT_BASE)
+live = LiveModel.from_refs(DEFAULT_BASE, DEFAULT_BASE, DEFAULT_BASE, dtype=torch.float32)
 out = {"load_s": time.perf_counter() - t0, "apply": []}
 for label, cfg in [("default (first apply)", MergeConfig()), ("bottom 6", MergeConfig(bottom=6)),
                    ("top 4", MergeConfig(bottom=6, top=4)),
@@ -74,8 +75,8 @@ for label, cfg in [("default (first apply)", MergeConfig()), ("bottom 6", MergeC
                    ("partition A", MergeConfig(partition="A")), ("partition C", MergeConfig(partition="C")),
                    ("back to default", MergeConfig())]:
     t = time.perf_counter()
-    changed = rec.apply(cfg)
-    out["apply"].append((label, len(changed), time.perf_counter() - t))
+    res = live.show(cfg)
+    out["apply"].append((label, res.rewritten, time.perf_counter() - t))
 print(json.dumps(out))
 """
 

@@ -23,7 +23,7 @@ _API = {
     "compatibility": "checkpoints.compatibility", "get_architecture": "checkpoints.architectures", "classify": "checkpoints.architectures",
     # merge engine
     "MergeConfig": "merge.config", "Partition": "merge.partition", "build_plan": "merge.plan", "ConfigError": "merge.partition",
-    "merge_to_folder": "merge.executor", "plan_for": "merge.executor", "Recomposer": "merge.executor", "MergeError": "merge.executor",
+    "merge_to_folder": "merge.executor", "plan_for": "merge.executor", "LiveModel": "merge.live", "MergeError": "merge.errors",
     "merge_adapters": "merge.lora",
     # analysis
     "delta_stats": "analysis.deltas", "suggest_config": "analysis.suggest",

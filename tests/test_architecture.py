@@ -17,11 +17,11 @@ LAYERS = [
     # the package root and the rooms' __init__ (docstrings, version, lazy API names and plugin
     # names: no static imports), the architectures' tensor names, the per-tensor merge methods
     ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "workbench",
-     "checkpoints.architectures", "merge.methods", "progress"),
+     "checkpoints.architectures", "merge.methods", "merge.errors", "progress"),
     ("checkpoints.reading", "checkpoints.tokenizers"),   # tensors and headers; tokenizer identity
     ("checkpoints.writing",),                     # the sharded writer, output folders, the cache
     ("merge.partition", "merge.registry", "merge.config",   # partitions, the methods registry,
-     "merge.plan"),                               # the config and the pure merge plan
+     "merge.plan", "merge.apply"),                # the config, the pure merge plan, Source -> tensor
     ("checkpoints.references",),                  # model references, embedded models, resolving
     ("checkpoints.loading", "checkpoints.compatibility"),   # loading; the one compatibility check
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model

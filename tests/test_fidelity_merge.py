@@ -103,18 +103,20 @@ def test_cli_non_layer_weights_transitions_and_output_dtype(tiny, states, tmp_pa
     assert MergeConfig.load(out / "layerswap.yaml").non_layer == non_layer
 
 
-def test_recomposer_averages_the_non_layer_parameters_in_memory(tiny, states):
-    from layerswap_core.merge.executor import Recomposer
-    rec = Recomposer.from_refs(tiny["task"], tiny["lang"])
-    params = dict(rec.model.named_parameters())
-    rec.apply(MergeConfig(bottom=2, top=1, w_task=1.0, w_lang=3.0))
+def test_live_model_averages_the_non_layer_parameters_in_memory(tiny, states):
+    from layerswap_core.merge.live import LiveModel
+    live = LiveModel.from_refs(tiny["task"], tiny["lang"], dtype=torch.float32)
+    params = dict(live.model.named_parameters())
+    live.show(MergeConfig(bottom=2, top=1, w_task=1.0, w_lang=3.0))
     ref = algorithm_1(states["task"], states["lang"], 2, 1, 0, 0, 1.0, 3.0, "blend")
     for n in ("model.embed_tokens.weight", "model.norm.weight",
               "model.layers.0.mlp.up_proj.weight"):
         assert torch.equal(params[n].detach(), ref[n]), n
-    assert torch.equal(rec.model.lm_head.weight.detach(), ref["model.embed_tokens.weight"])
-    changed = rec.apply(MergeConfig(bottom=2, top=1, w_task=1.0, w_lang=3.0, non_layer="task"))
-    assert sorted(changed) == ["model.embed_tokens.weight", "model.norm.weight"]
+    assert torch.equal(live.model.lm_head.weight.detach(), ref["model.embed_tokens.weight"])
+    cfg = MergeConfig(bottom=2, top=1, w_task=1.0, w_lang=3.0, non_layer="task")
+    assert sorted(live.plan_for(cfg).changed_names(live.plan)) == ["model.embed_tokens.weight",
+                                                                   "model.norm.weight"]
+    assert live.show(cfg).rewritten == 2
     assert torch.equal(params["model.norm.weight"].detach(), states["task"]["model.norm.weight"])
 
 

@@ -26,7 +26,8 @@ from layerswap_core.checkpoints import reading, writing
 from layerswap_core.cli import main
 from layerswap_core.checkpoints.reading import CheckpointError, CheckpointReader
 from layerswap_core.checkpoints.writing import OutputFolderError, atomic_output_dir, check_output_dir
-from layerswap_core.merge.executor import MergeError, Recomposer, merge_to_folder
+from layerswap_core.merge.executor import MergeError, merge_to_folder
+from layerswap_core.merge.live import LiveModel
 from layerswap_core.merge.config import MergeConfig
 
 BLENDED = "model.layers.2.mlp.up_proj.weight"   # blended by BLEND (layer 2 is its transition)
@@ -206,18 +207,22 @@ def test_non_finite_results_from_finite_inputs_are_refused(tiny, tmp_path):
     assert merged[BLENDED].isnan().all()
 
 
-def test_recomposer_refuses_non_finite_and_keeps_the_model(tiny, tmp_path):
+def test_live_model_refuses_non_finite_and_the_next_plan_rewrites_everything(tiny, tmp_path):
     task = edited_copy(tiny["task"], tmp_path / "task", with_value(BLENDED, 3e38))
     lang = edited_copy(tiny["lang"], tmp_path / "lang", with_value(BLENDED, 3e38))
-    rec = Recomposer.from_refs(task, lang)
+    live = LiveModel.from_refs(task, lang, dtype=torch.float32)
     for applied in (None, MergeConfig(bottom=2, top=1)):  # first apply, and a later one
         if applied is not None:
-            rec.apply(applied)
-        before = {n: p.detach().clone() for n, p in rec.model.named_parameters()}
-        with pytest.raises(MergeError, match=f"tensor {BLENDED}.*model was left unchanged"):
-            rec.apply(BLEND)
-        assert rec.plan is None if applied is None else rec.plan.config == applied
-        assert all(torch.equal(p, before[n]) for n, p in rec.model.named_parameters())
+            live.show(applied)
+        with pytest.raises(MergeError, match=f"tensor {BLENDED}.*non-finite result refused"):
+            live.show(BLEND)
+        assert live.plan is None  # unknown state: the next plan rewrites every tensor
+        res = live.show(MergeConfig(bottom=2, top=1))
+        assert res.rewritten == res.total
+        expected = tensors(merge_to_folder(MergeConfig(bottom=2, top=1), task=task, lang=lang,
+                                           out=tmp_path / "ok", overwrite=True))
+        params = dict(live.model.named_parameters())
+        assert all(torch.equal(params[n], t) for n, t in expected.items())
 
 
 # --------------------------------------------------------------------------- 9: SIGTERM, dead processes

@@ -176,20 +176,22 @@ def test_non_finite_merge_is_refused_and_the_next_plan_rewrites_everything(live)
     assert res.rewritten == res.total
 
 
-def test_large_elementwise_blends_are_computed_in_row_blocks_with_the_same_result(live, tiny,
-                                                                                 monkeypatch):
+@pytest.mark.parametrize("name", ["transitions", "ties"])
+def test_large_blends_are_computed_in_row_blocks_with_the_same_result(live, tiny, monkeypatch,
+                                                                      name):
     """Blocks bound the float32 temporaries of a blended embedding; the result is the same
-    bit for bit as one whole-tensor computation."""
-    import layerswap_core.merge.live as live_mod
+    bit for bit as one whole-tensor computation (TIES too: its trim threshold is taken over the
+    whole tensor before the blocks)."""
+    from layerswap_core.merge import apply
 
-    cfg = CONFIGS["transitions"]
+    cfg = CONFIGS[name]
     live.show("task")
     live.show(cfg)
     whole = _params(live.model)
-    monkeypatch.setattr(live_mod, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(apply, "BLOCK_BYTES", 4096)
     emb = live.params["model.embed_tokens.weight"]
-    assert len(live_mod._row_blocks(emb, "linear")) > 10
-    assert live_mod._row_blocks(emb, "ties") == [None]
+    assert len(apply.row_blocks(emb.shape, "linear")) > 10
+    assert len(apply.row_blocks(emb.shape, "ties")) > 10
     live.show("task")
     live.show(cfg)
     for n, p in live.model.named_parameters():

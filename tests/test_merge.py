@@ -13,7 +13,8 @@ from huggingface_hub import save_torch_state_dict
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.checkpoints.reading import CheckpointError, CheckpointReader
 from layerswap_core.checkpoints.writing import OutputFolderError, ShardedWriter, atomic_output_dir
-from layerswap_core.merge.executor import MergeError, Recomposer, merge_to_folder, plan_for
+from layerswap_core.merge.executor import MergeError, merge_to_folder, plan_for
+from layerswap_core.merge.live import LiveModel
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.partition import ConfigError
 
@@ -162,8 +163,8 @@ def test_magnitude_weights_match_direct_computation(tiny, states, tmp_path):
             torch.testing.assert_close(merged[n], ref, rtol=1e-6, atol=1e-7)
         elif layer_of(n) == 0:
             assert torch.equal(merged[n], states["lang"][n])
-    rec = Recomposer.from_refs(tiny["task"], tiny["lang"], tiny["base"])
-    got = rec.magnitude()
+    live = LiveModel.from_refs(tiny["task"], tiny["lang"], tiny["base"], dtype=torch.float32)
+    got = live.magnitude()
     assert got == pytest.approx((wt, wl), rel=1e-6)
 
 
@@ -265,24 +266,25 @@ def test_mergekit_passthrough_layer_swap_gives_the_same_tensors(tiny, tmp_path):
 
 
 # --------------------------------------------------------------------------- in-memory recomposition
-def test_recomposer_matches_disk_merge_and_updates_only_changes(tiny, tmp_path):
-    rec = Recomposer.from_refs(tiny["task"], tiny["lang"], tiny["base"])
+def test_live_model_matches_disk_merge_and_updates_only_changes(tiny, tmp_path):
+    live = LiveModel.from_refs(tiny["task"], tiny["lang"], tiny["base"], dtype=torch.float32)
     cfg = MergeConfig(bottom=2, top=1, transition_top=1, w_task=2.0, w_lang=1.0)
-    assert len(rec.apply(cfg)) == len(dict(rec.model.named_parameters()))
+    params = dict(live.model.named_parameters())
+    live.show("base")
+    assert live.show(cfg).rewritten == len(params)
     out = merge_to_folder(cfg, task=tiny["task"], lang=tiny["lang"], out=tmp_path / "m")
-    params = dict(rec.model.named_parameters())
     for n, t in tensors(out).items():
         assert torch.equal(params[n].detach(), t), n
-    assert rec.apply(cfg) == []
-    changed = rec.apply(MergeConfig(bottom=3, top=1, transition_top=1, w_task=2.0, w_lang=1.0))
-    assert {layer_of(n) for n in changed} == {2}
-    changed = rec.apply(MergeConfig(method="task_arithmetic"))
-    assert len(changed) == len(params)
+    assert live.show(cfg).rewritten == 0
+    nxt = MergeConfig(bottom=3, top=1, transition_top=1, w_task=2.0, w_lang=1.0)
+    assert {layer_of(n) for n in live.plan_for(nxt).changed_names(live.plan)} == {2}
+    live.show(nxt)
+    assert live.show(MergeConfig(method="task_arithmetic")).rewritten == len(params)
     n = "model.layers.4.mlp.up_proj.weight"
     base, task, lang = (tensors(tiny[r])[n] for r in ("base", "task", "lang"))
     torch.testing.assert_close(params[n].detach(), base + (task - base) + (lang - base))
     with pytest.raises(ConfigError, match="exceeds"):
-        rec.apply(MergeConfig(bottom=8, top=1))
+        live.show(MergeConfig(bottom=8, top=1))
 
 
 def test_plan_for_reads_headers_only(tiny):

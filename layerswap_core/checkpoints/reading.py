@@ -107,6 +107,22 @@ def _read_index(index: Path) -> dict[str, str]:
     return dict(weight_map)
 
 
+def _pread(path: Path, offset: int, out: torch.Tensor, name: str) -> None:
+    """Fill the contiguous CPU tensor ``out`` with the bytes of ``path`` from ``offset`` on."""
+    nbytes = out.numel() * out.element_size()
+    if not nbytes:
+        return
+    buf = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+    done = 0
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        while done < nbytes:  # one read per 2 GiB (the kernel's limit per call)
+            got = f.readinto(buf[done:])
+            if not got:
+                raise CheckpointError(f"{path}: tensor {name!r} is truncated")
+            done += got
+
+
 class CheckpointReader:
     """Lazy, per-tensor reader of a Hugging Face safetensors folder (sharded or not).
 
@@ -226,18 +242,28 @@ class CheckpointReader:
         if (dtype is None or out.device.type != "cpu" or not out.is_contiguous()
                 or out.dtype != dtype or out.numel() * out.element_size() != loc.nbytes):
             return False
-        if loc.nbytes:
-            buf = memoryview(out.reshape(-1).view(torch.uint8).numpy())
-            done = 0
-            with open(loc.path, "rb", buffering=0) as f:
-                f.seek(loc.offset)
-                while done < loc.nbytes:  # one read per 2 GiB (the kernel's limit per call)
-                    got = f.readinto(buf[done:])
-                    if not got:
-                        raise CheckpointError(f"{loc.path}: tensor {name!r} is truncated")
-                    done += got
+        _pread(loc.path, loc.offset, out, name)
         self.reads += 1
         return True
+
+    def read_rows(self, name: str, rows: slice | None = None) -> torch.Tensor:
+        """Rows ``rows`` (a slice of the first dimension, step 1) of one tensor, read with pread
+        into fresh memory: a row block of a large tensor without reading the rest (rows are
+        contiguous in the file). ``None``: the whole tensor (``read``)."""
+        if rows is None:
+            return self.read(name)
+        loc, dtype = self._checked(name)
+        if dtype is None or not loc.shape:  # exotic dtype (safetensors reads it) or a scalar
+            return self.read(name)[rows]
+        start, stop, step = rows.indices(loc.shape[0])
+        if step != 1:
+            raise ValueError(f"read_rows: step {step} (only consecutive rows)")
+        stop = max(start, stop)
+        row_bytes = loc.nbytes // loc.shape[0] if loc.shape[0] else 0
+        out = torch.empty((stop - start, *loc.shape[1:]), dtype=dtype)
+        _pread(loc.path, loc.offset + start * row_bytes, out, name)
+        self.reads += 1
+        return out
 
     def view(self, name: str) -> torch.Tensor:
         """A zero-copy, read-only view of one tensor in its memory-mapped shard (kept mapped:

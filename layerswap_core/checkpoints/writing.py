@@ -50,9 +50,9 @@ class ShardedWriter:
     every declared tensor was written and writes the index.
 
     Kept although ``huggingface_hub.save_torch_state_dict`` writes the same layout: that one
-    needs the whole state dict in memory, this one holds one tensor (measured, bench/merge_bench:
-    a merge of a synthetic 1.1 B-param bf16 Llama peaks at 224 MiB resident) and copies unchanged tensors file-to-file
-    (``copy_raw``, bit-identical, in the kernel).
+    needs the whole state dict in memory, this one holds at most one row block of a tensor
+    (``write_rows``; see docs/performance.md for the measured peak) and copies unchanged tensors
+    file-to-file (``copy_raw``, bit-identical, in the kernel).
     """
 
     def __init__(self, out_dir: str | Path, max_shard_bytes: int | str = "2GB", metadata: dict | None = None):
@@ -133,15 +133,34 @@ class ShardedWriter:
 
     def write(self, name: str, tensor: torch.Tensor):
         shape, dtype = self._layout.get(name, (None, None))
-        if shape is None:
-            raise ValueError(f"ShardedWriter: tensor {name!r} was not declared")
-        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+        if shape is not None and (tuple(tensor.shape) != shape or tensor.dtype != dtype):
             raise ValueError(f"ShardedWriter: {name!r} declared {list(shape)} {dtype}, got "
                              f"{list(tensor.shape)} {tensor.dtype}")
+        self.write_rows(name, [tensor])
+
+    def write_rows(self, name: str, pieces: Iterable[torch.Tensor]):
+        """Write one tensor given as consecutive pieces of its rows (first dimension), each
+        written as it arrives: a blend computed in row blocks never exists whole. The pieces
+        must add up to the declared shape (a 0-d tensor is one piece)."""
+        shape, dtype = self._layout.get(name, (None, None))
+        if shape is None:
+            raise ValueError(f"ShardedWriter: tensor {name!r} was not declared")
         n = self._begin(name)
-        if n:
-            t = tensor.detach().to("cpu").contiguous()
-            self._file.write(t.reshape(-1).view(torch.uint8).numpy().data)
+        done = 0
+        for t in pieces:
+            if t.dtype != dtype or (tuple(t.shape[1:]) != shape[1:] if shape else t.dim() != 0):
+                raise ValueError(f"ShardedWriter: {name!r} declared {list(shape)} {dtype}, got "
+                                 f"a piece {list(t.shape)} {t.dtype}")
+            data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            if done + data.numel() > n:
+                raise ValueError(f"ShardedWriter: {name!r}: pieces beyond its declared "
+                                 f"{list(shape)}")
+            if data.numel():
+                self._file.write(data.numpy().data)
+            done += data.numel()
+        if done != n:
+            raise ValueError(f"ShardedWriter: {name!r}: pieces of {done} bytes for the declared "
+                             f"{list(shape)} {dtype} ({n} bytes)")
         self.bytes_written += n
 
     def copy_raw(self, name: str, loc: TensorLocation):

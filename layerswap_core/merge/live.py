@@ -12,7 +12,8 @@ expert as three models and copying one for the merge holds about eight checkpoin
   the last plan: "base", "task" and "lang" are plans that copy every tensor from that model, a
   merge is the plan of its ``MergeConfig``. Switching roles costs about one read of the changed
   tensors.
-* Blends are computed one tensor at a time in float32 (methods.py) and cast into the parameter.
+* Blends are computed one tensor at a time by ``apply.source_rows`` (the disk executor's function),
+  in float32 row blocks of bounded size, each cast into its rows of the parameter.
 
 dtype: ``live_dtype`` picks float32 for small models on the CPU (faster there and bit-identical
 to the float32 models the app evaluated before) and the checkpoint's own dtype otherwise (bf16 for
@@ -27,22 +28,19 @@ from typing import Iterator
 
 import torch
 
-from . import methods
 from ..checkpoints.reading import CheckpointReader, ST_TO_DTYPE
 from ..checkpoints.writing import release_freed_memory
 from ..progress import Progress
 from ..progress import say as _say
-from .executor import Inputs, MergeError, check_finite, open_inputs, state_magnitude_weights
+from .apply import magnitude_weights, source_rows
 from .config import MergeConfig
+from .errors import MergeError
+from .executor import Inputs, open_inputs
 from .partition import ConfigError
 from .plan import MergePlan, build_plan
 from .registry import Source
 
 ROLES = ("base", "task", "lang")
-# Element-wise methods are computed in row blocks of at most this many float32 bytes, so a blended
-# embedding matrix (e.g. 128k x 4096) never needs three float32 copies of itself at once.
-BLOCK_BYTES = 64 << 20
-ELEMENTWISE = ("linear", "task_arithmetic")
 # Below this many parameters a CPU live model is float32 (see the module docstring): at most
 # 2 GB, and the outputs equal the float32 evaluations published in the README.
 SMALL_MODEL_PARAMS = 500_000_000
@@ -82,17 +80,6 @@ class MappedCheckpoint(Mapping):
         """Drop this process's hold on the mapped pages (they stay in the page cache, and are
         read again when touched)."""
         self.reader.release()
-
-
-def _row_blocks(param: torch.Tensor, method: str) -> list[slice | None]:
-    """Row slices to compute ``method`` in: [None] for the whole tensor, or blocks of rows for
-    element-wise methods on large tensors (bounded float32 temporaries)."""
-    rows = param.shape[0] if param.dim() else 1
-    per_row = 4 * (param.numel() // max(rows, 1))
-    if param.dim() == 0 or method not in ELEMENTWISE or per_row * rows <= BLOCK_BYTES:
-        return [None]
-    step = max(1, BLOCK_BYTES // max(per_row, 1))
-    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
 def _contiguous_head_input(model) -> None:
@@ -218,7 +205,10 @@ class LiveModel:
     def magnitude(self) -> tuple[float, float]:
         """Magnitude-adjusted (w_task, w_lang), read once from the mapped checkpoints."""
         if self._magnitude is None:
-            self._magnitude = state_magnitude_weights(self.sources, self.names)
+            self._magnitude = magnitude_weights(
+                lambda role, n, rows: self.sources[role][n] if rows is None
+                else self.sources[role][n][rows], self.sources, self.names,
+                lambda n: tuple(self.params[n].shape))
             self.release()
         return self._magnitude
 
@@ -251,17 +241,13 @@ class LiveModel:
             nbytes += sum(self.sources[m].nbytes(n) for m in src.models)
             if src.method == "copy" and self.sources[src.model].read_into(n, param):
                 continue  # read straight into the parameter
-            inputs = [self.sources[m][n] for m in src.models]
-            if src.method == "copy":
-                param.copy_(inputs[0])
-                continue
-            for rows in _row_blocks(param, src.method):
-                part = [(t if rows is None else t[rows]).to(param.device) for t in inputs]
-                out = methods.apply(src.method, part, src.weights, src.kwargs()).to(param.dtype)
-                check_finite(n, out, part, src, "non-finite result refused; the next plan "
-                                                "rewrites every tensor")
-                (param if rows is None else param[rows]).copy_(out)
-                del out, part
+            views = {m: self.sources[m][n] for m in src.models}
+            for rows, value in source_rows(
+                    n, src, param.shape, lambda m, rows: views[m] if rows is None else views[m][rows],
+                    param.dtype, param.device,
+                    "non-finite result refused; the next plan rewrites every tensor"):
+                (param if rows is None else param[rows]).copy_(value)
+            del views
         self.plan, self.label = plan, label
         self.release()
         release_freed_memory()

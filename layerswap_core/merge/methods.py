@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -66,15 +66,31 @@ def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -
     return out
 
 
-def trim(delta: torch.Tensor, density: float) -> torch.Tensor:
+def trim_threshold(delta: torch.Tensor, density: float) -> torch.Tensor | None:
+    """The magnitude ``trim`` keeps ``delta``'s entries at or above: the k-th largest |delta| of
+    the WHOLE tensor, k = int(density * n) (at least 1); None when density >= 1 (nothing trimmed).
+    Computed once per tensor, so that the trim can then be applied to row blocks."""
+    if density >= 1:
+        return None
+    return kth_largest(delta.abs().reshape(-1), density)
+
+
+def kth_largest(mags: torch.Tensor, density: float) -> torch.Tensor:
+    """The k-th largest value of the flat ``mags``, k = int(density * n) (at least 1)."""
+    k = max(1, int(density * mags.numel()))
+    return mags.kthvalue(mags.numel() - k + 1).values
+
+
+def trim(delta: torch.Tensor, density: float, threshold: torch.Tensor | None = None) -> torch.Tensor:
     """Zero all but the largest-magnitude entries of ONE tensor (trimming is per tensor, as in
     mergekit): keep |delta| >= the k-th largest |delta|, k = int(density * n) (at least 1).
-    Entries tied with the k-th are all kept (deterministic; mergekit keeps exactly k)."""
+    Entries tied with the k-th are all kept (deterministic; mergekit keeps exactly k).
+    ``threshold``: that k-th value when ``delta`` is a row block of the tensor (``trim_threshold``
+    of the whole delta); computed from ``delta`` itself when not given."""
     if density >= 1:
         return delta
-    mags = delta.abs().reshape(-1)
-    k = max(1, int(density * mags.numel()))
-    threshold = mags.kthvalue(mags.numel() - k + 1).values
+    if threshold is None:
+        threshold = trim_threshold(delta, density)
     return delta * (delta.abs() >= threshold)
 
 
@@ -92,7 +108,8 @@ def check_ties_args(density: float, lam: float):
           "the summed deltas (a zero sum counts as positive, as in mergekit), average the deltas "
           "that agree with it (disjoint mean), base + lam * mean")
 def ties(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None, *,
-         density: float = 0.2, lam: float = 1.0) -> torch.Tensor:
+         density: float = 0.2, lam: float = 1.0,
+         thresholds: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
     """TIES-merging of one tensor, as mergekit's ``ties`` computes it (consensus "sum").
 
     Each expert's delta from the base is trimmed within this tensor (``trim``), times its weight;
@@ -103,8 +120,9 @@ def ties(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None
     check_ties_args(density, lam)
     base = tensors[0].float()
     weights = list(weights or [1.0] * (len(tensors) - 1))
-    deltas = torch.stack([float(w) * trim(t.float() - base, density)
-                          for t, w in zip(tensors[1:], weights)])
+    thresholds = list(thresholds or [None] * (len(tensors) - 1))
+    deltas = torch.stack([float(w) * trim(t.float() - base, density, thr)
+                          for t, w, thr in zip(tensors[1:], weights, thresholds)])
     elected = torch.where(deltas.sum(dim=0) >= 0, 1.0, -1.0)
     agree = torch.sign(deltas) == elected  # a zero delta has sign 0: never agrees
     w = torch.tensor(weights, dtype=torch.float32, device=base.device)
@@ -115,12 +133,50 @@ def ties(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None
     return base + float(lam) * merged
 
 
+def ties_thresholds(blocks: Callable[[], Iterable[Sequence[torch.Tensor]]], numel: int,
+                    experts: int, density: float = 0.2, **_) -> dict:
+    """{"thresholds": each expert's trim threshold over the WHOLE tensor} (``trim_threshold``).
+
+    ``blocks()`` yields the inputs (base first) of each row block of the tensor, in order; the
+    magnitudes |expert - base| of one expert at a time are gathered in one float32 buffer (the
+    size of the tensor), so no other whole-tensor copy is held."""
+    if density >= 1 or numel == 0:
+        return {}
+    thresholds = []
+    for k in range(1, experts + 1):
+        mags, pos = None, 0
+        for part in blocks():
+            d = (part[k].float() - part[0].float()).abs().reshape(-1)
+            if mags is None:
+                mags = torch.empty(numel, dtype=torch.float32, device=d.device)
+            mags[pos:pos + d.numel()] = d
+            pos += d.numel()
+        thresholds.append(kth_largest(mags, density))
+        del mags
+    return {"thresholds": thresholds}
+
+
+# Methods whose result at each position depends on the inputs at that position only (given the
+# whole-tensor statistics of ``WHOLE_TENSOR``): they are computed in row blocks of bounded size.
+ROW_WISE = ("copy", "linear", "task_arithmetic", "ties")
+# method -> function(blocks, numel, **kwargs) of the whole tensor's statistics, as extra keyword
+# arguments that make the method's result on a row block equal those rows of its result on the
+# whole tensor (``ties_thresholds``).
+WHOLE_TENSOR: dict[str, Callable[..., dict]] = {"ties": ties_thresholds}
+
+
 def apply(method: str, tensors: Sequence[torch.Tensor], weights, kwargs: dict | None = None) -> torch.Tensor:
     """Run one registered method (float32 result)."""
     return get_method(method).fn(tensors, weights, **(kwargs or {}))
 
 
 # --------------------------------------------------------------------------- magnitude weights
+def row_mean_abs_delta(tensor: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Each row's mean |tensor - base| in float32 (a 1-D tensor is one row)."""
+    d = (tensor.float() - base.float()).abs()
+    return d.reshape(1, -1).mean(dim=1) if d.dim() == 1 else d.mean(dim=1)
+
+
 class MagnitudeAccumulator:
     """Streaming mean row-wise mean-absolute delta from the base, per expert.
 
@@ -140,8 +196,10 @@ class MagnitudeAccumulator:
     def add(self, expert: str, tensor: torch.Tensor, base: torch.Tensor):
         if not self.eligible(tensor.shape):
             return
-        d = (tensor.float() - base.float()).abs()
-        row_means = d.reshape(1, -1).mean(dim=1) if d.dim() == 1 else d.mean(dim=1)
+        self.add_row_means(expert, row_mean_abs_delta(tensor, base))
+
+    def add_row_means(self, expert: str, row_means: torch.Tensor):
+        """Add one tensor's row means (``row_mean_abs_delta``, all its rows at once)."""
         self.sums[expert] += float(row_means.double().sum())
         self.rows[expert] += row_means.numel()
 

@@ -116,7 +116,7 @@ def demo_nll_table(limit: int | None = None, threads: int | None = 1, rows=DEMO_
     ``rows``: a subset of DEMO_ROWS (e.g. to split the work over processes)."""
     import torch
 
-    from ..merge.executor import Recomposer
+    from ..merge.live import LiveModel
     from ..merge.config import MergeConfig
     from .sft_data import heldout_nll
 
@@ -142,15 +142,15 @@ def demo_nll_table(limit: int | None = None, threads: int | None = 1, rows=DEMO_
         del model
     if not {"layer swap", "uniform soup"} & set(rows):
         return table
-    rec = Recomposer.from_refs(DEMO_TASK, DEMO_LANG, device="cpu", dtype=torch.float32)
-    num_layers = rec.arch.num_layers
+    live = LiveModel.from_refs(DEMO_TASK, DEMO_LANG, device="cpu", dtype=torch.float32)
+    num_layers = live.arch.num_layers
     swap = MergeConfig.default_for(num_layers)
     if "layer swap" in rows:
-        rec.apply(swap)
-        measure(f"layer swap ({swap.describe(num_layers)})", rec.model, rec.tokenizer)
+        live.show(swap)
+        measure(f"layer swap ({swap.describe(num_layers)})", live.model, live.tokenizer)
     if "uniform soup" in rows:
-        rec.apply(MergeConfig(method="soup", w_task=1.0, w_lang=1.0))
-        measure("uniform soup (1:1)", rec.model, rec.tokenizer)
+        live.show(MergeConfig(method="soup", w_task=1.0, w_lang=1.0))
+        measure("uniform soup (1:1)", live.model, live.tokenizer)
     return table
 
 

@@ -1,0 +1,105 @@
+"""One function from a plan's Source to a tensor (merge/apply.py), for the disk executor and the
+live model alike: every registered method gives the same tensors on disk and in memory, whole or
+in row blocks, and the disk merge streams blends block by block into the shard."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from layerswap_core.checkpoints.reading import CheckpointReader
+from layerswap_core.checkpoints.writing import ShardedWriter
+from layerswap_core.merge import apply, methods
+from layerswap_core.merge.config import MergeConfig
+from layerswap_core.merge.executor import merge_to_folder
+from layerswap_core.merge.live import LiveModel
+from layerswap_core.merge.registry import MERGE_METHODS, Source
+
+CONFIGS = {
+    "layer_swap": MergeConfig(bottom=2, top=1, transition_bottom=1, transition_top=1,
+                              w_task=0.7, w_lang=0.3),
+    "layer_swap magnitude": MergeConfig(bottom=1, top=1, transition_bottom=2,
+                                        magnitude_weights=True),
+    "soup": MergeConfig(method="soup", w_task=3.0, w_lang=1.0),
+    "magnitude_soup": MergeConfig(method="magnitude_soup"),
+    "task_arithmetic": MergeConfig(method="task_arithmetic", lambda_task=0.8, lambda_lang=0.6),
+    "ties": MergeConfig(method="ties", ties_density=0.3, ties_lambda=0.9),
+}
+
+
+def tensors(folder) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+@pytest.fixture(scope="module")
+def live(tiny, one_thread):
+    return LiveModel.from_refs(tiny["task"], tiny["lang"], tiny["base"], dtype=torch.float32)
+
+
+def test_every_registered_method_is_covered():
+    assert set(MERGE_METHODS) <= {c.method for c in CONFIGS.values()}
+
+
+@pytest.mark.parametrize("block_bytes", [None, 4096])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_disk_and_live_model_give_identical_tensors(live, tiny, tmp_path, monkeypatch, name,
+                                                    block_bytes):
+    if block_bytes:  # every blend of the tiny models in many row blocks, on disk and in memory
+        monkeypatch.setattr(apply, "BLOCK_BYTES", block_bytes)
+    cfg = CONFIGS[name]
+    disk = tensors(merge_to_folder(cfg, tiny["task"], tiny["lang"], tiny["base"], tmp_path / "m"))
+    live.show("base")
+    live.show(cfg)
+    params = dict(live.model.named_parameters())
+    assert set(disk) <= set(params)
+    for n, t in disk.items():
+        assert torch.equal(params[n].detach(), t), n
+    base = tensors(tiny["base"])
+    assert any(not torch.equal(disk[n], base[n]) for n in disk)  # a merge, not the base
+
+
+def test_row_blocks_equal_the_whole_tensor_for_ties(tiny, monkeypatch):
+    """TIES's trim keeps the top magnitudes of the WHOLE tensor: in row blocks the threshold is
+    taken once over the whole tensor, so a block trims as the whole would (a per-block top-k
+    would keep a different set)."""
+    readers = {r: CheckpointReader(tiny[r]) for r in ("base", "task", "lang")}
+    n = "model.embed_tokens.weight"
+    src = Source("ties", ("base", "task", "lang"), (1.0, 1.0), (("density", 0.1), ("lam", 1.0)))
+    shape = readers["task"].shape(n)
+    fetch = lambda m, rows: readers[m].read_rows(n, rows)  # noqa: E731
+    whole = methods.apply("ties", [readers[m].read(n) for m in src.models], src.weights,
+                          src.kwargs())
+    monkeypatch.setattr(apply, "BLOCK_BYTES", 1 << 16)
+    blocks = list(apply.source_rows(n, src, shape, fetch, torch.float32))
+    assert len(blocks) > 10 and blocks[0][0].start == 0 and blocks[-1][0].stop == shape[0]
+    assert torch.equal(torch.cat([v for _, v in blocks]), whole)
+    per_block = torch.cat([methods.apply("ties", [fetch(m, rows) for m in src.models],
+                                         src.weights, src.kwargs()) for rows, _ in blocks])
+    assert not torch.equal(per_block, whole)  # what blocks without the whole threshold would give
+
+
+def test_read_rows_and_write_rows_round_trip(tiny, tmp_path):
+    reader = CheckpointReader(tiny["task"])
+    n = "model.embed_tokens.weight"
+    full = reader.read(n)
+    rows = [slice(0, 7), slice(7, 1000), slice(1000, full.shape[0])]
+    pieces = [reader.read_rows(n, r) for r in rows]
+    assert torch.equal(torch.cat(pieces), full)
+    w = ShardedWriter(tmp_path, "1GB")
+    w.declare(n, full.shape, full.dtype)
+    w.declare("scalar", (), torch.float32)
+    w.write_rows(n, iter(pieces))
+    w.write_rows("scalar", [torch.tensor(2.5)])
+    w.finish()
+    w.close()
+    got = tensors(tmp_path)
+    assert torch.equal(got[n], full) and got["scalar"].item() == 2.5
+    w = ShardedWriter(tmp_path / "short", "1GB")
+    (tmp_path / "short").mkdir()
+    w.declare(n, full.shape, full.dtype)
+    with pytest.raises(ValueError, match="pieces of"):
+        w.write_rows(n, pieces[:2])
+    w.close()
