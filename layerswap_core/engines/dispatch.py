@@ -159,6 +159,13 @@ class Dispatcher:
         return report
 
     # ---- running
+    @contextmanager
+    def hold(self, job: J.Job, progress: Progress | None = None):
+        """The visitor's slot for work done in this process without an engine (saving,
+        analysing deltas): yields the guarded progress (Cancel, the time budget)."""
+        with self.claim(job) as v:
+            yield self._guard(v, time.monotonic() + self.job_seconds, progress)
+
     def _run_one(self, job: J.Job, v: Visitor, guard: Progress):
         if self.placement == "zerogpu":
             guard(0.0, "waiting for the GPU")
@@ -242,9 +249,11 @@ def _zero_stream_task(job: J.Job):
 _decorated: dict[str, object] = {}
 
 
-def gpu(fn, duration=None):
+def gpu(fn=None, *, duration=None):
     """``spaces.GPU(fn, duration=...)`` when the spaces package is installed (a no-op off
-    ZeroGPU); ``fn`` itself without it."""
+    ZeroGPU); ``fn`` itself without it. Also as ``@gpu(duration=...)``."""
+    if fn is None:
+        return lambda f: gpu(f, duration=duration)
     try:
         import spaces
     except ImportError:

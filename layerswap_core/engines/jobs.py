@@ -47,7 +47,9 @@ class Job:
         tokens = int(self.settings.get("max_new_tokens", 0) or 0)
         if self.kind == "chat":
             return tokens
-        models = len(self.what) if isinstance(self.what, dict) and self.kind == "evaluate" else 1
+        if "work_items" in self.settings:   # a registered kind says how many answers it makes
+            return tokens * int(self.settings["work_items"])
+        models = len(self.what) if isinstance(self.what, (dict, list)) else 1
         return tokens * max(1, len(self.items)) * models
 
 
@@ -112,7 +114,10 @@ def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
 def split(job: Job, chunk_items: int) -> list[Job]:
     """An evaluation as chunks of one model and at most ``chunk_items`` items (same prompts,
     same exemplars and batches of that size: the outputs do not depend on the chunking when the
-    batch size is the chunk size). Other kinds: the job itself."""
+    batch size is the chunk size). A sweep (``what``: a list of configurations) is one
+    evaluation per configuration, of all its items. Other kinds: the job itself."""
+    if job.kind == "sweep":
+        return [replace(job, kind="evaluate", what={"merged": what}) for what in job.what]
     if job.kind != "evaluate" or not isinstance(job.what, dict):
         return [job]
     settings = {**job.settings, "batch_size": chunk_items}
@@ -123,7 +128,10 @@ def split(job: Job, chunk_items: int) -> list[Job]:
 
 
 def combine(job: Job, parts: list[dict]) -> dict:
-    """The results of ``split(job)``'s chunks as one evaluation result (summaries recomputed)."""
+    """The results of ``split(job)``'s chunks as one evaluation result (summaries recomputed);
+    a sweep's: the summary of each configuration, in order."""
+    if job.kind == "sweep":
+        return [part["summary"][0] for part in parts]
     if job.kind != "evaluate" or len(parts) == 1:
         return parts[0]
     from ..evaluation.runner import summarize
