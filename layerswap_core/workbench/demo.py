@@ -159,8 +159,8 @@ def measured_markdown() -> str:
 def _demo_result_job(engine, job, progress=None) -> dict:
     """The "demo_result" job kind: ``reproduce_demo_result`` on the job's engine (settings: n,
     n_validation, max_new_tokens)."""
-    return reproduce_demo_result(job.trio.refs, live=engine.live, progress=progress,
-                                 **job.settings)
+    settings = {k: v for k, v in job.settings.items() if k != "work_items"}
+    return reproduce_demo_result(job.trio.refs, live=engine.live, progress=progress, **settings)
 
 
 register_kind("demo_result", _demo_result_job)
