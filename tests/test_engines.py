@@ -211,3 +211,49 @@ def test_engines_fit_the_free_memory_with_a_margin():
     assert fitting_engines(eight_b, 70 << 30) == 3      # a 70 GiB ZeroGPU slice
     assert fitting_engines(eight_b, 16 << 30) == 1      # never none
     assert fitting_engines(135_000_000 * 4, 16 << 30) == 8   # capped
+
+
+# --------------------------------------------------------------------------- ZeroGPU
+def test_zerogpu_emulation_runs_the_apps_jobs_like_the_cpu(tiny, tmp_path, one_thread):
+    """The real ``spaces`` package, its device API emulated on loopback (tests/zerogpu_harness.py,
+    a process of its own): the app's build, evaluation and chat pickle to a forked worker and
+    back, the main process's preloaded weights stay as they were, a second call reuses the
+    worker, and every output equals the CPU path's, token for token."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench.chat import chat_turn
+    from layerswap_core.workbench.evaluate import evaluate_roles
+
+    if importlib.util.find_spec("spaces") is None:
+        pytest.skip("the spaces package is not installed (requirements-dev.txt)")
+    refs = [str(tiny[r]) for r in ("base", "task", "lang")]
+    out = tmp_path / "zerogpu.json"
+    harness = Path(__file__).with_name("zerogpu_harness.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(harness.parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    run = subprocess.run([sys.executable, str(harness), *refs, str(out)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    zero = json.loads(out.read_text())
+
+    session, _ = wb.open_session(*refs)
+    build = wb.build(session, wb.make_config(session, "layer swap", 2, 1))
+    cpu = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False, ("base", "merged"), 8)
+    chat = list(chat_turn(session, "Habari?", [], "merged", max_new_tokens=12))[-1]
+
+    assert "on ZeroGPU" in zero["line"]
+    assert (zero["changed"], zero["total"]) == (build.changed, build.total)
+    assert zero["evaluations"][0] == zero["evaluations"][1] == cpu.raw.rows
+    assert zero["summaries"][0] == cpu.raw.summary
+    assert zero["chat"] == chat.history[-1]["content"] and zero["chat"].strip()
+    assert zero["main_weights_unchanged"]
+    assert len(set(zero["pids"])) == 1 and zero["main_pid"] not in zero["pids"]
+    # one worker for the calls, one for the stream: each allowed once, then reused
+    assert zero["calls"].count("/allow") == 2 and zero["calls"].count("/schedule") >= 6
+    assert zero["calls"].count("/release") == zero["calls"].count("/schedule")

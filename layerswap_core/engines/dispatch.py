@@ -34,6 +34,9 @@ from . import jobs as J
 from .pool import EnginePool, Trio
 
 ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
+# the device of the engines in a ZeroGPU worker ("cuda"; the offline emulation in tests/ uses the
+# CPU of a machine without a GPU)
+ZERO_DEVICE = os.environ.get("LAYERSWAP_ZERO_DEVICE", "cuda")
 LIGHT = ("show",)   # job kinds a visitor may run beside their heavy job
 
 

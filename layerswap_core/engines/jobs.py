@@ -14,6 +14,7 @@ registered from above with ``register_kind`` (e.g. the workbench's demo result).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
@@ -81,7 +82,8 @@ def _show_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     res = show(engine, job.what, progress)
     plan = engine.live.plan
     return {"label": res.label, "rewritten": res.rewritten, "total": res.total,
-            "seconds": res.seconds, "summary": plan.summary_text() if plan is not None else ""}
+            "seconds": res.seconds, "summary": plan.summary_text() if plan is not None else "",
+            "pid": os.getpid()}   # the process that holds the engine (a ZeroGPU worker's)
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -159,8 +159,10 @@ class Session:
     @property
     def trio(self) -> Trio:
         """The engine this session's jobs run on (shared with every visitor on these models)."""
+        from ..engines.dispatch import ZERO_DEVICE
+        zero = dispatcher().placement == "zerogpu"
         return Trio(self.refs["task"], self.refs["lang"], self.refs.get("base"),
-                    device="cuda" if dispatcher().placement == "zerogpu" else self.device)
+                    device=ZERO_DEVICE if zero else self.device)
 
     def what(self, role: str):
         """What a job shows for ``role``: "base", "task", "lang", or "merged" (the last build,

@@ -33,7 +33,7 @@ def start(refs: dict[str, str]) -> str:
     d = dispatch.default()
     if ZERO_GPU:
         import spaces  # noqa: F401 - before anything initialises CUDA
-        trio = Trio(refs["task"], refs["lang"], refs.get("base"), device="cuda")
+        trio = Trio(refs["task"], refs["lang"], refs.get("base"), device=dispatch.ZERO_DEVICE)
         dispatch.preload(trio)
         pool = dispatch._ZERO_POOL
     else:
