@@ -27,13 +27,13 @@ from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            english_twins, plain_history)
 from layerswap_core.workbench.deltas import delta_views, suggest
-from layerswap_core.workbench.demo import measured_markdown, reproduce_demo_result, sweep_markdown
+from layerswap_core.workbench.demo import measured_markdown, sweep_markdown
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, evaluate_roles,
                                                evaluation_note)
 from layerswap_core.workbench.served import (LIMITS, Access, offered_models, readable_error,
                                              served_mode)
 from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
-from layerswap_core.workbench.spaces import GPU
+from layerswap_core.workbench import spaces
 
 TITLE = "layerswap: compose math and language experts by swapping layers"
 INTRO = (
@@ -150,20 +150,20 @@ def gr_progress(progress: gr.Progress):
     return lambda frac, msg: progress(frac, desc=msg)
 
 
-# --------------------------------------------------------------------------- GPU work
-# Plain arguments in, plain results out: on a ZeroGPU Space these calls get the GPU.
-@GPU
+# --------------------------------------------------------------------------- model work
+# Every call below is a plain-data job of the one dispatcher (layerswap_core.engines): in this
+# process on a CPU or a dedicated GPU, in a spaces.GPU worker on ZeroGPU.
 def run_evaluate(session, args: tuple, progress) -> EvalResult:
     return evaluate_roles(session, *args, progress=progress)
 
 
-@GPU
-def run_demo_result(refs: dict, n: int, progress) -> dict:
-    return reproduce_demo_result(refs, n=n, n_validation=min(n, 20), progress=progress,
-                                 max_new_tokens=128)
+def run_demo_result(session, n: int, progress) -> dict:
+    n_validation = min(n, 20)
+    job = session.job("demo_result", n=n, n_validation=n_validation, max_new_tokens=128,
+                      work_items=6 * (2 * n + n_validation))
+    return wb.dispatcher().run(job, progress)
 
 
-@GPU
 def run_chats(session, message, merged_history, other_history, other, settings, deadline):
     """The merged model's answer, then the other model's: (role, ChatReply) as they grow."""
     for role, history in (("merged", merged_history), (other, other_history)):
@@ -177,6 +177,7 @@ class Page:
 
     def __init__(self, refs: dict[str, str], access: Access):
         self.refs, self.access = refs, access
+        self.engines = spaces.start(refs)   # where jobs run, how many live models fit
 
     # ---- derived views
     def cleared(self) -> dict:
@@ -268,9 +269,8 @@ class Page:
         """Statistics (cached) and figures at the data-derived threshold, with the current plan
         drawn over the language expert's changes."""
         session = wb.require(v[self.session])
-        with session.job():
-            views = delta_views(session, None, v[self.metric], v[self.log_scale],
-                                gr_progress(progress), matrices_only=v[self.matrices_only])
+        views = delta_views(session, None, v[self.metric], v[self.log_scale],
+                            gr_progress(progress), matrices_only=v[self.matrices_only])
         tau_task, tau_lang = views.thresholds
         return {**self.delta_outputs(session, views, v, "Delta statistics ready (tau = "
                                      f"{tau_task:.2e} for both experts; move each slider to set "
@@ -304,8 +304,7 @@ class Page:
     def build(self, v, progress=gr.Progress()):
         session = wb.require(v[self.session])
         config = self.config(v, session)
-        with session.job():
-            result = wb.build(session, config, gr_progress(progress))
+        result = wb.build(session, config, gr_progress(progress))
         return {self.build_md: ok(result.markdown()), self.config_yaml: config.to_yaml(),
                 **self.banner(session), self.eval_md: "", self.chat_md: ""}
 
@@ -313,9 +312,8 @@ class Page:
     def save(self, v, progress=gr.Progress()):
         session = wb.require(v[self.session])
         config = self.config(v, session)
-        with session.job():
-            out = wb.save(session, config, v[self.folder], v[self.overwrite],
-                          gr_progress(progress))
+        out = wb.save(session, config, v[self.folder], v[self.overwrite],
+                      gr_progress(progress))
         return {self.build_md: ok(f"Saved to `{out}`.")}
 
     @guarded("build_md")
@@ -328,9 +326,8 @@ class Page:
     def push(self, v, progress=gr.Progress()):
         session = wb.require(v[self.session])
         config = self.config(v, session)
-        with session.job():
-            url = wb.push_to_hub(session, config, v[self.repo_id], v[self.private],
-                                 gr_progress(progress))
+        url = wb.push_to_hub(session, config, v[self.repo_id], v[self.private],
+                             gr_progress(progress))
         return {self.build_md: ok(f"Pushed to {url}")}
 
     def cancel_into(self, line):
@@ -338,7 +335,7 @@ class Page:
         on ``line``."""
         def cancel(v):
             session = v[self.session]
-            if session is None or not session.request_cancel():
+            if not wb.cancel(session):
                 gr.Info("Nothing is running.")
                 return gr.skip()
             return {line: "■ Cancelling after the current step..."}
@@ -351,8 +348,7 @@ class Page:
         roles = tuple(r for r, label in wb.ROLE_LABELS.items() if label in v[self.roles])
         args = (v[self.source], v[self.eval_lang], v[self.n_items], v[self.shots], v[self.cot],
                 roles, v[self.eval_tokens], v[self.chat_template])
-        with session.job():
-            res = run_evaluate(session, args, gr_progress(progress))
+        res = run_evaluate(session, args, gr_progress(progress))
         return {self.eval_md: ok(evaluation_note(res)),
                 self.summary: res.summary_rows, self.bars: res.figure,
                 self.items_table: pd.DataFrame(res.rows, columns=res.headers)}
@@ -362,10 +358,9 @@ class Page:
     def sweep(self, v, progress=gr.Progress()):
         session = wb.require(v[self.session])
         config = self.config(v, session)
-        with session.job():
-            res = sweep_grid(session, config, v[self.axes], v[self.xs], v[self.ys],
-                             v[self.sweep_source], v[self.sweep_lang], v[self.sweep_n],
-                             v[self.sweep_shots], v[self.sweep_metric], gr_progress(progress))
+        res = sweep_grid(session, config, v[self.axes], v[self.xs], v[self.ys],
+                         v[self.sweep_source], v[self.sweep_lang], v[self.sweep_n],
+                         v[self.sweep_shots], v[self.sweep_metric], gr_progress(progress))
         msg = f"Swept {len(res.rows)} configurations"
         if res.best is not None:
             fx, fy = res.axes
@@ -382,8 +377,7 @@ class Page:
         """The demo table on a sample of the held-out variants, for the models picked (the
         embedded demo by default)."""
         n = int(v[self.demo_n])
-        refs = dict(wb.require(v[self.session]).refs)
-        res = run_demo_result(refs, n, gr_progress(progress))
+        res = run_demo_result(wb.require(v[self.session]), n, gr_progress(progress))
         return {self.demo_md: (f"{ok('Done')} in {res['seconds']:.0f} s: {n} variants per "
                                f"language (a sample; the measured table above uses 200)."
                                f"\n\n" + res["markdown"]
@@ -439,7 +433,8 @@ class Page:
     # ---- layout
     def layout(self):
         gr.Markdown(f"# {TITLE}\n{INTRO}")
-        gr.Markdown(self.access.describe(), elem_id="mode", elem_classes="status")
+        gr.Markdown(self.access.describe() + " " + self.engines, elem_id="mode",
+                    elem_classes="status")
         self.status = gr.Markdown("Loading the embedded demo...", elem_id="status",
                                   elem_classes="status")
         # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking

@@ -11,6 +11,11 @@ from typing import Callable
 Progress = Callable[[float, str], None]
 
 
+class Cancelled(Exception):
+    """The work was cancelled (a Cancel pressed, the visitor left); it stopped between two
+    steps."""
+
+
 def say(progress: Progress | None, fraction: float, message: str) -> None:
     """Report to ``progress`` (if any), with ``fraction`` kept within 0..1."""
     if progress is not None:

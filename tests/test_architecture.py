@@ -16,7 +16,8 @@ PACKAGE = "layerswap_core"
 LAYERS = [
     # the package root and the rooms' __init__ (docstrings, version, lazy API names and plugin
     # names: no static imports), the architectures' tensor names, the per-tensor merge methods
-    ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "workbench",
+    ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "engines",
+     "workbench",
      "checkpoints.architectures", "merge.methods", "merge.errors", "progress"),
     ("checkpoints.reading", "checkpoints.tokenizers"),   # tensors and headers; tokenizer identity
     ("checkpoints.writing",),                     # the sharded writer, output folders, the cache
@@ -31,6 +32,8 @@ LAYERS = [
      "evaluation.demo_result"),                   # evaluation
     ("training.config", "training.sft_data", "training.trainer", "training.recipes",
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
+    ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs
+    ("engines.dispatch",),                        # the one dispatcher (local, ZeroGPU)
     ("workbench.figures", "workbench.spaces", "workbench.served"),   # figures, the ZeroGPU shim,
                                                   # limits, access and one-line errors
     ("workbench.session",),                       # the session: models, configure, build tabs
@@ -204,7 +207,8 @@ def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
 
 # The rooms (sub-packages) bottom first; the data flows up this list only. Modules at the package
 # root (the lazy API, testing helpers) and the entry points are outside the rooms.
-ROOMS = ["checkpoints", "merge", "analysis", "evaluation", "training", "workbench", "cli"]
+ROOMS = ["checkpoints", "merge", "analysis", "evaluation", "training", "engines", "workbench",
+         "cli"]
 
 
 def room_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str]]:

@@ -98,16 +98,16 @@ def test_layer_diagram_splits_a_mixed_layer_by_parameter_count(session):
 
     cfg = wb.make_config(session, "layer swap", partition="custom", custom_rules="all : attention")
     fig, _ = wb.plan_view(session, cfg)
-    reader = session.inputs.readers["task"]
     attention, total = {}, {}
-    for name in session.param_names:
-        info = session.arch.classify(name)
-        if info.layer is None:
-            continue
-        n = math.prod(reader.shape(name))
-        total[info.layer] = total.get(info.layer, 0) + n
-        if info.kind in ATTENTION_KINDS:
-            attention[info.layer] = attention.get(info.layer, 0) + n
+    with CheckpointReader(session.paths["task"]) as reader:
+        for name in session.param_names:
+            info = session.arch.classify(name)
+            if info.layer is None:
+                continue
+            n = math.prod(reader.shape(name))
+            total[info.layer] = total.get(info.layer, 0) + n
+            if info.kind in ATTENTION_KINDS:
+                attention[info.layer] = attention.get(info.layer, 0) + n
     (lang_bar,) = [tr for tr in fig.data if tr.marker.color == fig.data[0].marker.color]
     shares = dict(zip(lang_bar.y, lang_bar.x))
     for layer, n in total.items():
@@ -121,12 +121,20 @@ def _tensor(folder, name):
         return r.get(name)
 
 
+def merged_state(session):
+    with wb.showing(session, "merged") as (model, _):
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+
 def test_build_in_memory_then_only_changed_layers(session, tiny):
+    with wb.showing(session, "task"):    # the engine shows the task expert
+        pass
     first = wb.build(session, swap(session, 2, 1))
-    # the live model starts as the task expert: only tensors from elsewhere are rewritten
-    not_task = [n for n, src in session.live().plan.sources.items() if src.model != "task"]
+    # from the task expert: only tensors from elsewhere are rewritten
+    not_task = [n for n, src in wb.merge_plan(session, swap(session, 2, 1)).sources.items()
+                if src.model != "task"]
     assert first.changed == len(not_task) < first.total
-    state = session.merged[0].state_dict()
+    state = merged_state(session)
     q = "model.layers.{}.self_attn.q_proj.weight"
     assert torch.equal(state[q.format(0)], _tensor(tiny["lang"], q.format(0)))
     assert torch.equal(state[q.format(3)], _tensor(tiny["task"], q.format(3)))
@@ -135,7 +143,7 @@ def test_build_in_memory_then_only_changed_layers(session, tiny):
     second = wb.build(session, swap(session, 3, 1))     # only layer 2 changes source
     assert time.perf_counter() - t0 < 5
     assert 0 < second.changed < first.total / 4
-    state = session.merged[0].state_dict()
+    state = merged_state(session)
     assert torch.equal(state[q.format(2)], _tensor(tiny["lang"], q.format(2)))
     assert "Built in memory" in second.markdown()
 
@@ -285,9 +293,7 @@ def test_sweep_grid(session):
     assert [r[2] for r in res.rows] == sorted(r[2] for r in res.rows)   # best (lowest NLL) first
     assert res.best == res.rows[0]
     assert {tuple(r[:2]) for r in res.rows} == {(0, 1), (2, 1), (0, 7)}
-    assert session.built_config.layer_counts(8) == (3, 2, 0, 0)   # the visitor's build is back
-    session.model("merged")
-    assert session.live().plan.config.layer_counts(8) == (3, 2, 0, 0)
+    assert session.built_config.layer_counts(8) == (3, 2, 0, 0)   # the visitor's build stays
     with pytest.raises(WorkbenchError, match="'0-9' is not a value or range within 0..8"):
         sweep_grid(session, swap(session, 2, 1), "bottom / top", "0-9", "0")
 
@@ -328,15 +334,15 @@ def test_chat_history_is_checked(session, history, words):
 
 
 def test_chat_keeps_the_newest_turns_that_fit_the_context(session):
-    model, tok = session.model("base")
     turns = [m for i in range(3) for m in
              ({"role": "user", "content": f"swali {i}: " + "maembe " * 60},
               {"role": "assistant", "content": f"jibu {i}"})]
-    messages, dropped = fit_context(model, tok, turns, "Habari?", 16)
-    assert context_tokens(model) == 512 and dropped >= 1
-    assert messages == turns[2 * dropped:] + [{"role": "user", "content": "Habari?"}]
-    assert fit_context(model, tok, turns, "Habari?", 256)[1] > dropped   # longer answer
-    assert fit_context(model, tok, turns[:2], "Habari?", 16)[1] == 0
+    with wb.showing(session, "base") as (model, tok):
+        messages, dropped = fit_context(model, tok, turns, "Habari?", 16)
+        assert context_tokens(model) == 512 and dropped >= 1
+        assert messages == turns[2 * dropped:] + [{"role": "user", "content": "Habari?"}]
+        assert fit_context(model, tok, turns, "Habari?", 256)[1] > dropped   # longer answer
+        assert fit_context(model, tok, turns[:2], "Habari?", 16)[1] == 0
     reply = list(chat_turn(session, "Habari?", turns, "base", max_new_tokens=16))[-1]
     assert reply.dropped == dropped and len(reply.history) == len(turns) + 2
     assert f"{dropped} earlier turn" in reply.note()
@@ -368,7 +374,7 @@ def test_cancel_stops_the_job_between_steps(session):
 
     def press_cancel(frac, msg):
         seen.append(msg)
-        session.cancel.set()         # the visitor presses Cancel during the first step
+        wb.cancel(session)           # the visitor presses Cancel during the first step
 
     with pytest.raises(Cancelled):
         evaluate_roles(session, "mgsm", "sw", n=2, shots=0, roles=("task",), max_new_tokens=4,
@@ -387,16 +393,29 @@ def test_push_needs_token_and_network(session, monkeypatch):
 
 
 def test_sessions_do_not_share_merged_models(session, tiny):
+    """Two visitors on the same models share one engine, each seeing their own build on it."""
     other, _ = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert other.id != session.id and other.trio == session.trio
     wb.build(session, swap(session, 2, 1))
     with pytest.raises(WorkbenchError, match="build the merged model first"):
-        other.model("merged")
+        other.what("merged")
     wb.build(other, swap(other, 0, 0))
-    assert session.merged[0] is not other.merged[0]
     q = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.equal(session.merged[0].state_dict()[q], other.merged[0].state_dict()[q])
+    mine, theirs = merged_state(session)[q], merged_state(other)[q]
+    assert torch.equal(mine, _tensor(tiny["lang"], q)) and torch.equal(theirs, _tensor(tiny["task"], q))
+    assert len([e for e in wb.dispatcher().pool.engines if e.trio == session.trio]) == 1
     wb.close_session(other)
-    assert other.merged is None
+    assert other.built_config is None and other.id not in wb.dispatcher().visitors
+
+
+def test_a_session_is_small_plain_data(session):
+    import pickle
+
+    wb.build(session, swap(session, 2, 1))
+    again = pickle.loads(pickle.dumps(session))
+    assert again.refs == session.refs and again.built_config == session.built_config
+    data = pickle.dumps(session)      # the delta statistics are most of it
+    assert b"LiveModel" not in data and b"Lock" not in data and len(data) < 1_000_000
 
 
 def test_peft_adapter_is_picked_as_a_dense_expert(tiny, tmp_path, monkeypatch):
@@ -419,10 +438,16 @@ def test_peft_adapter_is_picked_as_a_dense_expert(tiny, tmp_path, monkeypatch):
 
 
 def test_warm_up_loads_the_one_live_model(session):
-    wb.warm_up(session).join(timeout=120)
-    live = session.live()
-    assert session.live() is live
-    assert session.model("task")[0] is session.model("base")[0] is live.model
+    thread = wb.warm_up(session)       # None when the engine is loaded already
+    if thread is not None:
+        thread.join(timeout=120)
+    engines = [e for e in wb.dispatcher().pool.engines if e.trio == session.trio]
+    assert len(engines) == 1 and wb.warm_up(session) is None
+    with wb.showing(session, "task") as (task, _):
+        pass
+    with wb.showing(session, "base") as (base, _):
+        pass
+    assert task is base is engines[0].live.model
 
 
 def test_every_role_is_the_one_live_model_and_matches_its_checkpoint(session, tiny):
@@ -432,20 +457,22 @@ def test_every_role_is_the_one_live_model_and_matches_its_checkpoint(session, ti
     from layerswap_core.checkpoints.loading import load_model
 
     wb.build(session, swap(session, 2, 1))
-    live = session.live()
+    (engine,) = [e for e in wb.dispatcher().pool.engines if e.trio == session.trio]
+    live = engine.live
     ptrs = [p.data_ptr() for p in live.model.parameters()]
     prompts = ["Juma ana maembe 12.", "What is 2 + 3?"]
     for role in ("base", "task", "lang"):
-        model, tok = session.model(role)
-        assert model is live.model
         direct, _ = load_model(tiny[role])
-        for text in prompts:
-            ids = tok(text, return_tensors="pt")
-            assert model.generate(**ids, max_new_tokens=5, do_sample=False).tolist() == \
-                direct.generate(**ids, max_new_tokens=5, do_sample=False).tolist()
-    assert session.model("merged")[0] is live.model
+        with wb.showing(session, role) as (model, tok):
+            assert model is live.model
+            for text in prompts:
+                ids = tok(text, return_tensors="pt")
+                assert model.generate(**ids, max_new_tokens=5, do_sample=False).tolist() == \
+                    direct.generate(**ids, max_new_tokens=5, do_sample=False).tolist()
+    with wb.showing(session, "merged") as (model, _):
+        assert model is live.model
     assert [p.data_ptr() for p in live.model.parameters()] == ptrs
-    assert list(session._lives) == ["main"]
+    assert [e for e in wb.dispatcher().pool.engines if e.trio == session.trio] == [engine]
 
 
 def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny):
@@ -480,11 +507,8 @@ def test_the_embedded_demo_is_preselected_and_compatible():
     assert report.num_layers == 30
 
 
-def test_spaces_gpu_decorator_is_a_no_op_without_spaces():
+def test_spaces_gpu_decorator_is_a_no_op_off_zerogpu():
     from layerswap_core.workbench import spaces
-
-    if spaces.HAVE_SPACES:
-        pytest.skip("the spaces package is installed here")
 
     def work(x):
         return x + 1

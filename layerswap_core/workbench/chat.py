@@ -1,7 +1,9 @@
 """The Chat tab: one streamed answer per pane, from a conversation the page sends back.
 
-Every check that costs nothing runs first (message length, history shape and size, turns); the
-prompt keeps the newest turns that fit the model's context; a request stops at its deadline.
+Every check that costs nothing runs first (message length, history shape and size, turns); then
+one streaming job (``engines.jobs``, kind "chat") holds an engine from showing the model to the
+last token: the prompt keeps the newest turns that fit the model's context
+(``engines.jobs.fit_context``); a request stops at its deadline.
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
+from ..engines.jobs import context_tokens, fit_context  # noqa: F401  (the chat's context rules)
 from .served import LIMITS, WorkbenchError, bounded, capped
-from .session import Session
+from .session import Session, dispatcher
 
 # Examples per language of the language expert: short problems like the evaluated ones. A
 # language's examples show only when the language expert is in that language (``chat_examples``).
@@ -115,31 +118,6 @@ def plain_history(history: list | None) -> list[dict]:
     return out
 
 
-def context_tokens(model) -> int | None:
-    """The model's context window in tokens (None when its config does not say)."""
-    cfg = model.config
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return getattr(cfg, "max_position_embeddings", None)
-
-
-def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
-                ) -> tuple[list[dict], int]:
-    """The newest turns that fit the model's context with the new message and an answer of
-    ``max_new_tokens``; also how many earlier turns (question + answer) were left out."""
-    from ..checkpoints.tokenizers import encode_prompt
-    from ..evaluation.generation import chat_prompt
-
-    context = context_tokens(model)
-    question = {"role": "user", "content": text}
-    for dropped in range(len(turns) // 2 + 1):
-        messages = turns[2 * dropped:] + [question]
-        prompt_tokens = len(encode_prompt(tok, chat_prompt(tok, messages)))
-        if context is None or prompt_tokens + max_new_tokens <= context:
-            return messages, dropped
-    raise WorkbenchError(f"the message and a {max_new_tokens}-token answer do not fit the model's "
-                         f"context ({context} tokens): shorten the message or the answer")
-
-
 @dataclass
 class ChatReply:
     history: list[dict]       # the pane: the earlier turns, the question, the answer so far
@@ -166,31 +144,26 @@ def chat_turn(session: Session, message: str, history: list[dict] | None, role: 
 
     The prompt keeps the newest turns that fit the model's context; generation stops at
     ``deadline`` (``time.monotonic()``; default LIMITS.request_seconds from now)."""
-    from ..evaluation.generation import chat as generate_chat
-
     text = check_chat_message(message, history)
     max_new_tokens = bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
     turns = plain_history(history)
-    model, tok = session.model(role)
-    messages, dropped = fit_context(model, tok, turns, text, max_new_tokens)
+    what = session.what(role)
     deadline = time.monotonic() + LIMITS.request_seconds if deadline is None else deadline
     answer = {"role": "assistant", "content": ""}
-    reply = ChatReply(turns + [{"role": "user", "content": text}, answer], dropped,
-                      stopped=time.monotonic() >= deadline)
-    if not reply.stopped:
-        stream = generate_chat(model, tok, messages, max_new_tokens=max_new_tokens, stream=True,
-                               temperature=float(temperature),
-                               repetition_penalty=float(repetition_penalty),
-                               calculator=True)
-        try:
-            for so_far in stream:
-                answer["content"] = so_far
+    reply = ChatReply(turns + [{"role": "user", "content": text}, answer])
+    job = session.job("chat", what, turns=turns, text=text, max_new_tokens=max_new_tokens,
+                      temperature=float(temperature),
+                      repetition_penalty=float(repetition_penalty), deadline=deadline,
+                      calculator=True)
+    stream = dispatcher().stream(job)
+    try:
+        for out in stream:
+            answer["content"] = out["content"]
+            reply.dropped, reply.stopped = out["dropped"], out["stopped"]
+            if not reply.stopped or out["content"]:
                 yield reply
-                if time.monotonic() >= deadline:
-                    reply.stopped = True
-                    break
-        finally:
-            stream.close()  # ends the generation thread at its next token
+    finally:
+        stream.close()  # the engine goes back at once, even when the page stops listening
     if not answer["content"].strip():
         answer["content"] = ("(no answer: the time ran out)" if reply.stopped
                              else "(no answer: the model stopped at once)")

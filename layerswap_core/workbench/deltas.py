@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .served import Progress, WorkbenchError
-from .session import ROLE_LABELS, Session
+from .session import ROLE_LABELS, Session, dispatcher
 
 
 def analyze_deltas(session: Session, progress: Progress | None = None) -> dict[str, Any]:
@@ -18,13 +18,15 @@ def analyze_deltas(session: Session, progress: Progress | None = None) -> dict[s
 
     if not session.has_base:
         raise WorkbenchError("the delta views need the base model (Models tab)")
-    guard = session.begin(progress)
-    for i, role in enumerate(("task", "lang")):
-        if role not in session.stats:
-            guard(i / 2, f"delta statistics of the {ROLE_LABELS[role]}")
-            session.stats[role] = compute(
-                session.paths["base"], session.paths[role], label=ROLE_LABELS[role],
-                progress=lambda f, m, i=i: guard((i + f) / 2, m))
+    if all(role in session.stats for role in ("task", "lang")):
+        return session.stats
+    with dispatcher().hold(session.job("analyze"), progress) as guard:
+        for i, role in enumerate(("task", "lang")):
+            if role not in session.stats:
+                guard(i / 2, f"delta statistics of the {ROLE_LABELS[role]}")
+                session.stats[role] = compute(
+                    session.paths["base"], session.paths[role], label=ROLE_LABELS[role],
+                    progress=lambda f, m, i=i: guard((i + f) / 2, m))
     return session.stats
 
 

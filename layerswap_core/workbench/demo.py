@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from ..engines.jobs import register_kind
 from ..progress import Progress, say
 
 SWEEP = ((2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top) layer counts tried
@@ -54,18 +55,20 @@ def suggestion(refs: dict) -> dict:
 
 def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validation: int = 66,
                           progress: Progress | None = None, max_new_tokens: int = 192,
-                          dtype=None) -> dict:
+                          dtype=None, live=None) -> dict:
     """The demo table as data: ``summaries`` (per model and language: n, correct, accuracy,
     95% interval), ``comparisons`` (each layer swap vs each expert, McNemar), the ``sweep`` on
     the validation set and the chosen configuration, ``markdown`` and ``seconds``. ``dtype``:
-    the live model's (default: ``merge.live.live_dtype``, float32 for a small model on a CPU)."""
+    the live model's (default: ``merge.live.live_dtype``, float32 for a small model on a CPU).
+    ``live``: a ``LiveModel`` over these refs to use (an engine's); default: one made here."""
     from ..evaluation.demo_result import markdown_table, paired, score, score_models
     from ..evaluation.variants import variant_items
     from ..merge.config import MergeConfig
     from ..merge.live import LiveModel
 
     t0 = time.time()
-    live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
+    if live is None:
+        live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
     configs = _configs(live, refs)
 
     def shown(what):
@@ -151,3 +154,13 @@ def measured_markdown() -> str:
             f"({minutes:.0f} min on a 2-core CPU): accuracy on {res['n']} held-out variants per language, 95% "
             f"Wilson intervals, then exact McNemar tests of each swap against each expert.\n\n"
             + res["markdown"] + "\n\n" + sweep_markdown(res))
+
+
+def _demo_result_job(engine, job, progress=None) -> dict:
+    """The "demo_result" job kind: ``reproduce_demo_result`` on the job's engine (settings: n,
+    n_validation, max_new_tokens)."""
+    settings = {k: v for k, v in job.settings.items() if k != "work_items"}
+    return reproduce_demo_result(job.trio.refs, live=engine.live, progress=progress, **settings)
+
+
+register_kind("demo_result", _demo_result_job)

@@ -1,16 +1,17 @@
 """The Evaluate tab: the chosen models side by side on the first items of a data set.
 
-One live model shows each role in turn (``Session.model``); ``evaluation.runner`` does the
-prompting, generation and scoring.
+One job (``engines.jobs``, kind "evaluate") runs the roles on an engine shared with the other
+visitors on these models, in chunks of one model and a few items (``engines.jobs.split``), so
+another visitor's short job waits at most one chunk; ``evaluation.runner`` does the prompting,
+generation and scoring.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 from .served import LIMITS, Progress, WorkbenchError, bounded
-from .session import ROLE_LABELS, Session
+from .session import ROLE_LABELS, Session, dispatcher
 
 
 @dataclass
@@ -30,22 +31,22 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
     """Side-by-side evaluation of the chosen models on the first ``n`` items."""
     from . import figures as plots
     from ..evaluation.data import load_items
-    from ..evaluation.runner import run_side_by_side
+    from ..evaluation.runner import SideBySideResult, default_exemplars
 
     n = bounded("number of questions", n, 1, LIMITS.eval_questions)
     shots = bounded("shots", shots, 0, LIMITS.shots)
     max_new_tokens = bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
     if not roles:
         raise WorkbenchError("choose at least one model to evaluate")
-    guard = session.begin(progress)
-    with session.lock:
-        # one live model shows each role in turn (callables: run_side_by_side asks just in time)
-        models = {ROLE_LABELS[r]: functools.partial(session.model, r) for r in roles}
-        available = load_items(source, lang)
-        result = run_side_by_side(models, available[:n], shots=shots, cot=bool(cot),
-                                  chat_template=bool(chat_template),
-                                  max_new_tokens=max_new_tokens, progress=guard)
-        result.config["items_available"] = len(available)
+    what = {ROLE_LABELS[r]: session.what(r) for r in roles}
+    available = load_items(source, lang)
+    items = available[:n]
+    exemplars = default_exemplars(items, shots, cot=bool(cot))  # once, for every chunk
+    job = session.job("evaluate", what, items, shots=shots, cot=bool(cot),
+                      chat_template=bool(chat_template), max_new_tokens=max_new_tokens,
+                      exemplars=exemplars, with_nll=True)
+    result = SideBySideResult(**dispatcher().run(job, progress))
+    result.config["items_available"] = len(available)
     headers, rows = _table(result)
     return EvalResult(headers, rows, _summary_rows(result), plots.accuracy_bars(result.summary),
                       result)

@@ -17,17 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoints.references import EMBEDDED_PREFIX, is_adapter
-from ..progress import Progress
+from ..progress import Cancelled, Progress  # noqa: F401  (Cancelled: re-exported)
 
 
 
 # --------------------------------------------------------------------------- errors
 class WorkbenchError(ValueError):
     """A problem to show on the page as one readable sentence."""
-
-
-class Cancelled(Exception):
-    """The visitor pressed Cancel; the work stopped between two steps."""
 
 
 def readable_error(exc: BaseException) -> str:

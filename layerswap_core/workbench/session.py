@@ -8,12 +8,11 @@ validated ``MergeConfig`` from the controls, its plan drawn) and Build (in memor
 zip). The other tabs have a module each (``deltas``, ``evaluate``, ``sweep``, ``chat``); what
 visitors may touch, the limits and the one-line errors are in ``served``.
 
-Memory model: no model cache here. A session holds at most two live models
-(``merge.live.LiveModel``: the main one, which shows every role and the merge, and one for the
-second chat pane) over the memory-mapped checkpoints, whose pages are page cache shared by every
-session; ``checkpoints.loading.pick_device`` picks their device. The built config, the chosen
-references, the statistics and the results live in the ``Session`` that ``gr.State`` keeps per
-visitor.
+Memory model: a ``Session`` is plain data (references, the configuration built, statistics,
+results), kept per visitor by ``gr.State`` and freed when they leave (``close_session``). The
+live models are engines (``engines.pool``): one ``merge.live.LiveModel`` per trio of models,
+shared by every visitor on that trio, bounded in number, lent to one job at a time by the
+dispatcher (``engines.dispatch``), which runs them here or on ZeroGPU.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import math
 import os
 import tempfile
 import threading
-import time
+import uuid
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,9 +30,12 @@ from typing import Any
 from ..checkpoints.compatibility import ModelSet, open_models, problems as compatibility_problems
 from ..checkpoints.loading import describe, pick_device
 from ..checkpoints.references import DEFAULT_BASE, is_adapter
+from ..engines.dispatch import Dispatcher, default as default_dispatcher
+from ..engines.jobs import Job
+from ..engines.pool import Trio
 from ..merge import registry
 from ..progress import say as _say
-from .served import (HUB_ID, LIMITS, LOCAL, Access, Cancelled, Progress, WorkbenchError, capped,
+from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, capped,
                      check_replace, output_folder, readable_error, vet_reference)
 
 
@@ -123,112 +125,82 @@ def unchecked_rows(base, task, lang) -> list[list[str]]:
 
 # --------------------------------------------------------------------------- session
 class Session:
-    """One visitor's workbench: chosen models, merge config, merged model, results."""
+    """One visitor's workbench as plain data: the chosen references, the merge config last
+    built, the statistics and results. It pickles and holds no model, lock or open file: the
+    live models are engines shared by every visitor on the same models
+    (``engines.pool.EnginePool``), and everything that needs one is a job run by the one
+    dispatcher (``engines.dispatch``) under this session's ``id``."""
 
     def __init__(self, report: ModelsReport):
         if not report.ok:
             raise WorkbenchError("these models cannot be merged: " + "; ".join(report.problems))
+        self.id = uuid.uuid4().hex              # the visitor, for the dispatcher
         self.refs = dict(report.refs)
         self.names = dict(report.names or report.refs)
-        self.report = report
         self.access = report.access
         # headers only: architecture, output tensor names (tied heads dropped), checked once by
-        # check_models (the models tab); the live models map the files
+        # check_models (the models tab)
         inputs = report.models or open_models(
             {role: self.refs[role] for role in ("task", "lang", "base") if role in self.refs})
-        self.inputs = inputs
-        self.paths = dict(inputs.paths)
+        self.paths = {role: str(p) for role, p in inputs.paths.items()}
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
         self.param_names = list(inputs.names)
+        self.device = pick_device()
         self.kind_params: dict[int, dict[str, int]] | None = None  # see layer_kind_params
-        self.cancel = threading.Event()
-        self.lock = threading.RLock()       # one heavy job per session at a time
-        self.running = 0                    # jobs in progress (Cancel says whether one runs)
-        self._running_lock = threading.Lock()
         self.tau: float | None = None       # the threshold of the delta views last drawn
         self.stats: dict[str, Any] = {}     # role -> DeltaStats (base vs that expert)
         self.built_config = None            # MergeConfig of the last build (shown on demand)
-        self._lives: dict[str, Any] = {}    # slot -> LiveModel (at most two: main, chat pane)
-        self._live_lock = threading.Lock()
 
     @property
     def has_base(self) -> bool:
         return "base" in self.paths
 
-    def begin(self, progress: Progress | None) -> Progress:
-        """Start a step of work: forget an old Cancel (unless a ``job`` runs: a Cancel pressed
-        since it began counts), and return its guarded progress callback."""
-        if not self.running:
-            self.cancel.clear()
-        return self.guard(progress)
+    @property
+    def trio(self) -> Trio:
+        """The engine this session's jobs run on (shared with every visitor on these models)."""
+        from ..engines.dispatch import ZERO_DEVICE
+        zero = dispatcher().placement == "zerogpu"
+        return Trio(self.refs["task"], self.refs["lang"], self.refs.get("base"),
+                    device=ZERO_DEVICE if zero else self.device)
 
-    @contextmanager
-    def job(self):
-        """Count a job as running while the block runs; a Cancel from before it is forgotten."""
-        with self._running_lock:
-            if not self.running:
-                self.cancel.clear()
-            self.running += 1
-        try:
-            yield self
-        finally:
-            with self._running_lock:
-                self.running -= 1
-
-    def request_cancel(self) -> bool:
-        """Ask the running job to stop at its next step; False when no job runs."""
-        self.cancel.set()
-        return self.running > 0
-
-    def guard(self, progress: Progress | None) -> Progress:
-        """A progress callback that also stops the work when Cancel was pressed."""
-        def report(frac: float, msg: str):
-            if self.cancel.is_set():
-                raise Cancelled()
-            _say(progress, frac, msg)
-        return report
-
-    def live(self, slot: str = "main", progress: Progress | None = None):
-        """The session's live model in ``slot`` ("main"; "other" for the second chat pane),
-        loaded on first use: one model whose parameters are rewritten to show any role or merge
-        from the memory-mapped checkpoints (``live.LiveModel``)."""
-        from ..merge.live import LiveModel
-
-        with self._live_lock:
-            lm = self._lives.get(slot)
-            if lm is None:
-                lm = LiveModel(self.inputs, device=pick_device(), progress=progress)
-                self._lives[slot] = lm
-            return lm
-
-    def model(self, role: str, slot: str = "main"):
-        """(model, tokenizer) of the live model in ``slot``, made to show ``role``: "base",
-        "task", "lang" or "merged" (the last build). Only tensors whose source changed are
-        rewritten; use the model before asking for another role in the same slot."""
+    def what(self, role: str):
+        """What a job shows for ``role``: "base", "task", "lang", or "merged" (the last build,
+        as a config dict)."""
         if role == "merged":
             if self.built_config is None:
                 raise WorkbenchError("build the merged model first (Build tab)")
-            what = self.built_config
-        elif role in self.paths:
-            what = role
-        else:
-            raise WorkbenchError(f"no {ROLE_LABELS.get(role, role)} model chosen (Models tab)")
-        with self.lock:
-            lm = self.live(slot)
-            lm.show(what)
-            return lm.model, lm.tokenizer
+            return self.built_config.to_dict()
+        if role in self.paths:
+            return role
+        raise WorkbenchError(f"no {ROLE_LABELS.get(role, role)} model chosen (Models tab)")
 
-    @property
-    def merged(self):
-        """(model, tokenizer) showing the last build, or None before a build."""
-        return None if self.built_config is None else self.model("merged")
+    def job(self, kind: str, what=None, items=(), **settings) -> Job:
+        """A plain-data job of this visitor on this session's engine."""
+        return Job(kind, self.trio, self.id, what, list(items), settings)
 
-    def close(self) -> None:
-        """Free the live models (the mapped checkpoints are page cache, shared)."""
-        with self._live_lock:
-            self._lives.clear()
-        self.built_config = None
+
+def dispatcher() -> Dispatcher:
+    """The server's one dispatcher (``engines.dispatch.default``)."""
+    return default_dispatcher()
+
+
+def cancel(session: Session | None) -> bool:
+    """Ask the session's running job to stop at its next step; False when none runs."""
+    return session is not None and dispatcher().cancel(session.id)
+
+
+@contextmanager
+def showing(session: Session, role: str, progress: Progress | None = None):
+    """(model, tokenizer) of an engine showing ``role`` for the block, held by nobody else
+    meanwhile (in this process: the local placement). For scripts and tests."""
+    from ..engines.jobs import show
+
+    d = dispatcher()
+    what = session.what(role)
+    with d.pool.checkout(session.trio, session.id, progress) as engine:
+        show(engine, what, progress)
+        yield engine.live.model, engine.live.tokenizer
 
 
 def open_session(base: str, task: str, lang: str, progress: Progress | None = None,
@@ -239,11 +211,12 @@ def open_session(base: str, task: str, lang: str, progress: Progress | None = No
 
 
 def close_session(session: Session | None) -> None:
-    """Free a visitor's merged model (called when their session expires)."""
+    """The visitor left (their page closed, their session expired): their jobs are cancelled,
+    their place in the queue given up, their results dropped."""
     if session is not None:
-        session.cancel.set()
-        session.close()
+        dispatcher().leave(session.id)
         session.stats.clear()
+        session.built_config = None
 
 
 def banner(session: Session | None) -> str:
@@ -258,12 +231,18 @@ def banner(session: Session | None) -> str:
     return f"Models: {models} ({session.num_layers} layers). Merged model: {built}."
 
 
-def warm_up(session: Session) -> threading.Thread:
-    """Load the session's live model (the task expert) in the background while the visitor looks
-    around: the first Build then only rewrites the tensors the merge changes."""
+def warm_up(session: Session) -> threading.Thread | None:
+    """Load the engine of the session's models in the background when none is loaded yet (in
+    this process): the first Build then only rewrites the tensors the merge changes."""
+    d = dispatcher()
+    trio = session.trio
+    if d.placement != "local" or any(e.trio == trio for e in d.pool.engines):
+        return None
+
     def load():
         try:
-            session.live()
+            with d.pool.checkout(trio):
+                pass
         except Exception:  # noqa: BLE001 - Build reports loading errors where they matter
             return
     thread = threading.Thread(target=load, name="layerswap-warm-up", daemon=True)
@@ -377,13 +356,15 @@ def layer_kind_params(session: Session) -> dict[int, dict[str, int]]:
     """layer -> module kind -> parameter count, from the task expert's headers (computed once
     per session): the layer diagram splits a mixed layer by parameters."""
     if session.kind_params is None:
-        reader = session.inputs.readers["task"]
+        from ..checkpoints.reading import CheckpointReader
+
         out: dict[int, dict[str, int]] = {}
-        for name in session.param_names:
-            info = session.arch.classify(name)
-            if info.layer is not None:
-                kinds = out.setdefault(info.layer, {})
-                kinds[info.kind] = kinds.get(info.kind, 0) + math.prod(reader.shape(name))
+        with CheckpointReader(session.paths["task"]) as reader:
+            for name in session.param_names:
+                info = session.arch.classify(name)
+                if info.layer is not None:
+                    kinds = out.setdefault(info.layer, {})
+                    kinds[info.kind] = kinds.get(info.kind, 0) + math.prod(reader.shape(name))
         session.kind_params = out
     return session.kind_params
 
@@ -418,20 +399,12 @@ class BuildResult:
 
 
 def build(session: Session, config, progress: Progress | None = None) -> BuildResult:
-    """Merge in memory: the session's live model is made the merge of ``config``, rewriting only
-    the parameters whose source changed since it last showed something."""
-    return _recompose(session, config, session.begin(progress))
-
-
-def _recompose(session: Session, config, guard: Progress) -> BuildResult:
-    with session.lock:
-        t0 = time.perf_counter()
-        guard(0.05, "loading the live model")
-        lm = session.live(progress=lambda f, m: guard(0.05 + 0.25 * f, m))
-        res = lm.show(config, progress=lambda f, m: guard(0.3 + 0.7 * f, m))
-        session.built_config = config
-        return BuildResult(time.perf_counter() - t0, res.rewritten, res.total,
-                           lm.plan.summary_text())
+    """Merge in memory: an engine over the session's models is made the merge of ``config``
+    (rewriting only the parameters whose source changed since it last showed something; a
+    non-finite merge is refused there), and the session remembers ``config`` as its build."""
+    res = dispatcher().run(session.job("show", config.to_dict()), progress)
+    session.built_config = config
+    return BuildResult(res["seconds"], res["rewritten"], res["total"], res["summary"])
 
 
 def save(session: Session, config, folder: str, overwrite: bool = False,
@@ -448,11 +421,13 @@ def _merge_into(session: Session, config, out: Path, overwrite: bool,
 
     from ..checkpoints.references import check_free_space
 
+    from ..checkpoints.reading import CheckpointReader
+
     check_replace(out, overwrite)
-    check_free_space(Path(out).parent, session.inputs.readers["task"].nbytes(),
-                     f"saving the merge to {out}")
-    guard = session.begin(progress)
-    with session.lock:
+    with CheckpointReader(session.paths["task"]) as reader:
+        size = reader.nbytes()
+    check_free_space(Path(out).parent, size, f"saving the merge to {out}")
+    with dispatcher().hold(session.job("save"), progress) as guard:
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],
                                session.refs.get("base"), out, overwrite=overwrite, progress=guard)
 
@@ -479,7 +454,7 @@ def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
         raise WorkbenchError(f"repo id {repo_id!r}: expected owner/name")
     from huggingface_hub import HfApi
 
-    guard = session.begin(progress)
+    guard = progress or (lambda f, m: None)
     with tempfile.TemporaryDirectory(prefix="layerswap-push-") as tmp:
         out = _merge_into(session, config, Path(tmp) / "merged", False,
                           progress=lambda f, m: guard(0.8 * f, m))

@@ -1,34 +1,49 @@
-"""Hugging Face Spaces glue: ``GPU`` is ``spaces.GPU`` when the ``spaces`` package exists.
+"""Hugging Face Spaces: the same app on a CPU Space, a dedicated GPU and ZeroGPU.
 
-On a ZeroGPU Space, ``spaces.GPU`` attaches a GPU to the decorated call (in a forked worker);
-everywhere else the decorator is a no-op, so the app runs unchanged on a laptop or in CI.
+Every job that needs a model (build, evaluate, sweep, chat, the demo result) goes through the one
+dispatcher (``engines.dispatch``) as plain data. On a CPU Space or a dedicated GPU it runs in
+this process, on an engine of the bounded pool (``pick_device``: "cuda" when a GPU is here). On a
+ZeroGPU Space (``SPACES_ZERO_GPU=true``) each job, or chunk of one, is a call of one function
+decorated with ``spaces.GPU(duration=<the job's estimate>)``: the ``spaces`` package forks a
+worker, pickles the job to it and the result back, and keeps the worker (and the engines built
+in it) while it is reused. ``start`` imports ``spaces`` before anything can initialise CUDA and
+loads the preselected models' engine at start-up in the main process, on "cuda" (where ZeroGPU
+keeps the data on the CPU until a worker moves it to the GPU).
 
-What ZeroGPU expects (read from the ``spaces`` package's source; never run here: no ``spaces``
-package, no GPU): models are loaded at start-up and moved with ``.to("cuda")`` in the main
-process, where ``spaces`` keeps their data on the CPU behind stand-in CUDA tensors; a decorated
-call runs in a worker forked from the main process, which moves those tensors to the real GPU,
-and the call's arguments and results are *pickled* on their way to and from the worker (which
-is reused between calls while idle). So a decorated function must take and return plain values
-(references, a ``MergeConfig``, numbers, text, results), not a ``workbench.Session``: a session
-holds locks, open safetensors handles and live models, and does not pickle. Models a session
-creates after start-up exist in a worker only if it was forked after they were made; work done
-to them inside the worker (a role shown, a build) is lost when the worker ends.
+Saving on ZeroGPU: after start-up ZeroGPU deletes the Hub-cache files of the models it moved
+(``spaces/zero/mmap.py``: ``~/.cache/huggingface/hub/models--*/blobs/*``), so the streaming
+merge cannot re-read a Hub model there. Embedded models and folders outside that cache are not
+touched: Save and Download work for them as on a CPU Space.
 """
 from __future__ import annotations
 
 import importlib.util
 
-from ..checkpoints.loading import ZERO_GPU  # noqa: F401  (one definition: loading.pick_device reads it too)
+from ..checkpoints.loading import ZERO_GPU
+from ..engines import dispatch
+from ..engines.pool import Trio
 
 HAVE_SPACES = importlib.util.find_spec("spaces") is not None
+GPU = dispatch.gpu   # spaces.GPU where the package is installed (a no-op off ZeroGPU)
 
 
-def GPU(fn=None, *, duration: int = 120):  # noqa: N802 - same name as spaces.GPU
-    """Decorator: ``@GPU`` or ``@GPU(duration=...)``; a no-op without the spaces package."""
-    if not HAVE_SPACES:
-        return fn if fn is not None else (lambda f: f)
-    import spaces  # imported only on a Space: it patches CUDA initialisation there
-
-    if fn is not None:
-        return spaces.GPU(fn)
-    return spaces.GPU(duration=duration)
+def start(refs: dict[str, str]) -> str:
+    """Prepare this server for its placement; returns one line for the page saying where jobs
+    run and how many live models fit."""
+    d = dispatch.default()
+    if ZERO_GPU:
+        import spaces  # noqa: F401 - before anything initialises CUDA
+        trio = Trio(refs["task"], refs["lang"], refs.get("base"), device=dispatch.ZERO_DEVICE)
+        dispatch.preload(trio)
+        pool = dispatch._ZERO_POOL
+    else:
+        from ..checkpoints.loading import pick_device
+        trio = Trio(refs["task"], refs["lang"], refs.get("base"), device=pick_device())
+        pool = d.pool
+    try:
+        n = pool.bound(trio)
+    except Exception:  # noqa: BLE001 - a model that cannot be read is reported on pick
+        return d.describe()
+    where = {"local": "in this process", "zerogpu": "on ZeroGPU"}[d.placement]
+    return (f"Jobs run {where} on shared live models: at most {n} loaded at once "
+            "(LAYERSWAP_MAX_ENGINES); one heavy job per visitor.")

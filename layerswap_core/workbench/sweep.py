@@ -1,12 +1,13 @@
 """The Sweep tab: a grid search over two layer counts, each cell recomposed in memory and scored
-on a small fixed item set (gold-solution NLL or accuracy)."""
+on a small fixed item set (gold-solution NLL or accuracy). The sweep is one job of kind "sweep"
+(``engines.jobs``): a chunk per configuration, on an engine shared with the other visitors."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 from .served import LIMITS, Progress, WorkbenchError, bounded, capped
-from .session import Session
+from .session import Session, dispatcher
 
 
 @dataclass
@@ -66,7 +67,7 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
 
     from . import figures as plots
     from ..evaluation.data import load_items
-    from ..evaluation.runner import run_side_by_side
+    from ..evaluation.runner import default_exemplars
     from ..merge.partition import ConfigError
 
     if metric not in ("nll", "accuracy"):
@@ -83,10 +84,7 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     items = load_items(source, lang, n)
     if metric == "nll" and not all(it.solution for it in items):
         raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
-    guard = session.begin(progress)
-    scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
-    rows = []
-    total = len(xs) * len(ys)
+    cells, configs = [], []
     for iy, y in enumerate(ys):
         for ix, x in enumerate(xs):
             try:
@@ -94,21 +92,21 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
                 cfg.validate(session.num_layers, has_base=session.has_base)
             except ConfigError:
                 continue  # impossible cell (more swapped layers than the model has): empty
-            done = (iy * len(xs) + ix) / total
-            guard(done, f"{fx} {x}, {fy} {y}")
-            with session.lock:  # the live model shows the cell; the visitor's build stays
-                lm = session.live()
-                lm.show(cfg, progress=lambda f, m: guard(done, m))
-                # NLL needs one forward pass per item; generation is cut to 1 token
-                res = run_side_by_side({"merged": (lm.model, lm.tokenizer)}, items, shots=shots,
-                                       max_new_tokens=1 if metric == "nll" else 64,
-                                       with_nll=metric == "nll",
-                                       progress=lambda f, m: guard(done + f / total, m))
-            s = res.summary[0]
-            scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
-            if scores[iy][ix] is not None:
-                rows.append([x, y, round(scores[iy][ix], 4)])
-    guard(1.0, "done")
+            cells.append((iy, ix))
+            configs.append(cfg.to_dict())
+    scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
+    rows = []
+    # one job, a chunk per configuration: the engine shows each cell in turn (another
+    # visitor's short job waits at most one cell); NLL needs one forward pass per item, so
+    # generation is cut to 1 token
+    summaries = dispatcher().run(session.job(
+        "sweep", configs, items, shots=shots, max_new_tokens=1 if metric == "nll" else 64,
+        with_nll=metric == "nll", exemplars=default_exemplars(items, shots, cot=False)),
+        progress) if configs else []
+    for (iy, ix), s in zip(cells, summaries):
+        scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
+        if scores[iy][ix] is not None:
+            rows.append([xs[ix], ys[iy], round(scores[iy][ix], 4)])
     # best first (ties keep grid order): lowest NLL, highest accuracy
     rows.sort(key=lambda r: r[2] if metric == "nll" else -r[2])
     if metric == "nll":  # the figure stars the highest score: plot -NLL

@@ -1,0 +1,292 @@
+"""The one dispatcher: where jobs run, and who waits for whom.
+
+Placements (``Dispatcher.placement``), the same job code in all three:
+
+* ``"local"`` (a CPU, or a dedicated GPU: ``pick_device``): the ``EnginePool`` of this process.
+* ``"zerogpu"`` (a ZeroGPU Space: ``SPACES_ZERO_GPU=true``): every job, or chunk of a job, is
+  one call of a function decorated with ``spaces.GPU(duration=<estimate for this job>)``
+  (``zero_call``; ``zero_stream`` for chat, a generator: it streams). The call's argument is the
+  plain ``Job`` and its result plain data: both are pickled by ``spaces`` on their way to and
+  from its forked worker. The engines live in the worker (its own ``EnginePool``, kept while the
+  worker is reused); checkpoints named by ``preload`` are loaded at start-up in the main process
+  and moved to ``"cuda"`` there, as ZeroGPU expects, so a worker forked later starts with them.
+
+Fair scheduling: one heavy job per visitor at a time (a second is refused: ``Busy``), at most
+``max_waiting`` jobs waiting (``QueueFull``), a duration estimate before a heavy job starts
+(``jobs.estimate_seconds`` at the engine's measured speed) refused when over the time budget
+(``TooLong``) and enforced while it runs; ``cancel(visitor)`` stops the visitor's job at its next
+step, ``leave(visitor)`` also when they close the page. Evaluations run in chunks
+(``jobs.split``): between two chunks the engine goes back to the queue, so a short job (a
+Build, a chat) waits at most one chunk.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from ..progress import Cancelled, Progress
+from ..progress import say as _say
+from . import jobs as J
+from .pool import EnginePool, Trio
+
+ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
+# the device of the engines in a ZeroGPU worker ("cuda"; the offline emulation in tests/ uses the
+# CPU of a machine without a GPU)
+ZERO_DEVICE = os.environ.get("LAYERSWAP_ZERO_DEVICE", "cuda")
+LIGHT = ("show",)   # job kinds a visitor may run beside their heavy job
+
+
+class Busy(ValueError):
+    """The visitor already has a heavy job running."""
+
+
+class TooLong(ValueError):
+    """A job over the server's time budget."""
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass
+class Visitor:
+    cancel: threading.Event = field(default_factory=threading.Event)
+    heavy: int = 0       # heavy jobs running (at most per_visitor)
+    running: int = 0     # any jobs running
+    left: bool = False
+
+
+class Dispatcher:
+    """Runs jobs (module docstring). ``pool``: the engines of a local placement (default: a new
+    ``EnginePool`` with ``max_waiting``); ``job_seconds``: the time budget of one heavy job
+    (LAYERSWAP_MAX_JOB_SECONDS, default 1800); ``chunk_items``: items per evaluation chunk
+    (LAYERSWAP_CHUNK_ITEMS, default 4)."""
+
+    def __init__(self, pool: EnginePool | None = None, *, placement: str | None = None,
+                 max_waiting: int | None = None, per_visitor: int = 1,
+                 job_seconds: int | None = None, chunk_items: int | None = None):
+        waiting = max_waiting if max_waiting is not None else _env_int("LAYERSWAP_MAX_QUEUE", 16)
+        self.pool = pool if pool is not None else EnginePool(max_waiting=waiting)
+        self.placement = placement or ("zerogpu" if ZERO_GPU else "local")
+        if self.placement not in ("local", "zerogpu"):
+            raise ValueError(f"placement {self.placement!r}: 'local' or 'zerogpu'")
+        self.per_visitor = per_visitor
+        self.job_seconds = job_seconds or _env_int("LAYERSWAP_MAX_JOB_SECONDS", 1800)
+        self.chunk_items = chunk_items or _env_int("LAYERSWAP_CHUNK_ITEMS", 4)
+        self.visitors: dict[str, Visitor] = {}
+        self.speeds: dict[Trio, float] = {}   # measured tokens per second per trio
+        self._lock = threading.Lock()
+
+    # ---- visitors
+    def _visitor(self, visitor: str) -> Visitor:
+        with self._lock:
+            return self.visitors.setdefault(visitor, Visitor())
+
+    @contextmanager
+    def claim(self, job: J.Job):
+        """The visitor's slot for ``job``: refused (Busy) when they already run a heavy job."""
+        v = self._visitor(job.visitor)
+        heavy = job.kind not in LIGHT
+        with self._lock:
+            if heavy and job.visitor and v.heavy >= self.per_visitor:
+                raise Busy("you already have a job running on this server: wait for it to "
+                           "finish, or press Cancel")
+            if not v.running:
+                v.cancel.clear()           # a Cancel pressed before this job is forgotten
+            v.left = False
+            v.heavy += heavy
+            v.running += 1
+        try:
+            yield v
+        finally:
+            with self._lock:
+                v.heavy -= heavy
+                v.running -= 1
+                if not v.running and (v.left or not job.visitor):
+                    self.visitors.pop(job.visitor, None)
+
+    def running(self, visitor: str) -> bool:
+        v = self.visitors.get(visitor)
+        return v is not None and v.running > 0
+
+    def cancel(self, visitor: str) -> bool:
+        """Stop the visitor's jobs at their next step; False when none runs."""
+        v = self.visitors.get(visitor)
+        if v is None:
+            return False
+        v.cancel.set()
+        return v.running > 0
+
+    def leave(self, visitor: str) -> None:
+        """The visitor left: their jobs are cancelled (waiting ones leave the queue at once)
+        and what the dispatcher kept for them is dropped."""
+        with self._lock:
+            v = self.visitors.get(visitor)
+            if v is None:
+                return
+            v.cancel.set()
+            v.left = True
+            if not v.running:
+                self.visitors.pop(visitor, None)
+
+    # ---- estimates
+    def estimate(self, job: J.Job) -> float:
+        return J.estimate_seconds(job, self.speeds.get(job.trio))
+
+    def _admit(self, job: J.Job) -> float:
+        """The job's deadline (monotonic); TooLong when its estimate is over the budget."""
+        if job.kind in LIGHT:
+            return float("inf")
+        est = self.estimate(job)
+        if est > self.job_seconds:
+            raise TooLong(f"this job would take about {est / 60:.0f} min here; this server allows "
+                          f"{self.job_seconds / 60:.0f} min per job: use fewer questions or "
+                          "shorter answers")
+        return time.monotonic() + self.job_seconds
+
+    def _guard(self, v: Visitor, deadline: float, progress: Progress | None) -> Progress:
+        def report(frac: float, msg: str):
+            if v.cancel.is_set():
+                raise Cancelled()
+            if time.monotonic() > deadline:
+                raise TooLong(f"stopped: this server allows {self.job_seconds / 60:.0f} min "
+                              "per job")
+            _say(progress, frac, msg)
+        return report
+
+    # ---- running
+    @contextmanager
+    def hold(self, job: J.Job, progress: Progress | None = None):
+        """The visitor's slot for work done in this process without an engine (saving,
+        analysing deltas): yields the guarded progress (Cancel, the time budget)."""
+        with self.claim(job) as v:
+            yield self._guard(v, time.monotonic() + self.job_seconds, progress)
+
+    def _run_one(self, job: J.Job, v: Visitor, guard: Progress):
+        if self.placement == "zerogpu":
+            guard(0.0, "waiting for the GPU")
+            return zero_call(job)
+        with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set) as engine:
+            out = J.run_job(engine, job, guard)
+            if engine.tokens_per_second:
+                self.speeds[job.trio] = engine.tokens_per_second
+            return out
+
+    def run(self, job: J.Job, progress: Progress | None = None):
+        """Run ``job`` (in chunks for an evaluation) and return its plain result."""
+        with self.claim(job) as v:
+            guard = self._guard(v, self._admit(job), progress)
+            chunks = J.split(job, self.chunk_items)
+            parts = []
+            for i, chunk in enumerate(chunks):
+                def step(frac, msg, i=i):
+                    guard((i + frac) / len(chunks), msg)
+                step(0.0, f"part {i + 1} of {len(chunks)}" if len(chunks) > 1 else "starting")
+                parts.append(self._run_one(chunk, v, step))
+            return J.combine(job, parts)
+
+    def stream(self, job: J.Job, progress: Progress | None = None) -> Iterator:
+        """Run a streaming job; the engine is held until the last item (or until the caller
+        closes the iterator)."""
+        with self.claim(job) as v:
+            guard = self._guard(v, self._admit(job), progress)
+            if self.placement == "zerogpu":
+                guard(0.0, "waiting for the GPU")
+                source = zero_stream(job)
+                try:
+                    for item in source:
+                        guard(0.5, "streaming")
+                        yield item
+                finally:
+                    source.close()
+                return
+            with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set) as engine:
+                source = J.stream_job(engine, job, guard)
+                try:
+                    for item in source:
+                        guard(0.5, "streaming")
+                        yield item
+                finally:
+                    source.close()
+
+    def describe(self) -> str:
+        where = {"local": "in this process", "zerogpu": "on ZeroGPU"}[self.placement]
+        return f"Jobs run {where}: {self.pool.describe()}."
+
+
+# --------------------------------------------------------------------------- ZeroGPU
+# The worker's engines: a forked worker starts with a copy of this pool (the engines `preload`
+# made in the main process at start-up) and keeps it while ZeroGPU reuses the worker.
+_ZERO_POOL = EnginePool(max_waiting=64)
+
+
+def preload(trio: Trio) -> None:
+    """Load ``trio``'s engine at start-up, in this (main) process: on ZeroGPU its tensors are
+    moved to the GPU by ``spaces`` when a worker starts."""
+    with _ZERO_POOL.checkout(trio):
+        pass
+
+
+def _zero_duration(job: J.Job) -> int:
+    """The duration ZeroGPU is asked for: the job's estimate (at least 15 s)."""
+    return int(max(15, J.estimate_seconds(job)))
+
+
+def _zero_call_task(job: J.Job):
+    with _ZERO_POOL.checkout(job.trio, job.visitor) as engine:
+        return J.run_job(engine, job)
+
+
+def _zero_stream_task(job: J.Job):
+    with _ZERO_POOL.checkout(job.trio, job.visitor) as engine:
+        yield from J.stream_job(engine, job)
+
+
+_decorated: dict[str, object] = {}
+
+
+def gpu(fn=None, *, duration=None):
+    """``spaces.GPU(fn, duration=...)`` when the spaces package is installed (a no-op off
+    ZeroGPU); ``fn`` itself without it. Also as ``@gpu(duration=...)``."""
+    if fn is None:
+        return lambda f: gpu(f, duration=duration)
+    try:
+        import spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(fn, duration=duration)
+
+
+def zero_call(job: J.Job):
+    """Run a job in the ZeroGPU worker (one decorated function: one worker cache)."""
+    if "call" not in _decorated:
+        _decorated["call"] = gpu(_zero_call_task, duration=_zero_duration)
+    return _decorated["call"](job)
+
+
+def zero_stream(job: J.Job) -> Iterator:
+    """Stream a job from the ZeroGPU worker."""
+    if "stream" not in _decorated:
+        _decorated["stream"] = gpu(_zero_stream_task, duration=_zero_duration)
+    return _decorated["stream"](job)
+
+
+# --------------------------------------------------------------------------- the server's one
+_default: Dispatcher | None = None
+_default_lock = threading.Lock()
+
+
+def default() -> Dispatcher:
+    """This process's dispatcher (made on first use, from the environment)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Dispatcher()
+        return _default

@@ -1,0 +1,250 @@
+"""Jobs: plain data in, plain data out, run on one engine held from the plan to the last token.
+
+A ``Job`` names its kind, the ``Trio`` of its engine, the visitor it is for, what the engine
+shows (``what``: a role "base" / "task" / "lang", a merge config as a dict, or for an evaluation
+{label: either}), its items (``evaluation.data.Item``) and its settings (generation settings and
+the like). Every field pickles: the same job runs in this process or in a ZeroGPU worker.
+
+``run_job(engine, job, progress)`` shows the job's own plan on the engine (only the tensors
+whose source changed are rewritten) and runs it; ``stream_job`` does the same for the streaming
+kinds (chat), yielding plain dicts. Long evaluations are split (``split``) into chunks of one
+model and a few items, each a job of its own, and their results put back together
+(``combine``); a short job then waits at most one chunk. Kinds beyond the built-in ones are
+registered from above with ``register_kind`` (e.g. the workbench's demo result).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+from ..progress import Progress
+from ..progress import say as _say
+from .pool import Engine, Trio
+
+ROLES = ("base", "task", "lang")
+DEFAULT_TOKENS_PER_SECOND = 20.0   # before an engine has measured itself (a CPU, batch of one)
+STARTUP_SECONDS = 10.0             # loading or switching a live model, per job
+
+
+class JobError(ValueError):
+    """A job that cannot run as asked (one line for the page)."""
+
+
+@dataclass
+class Job:
+    """One unit of work for one engine (module docstring)."""
+    kind: str
+    trio: Trio
+    visitor: str = ""
+    what: Any = None
+    items: list = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Upper bound of tokens this job generates (for its duration estimate)."""
+        tokens = int(self.settings.get("max_new_tokens", 0) or 0)
+        if self.kind == "chat":
+            return tokens
+        if "work_items" in self.settings:   # a registered kind says how many answers it makes
+            return tokens * int(self.settings["work_items"])
+        models = len(self.what) if isinstance(self.what, (dict, list)) else 1
+        return tokens * max(1, len(self.items)) * models
+
+
+def estimate_seconds(job: Job, tokens_per_second: float | None = None) -> float:
+    """Seconds ``job`` should take: its tokens at the engine's measured speed, plus start-up."""
+    rate = tokens_per_second or DEFAULT_TOKENS_PER_SECOND
+    return STARTUP_SECONDS + job.generated_tokens / rate
+
+
+# --------------------------------------------------------------------------- showing
+def shown(what) -> Any:
+    """What ``LiveModel.show`` takes for a job's ``what``: a role, or a MergeConfig."""
+    if isinstance(what, str):
+        if what not in ROLES:
+            raise JobError(f"unknown model {what!r}: one of {', '.join(ROLES)} or a merge config")
+        return what
+    if isinstance(what, dict):
+        from ..merge.config import MergeConfig
+        return MergeConfig.from_dict(what)
+    raise JobError(f"a job shows a role or a merge config, not {type(what).__name__}")
+
+
+def show(engine: Engine, what, progress: Progress | None = None):
+    """Make the engine's live model show ``what`` (only changed tensors rewritten)."""
+    return engine.live.show(shown(what), progress=progress)
+
+
+def _show_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
+    res = show(engine, job.what, progress)
+    plan = engine.live.plan
+    return {"label": res.label, "rewritten": res.rewritten, "total": res.total,
+            "seconds": res.seconds, "summary": plan.summary_text() if plan is not None else "",
+            "pid": os.getpid()}   # the process that holds the engine (a ZeroGPU worker's)
+
+
+# --------------------------------------------------------------------------- evaluation
+def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
+    """Side-by-side evaluation (``evaluation.runner.run_side_by_side``) of the models in
+    ``job.what`` ({label: role or config dict}), each shown on the engine just before its run."""
+    from ..evaluation.runner import run_side_by_side
+
+    s = job.settings
+    if not job.items:
+        raise JobError("no items to evaluate")
+
+    def model_of(what):
+        def get():
+            show(engine, what)
+            return engine.live.model, engine.live.tokenizer
+        return get
+
+    models = {label: model_of(w) for label, w in job.what.items()}
+    t0 = time.perf_counter()
+    res = run_side_by_side(models, job.items, shots=s.get("shots", 0), cot=bool(s.get("cot")),
+                           chat_template=bool(s.get("chat_template")),
+                           max_new_tokens=s.get("max_new_tokens"),
+                           batch_size=s.get("batch_size", 16), exemplars=s.get("exemplars"),
+                           with_nll=s.get("with_nll", True), device=None, progress=progress)
+    engine.measured(job.generated_tokens, time.perf_counter() - t0)
+    return {"rows": res.rows, "summary": res.summary, "config": res.config}
+
+
+def split(job: Job, chunk_items: int) -> list[Job]:
+    """An evaluation as chunks of one model and at most ``chunk_items`` items (same prompts,
+    same exemplars and batches of that size: the outputs do not depend on the chunking when the
+    batch size is the chunk size). A sweep (``what``: a list of configurations) is one
+    evaluation per configuration, of all its items. Other kinds: the job itself."""
+    if job.kind == "sweep":
+        return [replace(job, kind="evaluate", what={"merged": what}) for what in job.what]
+    if job.kind != "evaluate" or not isinstance(job.what, dict):
+        return [job]
+    settings = {**job.settings, "batch_size": chunk_items}
+    return [replace(job, what={label: what}, items=job.items[i:i + chunk_items],
+                    settings=settings)
+            for label, what in job.what.items()
+            for i in range(0, len(job.items), chunk_items)]
+
+
+def combine(job: Job, parts: list[dict]) -> dict:
+    """The results of ``split(job)``'s chunks as one evaluation result (summaries recomputed);
+    a sweep's: the summary of each configuration, in order."""
+    if job.kind == "sweep":
+        return [part["summary"][0] for part in parts]
+    if job.kind != "evaluate" or len(parts) == 1:
+        return parts[0]
+    from ..evaluation.runner import summarize
+
+    per_model = len(parts) // len(job.what)   # chunks per model, in item order
+    rows = [{"id": r["id"], "question": r["question"], "gold": r["gold"], "models": {}}
+            for part in parts[:per_model] for r in part["rows"]]
+    summary = []
+    for li, label in enumerate(job.what):
+        outs = []
+        start = 0
+        for part in parts[li * per_model:(li + 1) * per_model]:
+            for j, r in enumerate(part["rows"]):
+                rows[start + j]["models"][label] = r["models"][label]
+                outs.append(r["models"][label])
+            start += len(part["rows"])
+        nlls = [o["gold_nll"] for o in outs]
+        summary.append(summarize(label, [o["correct"] for o in outs],
+                                 [o["strict_correct"] for o in outs],
+                                 None if all(x is None for x in nlls) else nlls))
+    config = dict(parts[0]["config"])
+    config["n"] = len(rows)
+    config["models"] = {label: "in-memory" for label in job.what}
+    return {"rows": rows, "summary": summary, "config": config}
+
+
+# --------------------------------------------------------------------------- chat
+def context_tokens(model) -> int | None:
+    """The model's context window in tokens (None when its config does not say)."""
+    cfg = model.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
+                ) -> tuple[list[dict], int]:
+    """The newest turns that fit the model's context with the new message and an answer of
+    ``max_new_tokens``; also how many earlier turns (question + answer) were left out."""
+    from ..checkpoints.tokenizers import encode_prompt
+    from ..evaluation.generation import chat_prompt
+
+    context = context_tokens(model)
+    question = {"role": "user", "content": text}
+    for dropped in range(len(turns) // 2 + 1):
+        messages = turns[2 * dropped:] + [question]
+        prompt_tokens = len(encode_prompt(tok, chat_prompt(tok, messages)))
+        if context is None or prompt_tokens + max_new_tokens <= context:
+            return messages, dropped
+    raise JobError(f"the message and a {max_new_tokens}-token answer do not fit the model's "
+                   f"context ({context} tokens): shorten the message or the answer")
+
+
+def _chat_job(engine: Engine, job: Job, progress: Progress | None) -> Iterator[dict]:
+    """One streamed answer: {"content" so far, "dropped" turns, "stopped" at the deadline}.
+    ``settings``: turns, text, max_new_tokens, temperature, repetition_penalty, deadline (a
+    ``time.monotonic()`` value: the same clock in a forked worker)."""
+    from ..evaluation.generation import chat as generate_chat
+
+    s = job.settings
+    show(engine, job.what, progress)
+    model, tok = engine.live.model, engine.live.tokenizer
+    messages, dropped = fit_context(model, tok, list(s.get("turns", [])), s["text"],
+                                    int(s["max_new_tokens"]))
+    deadline = float(s.get("deadline", time.monotonic() + 120))
+    out = {"content": "", "dropped": dropped, "stopped": time.monotonic() >= deadline}
+    if out["stopped"]:
+        yield dict(out)
+        return
+    t0, count = time.perf_counter(), 0
+    stream = generate_chat(model, tok, messages, max_new_tokens=int(s["max_new_tokens"]),
+                           stream=True, temperature=float(s.get("temperature", 0.0)),
+                           repetition_penalty=float(s.get("repetition_penalty", 1.0)),
+                           calculator=bool(s.get("calculator", True)))
+    try:
+        for so_far in stream:
+            out["content"] = so_far
+            count += 1
+            yield dict(out)
+            if time.monotonic() >= deadline:
+                out["stopped"] = True
+                yield dict(out)
+                break
+    finally:
+        stream.close()  # ends the generation thread at its next token
+        engine.measured(count, time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------- kinds
+KINDS: dict[str, Callable[[Engine, Job, Progress | None], Any]] = {
+    "show": _show_job, "evaluate": _evaluate_job}
+STREAMING: dict[str, Callable[[Engine, Job, Progress | None], Iterator]] = {"chat": _chat_job}
+
+
+def register_kind(name: str, fn: Callable, *, streaming: bool = False) -> None:
+    """A job kind defined above this room (it gets the engine, the job and a progress)."""
+    (STREAMING if streaming else KINDS)[name] = fn
+
+
+def run_job(engine: Engine, job: Job, progress: Progress | None = None):
+    """Run a (non-streaming) job on an engine the caller holds; its result is plain data."""
+    fn = KINDS.get(job.kind)
+    if fn is None:
+        raise JobError(f"unknown job kind {job.kind!r}" + (" (a streaming kind: stream_job)"
+                                                           if job.kind in STREAMING else ""))
+    _say(progress, 0.0, f"{job.kind}: starting")
+    return fn(engine, job, progress)
+
+
+def stream_job(engine: Engine, job: Job, progress: Progress | None = None) -> Iterator:
+    """Run a streaming job on an engine the caller holds for the whole iteration."""
+    fn = STREAMING.get(job.kind)
+    if fn is None:
+        raise JobError(f"{job.kind!r} is not a streaming job kind")
+    return fn(engine, job, progress)

@@ -1,0 +1,274 @@
+"""Engines and the bounded pool that lends them out, one job at a time.
+
+An ``Engine`` is one ``merge.live.LiveModel`` over a ``Trio`` (task, language and base
+references, dtype, device): one private copy of a checkpoint, whose parameters are rewritten to
+show any role or merge (only the tensors whose source changed). Visitors on the same trio share
+engines: a job checks one out (``EnginePool.checkout``), shows its own plan on it, runs, and
+gives it back; nobody else touches it in between, so a Build never rewrites parameters under a
+running chat.
+
+The pool holds at most ``max_engines`` (``LAYERSWAP_MAX_ENGINES``; by default as many as fit in
+the free memory of the device with a margin, ``fitting_engines``). A job whose trio has no idle
+engine waits in one first-come-first-served queue and sees its position; when the pool is full,
+the idle engine used least recently is evicted to make room. A waiting job can be cancelled.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from ..progress import Cancelled, Progress
+from ..progress import say as _say
+
+DTYPES = ("float32", "bfloat16", "float16")
+MARGIN = 1.5          # an engine is counted as its parameters' bytes times this (activations)
+MAX_DEFAULT = 8       # never more engines by default, however much memory there is
+# one engine is loaded at a time: transformers' loading (its meta-device context) is not
+# thread-safe, and two loads at once would only compete for the same disk and memory
+_LOADING = threading.Lock()
+
+
+class QueueFull(ValueError):
+    """The server's queue is full: the job was refused (one line for the page)."""
+
+
+@dataclass(frozen=True)
+class Trio:
+    """What an engine is made of: the three references, the live dtype and the device.
+    ``dtype`` None: ``merge.live.live_dtype`` decides (float32 for a small model on a CPU)."""
+    task: str
+    lang: str
+    base: str | None = None
+    dtype: str | None = None
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"engine dtype {self.dtype!r}: one of {', '.join(DTYPES)}")
+
+    @property
+    def refs(self) -> dict[str, str]:
+        refs = {"task": self.task, "lang": self.lang}
+        if self.base:
+            refs["base"] = self.base
+        return refs
+
+    def describe(self) -> str:
+        over = f" over {self.base}" if self.base else ""
+        return f"{self.task} + {self.lang}{over} ({self.dtype or 'auto'}, {self.device})"
+
+
+class Engine:
+    """One live model over a trio (``merge.live.LiveModel``), and what it measured."""
+
+    def __init__(self, trio: Trio, progress: Progress | None = None):
+        import torch
+
+        from ..merge.live import LiveModel
+
+        self.trio = trio
+        dtype = getattr(torch, trio.dtype) if trio.dtype else None
+        self.live = LiveModel.from_refs(trio.task, trio.lang, trio.base, device=trio.device,
+                                        dtype=dtype, progress=progress)
+        self.busy = False
+        self.last_used = time.monotonic()
+        self.jobs = 0
+        self.tokens_per_second: float | None = None   # measured by generation jobs
+
+    def measured(self, tokens: int, seconds: float) -> None:
+        """Fold one generation's speed into the estimate (tokens asked for, per second)."""
+        if tokens > 0 and seconds > 0:
+            rate = tokens / seconds
+            old = self.tokens_per_second
+            self.tokens_per_second = rate if old is None else 0.5 * (old + rate)
+
+    def nbytes(self) -> int:
+        return self.live.resident_bytes()
+
+
+def engine_bytes(trio: Trio) -> int:
+    """Bytes one engine over ``trio`` holds (its parameters in the live dtype), from headers."""
+    import torch
+
+    from ..checkpoints.reading import CheckpointReader
+    from ..checkpoints.references import resolve
+    from ..merge.live import live_dtype
+
+    with CheckpointReader(resolve(trio.task)) as reader:
+        dtype = getattr(torch, trio.dtype) if trio.dtype else live_dtype(reader, trio.device)
+        return reader.numel() * torch.empty((), dtype=dtype).element_size()
+
+
+def free_bytes(device: str = "cpu") -> int:
+    """Memory free for engines on ``device``: the GPU's free memory, or MemAvailable."""
+    if str(device).startswith("cuda"):
+        import torch
+        if torch.cuda.is_available():
+            return int(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+def fitting_engines(per_engine: int, free: int, margin: float = MARGIN) -> int:
+    """How many engines of ``per_engine`` bytes fit in ``free`` bytes with ``margin`` (at least
+    one, at most MAX_DEFAULT): an 8B trio in bf16 (16 GB) in a 70 GiB ZeroGPU slice: 3."""
+    return max(1, min(MAX_DEFAULT, int(free // max(1, per_engine * margin))))
+
+
+def max_engines_from_env() -> int | None:
+    value = os.environ.get("LAYERSWAP_MAX_ENGINES", "").strip()
+    if not value:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"LAYERSWAP_MAX_ENGINES={value!r}: expected a whole number") from None
+    if n < 1:
+        raise ValueError(f"LAYERSWAP_MAX_ENGINES={value!r}: at least 1")
+    return n
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A job waiting for an engine."""
+    trio: Trio
+    visitor: str = ""
+    engine: Engine | None = None
+    build: bool = False
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class EnginePool:
+    """At most ``max_engines`` engines (module docstring). ``max_engines`` None: from
+    LAYERSWAP_MAX_ENGINES, else what fits (``fitting_engines``) for the first trio asked for.
+    ``max_waiting``: jobs allowed to wait at once (more are refused with QueueFull).
+    ``factory(trio, progress)`` makes an engine (``Engine``; tests may count calls)."""
+
+    def __init__(self, max_engines: int | None = None, max_waiting: int = 16,
+                 factory: Callable[[Trio, Progress | None], Engine] = Engine):
+        self.max_engines = max_engines if max_engines is not None else max_engines_from_env()
+        self.max_waiting = max_waiting
+        self.factory = factory
+        self.engines: list[Engine] = []
+        self.waiting: deque[Ticket] = deque()
+        self.building = 0
+        self.peak = 0          # the most engines held (or being built) at once
+        self.built = 0
+        self.evicted = 0
+        self._cond = threading.Condition()
+
+    # ---- bound
+    def bound(self, trio: Trio) -> int:
+        if self.max_engines is None:
+            self.max_engines = fitting_engines(engine_bytes(trio), free_bytes(trio.device))
+        return self.max_engines
+
+    def describe(self) -> str:
+        n = self.max_engines
+        held = len(self.engines)
+        limit = f"at most {n}" if n is not None else "as many as fit in memory"
+        return (f"{held} live model{'s' if held != 1 else ''} loaded ({limit}; "
+                f"{len(self.waiting)} job{'s' if len(self.waiting) != 1 else ''} waiting)")
+
+    # ---- lending
+    def _grant(self) -> None:
+        """Give engines (or the right to build one) to waiting tickets, first come first
+        served; a ticket never overtakes an earlier one of its own trio. Under the lock."""
+        blocked: set[Trio] = set()
+        for t in list(self.waiting):
+            if t.trio in blocked:
+                continue
+            idle = [e for e in self.engines if not e.busy and e.trio == t.trio]
+            if idle:
+                t.engine = max(idle, key=lambda e: e.last_used)
+                t.engine.busy = True
+            elif len(self.engines) + self.building < (self.max_engines or 1):
+                t.build = True
+            else:
+                victims = [e for e in self.engines if not e.busy]
+                if not victims:
+                    blocked.add(t.trio)
+                    continue
+                victim = min(victims, key=lambda e: e.last_used)
+                self.engines.remove(victim)   # its memory goes with the last reference
+                self.evicted += 1
+                t.build = True
+            if t.build:
+                self.building += 1
+                self.peak = max(self.peak, len(self.engines) + self.building)
+            self.waiting.remove(t)
+        self._cond.notify_all()
+
+    def position(self, ticket: Ticket) -> int:
+        """1 for the next job served; 0 once it has an engine."""
+        with self._cond:
+            try:
+                return self.waiting.index(ticket) + 1
+            except ValueError:
+                return 0
+
+    @contextmanager
+    def checkout(self, trio: Trio, visitor: str = "", progress: Progress | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> Iterator[Engine]:
+        """An engine over ``trio`` for the block, held by nobody else until it ends. Waits (its
+        position reported to ``progress``) while none is free; ``cancelled()`` true while
+        waiting raises Cancelled; QueueFull when ``max_waiting`` jobs wait already."""
+        self.bound(trio)
+        ticket = Ticket(trio, visitor)
+        with self._cond:
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(f"the server's queue is full ({len(self.waiting)} jobs waiting): "
+                                "try again in a minute")
+            self.waiting.append(ticket)
+            self._grant()
+            said = None
+            while ticket.engine is None and not ticket.build:
+                if cancelled is not None and cancelled():
+                    self.waiting.remove(ticket)
+                    self._grant()
+                    raise Cancelled()
+                pos = self.waiting.index(ticket) + 1
+                if pos != said:
+                    said = pos
+                    _say(progress, 0.0, f"waiting for a free model: number {pos} in the queue")
+                self._cond.wait(0.2)
+        engine = ticket.engine
+        if engine is None:   # the right to build one
+            try:
+                _say(progress, 0.0, "loading the live model")
+                with _LOADING:
+                    engine = self.factory(trio, progress)
+            except BaseException:
+                with self._cond:
+                    self.building -= 1
+                    self._grant()
+                raise
+            engine.busy = True
+            with self._cond:
+                self.building -= 1
+                self.engines.append(engine)
+                self.built += 1
+        try:
+            yield engine
+        finally:
+            with self._cond:
+                engine.busy = False
+                engine.jobs += 1
+                engine.last_used = time.monotonic()
+                self._grant()
+
+    def clear(self) -> None:
+        """Drop every idle engine (busy ones stay until their job ends)."""
+        with self._cond:
+            self.engines = [e for e in self.engines if e.busy]

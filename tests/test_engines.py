@@ -1,0 +1,259 @@
+"""Engines, jobs and the dispatcher on tiny real models: a bounded pool shared by visitors."""
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import pytest
+
+from layerswap_core.engines import jobs as J
+from layerswap_core.engines.dispatch import Busy, Dispatcher, TooLong
+from layerswap_core.engines.pool import Engine, EnginePool, QueueFull, Trio, fitting_engines
+from layerswap_core.merge.config import MergeConfig
+from layerswap_core.progress import Cancelled
+
+
+@pytest.fixture(scope="module")
+def trio(tiny):
+    return Trio(str(tiny["task"]), str(tiny["lang"]), str(tiny["base"]))
+
+
+@pytest.fixture(scope="module")
+def items():
+    from layerswap_core.evaluation.data import load_items
+    return load_items("gsm-symbolic", "sw", 3)
+
+
+def swap(tiny, b, u):
+    return MergeConfig(method="layer_swap", bottom=b, top=u, task=str(tiny["task"]),
+                       lang=str(tiny["lang"]), base=str(tiny["base"])).to_dict()
+
+
+def evaluate_job(trio, visitor, what, items, tokens=6):
+    return J.Job("evaluate", trio, visitor, what, list(items),
+                 {"shots": 0, "max_new_tokens": tokens, "exemplars": [], "with_nll": True})
+
+
+def chat_job(trio, visitor, what, text="Habari?", tokens=12):
+    return J.Job("chat", trio, visitor, what, [],
+                 {"turns": [], "text": text, "max_new_tokens": tokens,
+                  "deadline": time.monotonic() + 120})
+
+
+def test_jobs_and_results_are_plain_data(trio, tiny, items, one_thread):
+    job = evaluate_job(trio, "v1", {"merged": swap(tiny, 2, 1), "task": "task"}, items)
+    assert pickle.loads(pickle.dumps(job)) == job
+    res = Dispatcher(EnginePool(1)).run(job)
+    again = pickle.loads(pickle.dumps(res))
+    assert again == res and [s["model"] for s in res["summary"]] == ["merged", "task"]
+    assert [r["id"] for r in res["rows"]] == [it.id for it in items]
+
+
+def test_chunked_evaluation_equals_one_call(trio, tiny, items, one_thread):
+    """Chunks of one model and two items give the rows and summary of one call over all items
+    with the same batch size."""
+    from layerswap_core.evaluation.runner import run_side_by_side
+    from layerswap_core.merge.live import LiveModel
+
+    job = evaluate_job(trio, "v", {"merged": swap(tiny, 2, 1), "lang": "lang"}, items)
+    res = Dispatcher(EnginePool(1), chunk_items=2).run(job)
+    live = LiveModel.from_refs(trio.task, trio.lang, trio.base)
+
+    def shown(what):
+        def get():
+            live.show(J.shown(what))
+            return live.model, live.tokenizer
+        return get
+    whole = run_side_by_side({k: shown(w) for k, w in job.what.items()}, items, shots=0,
+                             max_new_tokens=6, batch_size=2, exemplars=[], device=None)
+    assert res["rows"] == whole.rows
+    assert res["summary"] == whole.summary
+
+
+def test_visitors_interleaved_on_one_engine_get_what_each_gets_alone(trio, tiny, items,
+                                                                     one_thread):
+    configs = {"v1": swap(tiny, 2, 1), "v2": swap(tiny, 0, 0), "v3": swap(tiny, 3, 2)}
+    alone = {}
+    for v, cfg in configs.items():
+        alone[v] = Dispatcher(EnginePool(1), chunk_items=1).run(
+            evaluate_job(trio, v, {"merged": cfg, "base": "base"}, items[:2]))
+    pool = EnginePool(1)
+    d = Dispatcher(pool, chunk_items=1)
+    together, errors = {}, []
+
+    def run(v):
+        try:
+            together[v] = d.run(evaluate_job(trio, v, {"merged": configs[v], "base": "base"},
+                                             items[:2]))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(v,)) for v in configs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors
+    assert together == alone
+    assert pool.built == 1 and pool.peak == 1
+    outputs = {v: [r["models"]["merged"]["output"] for r in res["rows"]]
+               for v, res in alone.items()}
+    assert len({tuple(o) for o in outputs.values()}) > 1   # the configurations differ
+
+
+def test_a_build_during_a_streaming_chat_waits_and_leaves_its_tokens(trio, tiny, one_thread):
+    d = Dispatcher(EnginePool(1))
+    alone = [r["content"] for r in d.stream(chat_job(trio, "a", swap(tiny, 2, 1)))]
+    built = {}
+
+    def build():
+        t0 = time.monotonic()
+        built["res"] = d.run(J.Job("show", trio, "b", swap(tiny, 0, 3)))
+        built["at"] = time.monotonic() - t0
+
+    stream = d.stream(chat_job(trio, "a", swap(tiny, 2, 1)))
+    seen = [next(stream)["content"]]
+    thread = threading.Thread(target=build)
+    thread.start()
+    time.sleep(0.3)
+    assert "res" not in built               # the engine is held by the chat
+    seen += [r["content"] for r in stream]
+    end = time.monotonic()
+    thread.join(60)
+    assert seen == alone
+    assert built["res"]["rewritten"] > 0 and time.monotonic() - end < 30
+    assert d.pool.engines[0].live.plan.config.layer_counts(8)[:2] == (0, 3)
+
+
+def test_the_pool_never_exceeds_its_bound_and_evicts_the_least_recent(trio, one_thread):
+    made = []
+
+    def factory(t, progress):
+        made.append(t)
+        return Engine(t, progress)
+    pool = EnginePool(2, factory=factory)
+    trios = [Trio(trio.task, trio.lang, trio.base, dtype=d)
+             for d in ("float32", "bfloat16", "float16")]
+    held, worst, lock = [0], [0], threading.Lock()
+
+    def use(t):
+        with pool.checkout(t):
+            with lock:
+                held[0] += 1
+                worst[0] = max(worst[0], held[0], len(pool.engines))
+            time.sleep(0.05)
+            with lock:
+                held[0] -= 1
+    threads = [threading.Thread(target=use, args=(trios[i % 3],)) for i in range(9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert worst[0] <= 2 and pool.peak <= 2 and len(pool.engines) <= 2
+    assert pool.evicted >= 1 and len(made) == pool.built >= 3
+    with pool.checkout(trios[0]):
+        pass
+    with pool.checkout(trios[1]):
+        pass
+    before = {id(e) for e in pool.engines}
+    with pool.checkout(trios[2]):     # the least recently used (float32) makes room
+        pass
+    assert {e.trio.dtype for e in pool.engines} == {"bfloat16", "float16"}
+    assert len(before & {id(e) for e in pool.engines}) == 1
+
+
+def test_queue_and_per_visitor_limits_refuse_with_clear_messages(trio, tiny, one_thread):
+    pool = EnginePool(1, max_waiting=1)
+    d = Dispatcher(pool)
+    stream = d.stream(chat_job(trio, "a", "task", tokens=40))
+    next(stream)                                   # "a" holds the engine, chatting
+    with pytest.raises(Busy, match="you already have a job running"):
+        d.run(evaluate_job(trio, "a", {"task": "task"}, []))
+    waiting = threading.Thread(target=lambda: d.run(J.Job("show", trio, "b", "lang")))
+    waiting.start()
+    time.sleep(0.3)
+    with pytest.raises(QueueFull, match=r"queue is full \(1 jobs waiting\)"):
+        d.run(J.Job("show", trio, "c", "base"))
+    stream.close()
+    waiting.join(60)
+    assert not waiting.is_alive()
+
+
+def test_a_visitor_who_leaves_is_cancelled_and_forgotten(trio, one_thread):
+    pool = EnginePool(1)
+    d = Dispatcher(pool)
+    positions, outcome = [], {}
+
+    def wait_for_engine():
+        try:
+            d.run(J.Job("show", trio, "gone", "lang"), progress=lambda f, m: positions.append(m))
+        except Cancelled as e:
+            outcome["cancelled"] = e
+    with pool.checkout(trio):                      # someone else's job holds the engine
+        thread = threading.Thread(target=wait_for_engine)
+        thread.start()
+        time.sleep(0.5)
+        assert d.running("gone") and "number 1 in the queue" in " ".join(positions)
+        d.leave("gone")
+        thread.join(10)
+        assert "cancelled" in outcome and not pool.waiting
+    assert "gone" not in d.visitors
+
+
+def test_a_job_over_the_time_budget_is_refused_before_it_starts(trio, items):
+    d = Dispatcher(EnginePool(1), job_seconds=30)
+    with pytest.raises(TooLong, match="would take about .* min per job"):
+        d.run(evaluate_job(trio, "v", {"task": "task"}, items * 10, tokens=256))
+
+
+def test_engines_fit_the_free_memory_with_a_margin():
+    eight_b = 8_030_000_000 * 2          # an 8B trio's engine in bf16
+    assert fitting_engines(eight_b, 70 << 30) == 3      # a 70 GiB ZeroGPU slice
+    assert fitting_engines(eight_b, 16 << 30) == 1      # never none
+    assert fitting_engines(135_000_000 * 4, 16 << 30) == 8   # capped
+
+
+# --------------------------------------------------------------------------- ZeroGPU
+def test_zerogpu_emulation_runs_the_apps_jobs_like_the_cpu(tiny, tmp_path, one_thread):
+    """The real ``spaces`` package, its device API emulated on loopback (tests/zerogpu_harness.py,
+    a process of its own): the app's build, evaluation and chat pickle to a forked worker and
+    back, the main process's preloaded weights stay as they were, a second call reuses the
+    worker, and every output equals the CPU path's, token for token."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench.chat import chat_turn
+    from layerswap_core.workbench.evaluate import evaluate_roles
+
+    if importlib.util.find_spec("spaces") is None:
+        pytest.skip("the spaces package is not installed (requirements-dev.txt)")
+    refs = [str(tiny[r]) for r in ("base", "task", "lang")]
+    out = tmp_path / "zerogpu.json"
+    harness = Path(__file__).with_name("zerogpu_harness.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(harness.parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    run = subprocess.run([sys.executable, str(harness), *refs, str(out)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    zero = json.loads(out.read_text())
+
+    session, _ = wb.open_session(*refs)
+    build = wb.build(session, wb.make_config(session, "layer swap", 2, 1))
+    cpu = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False, ("base", "merged"), 8)
+    chat = list(chat_turn(session, "Habari?", [], "merged", max_new_tokens=12))[-1]
+
+    assert "on ZeroGPU" in zero["line"]
+    assert (zero["changed"], zero["total"]) == (build.changed, build.total)
+    assert zero["evaluations"][0] == zero["evaluations"][1] == cpu.raw.rows
+    assert zero["summaries"][0] == cpu.raw.summary
+    assert zero["chat"] == chat.history[-1]["content"] and zero["chat"].strip()
+    assert zero["main_weights_unchanged"]
+    assert len(set(zero["pids"])) == 1 and zero["main_pid"] not in zero["pids"]
+    # one worker for the calls, one for the stream: each allowed once, then reused
+    assert zero["calls"].count("/allow") == 2 and zero["calls"].count("/schedule") >= 6
+    assert zero["calls"].count("/release") == zero["calls"].count("/schedule")
