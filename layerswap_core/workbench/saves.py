@@ -224,11 +224,12 @@ def remember(namespace: str, path) -> None:
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        return
+    try:
+        path.unlink()
+        path.parent.rmdir()          # the web server's per-file folder, when now empty
+    except OSError:
+        pass
 
 
 def sweep_temp(max_age: float = 6 * 3600) -> list[Path]:
@@ -240,6 +241,16 @@ def sweep_temp(max_age: float = 6 * 3600) -> list[Path]:
             shutil.rmtree(p, ignore_errors=True)
             gone.append(p)
     return gone
+
+
+def downloads(access: Access) -> list:
+    """The visitor's Hub downloads (``hub.Download``: ``line()``, ``running``, ``error``)."""
+    return hub.served_cache().status(access.namespace or "") if access.served else []
+
+
+def cancel_downloads(access: Access) -> list[str]:
+    """Stop the visitor's Hub downloads (one another visitor waits for goes on for them)."""
+    return hub.served_cache().cancel(access.namespace or "") if access.served else []
 
 
 def end_visit(namespace: str | None, access: Access | None = None) -> None:
