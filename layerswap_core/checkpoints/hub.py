@@ -37,7 +37,6 @@ from .writing import cache_dir
 
 GB = 10 ** 9
 PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
-CHUNK = 1 << 20
 USED = ".last-used"          # beside a cached repository's snapshots; its mtime is its last use
 
 
@@ -46,7 +45,7 @@ class Pending(ModelLoadError):
 
 
 def _gb(nbytes: float) -> str:
-    return f"{nbytes / GB:.2f} GB"
+    return f"{nbytes / GB:.2f} GB" if nbytes >= GB / 10 else f"{nbytes / 10 ** 6:.1f} MB"
 
 
 def env_number(name: str, default: float | None) -> float | None:
@@ -350,7 +349,9 @@ class HubCache:
             job.error, job.state = _words(e, self.limits.timeout), "failed"
 
     def _download(self, job: Download) -> Path:
-        from huggingface_hub import HfApi, constants, hf_hub_url
+        from urllib.parse import quote
+
+        from huggingface_hub import HfApi, constants
         from huggingface_hub.utils import get_session
 
         endpoint = self.endpoint or constants.ENDPOINT
@@ -379,8 +380,8 @@ class HubCache:
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.root))
         try:
             for name, size in files.items():
-                self._fetch_file(job, get_session(), hf_hub_url(
-                    job.repo_id, name, revision=sha, endpoint=endpoint), partial / name, size)
+                url = f"{endpoint}/{job.repo_id}/resolve/{quote(sha, safe='')}/{quote(name)}"
+                self._fetch_file(job, get_session(), url, partial / name, size)
             check_folder(partial)
             final = self.repo_dir(job.repo_id) / re.sub(r"[^\w.-]", "_", sha)
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -400,7 +401,7 @@ class HubCache:
         with client.stream("GET", url, timeout=self.limits.timeout) as r:
             r.raise_for_status()
             with open(dest, "wb") as f:
-                for chunk in r.iter_bytes(CHUNK):
+                for chunk in r.iter_bytes():
                     if job.cancel.is_set():
                         raise _Stop()
                     got += len(chunk)
