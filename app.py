@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import math
 import os
 import time
@@ -180,7 +181,8 @@ class Page:
     def __init__(self, refs: dict[str, str], access: Access):
         self.refs, self.access = refs, access
         # "Sign in with Hugging Face" on a Space with hf_oauth: true (needs gradio[oauth])
-        self.oauth = access.served and bool(os.environ.get("OAUTH_CLIENT_ID"))
+        self.oauth = (access.served and bool(os.environ.get("OAUTH_CLIENT_ID"))
+                      and importlib.util.find_spec("itsdangerous") is not None)
 
     def visitor(self, request: gr.Request | None, profile=None) -> Access:
         """The page's access for this visitor: their namespace (signed-in user, else the page

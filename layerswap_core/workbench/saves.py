@@ -36,7 +36,7 @@ from .served import Access, WorkbenchError
 GB = hub.GB
 _SECRET = os.urandom(32)                         # per process: session folders cannot be guessed
 _USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}", re.ASCII)
-TEMP_PREFIX = "layerswap-"
+TEMP_PREFIX = "layerswap-dl-"         # only these are swept (never a bench's folder)
 
 
 # --------------------------------------------------------------------------- who
@@ -200,9 +200,10 @@ def temp_root() -> Path:
 
 @contextmanager
 def temp_folder(namespace: str):
-    """A fresh ``layerswap-*`` folder in the system temporary folder for one download of the
+    """A fresh ``layerswap-dl-*`` folder in the system temporary folder for one download of the
     visitor's, removed when the block ends (the download was handed over) and, should the
     process be stopped in between, by ``end_visit`` or ``sweep_temp``."""
+    sweep_temp()
     path = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
     with _LOCK:
         _TEMP.setdefault(namespace, set()).add(path)
@@ -233,7 +234,7 @@ def _remove(path: Path) -> None:
 
 
 def sweep_temp(max_age: float = 6 * 3600) -> list[Path]:
-    """Remove ``layerswap-*`` folders of the system temporary folder older than ``max_age``
+    """Remove ``layerswap-dl-*`` folders of the system temporary folder older than ``max_age``
     (what a stopped process left)."""
     gone = []
     for p in temp_root().glob(TEMP_PREFIX + "*"):
