@@ -188,8 +188,10 @@ class Page:
         """The page's access for this visitor: their namespace (signed-in user, else the page
         session) holds their saves, downloads and temporary files (``workbench.saves``)."""
         user = getattr(profile, "username", None)
-        return self.access.for_visitor(saves.visitor_namespace(
-            user, getattr(request, "session_hash", None)))
+        session_id = getattr(request, "session_hash", None)
+        if not (self.access.served or user or session_id):
+            return self.access   # local, called without a page session (a script)
+        return self.access.for_visitor(saves.visitor_namespace(user, session_id))
 
     def end_visit(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The page was closed: the visitor's temporary files go (and an anonymous visitor's

@@ -253,10 +253,26 @@ def test_a_hanging_hub_errors_within_the_timeout_while_another_visitor_picks(ser
 
 def test_the_huge_repo_is_refused_before_any_byte(served, tiny, fake_hub):
     msg = pick(visitor(served), str(tiny["base"]), "fake/huge", str(tiny["lang"]))["models_md"]
-    assert msg.startswith("⚠") and "fake/huge is 42.95 GB to download" in msg
+    assert msg.startswith("⚠") and "fake/huge: 42.95 GB to download" in msg
     assert "at most 5.00 GB per model (LAYERSWAP_MAX_DOWNLOAD_GB)" in msg
     assert fake_hub.resolves("fake/huge") == []        # not one file asked for
     in_words(msg, fake_hub)
+
+
+def test_locally_the_download_limit_applies_only_when_set(fake_hub, monkeypatch):
+    from layerswap_core.checkpoints.references import ModelLoadError, resolve
+
+    monkeypatch.setenv("LAYERSWAP_MAX_DOWNLOAD_GB", "5")
+    monkeypatch.setenv("HF_TOKEN", "hf_local_user_token")     # locally: the user's own token
+    with pytest.raises(ModelLoadError, match="fake/huge is 42.95 GB to download; the limit is 5 GB"):
+        resolve("fake/huge")
+    assert fake_hub.resolves("fake/huge") == []
+    assert fake_hub.requests[-1] == ("GET", "/api/models/fake/huge",
+                                     "Bearer hf_local_user_token")
+    assert hub.HubLimits.from_env(served=False).max_download == 5 * hub.GB
+    monkeypatch.delenv("LAYERSWAP_MAX_DOWNLOAD_GB")
+    local = hub.HubLimits.from_env(served=False)
+    assert local.max_download is None and local.cache_bytes is None
 
 
 def test_a_model_downloads_in_the_background_and_is_then_picked(served, tiny, fake_hub):

@@ -93,11 +93,11 @@ class HubLimits:
                    max(timeout, 0.1), jobs)
 
 
-def too_big(repo_id: str, nbytes: int, limit: int | None) -> str | None:
+def too_big(nbytes: int, limit: int | None) -> str | None:
     """The refusal of a download of ``nbytes`` over ``limit`` (the message names the limit)."""
     if limit is None or nbytes <= limit:
         return None
-    return (f"{repo_id} is {_gb(nbytes)} to download; this server downloads at most "
+    return (f"{_gb(nbytes)} to download; this server downloads at most "
             f"{_gb(limit)} per model (LAYERSWAP_MAX_DOWNLOAD_GB)")
 
 
@@ -178,12 +178,16 @@ class HubCache:
     """Served downloads in ``root`` (``<owner>--<name>/<commit>/`` per model), at most
     ``limits.cache_bytes`` in all, least recently used first out."""
 
-    def __init__(self, root: Path, limits: HubLimits | None = None, endpoint: str | None = None):
+    def __init__(self, root: Path, limits: HubLimits | None = None, endpoint: str | None = None,
+                 hold_seconds: float = 6 * 3600):
         self.root = Path(root)
         self.limits = limits or HubLimits.from_env(served=True)
         self.endpoint = endpoint
         self.jobs: dict[str, Download] = {}
-        self.holds: dict[str, set[Path]] = {}      # visitor -> model folders their session uses
+        # visitor -> {model folder their session uses: when}; a hold lapses after hold_seconds
+        # (a session's longest life) even if the visitor never closed their page
+        self.holds: dict[str, dict[Path, float]] = {}
+        self.hold_seconds = hold_seconds
         self.lock = threading.RLock()
 
     # ---- folders
@@ -223,7 +227,7 @@ class HubCache:
     # ---- holds: models a live session uses are never evicted
     def hold(self, visitor: str, path) -> None:
         with self.lock:
-            self.holds.setdefault(visitor, set()).add(Path(path))
+            self.holds.setdefault(visitor, {})[Path(path)] = time.monotonic()
 
     def release(self, visitor: str) -> None:
         """The visitor's session ended: their models may be evicted, their downloads stop
@@ -236,7 +240,9 @@ class HubCache:
                     job.cancel.set()
 
     def held(self, repo_dir: Path) -> bool:
-        return any(Path(p).is_relative_to(repo_dir) for ps in self.holds.values() for p in ps)
+        since = time.monotonic() - self.hold_seconds
+        return any(p.is_relative_to(repo_dir) and t > since
+                   for ps in self.holds.values() for p, t in ps.items())
 
     def make_room(self, nbytes: int, keep: str = "") -> None:
         """Evict least recently used models nobody holds until ``nbytes`` more fit under the cap;
@@ -369,7 +375,7 @@ class HubCache:
         if any(size is None for size in files.values()):
             raise ModelLoadError("the Hub does not list the size of every file: not downloaded")
         total = sum(files.values())
-        refusal = too_big(job.repo_id, total, self.limits.max_download)
+        refusal = too_big(total, self.limits.max_download)
         if refusal:
             raise ModelLoadError(refusal)
         self.root.mkdir(parents=True, exist_ok=True)
