@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import math
 import os
 import time
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 
 from layerswap_core.merge import registry
+from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            english_twins, plain_history)
@@ -178,6 +181,24 @@ class Page:
     def __init__(self, refs: dict[str, str], access: Access):
         self.refs, self.access = refs, access
         self.engines = spaces.start(refs)   # where jobs run, how many live models fit
+        # "Sign in with Hugging Face" on a Space with hf_oauth: true (needs gradio[oauth])
+        self.oauth = (access.served and bool(os.environ.get("OAUTH_CLIENT_ID"))
+                      and importlib.util.find_spec("itsdangerous") is not None)
+
+    def visitor(self, request: gr.Request | None, profile=None) -> Access:
+        """The page's access for this visitor: their namespace (signed-in user, else the page
+        session) holds their saves, downloads and temporary files (``workbench.saves``)."""
+        user = getattr(profile, "username", None)
+        session_id = getattr(request, "session_hash", None)
+        if not (self.access.served or user or session_id):
+            return self.access   # local, called without a page session (a script)
+        return self.access.for_visitor(saves.visitor_namespace(user, session_id))
+
+    def end_visit(self, request: gr.Request, profile: gr.OAuthProfile | None):
+        """The page was closed: the visitor's temporary files go (and an anonymous visitor's
+        saves, which nobody can reach any more)."""
+        access = self.visitor(request, profile)
+        saves.end_visit(access.namespace, access)
 
     # ---- derived views
     def cleared(self) -> dict:
@@ -221,11 +242,13 @@ class Page:
 
     # ---- models tab
     @guarded("models_md")
-    def pick_models(self, v, progress=gr.Progress()):
+    def pick_models(self, v, request: gr.Request, profile: gr.OAuthProfile | None,
+                    progress=gr.Progress()):
         refs = (v[self.base], v[self.task], v[self.lang])
         wb.close_session(v[self.session])  # nothing runs on models no longer selected
         try:
-            session, report = wb.open_session(*refs, gr_progress(progress), self.access)
+            session, report = wb.open_session(*refs, gr_progress(progress),
+                                              self.visitor(request, profile))
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
             return {**self.no_session(), self.models_md: warn(e),
                     self.models_table: wb.unchecked_rows(*refs)}
@@ -309,26 +332,61 @@ class Page:
                 **self.banner(session), self.eval_md: "", self.chat_md: ""}
 
     @guarded("build_md")
-    def save(self, v, progress=gr.Progress()):
+    def save(self, v, request: gr.Request, profile: gr.OAuthProfile | None,
+             progress=gr.Progress()):
         session = wb.require(v[self.session])
         config = self.config(v, session)
         out = wb.save(session, config, v[self.folder], v[self.overwrite],
-                      gr_progress(progress))
+                      gr_progress(progress), access=self.visitor(request, profile))
         return {self.build_md: ok(f"Saved to `{out}`.")}
 
-    @guarded("build_md")
-    def download(self, v):
-        session = wb.require(v[self.session])
-        path = wb.export_zip(session, self.config(v, session))
-        return {self.build_md: ok("Config and model card zipped."), self.zip_file: str(path)}
+    def own_saves(self, request: gr.Request, profile: gr.OAuthProfile | None):
+        """The model lists with the visitor's own saves (served: nobody else's)."""
+        mine = saves.own_saves(self.visitor(request, profile))
+        offered = offered_models(self.access)
+        return [gr.update(choices=[*first, *mine, *offered]) for first in
+                ([wb.DEMO_REFS["base"]], EXPERT_CHOICES, EXPERT_CHOICES)]
+
+    def download(self, v, request: gr.Request):
+        """The zip from a temporary folder of the visitor's, removed once it was handed over
+        (the web server keeps its own copy until the page closes)."""
+        try:
+            session = wb.require(v[self.session])
+            namespace = self.visitor(request).namespace
+            with saves.temp_folder(namespace) as tmp:
+                path = wb.export_zip(session, self.config(v, session), tmp)
+                yield {self.build_md: ok("Config and model card zipped."),
+                       self.zip_file: str(path)}
+                # handed over: Gradio copied it into its cache (by content); that copy goes
+                # when the page closes, ours now
+                from gradio.processing_utils import hash_file
+                saves.remember(namespace, Path(self.zip_file.GRADIO_CACHE) / hash_file(path)
+                               / path.name)
+        except Exception as e:  # noqa: BLE001 - everything reaches the page as one line
+            yield {self.build_md: warn(e)}
 
     @guarded("build_md")
-    def push(self, v, progress=gr.Progress()):
+    def push(self, v, token: gr.OAuthToken | None, profile: gr.OAuthProfile | None,
+             progress=gr.Progress()):
         session = wb.require(v[self.session])
         config = self.config(v, session)
         url = wb.push_to_hub(session, config, v[self.repo_id], v[self.private],
-                             gr_progress(progress))
+                             gr_progress(progress),
+                             visitor_token=getattr(token, "token", None),
+                             visitor=getattr(profile, "username", None))
         return {self.build_md: ok(f"Pushed to {url}")}
+
+    def hub_status(self, request: gr.Request, profile: gr.OAuthProfile | None):
+        """The visitor's Hub downloads in words (nothing changes when there are none)."""
+        jobs = saves.downloads(self.visitor(request, profile))
+        if not jobs:
+            return gr.skip()
+        return "; ".join(("⏳ " if j.running else "⚠ " if j.error else "✔ ") + j.line()
+                         for j in jobs)
+
+    def cancel_download(self, request: gr.Request, profile: gr.OAuthProfile | None):
+        names = saves.cancel_downloads(self.visitor(request, profile))
+        return ("■ Cancelled: " + ", ".join(names)) if names else "Nothing is downloading."
 
     def cancel_into(self, line):
         """A Cancel button's callback: the job stops at its next step and then says so itself
@@ -435,6 +493,8 @@ class Page:
         gr.Markdown(f"# {TITLE}\n{INTRO}")
         gr.Markdown(self.access.describe() + " " + self.engines, elem_id="mode",
                     elem_classes="status")
+        if self.oauth:  # served on a Space with hf_oauth: saves and pushes under your account
+            gr.LoginButton()
         self.status = gr.Markdown("Loading the embedded demo...", elem_id="status",
                                   elem_classes="status")
         # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
@@ -465,6 +525,9 @@ class Page:
             self.pick_btn = gr.Button("Check and use these models", variant="primary",
                                       elem_id="pick")
             self.models_md = gr.Markdown(elem_id="models-status")
+            # served: Hub downloads run in the background; their progress shows above
+            self.hub_cancel = gr.Button("Cancel download", size="sm", visible=self.access.served)
+            self.hub_timer = gr.Timer(3, active=self.access.served)
             self.models_table = gr.Dataframe(headers=list(wb.ModelsReport.HEADERS),
                                              interactive=False, elem_id="models-table",
                                              label="Models (read from headers, no weights loaded)")
@@ -579,7 +642,9 @@ class Page:
                 self.zip_btn = gr.Button("Zip config + model card")
                 self.zip_file = gr.File(label="Download")
             # only with a token and the network, and never with the server's token for visitors
-            with gr.Row(visible=wb.hub_token() is not None and not self.access.served):
+            # (served: with the signed-in visitor's own token, into their own namespace)
+            with gr.Row(visible=self.oauth or (wb.hub_token() is not None
+                                               and not self.access.served)):
                 self.repo_id = gr.Textbox(label="Push to the Hub as",
                                           placeholder="your-name/merged-model",
                                           max_length=LIMITS.ref_chars)
@@ -713,6 +778,15 @@ class Page:
         self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
                             api_name="pick_models", concurrency_limit=LIMITS.jobs)
         demo.load(self.pick_models, models, self.outputs("pick_models"), api_visibility="private")
+        # served: the visitor's own saves in the model lists; downloads' progress; cleanup
+        own = [self.base, self.task, self.lang]
+        if self.access.served:
+            demo.load(self.own_saves, None, own, api_visibility="private")
+            self.hub_timer.tick(self.hub_status, None, [self.models_md], show_progress="hidden",
+                                api_visibility="private", concurrency_limit=None)
+            self.hub_cancel.click(self.cancel_download, None, [self.models_md],
+                                  api_name="cancel_download")
+        demo.unload(self.end_visit)
 
         gr.on([c.change for c in config - {self.session}], self.update_plan, config,
               self.outputs("plan"), api_name="plan", show_progress="hidden",
@@ -730,8 +804,10 @@ class Page:
                              self.outputs("apply_suggestion"), api_name="apply_suggestion")
 
         self.build_btn.click(self.build, config, self.outputs("build"), api_name="build", **heavy)
-        self.save_btn.click(self.save, config | {self.folder, self.overwrite},
-                            self.outputs("save"), api_name="save", **heavy)
+        saved = self.save_btn.click(self.save, config | {self.folder, self.overwrite},
+                                    self.outputs("save"), api_name="save", **heavy)
+        if self.access.served:
+            saved.then(self.own_saves, None, own, api_visibility="private")
         self.push_btn.click(self.push, config | {self.repo_id, self.private},
                             self.outputs("push"), api_name="push", **heavy)
         self.zip_btn.click(self.download, config, self.outputs("download"), api_name="download")

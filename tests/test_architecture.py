@@ -24,7 +24,8 @@ LAYERS = [
     ("merge.partition", "merge.registry", "merge.config",   # partitions, the methods registry,
      "merge.plan", "merge.apply"),                # the config, the pure merge plan, Source -> tensor
     ("checkpoints.references",),                  # model references, embedded models, resolving
-    ("checkpoints.loading", "checkpoints.compatibility"),   # loading; the one compatibility check
+    ("checkpoints.loading", "checkpoints.compatibility",   # loading; the one compatibility check;
+     "checkpoints.hub"),                          # bounded served Hub downloads, capped cache
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.data", "evaluation.variants", "evaluation.calculator", "evaluation.generation",
@@ -36,6 +37,7 @@ LAYERS = [
     ("engines.dispatch",),                        # the one dispatcher (local, ZeroGPU)
     ("workbench.figures", "workbench.spaces", "workbench.served"),   # figures, the ZeroGPU shim,
                                                   # limits, access and one-line errors
+    ("workbench.saves",),                         # served disk: namespaces, quotas, temp files
     ("workbench.session",),                       # the session: models, configure, build tabs
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",
      "workbench.demo"),                          # the other tabs; the demo result

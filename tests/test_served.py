@@ -149,20 +149,23 @@ def test_hub_ids_are_never_read_as_folders(served, tiny, monkeypatch):
 
 
 # --------------------------------------------------------------------------- saving
-def test_saves_go_only_by_name_under_the_output_root(served, built):
+def test_saves_go_only_by_name_under_the_visitors_folder(served, built):
     embedded = cache_dir() / "embedded"
     before = {"victim": snapshot(served.victim), "embedded": snapshot(embedded),
               "root": {k: v for k, v in snapshot(served.root).items()
                        if not k.startswith("outputs")}}
-    served.out.mkdir(parents=True, exist_ok=True)
-    (served.out / "link").symlink_to(served.victim)      # a link in the output root pointing out
-    notes = served.out / "notes"                        # a folder that is not a layerswap output
-    notes.mkdir()
-    (notes / "MARKER").write_text("mine")
 
     def save(name, overwrite=False):
         return built.predict(*config(), name, overwrite, api_name="/save")
 
+    status = save("good")
+    assert status.startswith("✔"), status
+    mine = Path(status.split("`")[1]).parent             # this visitor's own folder
+    assert mine.parent == served.out and mine.name.startswith("session-")
+    (mine / "link").symlink_to(served.victim)            # a link in the folder pointing out
+    notes = mine / "notes"                               # a folder that is not a layerswap output
+    notes.mkdir()
+    (notes / "MARKER").write_text("mine")
     for name in ["../outside/victim", "/tmp/x", str(served.victim), "a/b", "a\\b", ".hidden",
                  "..", "a..b", "~", "", "   ", "x" * 101, "link", "nul\x00"]:
         for overwrite in (False, True):
@@ -172,25 +175,24 @@ def test_saves_go_only_by_name_under_the_output_root(served, built):
     assert save("notes", True).endswith("is not a layerswap output (no layerswap.yaml): not "
                                         "replacing it")
     assert (notes / "MARKER").read_text() == "mine"
-
-    status = save("good")
-    assert status.startswith("✔") and str(served.out / "good") in status
-    assert (served.out / "good" / "layerswap.yaml").exists()
     assert "already exists" in save("good")
     assert save("good", True).startswith("✔")                 # a layerswap output: replaced
-    assert sorted(p.name for p in served.out.iterdir()) == ["good", "link", "notes"]
+    assert (mine / "good" / "layerswap.yaml").exists()
+    assert sorted(p.name for p in mine.iterdir()) == ["good", "link", "notes"]
+    assert [p.name for p in served.out.iterdir()] == [mine.name]
     assert snapshot(served.victim) == before["victim"]
     assert snapshot(embedded) == before["embedded"]
     assert {k: v for k, v in snapshot(served.root).items()
             if not k.startswith("outputs")} == before["root"]
-    # what was saved can be picked again: the output root is a model root
-    out = pick(visitor(served), "", str(served.out / "good"), str(served.out / "good"))
-    assert out["models_md"].startswith("✔")
+    # another visitor can neither pick it (test_served_resources: its owner can)
+    out = pick(visitor(served), "", str(mine / "good"), str(mine / "good"))
+    assert out["models_md"] == f"⚠ task expert: {REFUSED}"
 
 
-def test_push_is_not_offered_to_visitors(built):
+def test_push_needs_the_visitors_own_sign_in(built):
     status = built.predict(*config(), "me/merged", True, api_name="/push")
-    assert status.startswith("⚠") and "not offered to visitors" in status
+    assert status.startswith("⚠") and "sign in with Hugging Face" in status
+    assert "never pushes with its own token" in status
 
 
 # --------------------------------------------------------------------------- caps and limits

@@ -386,6 +386,10 @@ def _from_hub(repo_id: str, progress: Progress | None) -> Path:
                 "network is available, or give a local folder") from None
     else:
         size = _hub_download_size(repo_id, patterns)
+        limit = os.environ.get("LAYERSWAP_MAX_DOWNLOAD_GB", "").strip()
+        if size and limit.replace(".", "", 1).isdigit() and 0 < float(limit) < size / 1e9:
+            raise ModelLoadError(f"{repo_id} is {size / 1e9:.2f} GB to download; the limit is "
+                                 f"{float(limit):g} GB (LAYERSWAP_MAX_DOWNLOAD_GB)")
         check_free_space(_hub_cache(), size, f"downloading {repo_id}")
         say(progress, 0.0, f"Downloading {repo_id} from the Hugging Face Hub "
                            f"({_gib(size)} to download)...")

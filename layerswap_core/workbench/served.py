@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..checkpoints.references import EMBEDDED_PREFIX, is_adapter
@@ -131,6 +131,19 @@ class Access:
     output_root: Path | None = None
     model_roots: tuple[Path, ...] = ()
     trusted: frozenset[str] = frozenset()
+    namespace: str | None = None     # served: the visitor's own folder under output_root
+
+    def for_visitor(self, namespace: str | None) -> "Access":
+        """The same access for one visitor (``saves.visitor_namespace``): served, their saves
+        live in ``output_root/namespace`` and only they can list, pick or overwrite them."""
+        return replace(self, namespace=namespace)
+
+    @property
+    def saves_root(self) -> Path | None:
+        """Where this visitor's saves go (served: their namespace; without one, the root)."""
+        if self.output_root is None or not self.namespace:
+            return self.output_root
+        return self.output_root / self.namespace
 
     @classmethod
     def from_env(cls, served: bool, trusted=()) -> "Access":
@@ -146,9 +159,11 @@ class Access:
         if not self.served:
             return ("Local mode (one user): models and saves may be any folder on this machine "
                     "(LAYERSWAP_SERVED=1 restricts them as for visitors).")
+        roots = [r for r in self.model_roots if r != self.output_root]
         return ("Served mode: models are embedded, Hub ids or folders under "
-                + ", ".join(f"`{r}`" for r in self.model_roots)
-                + f"; saves are named folders under `{self.output_root}`.")
+                + ", ".join(f"`{r}`" for r in roots or self.model_roots)
+                + f"; saves are named folders under `{self.output_root}`, each visitor's in "
+                "their own folder that only they can see.")
 
 
 LOCAL = Access()
@@ -158,7 +173,9 @@ REFUSED = ("not available on this server: use an embedded: model, a Hub id (owne
            "folder under the model folders named at the top of the page")
 
 
-def _within(real: str, root: Path) -> bool:
+def _within(real: str, root: Path | str) -> bool:
+    if not real or not str(root):
+        return False
     top = os.path.realpath(root)
     return os.path.commonpath([real, top]) == top
 
@@ -172,22 +189,31 @@ def vet_reference(ref, access: Access = LOCAL, progress: Progress | None = None)
     if not access.served or ref in access.trusted or ref.startswith(EMBEDDED_PREFIX):
         return ref
     if HUB_ID.fullmatch(ref):
-        from ..checkpoints.references import _from_hub
-        return str(_from_hub(ref, progress))
+        from ..checkpoints import hub
+        return str(hub.served_fetch(ref, access.namespace or ""))
     if os.path.isabs(ref) and ref.isprintable():
         try:
             real = os.path.realpath(ref)
         except (OSError, ValueError):
             real = ""
-        if real and any(_within(real, root) for root in access.model_roots):
+        if real and _within(real, access.output_root or "") and access.namespace:
+            # the shared output root: only the visitor's own saves
+            ok = _within(real, access.saves_root)
+        else:
+            ok = any(_within(real, root) for root in access.model_roots)
+        if real and ok:
             return real
     raise WorkbenchError(REFUSED)
 
 
 def offered_models(access: Access, limit: int = 50) -> list[str]:
-    """Model and adapter folders directly under the model roots (the served page lists them)."""
+    """Model and adapter folders directly under the model roots (the served page lists them);
+    of the output root, only the visitor's own saves (none without a namespace)."""
     found = []
-    for root in access.model_roots if access.served else ():
+    roots = [r for r in access.model_roots if r != access.output_root] if access.served else []
+    if access.served and access.namespace and access.saves_root is not None:
+        roots.append(access.saves_root)
+    for root in roots:
         try:
             subs = sorted(p for p in Path(root).iterdir() if p.is_dir())
         except OSError:
@@ -214,8 +240,10 @@ def output_folder(access: Access, folder) -> Path:
     if not _FOLDER_NAME.fullmatch(text) or ".." in text:
         raise WorkbenchError(f"output folder {text!r}: give a name (letters, digits, '-', '_', "
                              "'.'), not a path; it is saved in this server's output folder")
-    root = access.output_root
+    root = access.saves_root
     root.mkdir(parents=True, exist_ok=True)
+    if root.is_symlink() or not _within(os.path.realpath(root), access.output_root):
+        raise WorkbenchError("this visitor's save folder is a link: not writing there")
     out = root / text
     if out.is_symlink() or os.path.realpath(out) != os.path.join(os.path.realpath(root), text):
         raise WorkbenchError(f"output folder {text!r} is a link out of the output folder: "

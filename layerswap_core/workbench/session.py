@@ -408,11 +408,26 @@ def build(session: Session, config, progress: Progress | None = None) -> BuildRe
 
 
 def save(session: Session, config, folder: str, overwrite: bool = False,
-         progress: Progress | None = None) -> Path:
+         progress: Progress | None = None, *, access: Access | None = None) -> Path:
     """Stream the merge to a folder on the server (sharded safetensors, config, card): a name
-    under the output root when serving visitors, any folder locally (``output_folder``)."""
-    return _merge_into(session, config, output_folder(session.access, folder), bool(overwrite),
-                       progress)
+    in the visitor's folder under the output root when serving visitors (``access``: theirs,
+    ``Access.for_visitor``), within the save quotas (``saves.reserving``); any folder locally
+    (``output_folder``)."""
+    from .saves import reserving
+
+    access = access or session.access
+    out = output_folder(access, folder)
+    check_replace(out, bool(overwrite))
+    with reserving(access, out, _checkpoint_bytes(session)):
+        return _merge_into(session, config, out, bool(overwrite), progress)
+
+
+def _checkpoint_bytes(session: Session) -> int:
+    """The size of one checkpoint of the session's models (what a merge writes)."""
+    from ..checkpoints.reading import CheckpointReader
+
+    with CheckpointReader(session.paths["task"]) as reader:
+        return reader.nbytes()
 
 
 def _merge_into(session: Session, config, out: Path, overwrite: bool,
@@ -421,12 +436,8 @@ def _merge_into(session: Session, config, out: Path, overwrite: bool,
 
     from ..checkpoints.references import check_free_space
 
-    from ..checkpoints.reading import CheckpointReader
-
     check_replace(out, overwrite)
-    with CheckpointReader(session.paths["task"]) as reader:
-        size = reader.nbytes()
-    check_free_space(Path(out).parent, size, f"saving the merge to {out}")
+    check_free_space(Path(out).parent, _checkpoint_bytes(session), f"saving the merge to {out}")
     with dispatcher().hold(session.job("save"), progress) as guard:
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],
                                session.refs.get("base"), out, overwrite=overwrite, progress=guard)
@@ -441,12 +452,19 @@ def hub_token() -> str | None:
 
 
 def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
-                progress: Progress | None = None) -> str:
-    """Merge into a temporary folder and upload it to a Hub model repo; returns its URL."""
+                progress: Progress | None = None, *, visitor_token: str | None = None,
+                visitor: str | None = None) -> str:
+    """Merge into a temporary folder and upload it to a Hub model repo; returns its URL.
+    Served: only with the signed-in visitor's own token (``visitor_token``, user ``visitor``)
+    into their own namespace (``saves.push_target``), never the server's token."""
     repo_id = capped("repo id", repo_id, LIMITS.ref_chars).strip()
     if session.access.served:
-        raise WorkbenchError("pushing would use this server's Hub token: not offered to visitors")
-    token = hub_token()
+        from ..checkpoints.references import is_offline
+        from .saves import push_target
+        repo_id = push_target(repo_id, visitor_token, visitor)
+        token = None if is_offline() else visitor_token
+    else:
+        token = hub_token()
     if token is None:
         raise WorkbenchError("pushing needs the network and a token: set HF_TOKEN and unset "
                              "HF_HUB_OFFLINE")

@@ -1,0 +1,450 @@
+"""Hub downloads for a server with visitors: bounded, in the background, in a capped cache.
+
+Locally, ``references.resolve`` downloads a Hub id with ``huggingface_hub`` into its own cache,
+inside the call (one user, nothing in their way). Served, a visitor naming a Hub id gets
+``served_fetch``: the model's folder when it is already here, else a background ``Download``
+(one per repository, shared by every visitor asking for it) and a ``Pending`` error saying how
+far it got. A download:
+
+* lists the repository's files with their sizes (model info) and is refused, before any byte of
+  a file is fetched, when the listed total exceeds ``LAYERSWAP_MAX_DOWNLOAD_GB`` (or a size is
+  not listed, or the repository is gated or private: the server's token is never used for it);
+* fetches each file itself (``resolve`` URLs, no retries) with connect and read timeouts of
+  ``LAYERSWAP_HUB_TIMEOUT`` seconds, so a silent Hub is an error within a minute, and checks
+  Cancel and the listed size between chunks (a Hub sending more than it listed is stopped);
+* writes into a partial folder renamed into place when complete (never half a model);
+* makes room first in the served cache (``LAYERSWAP_MAX_HUB_CACHE_GB``), evicting the least
+  recently used models that no visitor holds (``hold``/``release``: the models a live session
+  picked).
+
+Errors are sentences (``ModelLoadError``): never an internal URL or an exception class.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..progress import Progress, say
+from .references import ModelLoadError, check_folder, check_free_space, is_offline
+from .writing import cache_dir
+
+GB = 10 ** 9
+PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
+USED = ".last-used"          # beside a cached repository's snapshots; its mtime is its last use
+
+
+class Pending(ModelLoadError):
+    """The model is being downloaded in the background; the message says how far it got."""
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / GB:.2f} GB" if nbytes >= GB / 10 else f"{nbytes / 10 ** 6:.1f} MB"
+
+
+def env_number(name: str, default: float | None) -> float | None:
+    """A positive number from a variable; unset or unreadable: ``default``; "off", "none" or
+    "0": None (no limit)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("off", "none", "no", "0", "unlimited"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return value if value > 0 else None
+
+
+def env_gb(name: str, default: float | None) -> int | None:
+    """Bytes from a variable in GB (decimal, 10^9 bytes), as ``env_number``."""
+    value = env_number(name, default)
+    return None if value is None else int(value * GB)
+
+
+@dataclass(frozen=True)
+class HubLimits:
+    """Served defaults sized for a Space's 50 GB disk; locally every limit is off unless set."""
+    max_download: int | None = 10 * GB     # LAYERSWAP_MAX_DOWNLOAD_GB: one repository
+    cache_bytes: int | None = 20 * GB      # LAYERSWAP_MAX_HUB_CACHE_GB: every served download
+    timeout: float = 20.0                  # LAYERSWAP_HUB_TIMEOUT: seconds to connect, per read
+    jobs: int = 2                          # LAYERSWAP_MAX_DOWNLOADS: downloads at once
+
+    @classmethod
+    def from_env(cls, served: bool = True) -> "HubLimits":
+        d = cls() if served else cls(None, None, 20.0, 2)
+        try:
+            timeout = float(os.environ.get("LAYERSWAP_HUB_TIMEOUT") or d.timeout)
+        except ValueError:
+            timeout = d.timeout
+        try:
+            jobs = max(1, int(os.environ.get("LAYERSWAP_MAX_DOWNLOADS") or d.jobs))
+        except ValueError:
+            jobs = d.jobs
+        return cls(env_gb("LAYERSWAP_MAX_DOWNLOAD_GB", d.max_download and d.max_download / GB),
+                   env_gb("LAYERSWAP_MAX_HUB_CACHE_GB", d.cache_bytes and d.cache_bytes / GB),
+                   max(timeout, 0.1), jobs)
+
+
+def too_big(nbytes: int, limit: int | None) -> str | None:
+    """The refusal of a download of ``nbytes`` over ``limit`` (the message names the limit)."""
+    if limit is None or nbytes <= limit:
+        return None
+    return (f"{_gb(nbytes)} to download; this server downloads at most "
+            f"{_gb(limit)} per model (LAYERSWAP_MAX_DOWNLOAD_GB)")
+
+
+# --------------------------------------------------------------------------- one download
+@dataclass
+class Download:
+    repo_id: str
+    state: str = "listing"                 # listing, downloading, done, failed, cancelled
+    done: int = 0
+    total: int | None = None
+    error: str | None = None
+    path: Path | None = None
+    waiting: set[str] = field(default_factory=set)   # visitors who asked for it
+    cancel: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.monotonic)
+    thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("listing", "downloading")
+
+    def line(self) -> str:
+        """Where the download stands, in words."""
+        if self.state == "listing":
+            return f"{self.repo_id}: asking the Hub for its files..."
+        if self.state == "downloading":
+            pct = 100 * self.done / self.total if self.total else 0
+            return (f"{self.repo_id}: downloading in the background, {pct:.0f}% "
+                    f"({_gb(self.done)} of {_gb(self.total or 0)}); press Check again when it "
+                    "is done")
+        if self.state == "done":
+            return f"{self.repo_id}: downloaded; press Check to use it"
+        if self.state == "cancelled":
+            return f"{self.repo_id}: download cancelled"
+        return f"{self.repo_id}: {self.error}"
+
+
+def _words(exc: BaseException, timeout: float) -> str:
+    """An exception of a Hub call as a sentence (no URL, no exception class)."""
+    import httpx2
+    from huggingface_hub import errors
+
+    if isinstance(exc, ModelLoadError):
+        return str(exc)
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"the Hub did not answer within {timeout:.0f} s; try again later"
+    if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError)):
+        return "cannot reach the Hub from this server; try again later"
+    if isinstance(exc, errors.GatedRepoError):
+        return "this model is gated (its terms must be accepted): not downloaded on this server"
+    if isinstance(exc, (errors.RepositoryNotFoundError, errors.RevisionNotFoundError,
+                        errors.EntryNotFoundError)):
+        return "no public model of that name on the Hub"
+    if isinstance(exc, errors.OfflineModeIsEnabled):
+        return "the Hub is switched off on this server (HF_HUB_OFFLINE=1)"
+    if isinstance(exc, errors.HfHubHTTPError):
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if status in (401, 403, 404):
+            return "no public model of that name on the Hub"
+        return f"the Hub answered with an error{f' (HTTP {status})' if status else ''}; " \
+               "try again later"
+    if isinstance(exc, OSError):
+        return "the server could not write the download (disk full or not writable)"
+    return "the download failed; try again later"
+
+
+_SAFE_NAME = re.compile(r"[\w.-]+(/[\w.-]+)*")
+
+
+def _clean_names(names) -> None:
+    for name in names:
+        if not _SAFE_NAME.fullmatch(name) or any(p in ("", ".", "..") for p in name.split("/")):
+            raise ModelLoadError("the Hub listed a file name that is not a plain path: refused")
+
+
+# --------------------------------------------------------------------------- the served cache
+class HubCache:
+    """Served downloads in ``root`` (``<owner>--<name>/<commit>/`` per model), at most
+    ``limits.cache_bytes`` in all, least recently used first out."""
+
+    def __init__(self, root: Path, limits: HubLimits | None = None, endpoint: str | None = None,
+                 hold_seconds: float = 6 * 3600):
+        self.root = Path(root)
+        self.limits = limits or HubLimits.from_env(served=True)
+        self.endpoint = endpoint
+        self.jobs: dict[str, Download] = {}
+        # visitor -> {model folder their session uses: when}; a hold lapses after hold_seconds
+        # (a session's longest life) even if the visitor never closed their page
+        self.holds: dict[str, dict[Path, float]] = {}
+        self.hold_seconds = hold_seconds
+        self.lock = threading.RLock()
+
+    # ---- folders
+    def repo_dir(self, repo_id: str) -> Path:
+        return self.root / repo_id.replace("/", "--")
+
+    def cached(self, repo_id: str) -> Path | None:
+        """The newest complete snapshot of ``repo_id`` here, or None."""
+        d = self.repo_dir(repo_id)
+        try:
+            snaps = [p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        except OSError:
+            return None
+        return max(snaps, key=lambda p: p.stat().st_mtime) if snaps else None
+
+    def used(self, repo_dir: Path) -> float:
+        try:
+            return (repo_dir / USED).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def touch(self, repo_id: str) -> None:
+        d = self.repo_dir(repo_id)
+        (d / USED).touch()
+
+    @staticmethod
+    def size(folder: Path) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(folder):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, f)).st_size
+                except OSError:
+                    pass
+        return total
+
+    # ---- holds: models a live session uses are never evicted
+    def hold(self, visitor: str, path) -> None:
+        with self.lock:
+            self.holds.setdefault(visitor, {})[Path(path)] = time.monotonic()
+
+    def release(self, visitor: str) -> None:
+        """The visitor's session ended: their models may be evicted, their downloads stop
+        unless another visitor waits for them."""
+        with self.lock:
+            self.holds.pop(visitor, None)
+            for job in self.jobs.values():
+                job.waiting.discard(visitor)
+                if job.running and not job.waiting:
+                    job.cancel.set()
+
+    def held(self, repo_dir: Path) -> bool:
+        since = time.monotonic() - self.hold_seconds
+        return any(p.is_relative_to(repo_dir) and t > since
+                   for ps in self.holds.values() for p, t in ps.items())
+
+    def make_room(self, nbytes: int, keep: str = "") -> None:
+        """Evict least recently used models nobody holds until ``nbytes`` more fit under the cap;
+        ModelLoadError when they cannot."""
+        cap = self.limits.cache_bytes
+        if cap is None:
+            return
+        with self.lock:
+            try:
+                repos = [p for p in self.root.iterdir() if p.is_dir() and "--" in p.name]
+            except OSError:
+                repos = []
+            sizes = {p: self.size(p) for p in repos}
+            used = sum(sizes.values())
+            busy = {self.repo_dir(r) for r, j in self.jobs.items() if j.running}
+            for repo in sorted(repos, key=self.used):
+                if used + nbytes <= cap:
+                    break
+                if repo in busy or repo == self.repo_dir(keep) or self.held(repo):
+                    continue
+                shutil.rmtree(repo, ignore_errors=True)
+                used -= sizes[repo]
+            if used + nbytes > cap:
+                raise ModelLoadError(
+                    f"the server's model cache ({_gb(cap)}, LAYERSWAP_MAX_HUB_CACHE_GB) is full "
+                    "of models in use; try again later")
+
+    # ---- fetching
+    def fetch(self, repo_id: str, visitor: str, wait: float = 2.0) -> Path:
+        """The model's folder when it is here (held for ``visitor``); else the download starts
+        (or goes on) in the background and ``Pending`` says how far it is. A download that ends
+        within ``wait`` seconds (a small model, a refusal) is answered at once."""
+        try:
+            return self._fetch(repo_id, visitor)
+        except Pending:
+            if wait <= 0:
+                raise
+            job = self.wait(repo_id, wait)
+            if job is not None and job.state == "cancelled":
+                raise
+            return self._fetch(repo_id, visitor)
+
+    def _fetch(self, repo_id: str, visitor: str) -> Path:
+        with self.lock:
+            job = self.jobs.get(repo_id)
+            if job is not None and not job.running:
+                self.jobs.pop(repo_id)
+                if job.state == "failed":
+                    raise ModelLoadError(f"{repo_id}: {job.error}")
+            path = self.cached(repo_id)
+            if path is not None:
+                self.touch(repo_id)
+                self.hold(visitor, path)
+                return path
+            if job is not None and job.state == "cancelled":
+                job = None
+            if job is None:
+                if is_offline():
+                    raise ModelLoadError(
+                        f"{repo_id!r} looks like a Hugging Face Hub id, but the Hub is offline "
+                        "on this server (HF_HUB_OFFLINE=1) and the model is not here")
+                running = sum(j.running for j in self.jobs.values())
+                if running >= self.limits.jobs:
+                    raise ModelLoadError(f"{running} downloads are running on this server; "
+                                         "try again in a few minutes")
+                job = self.start(repo_id)
+            job.waiting.add(visitor)
+            raise Pending(job.line())
+
+    def start(self, repo_id: str) -> Download:
+        job = self.jobs[repo_id] = Download(repo_id)
+        job.thread = threading.Thread(target=self._run, args=(job,), daemon=True,
+                                      name=f"layerswap-download-{repo_id}")
+        job.thread.start()
+        return job
+
+    def status(self, visitor: str) -> list[Download]:
+        with self.lock:
+            return [j for j in self.jobs.values() if visitor in j.waiting]
+
+    def cancel(self, visitor: str) -> list[str]:
+        """Stop waiting for the visitor's downloads; a download nobody waits for stops at its
+        next chunk (or its read timeout). Returns the repositories."""
+        with self.lock:
+            names = []
+            for job in self.jobs.values():
+                if visitor in job.waiting and job.running:
+                    job.waiting.discard(visitor)
+                    names.append(job.repo_id)
+                    if not job.waiting:
+                        job.cancel.set()
+                        job.state = "cancelled"
+            return names
+
+    def wait(self, repo_id: str, seconds: float) -> Download | None:
+        """The job after it ended or ``seconds`` passed (for scripts and tests)."""
+        job = self.jobs.get(repo_id)
+        if job is not None and job.thread is not None:
+            job.thread.join(seconds)
+        return job
+
+    # ---- the download itself (in its thread)
+    def _run(self, job: Download) -> None:
+        try:
+            job.path = self._download(job)
+            job.state = "done"
+        except _Stop:
+            job.state = "cancelled"
+        except Exception as e:  # noqa: BLE001 - every failure becomes a sentence
+            job.error, job.state = _words(e, self.limits.timeout), "failed"
+
+    def _download(self, job: Download) -> Path:
+        from urllib.parse import quote
+
+        from huggingface_hub import HfApi, constants
+        from huggingface_hub.utils import get_session
+
+        endpoint = self.endpoint or constants.ENDPOINT
+        timeout = self.limits.timeout
+        # token=False: never the server's token (it could read the owner's private models)
+        info = HfApi(endpoint=endpoint, token=False).model_info(
+            job.repo_id, files_metadata=True, timeout=timeout)
+        if getattr(info, "gated", False) or getattr(info, "private", False):
+            raise ModelLoadError("this model is gated or private: not downloaded on this server")
+        files = {s.rfilename: s.size for s in info.siblings or ()
+                 if any(fnmatch.fnmatch(s.rfilename, p) for p in PATTERNS)}
+        if not any(n.endswith(".safetensors") for n in files):
+            raise ModelLoadError("the repository has no safetensors weights")
+        _clean_names(files)
+        if any(size is None for size in files.values()):
+            raise ModelLoadError("the Hub does not list the size of every file: not downloaded")
+        total = sum(files.values())
+        refusal = too_big(total, self.limits.max_download)
+        if refusal:
+            raise ModelLoadError(refusal)
+        self.root.mkdir(parents=True, exist_ok=True)
+        check_free_space(self.root, total, f"downloading {job.repo_id}")
+        self.make_room(total, keep=job.repo_id)
+        job.total, job.state = total, "downloading"
+        sha = info.sha or "main"
+        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.root))
+        try:
+            for name, size in files.items():
+                url = f"{endpoint}/{job.repo_id}/resolve/{quote(sha, safe='')}/{quote(name)}"
+                self._fetch_file(job, get_session(), url, partial / name, size)
+            check_folder(partial)
+            final = self.repo_dir(job.repo_id) / re.sub(r"[^\w.-]", "_", sha)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                partial.rename(final)
+            except OSError:
+                if not final.is_dir():
+                    raise
+            self.touch(job.repo_id)
+            return final
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+
+    def _fetch_file(self, job: Download, client, url: str, dest: Path, size: int) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        got = 0
+        with client.stream("GET", url, timeout=self.limits.timeout) as r:
+            r.raise_for_status()
+            with open(dest, "wb") as f:
+                for chunk in r.iter_bytes():
+                    if job.cancel.is_set():
+                        raise _Stop()
+                    got += len(chunk)
+                    if got > size:
+                        raise ModelLoadError("the Hub sent more than the size it listed: stopped")
+                    f.write(chunk)
+                    job.done += len(chunk)
+        if got != size:
+            raise ModelLoadError("the Hub sent less than the size it listed: stopped")
+
+
+class _Stop(Exception):
+    """Cancelled between two chunks."""
+
+
+# --------------------------------------------------------------------------- the served cache
+_SERVED: dict[str, HubCache] = {}
+
+
+def served_cache() -> HubCache:
+    """The process's served cache (``<layerswap cache>/hub``, limits from the environment)."""
+    if "cache" not in _SERVED:
+        _SERVED["cache"] = HubCache(cache_dir() / "hub", HubLimits.from_env(served=True))
+    return _SERVED["cache"]
+
+
+def set_served_cache(cache: HubCache | None) -> HubCache | None:
+    """Replace the process's served cache (a server with its own limits; tests); returns the
+    previous one."""
+    before = _SERVED.pop("cache", None)
+    if cache is not None:
+        _SERVED["cache"] = cache
+    return before
+
+
+def served_fetch(repo_id: str, visitor: str, progress: Progress | None = None) -> Path:
+    """``HubCache.fetch`` on the served cache."""
+    path = served_cache().fetch(repo_id, visitor)
+    say(progress, 1.0, f"{repo_id} is here")
+    return path

@@ -1,0 +1,443 @@
+"""Served mode's shared resources, against a small fake Hugging Face Hub on loopback: Hub
+downloads bounded (size from the listing before any byte, timeouts, cancel, a capped cache with
+least-recently-used eviction), save quotas and expiry, saves that belong to their visitor, push
+with the visitor's own token, temporary files removed.
+
+The fake Hub (``FakeHub``: stdlib http.server in a thread on 127.0.0.1) answers the calls the app
+makes: model info with file sizes (``/api/models/<repo>``), file resolve
+(``/<repo>/resolve/<rev>/<file>``), repo creation, preupload and commit (a push). Its repos:
+``fake/tiny`` and ``fake/tiny2`` (the tiny task expert's files), ``fake/slow`` (the same, sent
+slowly), ``fake/hang`` (every request held open) and ``fake/huge`` (listed at 40 GiB). These
+tests turn the Hub on (the suite runs with HF_HUB_OFFLINE=1) for themselves only.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from layerswap_core.checkpoints import hub
+from layerswap_core.workbench import saves
+from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.served import REFUSED, Access, WorkbenchError, vet_reference
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+VISITOR_TOKEN, SERVER_TOKEN = "hf_visitor_alice_token", "hf_server_secret_token"
+NO_PARTITION = "none (bottom/top sliders)"
+MORE = ("blend (average, as in Algorithm 1)", False, 1.0, 1.0, 0.2, 1.0)
+TIMEOUT = 2.0
+
+
+def config(b=2, u=1):
+    return ("layer swap", b, u, 0, 0, 1.0, 1.0, False, NO_PARTITION, "", *MORE)
+
+
+# --------------------------------------------------------------------------- the fake Hub
+class FakeHub:
+    def __init__(self, model: Path):
+        self.files = {p.name: p.read_bytes() for p in sorted(model.iterdir()) if p.is_file()}
+        self.requests: list[tuple[str, str, str | None]] = []   # method, path, authorization
+        self.pushed: dict[str, dict] = {}                      # repo -> {path: bytes}
+        self.stop = threading.Event()
+        hub_ = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                hub_.handle(self, "GET")
+
+            def do_HEAD(self):
+                hub_.handle(self, "HEAD")
+
+            def do_POST(self):
+                hub_.handle(self, "POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def resolves(self, repo: str) -> list[str]:
+        return [p for m, p, _ in self.requests if p.startswith(f"/{repo}/resolve/")]
+
+    def listing(self, repo: str) -> dict:
+        sizes = {n: len(b) for n, b in self.files.items()}
+        if repo == "fake/huge":
+            sizes = {"config.json": 700, "model.safetensors": 40 * 2 ** 30}
+        return {"id": repo, "modelId": repo, "sha": SHA, "private": False, "gated": False,
+                "siblings": [{"rfilename": n, "size": s} for n, s in sizes.items()]}
+
+    def handle(self, h: BaseHTTPRequestHandler, method: str):
+        path = h.path.split("?")[0]
+        auth = h.headers.get("authorization")
+        self.requests.append((method, path, auth))
+        body = h.rfile.read(int(h.headers.get("content-length") or 0)) if method == "POST" else b""
+        if "/fake/hang" in path:
+            self.stop.wait(60)                    # holds the request open, says nothing
+            return
+        if method == "GET" and path.startswith("/api/models/"):
+            repo = path[len("/api/models/"):].split("/revision/")[0]
+            if repo not in ("fake/tiny", "fake/tiny2", "fake/slow", "fake/huge"):
+                return self.send(h, 404, {"error": "Repository not found"})
+            return self.send(h, 200, self.listing(repo))
+        if "/resolve/" in path:
+            repo, _, rest = path[1:].partition("/resolve/")
+            name = rest.split("/", 1)[1]
+            data = self.files.get(name)
+            if data is None or repo == "fake/huge":
+                return self.send(h, 404, {"error": "Entry not found"})
+            return self.send_bytes(h, method, data, slow=repo == "fake/slow")
+        if method == "POST":                     # a push: every call needs the visitor's token
+            if auth != f"Bearer {VISITOR_TOKEN}":
+                return self.send(h, 401, {"error": "Invalid credentials"})
+            if path == "/api/validate-yaml":            # the model card's front matter
+                return self.send(h, 200, {"errors": [], "warnings": []})
+            if path == "/api/repos/create":
+                spec = json.loads(body)
+                repo = f"{spec.get('organization') or 'alice'}/{spec['name']}"
+                self.pushed.setdefault(repo, {})
+                return self.send(h, 200, {"url": f"{self.url}/{repo}", "name": repo})
+            if "/preupload/" in path:
+                files = json.loads(body)["files"]
+                return self.send(h, 200, {"files": [{"path": f["path"], "uploadMode": "regular",
+                                                     "shouldIgnore": False} for f in files]})
+            if "/commit/" in path:
+                repo = path[len("/api/models/"):].split("/commit/")[0]
+                for line in body.decode().splitlines():
+                    op = json.loads(line)
+                    if op["key"] == "file":
+                        self.pushed.setdefault(repo, {})[op["value"]["path"]] = \
+                            base64.b64decode(op["value"]["content"])
+                return self.send(h, 200, {"commitUrl": f"{self.url}/{repo}/commit/{SHA}",
+                                          "commitOid": SHA, "success": True})
+        return self.send(h, 404, {"error": "not here"}, method)
+
+    @staticmethod
+    def send(h, status: int, obj: dict, method: str = "GET"):
+        data = json.dumps(obj).encode()
+        h.send_response(status)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(data)))
+        if status == 404:
+            h.send_header("x-error-code", "RepoNotFound" if "Repository" in obj.get("error", "")
+                          else "EntryNotFound")
+        h.end_headers()
+        if method != "HEAD":
+            h.wfile.write(data)
+
+    def send_bytes(self, h, method: str, data: bytes, slow: bool = False):
+        h.send_response(200)
+        h.send_header("content-length", str(len(data)))
+        h.send_header("etag", '"x"')
+        h.send_header("x-repo-commit", SHA)
+        h.end_headers()
+        if method == "HEAD":
+            return
+        step = 4096 if slow else len(data)
+        try:
+            for i in range(0, len(data), step):
+                if self.stop.is_set():
+                    return
+                h.wfile.write(data[i:i + step])
+                if slow:
+                    time.sleep(0.05)
+        except OSError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def fake_hub(tiny):
+    """The fake Hub, the Hub switched on (for this module only) and pointed at it, and a served
+    download cache with a short timeout. Restored afterwards."""
+    from huggingface_hub import constants
+
+    fh = FakeHub(tiny["task"])
+    cache_root = Path(tiny["task"]).parent.parent / "served-hub"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "0")
+        mp.setattr(constants, "HF_HUB_OFFLINE", False)
+        mp.setattr(constants, "ENDPOINT", fh.url)
+        mp.setenv("HF_ENDPOINT", fh.url)
+        mp.setenv("HF_TOKEN", SERVER_TOKEN)     # the server's token: never sent for a visitor
+        before = hub.set_served_cache(hub.HubCache(cache_root, hub.HubLimits(
+            max_download=5 * hub.GB, cache_bytes=None, timeout=TIMEOUT, jobs=2)))
+        try:
+            yield fh
+        finally:
+            hub.set_served_cache(before)
+            fh.close()
+    assert all(auth != f"Bearer {SERVER_TOKEN}" for _, _, auth in fh.requests)
+
+
+@pytest.fixture(scope="module")
+def served(tiny, fake_hub, tmp_path_factory):
+    """The app in served mode on loopback, its model root the tiny family's folder."""
+    import app
+
+    root = tmp_path_factory.mktemp("served-resources")
+    env = {"LAYERSWAP_SERVED": "1", "LAYERSWAP_OUTPUT_DIR": str(root / "outputs"),
+           "LAYERSWAP_MODEL_DIRS": str(tiny["base"].parent)}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        demo = app.build_demo()
+        access = Access.from_env(True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                        quiet=True)
+    yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", demo=demo, out=root / "outputs",
+                          access=access)
+    demo.close()
+
+
+def visitor(served):
+    from gradio_client import Client
+    return Client(served.url, verbose=False)
+
+
+def pick(client, base, task, lang) -> dict:
+    import app
+
+    names = [n for n in app.OUTPUTS["pick_models"] if n != "session"]
+    return dict(zip(names, client.predict(base, task, lang, api_name="/pick_models")))
+
+
+def in_words(msg: str, fake_hub) -> None:
+    """An error for the page: no internal URL, no exception class."""
+    assert "http" not in msg and "127.0.0.1" not in msg and fake_hub.url not in msg
+    assert not any(w in msg for w in ("Error:", "Exception", "Timeout(", "httpx", "Traceback"))
+
+
+# --------------------------------------------------------------------------- Hub downloads
+def test_a_hanging_hub_errors_within_the_timeout_while_another_visitor_picks(served, tiny,
+                                                                            fake_hub):
+    a, b = visitor(served), visitor(served)
+    t0 = time.monotonic()
+    job = a.submit(str(tiny["base"]), "fake/hang", str(tiny["lang"]), api_name="/pick_models")
+    time.sleep(0.3)
+    out = pick(b, str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert out["models_md"].startswith("✔")            # the other visitor is not held up
+    assert time.monotonic() - t0 < TIMEOUT + 8
+    first = job.result()[1]               # models_md: pending (or already the timeout)
+    assert first.startswith("⚠") and "fake/hang" in first
+    assert "asking the Hub" in first or "did not answer" in first
+    deadline = time.monotonic() + TIMEOUT + 10
+    while True:
+        msg = pick(a, str(tiny["base"]), "fake/hang", str(tiny["lang"]))["models_md"]
+        if "did not answer" in msg or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert f"the Hub did not answer within {TIMEOUT:.0f} s" in msg
+    assert time.monotonic() - t0 < TIMEOUT + 12
+    in_words(msg, fake_hub)
+
+
+def test_the_huge_repo_is_refused_before_any_byte(served, tiny, fake_hub):
+    msg = pick(visitor(served), str(tiny["base"]), "fake/huge", str(tiny["lang"]))["models_md"]
+    assert msg.startswith("⚠") and "fake/huge: 42.95 GB to download" in msg
+    assert "at most 5.00 GB per model (LAYERSWAP_MAX_DOWNLOAD_GB)" in msg
+    assert fake_hub.resolves("fake/huge") == []        # not one file asked for
+    in_words(msg, fake_hub)
+
+
+def test_locally_the_download_limit_applies_only_when_set(fake_hub, monkeypatch):
+    from layerswap_core.checkpoints.references import ModelLoadError, resolve
+
+    monkeypatch.setenv("LAYERSWAP_MAX_DOWNLOAD_GB", "5")
+    monkeypatch.setenv("HF_TOKEN", "hf_local_user_token")     # locally: the user's own token
+    with pytest.raises(ModelLoadError, match="fake/huge is 42.95 GB to download; the limit is 5 GB"):
+        resolve("fake/huge")
+    assert fake_hub.resolves("fake/huge") == []
+    assert fake_hub.requests[-1] == ("GET", "/api/models/fake/huge",
+                                     "Bearer hf_local_user_token")
+    assert hub.HubLimits.from_env(served=False).max_download == 5 * hub.GB
+    monkeypatch.delenv("LAYERSWAP_MAX_DOWNLOAD_GB")
+    local = hub.HubLimits.from_env(served=False)
+    assert local.max_download is None and local.cache_bytes is None
+
+
+def test_a_model_downloads_in_the_background_and_is_then_picked(served, tiny, fake_hub):
+    c = visitor(served)
+    out = pick(c, str(tiny["base"]), "fake/tiny", str(tiny["lang"]))
+    if not out["models_md"].startswith("✔"):           # still downloading: pick again
+        assert "downloading in the background" in out["models_md"]
+        hub.served_cache().wait("fake/tiny", 30)
+        out = pick(c, str(tiny["base"]), "fake/tiny", str(tiny["lang"]))
+    assert out["models_md"].startswith("✔"), out["models_md"]
+    assert [r[1] for r in out["models_table"]["data"]][1] == "fake/tiny"
+    folder = hub.served_cache().cached("fake/tiny")
+    assert {p.name for p in folder.iterdir()} >= {"config.json", "model.safetensors"}
+    n = len(fake_hub.resolves("fake/tiny"))
+    assert pick(visitor(served), "", "fake/tiny", "fake/tiny")["models_md"].startswith("✔")
+    assert len(fake_hub.resolves("fake/tiny")) == n     # the second visitor: from the cache
+    msg = pick(c, "", "fake/nothere", "fake/tiny")["models_md"]
+    assert "no public model of that name on the Hub" in msg
+    in_words(msg, fake_hub)
+
+
+def test_a_download_is_cancelled_and_leaves_nothing(tmp_path, fake_hub):
+    cache = hub.HubCache(tmp_path / "hub", hub.HubLimits(None, None, TIMEOUT, 2), fake_hub.url)
+    with pytest.raises(hub.Pending, match="fake/slow"):
+        cache.fetch("fake/slow", "v1", wait=0.5)
+    assert cache.status("v1")[0].running
+    assert cache.cancel("v1") == ["fake/slow"]
+    job = cache.wait("fake/slow", 10)
+    assert job.state == "cancelled" and not job.thread.is_alive()
+    assert cache.cached("fake/slow") is None
+    assert [p.name for p in (tmp_path / "hub").iterdir()] == []   # no partial folder left
+
+
+def test_the_cache_evicts_the_least_recently_used_model_nobody_holds(tmp_path, fake_hub):
+    import fnmatch
+    size = sum(len(b) for n, b in fake_hub.files.items()
+               if any(fnmatch.fnmatch(n, p) for p in hub.PATTERNS))
+    cache = hub.HubCache(tmp_path / "hub", hub.HubLimits(None, int(size * 1.5), TIMEOUT, 2),
+                         fake_hub.url)
+    first = cache.fetch("fake/tiny", "v1", wait=30)
+    assert first.is_dir()
+    with pytest.raises(hub.ModelLoadError, match="full of models in use"):
+        cache.fetch("fake/tiny2", "v2", wait=30)        # v1's session still uses fake/tiny
+    cache.release("v1")                                  # v1's session ended
+    second = cache.fetch("fake/tiny2", "v2", wait=30)
+    assert second.is_dir() and not first.exists()        # fake/tiny went to make room
+
+
+# --------------------------------------------------------------------------- saves
+def served_session(tiny, out_root: Path, namespace: str):
+    access = Access(served=True, output_root=out_root,
+                    model_roots=(tiny["base"].parent, out_root)).for_visitor(namespace)
+    session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]),
+                                      access=access)
+    assert session is not None, report.problems
+    return session, access
+
+
+def test_quotas_refuse_before_anything_is_written(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "outputs"
+    s, a = served_session(tiny, out, "session-a")
+    cfg = wb.default_config(s)
+    n = s.inputs.readers["task"].nbytes()
+    monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", str(1.5 * n / 1e9))
+    monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB", str(2.5 * n / 1e9))
+    assert wb.save(s, cfg, "one") == out / "session-a" / "one"
+    with pytest.raises(WorkbenchError, match="LAYERSWAP_MAX_SAVES_GB_PER_VISITOR"):
+        wb.save(s, cfg, "two")
+    assert not (out / "session-a" / "two").exists()
+    assert wb.save(s, cfg, "one", overwrite=True).exists()   # replacing frees its own size
+    b = a.for_visitor("session-b")
+    wb.save(s, cfg, "one", access=b)
+    time.sleep(0.05)
+    # a third visitor at the total: the oldest save (a's) goes first
+    wb.save(s, cfg, "one", access=a.for_visitor("session-c"))
+    assert not (out / "session-a" / "one").exists() and (out / "session-b" / "one").exists()
+    monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB", str(0.5 * n / 1e9))
+    with pytest.raises(WorkbenchError, match=r"more than the .* MB this server keeps for all saves \(LAYERSWAP_MAX_SAVES_GB\)"):
+        wb.save(s, cfg, "big", access=a.for_visitor("session-d"))
+    assert not (out / "session-d" / "big").exists()
+    # saves expire after LAYERSWAP_SAVES_HOURS
+    monkeypatch.delenv("LAYERSWAP_MAX_SAVES_GB")
+    monkeypatch.setenv("LAYERSWAP_SAVES_HOURS", "1")
+    old = time.time() - 2 * 3600
+    os.utime(out / "session-b" / "one", (old, old))
+    wb.save(s, cfg, "fresh", access=a.for_visitor("session-e"))
+    assert not (out / "session-b" / "one").exists() and (out / "session-c" / "one").exists()
+
+
+def test_locally_no_quota_applies(tiny, tmp_path, monkeypatch):
+    s, _ = served_session(tiny, tmp_path / "o", "session-a")
+    monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", "0.000001")
+    local = Access()
+    assert wb.save(s, wb.default_config(s), str(tmp_path / "mine"), access=local).is_dir()
+
+
+def test_a_visitor_cannot_overwrite_list_or_pick_anothers_save(served, tiny):
+    a, b = visitor(served), visitor(served)
+    for c in (a, b):
+        assert pick(c, str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))[
+            "models_md"].startswith("✔")
+        assert c.predict(*config(), api_name="/build")[0].startswith("✔")
+    saved = a.predict(*config(2, 1), "secret", False, api_name="/save")
+    path_a = Path(saved.split("`")[1])
+    recipe = (path_a / "layerswap.yaml").read_text()
+    saved_b = b.predict(*config(4, 2), "secret", True, api_name="/save")   # the same name
+    path_b = Path(saved_b.split("`")[1])
+    assert saved_b.startswith("✔") and path_b != path_a and path_b.parent != path_a.parent
+    assert (path_a / "layerswap.yaml").read_text() == recipe            # A's save untouched
+    ns_a = saves.visitor_namespace(None, a.session_hash)
+    ns_b = saves.visitor_namespace(None, b.session_hash)
+    assert path_a.parent.name == ns_a and path_b.parent.name == ns_b
+    assert saves.own_saves(served.access.for_visitor(ns_b)) == [str(path_b)]   # listed: own
+    assert str(path_a) not in json.dumps(saves.own_saves(served.access.for_visitor(ns_b)))
+    out = pick(b, "", str(path_a), str(path_a))
+    assert out["models_md"] == f"⚠ task expert: {REFUSED}"
+    with pytest.raises(WorkbenchError, match="not available"):
+        vet_reference(str(path_a), served.access.for_visitor(ns_b))
+    assert pick(a, "", str(path_a), str(path_a))["models_md"].startswith("✔")   # its owner can
+
+
+def test_a_signed_in_visitor_keeps_one_folder():
+    assert saves.visitor_namespace("alice", "s1") == saves.visitor_namespace("alice", "s2") \
+        == "hf-alice"
+    assert saves.visitor_namespace(None, "s1") != saves.visitor_namespace(None, "s2")
+    assert "s1" not in saves.visitor_namespace(None, "s1")
+    for bad in ("../x", "a/b", ".x", "a b"):
+        with pytest.raises(WorkbenchError):
+            saves.visitor_namespace(bad, "s1")
+
+
+# --------------------------------------------------------------------------- push
+def test_push_uses_the_visitors_token_and_needs_sign_in(tiny, tmp_path, fake_hub):
+    s, _ = served_session(tiny, tmp_path / "o", "hf-alice")
+    cfg = wb.default_config(s)
+    with pytest.raises(WorkbenchError, match="sign in with Hugging Face"):
+        wb.push_to_hub(s, cfg, "alice/merged")
+    with pytest.raises(WorkbenchError, match="only to your own namespace: alice/merged"):
+        wb.push_to_hub(s, cfg, "bob/merged", visitor_token=VISITOR_TOKEN, visitor="alice")
+    before = len(fake_hub.requests)
+    url = wb.push_to_hub(s, cfg, "merged", visitor_token=VISITOR_TOKEN, visitor="alice")
+    assert url.endswith("alice/merged")
+    pushed = fake_hub.pushed["alice/merged"]
+    assert "layerswap.yaml" in pushed and any(p.endswith(".safetensors") for p in pushed)
+    sent = [auth for m, _, auth in fake_hub.requests[before:] if m == "POST"]
+    assert sent and set(sent) == {f"Bearer {VISITOR_TOKEN}"}       # never the server's token
+
+
+# --------------------------------------------------------------------------- temporary files
+def test_temp_folders_go_after_the_download_and_at_the_end_of_the_visit(served, tiny):
+    root = saves.temp_root()
+    before = set(root.glob("layerswap-*"))
+    c = visitor(served)
+    assert pick(c, str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))[
+        "models_md"].startswith("✔")
+    for _ in range(3):
+        status, zipped = c.predict(*config(), api_name="/download")
+        assert status.startswith("✔") and Path(zipped).name == "layerswap-merge.zip"
+    assert set(root.glob("layerswap-*")) - before == set()    # ours: gone once handed over
+    ns = saves.visitor_namespace(None, c.session_hash)
+    copies = [p for p in saves._TEMP.get(ns, ()) if p.name == "layerswap-merge.zip"]
+    assert copies and all(p.exists() for p in copies)        # the web server's copy, for now
+    saved = c.predict(*config(), "mine", False, api_name="/save")
+    assert saved.startswith("✔")
+    mine = Path(saved.split("`")[1])
+    saves.end_visit(ns, served.access.for_visitor(ns))       # the page closed
+    assert not any(p.exists() for p in copies)
+    assert not mine.exists()                                 # anonymous: nobody can reach it
