@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.checkpoints import hub
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
@@ -335,7 +336,8 @@ def test_quotas_refuse_before_anything_is_written(tiny, tmp_path, monkeypatch):
     out = tmp_path / "outputs"
     s, a = served_session(tiny, out, "session-a")
     cfg = wb.default_config(s)
-    n = s.inputs.readers["task"].nbytes()
+    with CheckpointReader(s.paths["task"]) as reader:
+        n = reader.nbytes()
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", str(1.5 * n / 1e9))
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB", str(2.5 * n / 1e9))
     assert wb.save(s, cfg, "one") == out / "session-a" / "one"
