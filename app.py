@@ -28,10 +28,10 @@ from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_
                                            english_twins, plain_history)
 from layerswap_core.workbench.deltas import delta_views, suggest
 from layerswap_core.workbench.demo import measured_markdown, reproduce_demo_result, sweep_markdown
-from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, evaluate_roles,
-                                               evaluation_note)
-from layerswap_core.workbench.served import (LIMITS, Access, offered_models, readable_error,
-                                             served_mode)
+from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
+                                               evaluate_roles, evaluation_note)
+from layerswap_core.workbench.served import (LIMITS, Access, as_text, offered_models,
+                                             readable_error, served_mode)
 from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
 from layerswap_core.workbench.spaces import GPU
 
@@ -113,7 +113,7 @@ def ok(msg: str) -> str:
 
 def warn(exc: BaseException) -> str:
     """Show the error as a toast and return it for the status line (never a stack trace)."""
-    msg = readable_error(exc)
+    msg = as_text(readable_error(exc))   # shown as written: "<lang>" is not an HTML tag
     gr.Warning(msg)
     return f"⚠ {msg}"
 
@@ -594,9 +594,11 @@ class Page:
     def evaluate_tab(self):
         with gr.Tab("Evaluate", id="evaluate"):
             gr.Markdown(EVAL_EXPECTATIONS, elem_id="eval-expectations")
+            source, note = data_default()   # offline without MGSM: GSM-Symbolic, and how to get MGSM
+            gr.Markdown(as_text(note), visible=bool(note), elem_id="mgsm-note")
             with gr.Row():
                 self.source = gr.Radio([("MGSM", "mgsm"), ("GSM-Symbolic", "gsm-symbolic")],
-                                       value="mgsm", label="Data")
+                                       value=source, label="Data")
                 self.eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
                 self.n_items = gr.Slider(1, LIMITS.eval_questions, value=2, step=1,
                                          label="Questions", elem_id="n-items")
@@ -651,6 +653,8 @@ class Page:
                                      max_length=LIMITS.values_chars, elem_id="sweep-xs")
                 self.ys = gr.Textbox("0,2", label="y values", max_length=LIMITS.values_chars,
                                      elem_id="sweep-ys")
+            gr.Markdown(as_text(data_default()[1]), visible=bool(data_default()[1]),
+                        elem_id="sweep-mgsm-note")
             with gr.Row():
                 self.sweep_source = gr.Radio([("GSM-Symbolic", "gsm-symbolic"), ("MGSM", "mgsm")],
                                              value="gsm-symbolic", label="Data")

@@ -26,8 +26,8 @@ LAYERS = [
     ("checkpoints.loading", "checkpoints.compatibility"),   # loading; the one compatibility check
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
-    ("evaluation.data", "evaluation.variants", "evaluation.calculator", "evaluation.generation",
-     "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
+    ("evaluation.mgsm_hub", "evaluation.data", "evaluation.variants", "evaluation.calculator",
+     "evaluation.generation", "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
      "evaluation.demo_result"),                   # evaluation
     ("training.config", "training.sft_data", "training.trainer", "training.recipes",
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts

@@ -10,6 +10,7 @@ page never shows a stack trace. Every other workbench module builds on this one.
 """
 from __future__ import annotations
 
+import html
 import ipaddress
 import os
 import re
@@ -42,6 +43,12 @@ def readable_error(exc: BaseException) -> str:
         msg = f"{type(exc).__name__}: {exc}"
     msg = " ".join(msg.split())
     return msg if len(msg) <= 600 else msg[:597] + "..."
+
+
+def as_text(msg: str) -> str:
+    """``msg`` for a Markdown or HTML line, shown as written: ``<lang>`` stays visible (not
+    swallowed as a tag), ``&`` stays an ampersand."""
+    return html.escape(msg, quote=False)
 
 
 # --------------------------------------------------------------------------- limits
