@@ -272,9 +272,9 @@ class Page:
             views = delta_views(session, None, v[self.metric], v[self.log_scale],
                                 gr_progress(progress), matrices_only=v[self.matrices_only])
         tau_task, tau_lang = views.thresholds
-        return {**self.delta_outputs(session, views, v, "Delta statistics ready (tau = "
-                                     f"{tau_task:.2e} for both experts; move each slider to set "
-                                     "its own)."),
+        return {**self.delta_outputs(session, views, v, "Delta statistics ready (each expert's "
+                                     f"own tau: task {tau_task:.2e}, language {tau_lang:.2e}; "
+                                     "move or type a value to change it)."),
                 self.threshold: gr.update(value=round(math.log10(tau_task), 2)),
                 self.threshold_lang: gr.update(value=round(math.log10(tau_lang), 2))}
 
@@ -480,11 +480,11 @@ class Page:
                 self.threshold = gr.Slider(
                     -7, 0, value=-3, step=0.05, label="log10 tau, task expert",
                     elem_id="threshold",
-                    info="rows whose mean |delta| exceeds tau count as changed; Analyze sets it "
-                         "from the data (the paper used 1.9e-5 and 1.0e-5 for its two experts)")
+                    info="rows whose mean |delta| exceeds tau count as changed; Analyze sets each "
+                         "from its expert's own deltas (the paper: 1.9e-5 and 1.0e-5 for its two)")
                 self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
                                        info="fraction of rows above tau, or mean row MAV")
-                self.log_scale = gr.Checkbox(False, label="Log colour scale (MAV)")
+                self.log_scale = gr.Checkbox(True, label="Log colour scale (MAV)")
                 self.matrices_only = gr.Checkbox(
                     False, label="Only the 7 matrices the paper plots (q, k, v, o, gate, up, down)")
                 self.threshold_lang = gr.Slider(
@@ -730,7 +730,9 @@ class Page:
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},
                                self.outputs("analyze"), api_name="analyze", **heavy)
-        gr.on([self.threshold.release, self.threshold_lang.release, self.metric.change,
+        # release: the handle let go; input: a value typed into the box (Enter) or dragged
+        gr.on([self.threshold.release, self.threshold_lang.release, self.threshold.input,
+               self.threshold_lang.input, self.metric.change,
                self.log_scale.change, self.matrices_only.change],
               self.rethreshold, config | {self.threshold, self.threshold_lang, self.metric,
                                           self.log_scale, self.matrices_only},

@@ -238,14 +238,56 @@ def test_sweep_values_are_read_by_the_one_layer_parser():
 
 # --------------------------------------------------------------------------- deltas
 def test_delta_views_and_suggestion(session):
+    from layerswap_core.analysis.deltas import auto_threshold
+
     v = delta_views(session)
     tau = v.thresholds[0]
-    assert tau > 0 and v.thresholds == (tau, tau)   # one data-derived tau for both by default
+    # by default each expert gets its own data-derived tau
+    assert v.thresholds == (auto_threshold(session.stats["task"]), auto_threshold(session.stats["lang"]))
+    assert tau > 0 and v.thresholds[1] > 0
     # the tiny language expert changed layers 0, 1 and 7: the suggestion swaps the bottom ones
     assert v.suggestion.bottom >= 1 and "bottom" in v.suggestion_text
     assert wb.plan_cells_figure(session, swap(session, 2, 1), over="lang").data
     w = delta_views(session, tau * 10)
     assert w.heatmaps.to_json() != v.heatmaps.to_json()
+
+
+def _contrast_at_defaults(session):
+    """Both default maps (fraction of rows above each expert's own tau) and the MAV maps."""
+    from layerswap_core.workbench.deltas import map_contrast
+
+    views = delta_views(session)
+    mav = delta_views(session, metric="mav")
+    return views, map_contrast(views), map_contrast(mav)
+
+
+def test_both_default_heatmaps_show_contrast(session):
+    """Where an expert changed shows: at the defaults each map has cells more than 20 points
+    apart, and the text says each map uses its own expert's tau."""
+    views, frac, mav = _contrast_at_defaults(session)
+    assert min(frac) > 0.2, frac
+    assert views.thresholds[0] != views.thresholds[1]
+    assert f"task expert {views.thresholds[0]:.2g}" in views.suggestion_text
+    assert "log" in views_title(delta_views(session, metric="mav"))   # log colouring by default
+    assert min(mav) > 0.5                                            # > half a decade each
+
+
+def views_title(views) -> str:
+    cb = views.heatmaps.layout.coloraxis.colorbar
+    return cb.title.text
+
+
+@pytest.mark.slow
+def test_both_default_heatmaps_show_contrast_on_the_embedded_demo():
+    """The demo's experts' deltas differ about tenfold: one shared tau left the language
+    expert's map uniformly ~0% (issue #26); each expert's own tau gives both maps contrast."""
+    experts = pytest.importorskip("layerswap_core.training.demo_experts")
+    if not (experts.demo_adapter_dir(experts.DEMO_LANG) / "adapter_model.safetensors").exists():
+        pytest.skip("demo expert adapters not shipped in assets/experts")
+    demo, report = wb.open_session(**wb.DEMO_REFS)
+    assert report.ok, report.problems
+    views, frac, mav = _contrast_at_defaults(demo)
+    assert min(frac) > 0.2, (views.thresholds, frac)
 
 
 def test_the_deltas_tab_tells_the_story_in_one_sentence(session):
