@@ -26,6 +26,8 @@ from layerswap_core.merge import registry
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            english_twins, plain_history)
+from layerswap_core.workbench.controls import (CONTROLS, control_states, ignored_text,
+                                                outside_validated, since_build)
 from layerswap_core.workbench.deltas import delta_views, suggest
 from layerswap_core.workbench.demo import measured_markdown, reproduce_demo_result, sweep_markdown
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
@@ -247,10 +249,28 @@ class Page:
         session = wb.require(v[self.session])
         config = self.config(v, session)
         fig, text = wb.plan_view(session, config)
-        out = {self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
+        changed = since_build(session.built_config, config, session.num_layers)
+        out = {self.config_md: ok(config.describe(session.num_layers))
+               + (f"\n\n⚠ {changed}" if changed else ""), self.diagram: fig,
                self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config)}
         if "lang" in session.stats:  # analyzed: the plan over the deltas follows the sliders too
             out[self.plan_overlay] = wb.plan_cells_figure(session, config, over="lang")
+        return out
+
+    def control_components(self) -> dict:
+        names = {"magnitude_weights": "magnitude", "rules": "rules"}
+        return {name: getattr(self, names.get(name, name))
+                for name in control_states(SWAP_LABEL)}
+
+    def control_updates(self, v) -> dict:
+        """Controls the chosen method (and partition) ignores: disabled, and one line says why;
+        the method's own knobs shown."""
+        states = control_states(v[self.method], v[self.partition])
+        out = {comp: gr.update(interactive=states[name] is None)
+               for name, comp in self.control_components().items()}
+        method_id = registry.METHOD_LABELS.get(v[self.method], v[self.method])
+        out.update({row: gr.update(visible=mid == method_id) for mid, row in self.knob_rows.items()})
+        out[self.ignored_md] = as_text(ignored_text(states, set(CONTROLS)))
         return out
 
     # ---- deltas tab
@@ -293,9 +313,14 @@ class Page:
 
     @guarded("deltas_md")
     def apply_suggestion(self, v):
-        s = suggest(wb.require(v[self.session]))
+        session = wb.require(v[self.session])
+        s = suggest(session)
         counts = (s.bottom, s.top, s.transition_bottom, s.transition_top)
-        return {self.deltas_md: ok("Suggestion applied on the Configure tab."),
+        outside = outside_validated(dict(zip(SLIDERS, counts)), session.num_layers)
+        msg = ok("Suggestion applied on the Configure tab.") + (
+            " ⚠ Outside the paper's validated ranges: " + "; ".join(outside) + "."
+            if outside else "")
+        return {self.deltas_md: msg,
                 **{getattr(self, n): gr.update(value=c) for n, c in zip(SLIDERS, counts)},
                 self.partition: gr.update(value=s.partition or wb.PARTITION_CHOICES[0])}
 
@@ -430,7 +455,7 @@ class Page:
                 shown[panes[role]] = reply.history
                 notes[wb.ROLE_LABELS[role]] = reply.note()
                 who = "Merged model" if role == "merged" else label
-                yield {self.chat_md: ok(f"{who} answering..."), self.message: "", **shown}
+                yield {self.chat_md: f"⏳ {who} answering...", self.message: "", **shown}
             said = "; ".join(f"{who}: {n}" for who, n in notes.items() if n)
             yield {self.chat_md: ok("Done." + (f" ({said})" if said else "")), **shown}
         except Exception as e:  # noqa: BLE001
@@ -504,10 +529,12 @@ class Page:
     def knob_controls(self):
         """One gr.Number per number knob of the registered methods, a row per method, with the
         knob's default, bounds and label (``registry.KNOBS``)."""
-        for knobs in METHOD_KNOBS.values():
+        self.knob_rows = {}
+        for method_id, knobs in METHOD_KNOBS.items():
             if not knobs:
                 continue
-            with gr.Row():
+            # shown when their method is chosen (control_updates)
+            with gr.Row(visible=False) as self.knob_rows[method_id]:
                 for name in knobs:
                     k = registry.KNOBS[name]
                     setattr(self, name, gr.Number(k.default, label=k.label, minimum=k.lo,
@@ -544,7 +571,7 @@ class Page:
                                             info="LAYERS: 0-5, 7, first 6, last 2, all or "
                                                  "non-layer; KINDS: attention, mlp, norm, embed, "
                                                  "lm_head, ...")
-                    with gr.Accordion("More: non-layer parameters, presets, baselines' knobs",
+                    with gr.Accordion("More: non-layer parameters, scaling presets",
                                       open=False):
                         self.non_layer = gr.Radio(
                             list(wb.NON_LAYER_CHOICES), value=next(iter(wb.NON_LAYER_CHOICES)),
@@ -553,7 +580,8 @@ class Page:
                                  "one expert", elem_id="non-layer")
                         self.scale_partition = gr.Checkbox(False,
                                                            label=KNOB["scale_partition"].label)
-                        self.knob_controls()
+                    self.knob_controls()   # made in the same order; visible with their method
+                    self.ignored_md = gr.Markdown(elem_id="ignored-controls")
                 with gr.Column(scale=3):
                     self.config_md = gr.Markdown(elem_id="config-status")
                     self.diagram = gr.Plot(label="Layer stack", elem_id="diagram")
@@ -726,6 +754,16 @@ class Page:
         gr.on([c.change for c in config - {self.session}], self.update_plan, config,
               self.outputs("plan"), api_name="plan", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=LIMITS.plan_jobs)
+
+        controls = [*self.control_components().values(), *self.knob_rows.values(), self.ignored_md]
+        for trigger in (self.method.change, self.partition.change, demo.load):
+            trigger(self.control_updates, {self.method, self.partition}, controls,
+                    api_visibility="private", show_progress="hidden")
+        # a new run starts without the previous run's message (outside the queue: at once)
+        for button, line in ((self.build_btn, self.build_md), (self.eval_btn, self.eval_md),
+                             (self.sweep_btn, self.sweep_md), (self.demo_btn, self.demo_md),
+                             (self.send, self.chat_md)):
+            button.click(lambda: "", None, [line], queue=False, api_visibility="private")
 
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},

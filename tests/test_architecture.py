@@ -31,7 +31,8 @@ LAYERS = [
      "evaluation.demo_result"),                   # evaluation
     ("training.config", "training.sft_data", "training.trainer", "training.recipes",
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
-    ("workbench.figures", "workbench.spaces", "workbench.served"),   # figures, the ZeroGPU shim,
+    ("workbench.figures", "workbench.spaces", "workbench.served",   # figures, the ZeroGPU shim,
+     "workbench.controls"),                       # which controls the method reads,
                                                   # limits, access and one-line errors
     ("workbench.session",),                       # the session: models, configure, build tabs
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",

@@ -584,3 +584,48 @@ def test_english_twins_are_the_same_validation_variants_in_english():
     twins = {it.id: it.question for it in en}
     assert english_twins(wb.DEMO_REFS["lang"]) == [twins[ids[q]] for q in CHAT_EXAMPLES["sw"]]
     assert english_twins("/models/llama-3-8b-bengali-lora") == []
+
+
+# --------------------------------------------------------------------------- coherent controls
+def test_controls_the_method_ignores_say_why():
+    from layerswap_core.workbench.controls import control_states, ignored_text
+
+    swap_states = control_states("layer swap")
+    assert swap_states["bottom"] is None and swap_states["ties_density"] == "not used by layer swap"
+    assert swap_states["rules"] == "only for the custom partition"
+    soup = control_states("model soup")
+    assert soup["bottom"] == "not used by model soup" and soup["w_task"] is None
+    assert control_states("TIES")["ties_density"] is None
+    assert control_states("TIES")["lambda_task"] == "not used by TIES"
+    assert "magnitudes" in control_states("magnitude soup")["w_task"]
+    part = control_states("layer swap", "B")
+    assert "partition B decides" in part["bottom"] and "partition B" in part["transition_top"]
+    assert part["scale_partition"] is None and part["rules"] == "only for the custom partition"
+    assert control_states("layer swap", "custom")["rules"] is None
+    line = ignored_text(soup, {"bottom", "top", "w_task"})
+    assert line == "Not used now: bottom, top (not used by model soup)."
+
+
+def test_suggestions_outside_the_validated_ranges_are_named():
+    from layerswap_core.analysis.suggest import Suggestion
+    from layerswap_core.workbench.controls import outside_validated
+    from layerswap_core.workbench.deltas import suggestion_text
+
+    assert outside_validated({"bottom": 5, "top": 2, "transition_bottom": 3}, 32) == \
+        ["transition bottom 3 (validated: 0, 1, 2)"]
+    assert outside_validated({"bottom": 4, "top": 1, "transition_top": 2}, 32) == []
+    s = Suggestion(bottom=0, top=0, transition_bottom=3, transition_top=1, partition=None,
+                   explanation="")
+    text = suggestion_text(s, 32)
+    assert "outside the paper's validated ranges" in text and "bottom 0 (validated: 3, 4, 5)" in text
+
+
+def test_the_configure_tab_says_when_it_changed_since_build(session):
+    from layerswap_core.workbench.controls import since_build
+
+    built = swap(session, 2, 1)
+    wb.build(session, built)
+    assert since_build(session.built_config, swap(session, 2, 1), session.num_layers) == ""
+    note = since_build(session.built_config, swap(session, 3, 1), session.num_layers)
+    assert note.startswith("Changed since build") and "bottom 2, top 1" in note
+    assert since_build(None, built, session.num_layers) == ""

@@ -93,7 +93,7 @@ def delta_views(session: Session, threshold: float | tuple[float, float] | None 
     profile = plots.layer_profile_figure([task, lang], suggestion=suggestion)
     story = delta_story(task, lang)
     text = (f"**What the deltas say:** {story}\n\n{maps_note(metric, taus)}\n\n"
-            f"{suggestion_text(suggestion)}")
+            f"{suggestion_text(suggestion, session.num_layers)}")
     return DeltaViews(taus, heat, overlap, profile, suggestion, text, story)
 
 
@@ -117,10 +117,18 @@ def suggest(session: Session):
     return suggest_config(session.stats["task"], session.stats["lang"], session.num_layers)
 
 
-def suggestion_text(s) -> str:
+def suggestion_text(s, num_layers: int | None = None) -> str:
+    from .controls import outside_validated
+
     head = (f"**Suggested configuration**: bottom {s.bottom}, top {s.top}, transitions "
             f"{s.transition_bottom}/{s.transition_top}"
             + (f", partition {s.partition}" if s.partition else ""))
+    counts = {"bottom": s.bottom, "top": s.top, "transition_bottom": s.transition_bottom,
+              "transition_top": s.transition_top}
+    outside = outside_validated(counts, num_layers) if num_layers else []
+    if outside:
+        head += (" (⚠ outside the paper's validated ranges: " + "; ".join(outside)
+                 + "; layerswap's heuristic, not validated)")
     return head + ("\n\n" + s.explanation if s.explanation else "")
 
 
