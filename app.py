@@ -190,7 +190,7 @@ class Page:
                 self.eval_md: "", self.summary: pd.DataFrame(columns=SUMMARY_HEADERS),
                 self.bars: None, self.items_table: pd.DataFrame(),
                 self.sweep_md: "", self.sweep_plot: None,
-                self.sweep_table: pd.DataFrame(columns=["x", "y", "score"]),
+                self.sweep_table: pd.DataFrame(columns=["bottom", "top", "score"]),
                 self.chat_md: "", self.chat_merged: [], self.chat_other: []}
 
     def banner(self, session) -> dict:
@@ -398,7 +398,8 @@ class Page:
             msg += (f"; best: {fx.replace('_', ' ')} {res.best[0]}, {fy.replace('_', ' ')} "
                     f"{res.best[1]} ({score} {res.best[2]}). Rows are best first: click one to "
                     "load it.")
-        return {self.sweep_md: ok(msg), self.sweep_plot: res.figure, self.sweep_table: res.rows,
+        return {self.sweep_md: ok(msg), self.sweep_plot: res.figure,
+                self.sweep_table: pd.DataFrame(res.rows, columns=res.columns),
                 **self.banner(session)}
 
     @guarded("sweep_md")
@@ -677,9 +678,10 @@ class Page:
                         "lower is better). Click a table row to load that configuration.")
             with gr.Row():
                 self.axes = gr.Radio(list(SWEEP_AXES), value="bottom / top", label="Grid over")
-                self.xs = gr.Textbox("0,3,6", label="x values (e.g. 0,2,4 or 0-6:2)",
+                self.xs = gr.Textbox("0,3,6", label="bottom values (e.g. 0,2,4 or 0-6:2)",
                                      max_length=LIMITS.values_chars, elem_id="sweep-xs")
-                self.ys = gr.Textbox("0,2", label="y values", max_length=LIMITS.values_chars,
+                self.ys = gr.Textbox("0,2", label="top values (e.g. 0,1,2)",
+                                     max_length=LIMITS.values_chars,
                                      elem_id="sweep-ys")
             gr.Markdown(as_text(data_default()[1]), visible=bool(data_default()[1]),
                         elem_id="sweep-mgsm-note")
@@ -699,7 +701,7 @@ class Page:
                 self.sweep_cancel = gr.Button("Cancel", variant="stop", elem_id="sweep-cancel")
             self.sweep_md = gr.Markdown(elem_id="sweep-status")
             self.sweep_plot = gr.Plot(label="Score per configuration")
-            self.sweep_table = gr.Dataframe(headers=["x", "y", "score"], interactive=False,
+            self.sweep_table = gr.Dataframe(headers=["bottom", "top", "score"], interactive=False,
                                             label="Configurations, best first (click to load)")
 
     def chat_tab(self):
@@ -805,6 +807,11 @@ class Page:
                                 api_visibility="private")
         for button in (self.eval_btn, self.pick_btn):  # a new table or new models: no details
             button.click(lambda: "", None, [self.item_details], api_visibility="private")
+        # the value boxes are named by the fields they sweep
+        self.axes.change(lambda a: [gr.update(label=f"{f.replace('_', ' ')} values ({hint})")
+                                    for f, hint in zip(SWEEP_AXES[a], ("e.g. 0,2,4 or 0-6:2",
+                                                                       "e.g. 0,1,2"))],
+                         self.axes, [self.xs, self.ys], api_visibility="private")
         self.sweep_table.select(self.load_sweep_row, {self.axes, self.sweep_table},
                                 self.outputs("load_sweep_row"), api_visibility="private")
 

@@ -312,6 +312,11 @@ def test_evaluate_side_by_side(session):
                          max_new_tokens=8)
     assert len(res.rows) == 2 and len(res.rows[0]) == len(res.headers)
     assert [r[0] for r in res.summary_rows] == ["task expert", "merged"]
+    # every model's answer right after the gold one (visible without scrolling), then the text
+    assert res.headers[:5] == ["#", "gold", "task expert", "merged", "question"]
+    acc = res.summary_rows[0][1]
+    assert acc.endswith("%") and acc == f"{res.raw.summary[0]['accuracy']:.1%}"   # as the chart
+    assert "Gold NLL is blank" in evaluation_note(res)
     with pytest.raises(WorkbenchError, match="between 1 and"):
         evaluate_roles(session, "mgsm", "sw", n=LIMITS.eval_questions + 1)
 
@@ -327,6 +332,11 @@ def test_sweep_grid(session):
     assert [r[2] for r in res.rows] == sorted(r[2] for r in res.rows)   # best (lowest NLL) first
     assert res.best == res.rows[0]
     assert {tuple(r[:2]) for r in res.rows} == {(0, 1), (2, 1), (0, 7)}
+    # the figure shows the NLL with the table's sign, the columns are the swept fields
+    assert res.columns == ["bottom", "top", "gold NLL (lower is better)"]
+    z = res.figure.data[0].z
+    assert z[0][0] == pytest.approx(res.scores[0][0]) and z[0][0] > 0
+    assert "gold NLL (lower is better)" in res.figure.layout.title.text
     assert session.built_config.layer_counts(8) == (3, 2, 0, 0)   # the visitor's build is back
     session.model("merged")
     assert session.live().plan.config.layer_counts(8) == (3, 2, 0, 0)

@@ -79,14 +79,16 @@ def evaluation_note(res: EvalResult) -> str:
 
 
 def _table(result) -> tuple[list[str], list[list]]:
-    """One row per question: gold, each model's extracted answer with a mark, then the outputs."""
+    """One row per question: gold and each model's extracted answer with a mark first (every
+    model visible without scrolling), then the question and the outputs."""
     models = result.models
-    headers = ["#", "question", "gold", *models, *(f"{m}: output" for m in models)]
+    headers = ["#", "gold", *models, "question", *(f"{m}: output" for m in models)]
     rows = []
     for i, r in enumerate(result.rows):
         outs = [r["models"][m] for m in models]
-        rows.append([i + 1, r["question"], r["gold"],
+        rows.append([i + 1, r["gold"],
                      *(f"{o['answer'] or '-'} {'✓' if o['correct'] else '✗'}" for o in outs),
+                     r["question"],
                      *(o["output"].strip() for o in outs)])
     return headers, rows
 

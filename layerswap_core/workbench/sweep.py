@@ -20,6 +20,12 @@ class SweepResult:
     rows: list[list]                   # x, y, score, best first (the table the visitor clicks)
 
     @property
+    def columns(self) -> list[str]:
+        """The table's headers: the swept fields and the score, as the figure names them."""
+        return [self.axes[0].replace("_", " "), self.axes[1].replace("_", " "),
+                "gold NLL (lower is better)" if self.metric == "nll" else "accuracy"]
+
+    @property
     def best(self) -> list | None:
         """[x, y, score] of the best configuration (lowest NLL, highest accuracy), if any."""
         return self.rows[0] if self.rows else None
@@ -95,15 +101,18 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
             except ConfigError:
                 continue  # impossible cell (more swapped layers than the model has): empty
             done = (iy * len(xs) + ix) / total
-            guard(done, f"{fx} {x}, {fy} {y}")
+            cell = (f"cell {iy * len(xs) + ix + 1} of {total} ({fx.replace('_', ' ')} {x}, "
+                    f"{fy.replace('_', ' ')} {y})")
+            guard(done, cell)
             with session.lock:  # the live model shows the cell; the visitor's build stays
                 lm = session.live()
-                lm.show(cfg, progress=lambda f, m: guard(done, m))
+                lm.show(cfg, progress=lambda f, m: guard(done, f"{cell}: {m}"))
                 # NLL needs one forward pass per item; generation is cut to 1 token
                 res = run_side_by_side({"merged": (lm.model, lm.tokenizer)}, items, shots=shots,
                                        max_new_tokens=1 if metric == "nll" else 64,
                                        with_nll=metric == "nll",
-                                       progress=lambda f, m: guard(done + f / total, m))
+                                       progress=lambda f, m: guard(done + f / total,
+                                                                   f"{cell}: {m}"))
             s = res.summary[0]
             scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
             if scores[iy][ix] is not None:
@@ -111,10 +120,11 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     guard(1.0, "done")
     # best first (ties keep grid order): lowest NLL, highest accuracy
     rows.sort(key=lambda r: r[2] if metric == "nll" else -r[2])
-    if metric == "nll":  # the figure stars the highest score: plot -NLL
-        fig = plots.sweep_heatmap(xs, ys, [[None if v is None else -v for v in r] for r in scores],
+    if metric == "nll":  # the NLL as the table shows it; the lowest is starred and brightest
+        fig = plots.sweep_heatmap(xs, ys, [[None if v is None else v for v in r] for r in scores],
                                   x_label=fx.replace("_", " "), y_label=fy.replace("_", " "),
-                                  score_label="-gold NLL (higher is better)", fmt=".3f")
+                                  score_label="gold NLL (lower is better)", fmt=".3f",
+                                  lower_is_better=True)
     else:
         fig = plots.sweep_heatmap(xs, ys, scores, x_label=fx.replace("_", " "),
                                   y_label=fy.replace("_", " "), score_label="accuracy")
