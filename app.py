@@ -229,7 +229,7 @@ class Page:
             session, report = wb.open_session(*refs, gr_progress(progress), self.access)
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
             return {**self.no_session(), self.models_md: warn(e),
-                    self.models_table: wb.unchecked_rows(*refs)}
+                    self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
         if session is None:
             gr.Warning("These models cannot be merged; see the list on the Models tab.")
             return {**self.no_session(), self.models_md: "⚠ " + report.markdown(),
@@ -484,7 +484,7 @@ class Page:
                         "needs the network); an expert may also be a PEFT adapter folder over the "
                         "base. Checking reads headers only.")
             with gr.Row():
-                self.base = gr.Dropdown([wb.DEMO_REFS["base"], *offered], value=self.refs["base"],
+                self.base = gr.Dropdown([*wb.EMBEDDED_BASES, *offered], value=self.refs["base"],
                                         allow_custom_value=True, label="Base model",
                                         elem_id="base-ref")
                 self.task = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["task"],
@@ -595,8 +595,9 @@ class Page:
             where = dict(label="Save as (a folder name, kept in this server's output folder)",
                          placeholder="my-merge", max_length=LIMITS.name_chars)
         else:
-            where = dict(label="Save to folder (a path on this machine)",
-                         placeholder="/tmp/merged", max_length=LIMITS.ref_chars)
+            where = dict(label=f"Save to folder (a name is saved in {self.access.output_root}; "
+                               "or an absolute path)",
+                         placeholder="my-merge", max_length=LIMITS.ref_chars)
         with gr.Tab("Build", id="build"):
             with gr.Row():
                 self.build_btn = gr.Button("Build merged model (in memory)", variant="primary",

@@ -639,3 +639,40 @@ def test_the_configure_tab_says_when_it_changed_since_build(session):
     note = since_build(session.built_config, swap(session, 3, 1), session.num_layers)
     assert note.startswith("Changed since build") and "bottom 2, top 1" in note
     assert since_build(None, built, session.num_layers) == ""
+
+
+def test_a_local_save_with_a_bare_name_goes_to_the_output_folder(session, tmp_path, monkeypatch):
+    """Locally too, a name (or relative path) never writes into the current directory (the
+    checkout): it lands in the output folder; absolute paths stay as given."""
+    cwd, root = tmp_path / "checkout", tmp_path / "outputs"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("LAYERSWAP_OUTPUT_DIR", str(root))
+    assert output_folder(Access(), "my-merge") == root / "my-merge"
+    assert output_folder(Access(), "sub/m") == root / "sub" / "m"
+    assert output_folder(Access(), str(tmp_path / "abs")) == tmp_path / "abs"
+    out = wb.save(session, swap(session, 2, 1), "bare-merge")
+    assert out == root / "bare-merge" and (out / "layerswap.yaml").exists()
+    assert list(cwd.iterdir()) == []
+
+
+def test_one_bad_reference_keeps_the_other_rows(tiny):
+    """A bad reference is named; the models that can be read are still described (not shown as
+    '(not read)')."""
+    with pytest.raises(WorkbenchError) as e:
+        wb.check_models(str(tiny["base"]), "/no/such/folder", str(tiny["lang"]))
+    assert "task expert" in str(e.value) and "language expert" not in str(e.value)
+    rows = {r[0]: r for r in e.value.rows}
+    assert rows["base"][3] == "8" and rows["language expert"][3] == "8"      # read
+    assert rows["task expert"][2].startswith("⚠ cannot be read") and rows["task expert"][3] == ""
+    with pytest.raises(WorkbenchError) as e:                                  # two bad ones
+        wb.check_models(str(tiny["base"]), "/no/such/a", "/no/such/b")
+    assert "task expert" in str(e.value) and "language expert" in str(e.value)
+
+
+def test_the_embedded_bases_are_offered():
+    from layerswap_core.checkpoints.references import EMBEDDED_PREFIX, embedded
+
+    assert wb.EMBEDDED_BASES[0] == wb.DEMO_REFS["base"]
+    assert all(ref[len(EMBEDDED_PREFIX):] in embedded() for ref in wb.EMBEDDED_BASES)
+    assert "embedded:gemma3-270m" in wb.EMBEDDED_BASES

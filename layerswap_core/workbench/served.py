@@ -214,14 +214,20 @@ _FOLDER_NAME = re.compile(r"\w[\w.-]*")
 
 def output_folder(access: Access, folder) -> Path:
     """Where a save goes. Served: a plain name (no '/', '\\', '..', leading '.') for a folder
-    directly under the output root, never a link out of it. Local: any path."""
+    directly under the output root, never a link out of it. Local: an absolute (or ~) path as
+    given; a name or relative path under the output root, never the current directory."""
     limit = LIMITS.name_chars if access.served else LIMITS.ref_chars
     text = capped("output folder", folder, limit).strip()
     if not text:
         raise WorkbenchError("give a name for the output folder" if access.served
                              else "give an output folder")
     if not access.served:
-        return Path(text).expanduser()
+        path = Path(text).expanduser()
+        if path.is_absolute():
+            return path
+        root = access.output_root or Access.from_env(False).output_root
+        root.mkdir(parents=True, exist_ok=True)
+        return root / path
     if not _FOLDER_NAME.fullmatch(text) or ".." in text:
         raise WorkbenchError(f"output folder {text!r}: give a name (letters, digits, '-', '_', "
                              "'.'), not a path; it is saved in this server's output folder")
