@@ -506,8 +506,8 @@ class Page:
                 self.threshold = gr.Slider(
                     -7, 0, value=-3, step=0.05, label="log10 tau, task expert",
                     elem_id="threshold",
-                    info="rows whose mean |delta| exceeds tau count as changed; Analyze sets each "
-                         "from its expert's own deltas (the paper: 1.9e-5 and 1.0e-5 for its two)")
+                    info="rows with mean |delta| above tau count as changed; Analyze sets it "
+                         "from this expert's own deltas")
                 self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
                                        info="fraction of rows above tau, or mean row MAV")
                 self.log_scale = gr.Checkbox(True, label="Log colour scale (MAV)")

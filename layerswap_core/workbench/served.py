@@ -155,7 +155,8 @@ class Access:
     def describe(self) -> str:
         """One line for the page."""
         if not self.served:
-            return ("Local mode (one user): models and saves may be any folder on this machine "
+            return ("Local mode (one user): models may be any folder on this machine, saves any "
+                    "absolute path (a bare name goes into the output folder) "
                     "(LAYERSWAP_SERVED=1 restricts them as for visitors).")
         return ("Served mode: models are embedded, Hub ids or folders under "
                 + ", ".join(f"`{r}`" for r in self.model_roots)
