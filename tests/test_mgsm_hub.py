@@ -139,3 +139,11 @@ def test_page_text_shows_angle_brackets():
     from layerswap_core.workbench.served import as_text
 
     assert as_text("a folder of mgsm_<lang>.tsv & more") == "a folder of mgsm_&lt;lang&gt;.tsv &amp; more"
+
+
+def test_hub_option_reads_the_downloaded_copy_and_says_when_offline(fresh_machine, hub_copy):
+    with pytest.raises(DataError, match="Hub is offline"):
+        data.load_items("mgsm", "sw", 1, hub=True)
+    mgsm_hub.download_mgsm(snapshot=lambda: hub_copy)
+    assert [it.answer for it in data.load_items("mgsm", "sw", hub=True)] == ["18", "1000"]
+    assert len(data.load_mgsm_exemplars_hub("en")) == 8

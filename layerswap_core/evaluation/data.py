@@ -224,22 +224,24 @@ def load_mgsm(lang: str, data_dir: str | os.PathLike | None = None) -> list[Item
     return read_mgsm_tsv(path, lang)
 
 
-def _hub_rows(lang: str, split: str, what: str, local: str):
-    """MGSM rows of ``lang`` and ``split`` from the Hugging Face Hub (needs the network)."""
+def _hub_folder(what: str) -> Path:
+    """The MGSM folder downloaded from the Hub (``mgsm_hub``; fetched once, then cached)."""
     from ..checkpoints.references import is_offline
+    cached = mgsm_hub.cache_folder()
+    if mgsm_hub.is_complete(cached):
+        return cached
     if is_offline():
-        raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {what}; use the "
-                        f"local {local} (--data-dir or {MGSM_ENV})")
-    import datasets
-    return datasets.load_dataset(MGSM_HUB_ID, lang, split=split)
+        raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {what}; use a local "
+                        f"MGSM folder (--data-dir or {MGSM_ENV})")
+    try:
+        return mgsm_hub.download_mgsm()
+    except mgsm_hub.MgsmDownloadError as e:
+        raise DataError(str(e)) from None
 
 
 def load_mgsm_hub(lang: str) -> list[Item]:
-    """MGSM test split from the Hugging Face Hub (needs the network; not used offline)."""
-    lang = mgsm_lang(lang)
-    rows = _hub_rows(lang, "test", MGSM_HUB_ID, "TSV files")
-    return [Item(f"mgsm-{lang}-{i:03d}", "mgsm", lang, r["question"].strip(),
-                 normalize_number(str(r["answer_number"])), None, i) for i, r in enumerate(rows)]
+    """MGSM's test questions from the Hub copy (``juletxara/mgsm``, downloaded once)."""
+    return load_mgsm(lang, _hub_folder(MGSM_HUB_ID))
 
 
 _WORD_PREFIX = re.compile(r"^[^:：]{1,40}[:：]\s*")   # "Swali: ", "問題：", "Question : "
@@ -277,12 +279,8 @@ def load_mgsm_exemplars(lang: str, data_dir: str | os.PathLike | None = None) ->
 
 
 def load_mgsm_exemplars_hub(lang: str) -> list[Item]:
-    """The same exemplars from the Hub's MGSM train split (needs the network)."""
-    lang = mgsm_lang(lang)
-    rows = _hub_rows(lang, "train", f"{MGSM_HUB_ID}'s exemplars", MGSM_EXEMPLARS_FILE)
-    return [Item(f"mgsm-{lang}-exemplar-{i}", "mgsm", lang, _WORD_PREFIX.sub("", r["question"], 1),
-                 normalize_number(str(r["answer_number"])), _WORD_PREFIX.sub("", r["answer"], 1),
-                 None, r["question"], r["answer"]) for i, r in enumerate(rows)]
+    """The same exemplars from the Hub copy (its ``exemplars.py``, downloaded once)."""
+    return load_mgsm_exemplars(lang, _hub_folder(f"{MGSM_HUB_ID}'s exemplars"))
 
 
 # --------------------------------------------------------------------------- GSM-Symbolic
