@@ -684,8 +684,8 @@ class Page:
                 self.ys = gr.Textbox("0,2", label="top values (e.g. 0,1,2)",
                                      max_length=LIMITS.values_chars,
                                      elem_id="sweep-ys")
-            gr.Markdown(as_text(data_default()[1]), visible=bool(data_default()[1]),
-                        elem_id="sweep-mgsm-note")
+            note = data_default()[1]   # offline without MGSM: how to get it
+            gr.Markdown(as_text(note), visible=bool(note), elem_id="sweep-mgsm-note")
             with gr.Row():
                 self.sweep_source = gr.Radio([("GSM-Symbolic", "gsm-symbolic"), ("MGSM", "mgsm")],
                                              value="gsm-symbolic", label="Data")

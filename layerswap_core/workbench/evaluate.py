@@ -52,6 +52,9 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
     with session.lock:
         # one live model shows each role in turn (callables: run_side_by_side asks just in time)
         models = {ROLE_LABELS[r]: functools.partial(session.model, r) for r in roles}
+        if source.lower() == "mgsm":   # on first use online: downloaded, and the page says so
+            from ..evaluation.data import find_mgsm_dir
+            find_mgsm_dir(progress=lambda msg: guard(0.0, msg))
         available = load_items(source, lang)
         result = run_side_by_side(models, available[:n], shots=shots, cot=bool(cot),
                                   chat_template=bool(chat_template),
