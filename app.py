@@ -29,12 +29,14 @@ from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            english_twins, plain_history)
+from layerswap_core.workbench.controls import (CONTROLS, control_states, ignored_text,
+                                                outside_validated, since_build)
 from layerswap_core.workbench.deltas import delta_views, suggest
 from layerswap_core.workbench.demo import measured_markdown, sweep_markdown
-from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, evaluate_roles,
-                                               evaluation_note)
-from layerswap_core.workbench.served import (LIMITS, Access, offered_models, readable_error,
-                                             served_mode)
+from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
+                                               evaluate_roles, evaluation_note)
+from layerswap_core.workbench.served import (LIMITS, Access, as_text, offered_models,
+                                             readable_error, served_mode)
 from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
 from layerswap_core.workbench import spaces
 
@@ -116,7 +118,7 @@ def ok(msg: str) -> str:
 
 def warn(exc: BaseException) -> str:
     """Show the error as a toast and return it for the status line (never a stack trace)."""
-    msg = readable_error(exc)
+    msg = as_text(readable_error(exc))   # shown as written: "<lang>" is not an HTML tag
     gr.Warning(msg)
     return f"⚠ {msg}"
 
@@ -210,7 +212,7 @@ class Page:
                 self.eval_md: "", self.summary: pd.DataFrame(columns=SUMMARY_HEADERS),
                 self.bars: None, self.items_table: pd.DataFrame(),
                 self.sweep_md: "", self.sweep_plot: None,
-                self.sweep_table: pd.DataFrame(columns=["x", "y", "score"]),
+                self.sweep_table: pd.DataFrame(columns=["bottom", "top", "score"]),
                 self.chat_md: "", self.chat_merged: [], self.chat_other: []}
 
     def banner(self, session) -> dict:
@@ -251,7 +253,7 @@ class Page:
                                               self.visitor(request, profile))
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
             return {**self.no_session(), self.models_md: warn(e),
-                    self.models_table: wb.unchecked_rows(*refs)}
+                    self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
         if session is None:
             gr.Warning("These models cannot be merged; see the list on the Models tab.")
             return {**self.no_session(), self.models_md: "⚠ " + report.markdown(),
@@ -271,10 +273,28 @@ class Page:
         session = wb.require(v[self.session])
         config = self.config(v, session)
         fig, text = wb.plan_view(session, config)
-        out = {self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
+        changed = since_build(session.built_config, config, session.num_layers)
+        out = {self.config_md: ok(config.describe(session.num_layers))
+               + (f"\n\n⚠ {changed}" if changed else ""), self.diagram: fig,
                self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config)}
         if "lang" in session.stats:  # analyzed: the plan over the deltas follows the sliders too
             out[self.plan_overlay] = wb.plan_cells_figure(session, config, over="lang")
+        return out
+
+    def control_components(self) -> dict:
+        names = {"magnitude_weights": "magnitude", "rules": "rules"}
+        return {name: getattr(self, names.get(name, name))
+                for name in control_states(SWAP_LABEL)}
+
+    def control_updates(self, v) -> dict:
+        """Controls the chosen method (and partition) ignores: disabled, and one line says why;
+        the method's own knobs shown."""
+        states = control_states(v[self.method], v[self.partition])
+        out = {comp: gr.update(interactive=states[name] is None)
+               for name, comp in self.control_components().items()}
+        method_id = registry.METHOD_LABELS.get(v[self.method], v[self.method])
+        out.update({row: gr.update(visible=mid == method_id) for mid, row in self.knob_rows.items()})
+        out[self.ignored_md] = as_text(ignored_text(states, set(CONTROLS)))
         return out
 
     # ---- deltas tab
@@ -295,9 +315,9 @@ class Page:
         views = delta_views(session, None, v[self.metric], v[self.log_scale],
                             gr_progress(progress), matrices_only=v[self.matrices_only])
         tau_task, tau_lang = views.thresholds
-        return {**self.delta_outputs(session, views, v, "Delta statistics ready (tau = "
-                                     f"{tau_task:.2e} for both experts; move each slider to set "
-                                     "its own)."),
+        return {**self.delta_outputs(session, views, v, "Delta statistics ready (each expert's "
+                                     f"own tau: task {tau_task:.2e}, language {tau_lang:.2e}; "
+                                     "move or type a value to change it)."),
                 self.threshold: gr.update(value=round(math.log10(tau_task), 2)),
                 self.threshold_lang: gr.update(value=round(math.log10(tau_lang), 2))}
 
@@ -316,9 +336,14 @@ class Page:
 
     @guarded("deltas_md")
     def apply_suggestion(self, v):
-        s = suggest(wb.require(v[self.session]))
+        session = wb.require(v[self.session])
+        s = suggest(session)
         counts = (s.bottom, s.top, s.transition_bottom, s.transition_top)
-        return {self.deltas_md: ok("Suggestion applied on the Configure tab."),
+        outside = outside_validated(dict(zip(SLIDERS, counts)), session.num_layers)
+        msg = ok("Suggestion applied on the Configure tab.") + (
+            " ⚠ Outside the paper's validated ranges: " + "; ".join(outside) + "."
+            if outside else "")
+        return {self.deltas_md: msg,
                 **{getattr(self, n): gr.update(value=c) for n, c in zip(SLIDERS, counts)},
                 self.partition: gr.update(value=s.partition or wb.PARTITION_CHOICES[0])}
 
@@ -426,7 +451,8 @@ class Page:
             msg += (f"; best: {fx.replace('_', ' ')} {res.best[0]}, {fy.replace('_', ' ')} "
                     f"{res.best[1]} ({score} {res.best[2]}). Rows are best first: click one to "
                     "load it.")
-        return {self.sweep_md: ok(msg), self.sweep_plot: res.figure, self.sweep_table: res.rows,
+        return {self.sweep_md: ok(msg), self.sweep_plot: res.figure,
+                self.sweep_table: pd.DataFrame(res.rows, columns=res.columns),
                 **self.banner(session)}
 
     @guarded("sweep_md")
@@ -482,7 +508,7 @@ class Page:
                 shown[panes[role]] = reply.history
                 notes[wb.ROLE_LABELS[role]] = reply.note()
                 who = "Merged model" if role == "merged" else label
-                yield {self.chat_md: ok(f"{who} answering..."), self.message: "", **shown}
+                yield {self.chat_md: f"⏳ {who} answering...", self.message: "", **shown}
             said = "; ".join(f"{who}: {n}" for who, n in notes.items() if n)
             yield {self.chat_md: ok("Done." + (f" ({said})" if said else "")), **shown}
         except Exception as e:  # noqa: BLE001
@@ -513,7 +539,7 @@ class Page:
                         "needs the network); an expert may also be a PEFT adapter folder over the "
                         "base. Checking reads headers only.")
             with gr.Row():
-                self.base = gr.Dropdown([wb.DEMO_REFS["base"], *offered], value=self.refs["base"],
+                self.base = gr.Dropdown([*wb.EMBEDDED_BASES, *offered], value=self.refs["base"],
                                         allow_custom_value=True, label="Base model",
                                         elem_id="base-ref")
                 self.task = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["task"],
@@ -538,11 +564,11 @@ class Page:
                 self.threshold = gr.Slider(
                     -7, 0, value=-3, step=0.05, label="log10 tau, task expert",
                     elem_id="threshold",
-                    info="rows whose mean |delta| exceeds tau count as changed; Analyze sets it "
-                         "from the data (the paper used 1.9e-5 and 1.0e-5 for its two experts)")
+                    info="rows with mean |delta| above tau count as changed; Analyze sets it "
+                         "from this expert's own deltas")
                 self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
                                        info="fraction of rows above tau, or mean row MAV")
-                self.log_scale = gr.Checkbox(False, label="Log colour scale (MAV)")
+                self.log_scale = gr.Checkbox(True, label="Log colour scale (MAV)")
                 self.matrices_only = gr.Checkbox(
                     False, label="Only the 7 matrices the paper plots (q, k, v, o, gate, up, down)")
                 self.threshold_lang = gr.Slider(
@@ -562,10 +588,12 @@ class Page:
     def knob_controls(self):
         """One gr.Number per number knob of the registered methods, a row per method, with the
         knob's default, bounds and label (``registry.KNOBS``)."""
-        for knobs in METHOD_KNOBS.values():
+        self.knob_rows = {}
+        for method_id, knobs in METHOD_KNOBS.items():
             if not knobs:
                 continue
-            with gr.Row():
+            # shown when their method is chosen (control_updates)
+            with gr.Row(visible=False) as self.knob_rows[method_id]:
                 for name in knobs:
                     k = registry.KNOBS[name]
                     setattr(self, name, gr.Number(k.default, label=k.label, minimum=k.lo,
@@ -602,7 +630,7 @@ class Page:
                                             info="LAYERS: 0-5, 7, first 6, last 2, all or "
                                                  "non-layer; KINDS: attention, mlp, norm, embed, "
                                                  "lm_head, ...")
-                    with gr.Accordion("More: non-layer parameters, presets, baselines' knobs",
+                    with gr.Accordion("More: non-layer parameters, scaling presets",
                                       open=False):
                         self.non_layer = gr.Radio(
                             list(wb.NON_LAYER_CHOICES), value=next(iter(wb.NON_LAYER_CHOICES)),
@@ -611,7 +639,8 @@ class Page:
                                  "one expert", elem_id="non-layer")
                         self.scale_partition = gr.Checkbox(False,
                                                            label=KNOB["scale_partition"].label)
-                        self.knob_controls()
+                    self.knob_controls()   # made in the same order; visible with their method
+                    self.ignored_md = gr.Markdown(elem_id="ignored-controls")
                 with gr.Column(scale=3):
                     self.config_md = gr.Markdown(elem_id="config-status")
                     self.diagram = gr.Plot(label="Layer stack", elem_id="diagram")
@@ -624,8 +653,9 @@ class Page:
             where = dict(label="Save as (a folder name, kept in this server's output folder)",
                          placeholder="my-merge", max_length=LIMITS.name_chars)
         else:
-            where = dict(label="Save to folder (a path on this machine)",
-                         placeholder="/tmp/merged", max_length=LIMITS.ref_chars)
+            where = dict(label=f"Save to folder (a name is saved in {self.access.output_root}; "
+                               "or an absolute path)",
+                         placeholder="my-merge", max_length=LIMITS.ref_chars)
         with gr.Tab("Build", id="build"):
             with gr.Row():
                 self.build_btn = gr.Button("Build merged model (in memory)", variant="primary",
@@ -654,9 +684,11 @@ class Page:
     def evaluate_tab(self):
         with gr.Tab("Evaluate", id="evaluate"):
             gr.Markdown(EVAL_EXPECTATIONS, elem_id="eval-expectations")
+            source, note = data_default()   # offline without MGSM: GSM-Symbolic, and how to get MGSM
+            gr.Markdown(as_text(note), visible=bool(note), elem_id="mgsm-note")
             with gr.Row():
                 self.source = gr.Radio([("MGSM", "mgsm"), ("GSM-Symbolic", "gsm-symbolic")],
-                                       value="mgsm", label="Data")
+                                       value=source, label="Data")
                 self.eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
                 self.n_items = gr.Slider(1, LIMITS.eval_questions, value=2, step=1,
                                          label="Questions", elem_id="n-items")
@@ -707,10 +739,13 @@ class Page:
                         "lower is better). Click a table row to load that configuration.")
             with gr.Row():
                 self.axes = gr.Radio(list(SWEEP_AXES), value="bottom / top", label="Grid over")
-                self.xs = gr.Textbox("0,3,6", label="x values (e.g. 0,2,4 or 0-6:2)",
+                self.xs = gr.Textbox("0,3,6", label="bottom values (e.g. 0,2,4 or 0-6:2)",
                                      max_length=LIMITS.values_chars, elem_id="sweep-xs")
-                self.ys = gr.Textbox("0,2", label="y values", max_length=LIMITS.values_chars,
+                self.ys = gr.Textbox("0,2", label="top values (e.g. 0,1,2)",
+                                     max_length=LIMITS.values_chars,
                                      elem_id="sweep-ys")
+            note = data_default()[1]   # offline without MGSM: how to get it
+            gr.Markdown(as_text(note), visible=bool(note), elem_id="sweep-mgsm-note")
             with gr.Row():
                 self.sweep_source = gr.Radio([("GSM-Symbolic", "gsm-symbolic"), ("MGSM", "mgsm")],
                                              value="gsm-symbolic", label="Data")
@@ -727,7 +762,7 @@ class Page:
                 self.sweep_cancel = gr.Button("Cancel", variant="stop", elem_id="sweep-cancel")
             self.sweep_md = gr.Markdown(elem_id="sweep-status")
             self.sweep_plot = gr.Plot(label="Score per configuration")
-            self.sweep_table = gr.Dataframe(headers=["x", "y", "score"], interactive=False,
+            self.sweep_table = gr.Dataframe(headers=["bottom", "top", "score"], interactive=False,
                                             label="Configurations, best first (click to load)")
 
     def chat_tab(self):
@@ -792,10 +827,22 @@ class Page:
               self.outputs("plan"), api_name="plan", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=LIMITS.plan_jobs)
 
+        controls = [*self.control_components().values(), *self.knob_rows.values(), self.ignored_md]
+        for trigger in (self.method.change, self.partition.change, demo.load):
+            trigger(self.control_updates, {self.method, self.partition}, controls,
+                    api_visibility="private", show_progress="hidden")
+        # a new run starts without the previous run's message (outside the queue: at once)
+        for button, line in ((self.build_btn, self.build_md), (self.eval_btn, self.eval_md),
+                             (self.sweep_btn, self.sweep_md), (self.demo_btn, self.demo_md),
+                             (self.send, self.chat_md)):
+            button.click(lambda: "", None, [line], queue=False, api_visibility="private")
+
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},
                                self.outputs("analyze"), api_name="analyze", **heavy)
-        gr.on([self.threshold.release, self.threshold_lang.release, self.metric.change,
+        # release: the handle let go; input: a value typed into the box (Enter) or dragged
+        gr.on([self.threshold.release, self.threshold_lang.release, self.threshold.input,
+               self.threshold_lang.input, self.metric.change,
                self.log_scale.change, self.matrices_only.change],
               self.rethreshold, config | {self.threshold, self.threshold_lang, self.metric,
                                           self.log_scale, self.matrices_only},
@@ -832,6 +879,11 @@ class Page:
                                 api_visibility="private")
         for button in (self.eval_btn, self.pick_btn):  # a new table or new models: no details
             button.click(lambda: "", None, [self.item_details], api_visibility="private")
+        # the value boxes are named by the fields they sweep
+        self.axes.change(lambda a: [gr.update(label=f"{f.replace('_', ' ')} values ({hint})")
+                                    for f, hint in zip(SWEEP_AXES[a], ("e.g. 0,2,4 or 0-6:2",
+                                                                       "e.g. 0,1,2"))],
+                         self.axes, [self.xs, self.ys], api_visibility="private")
         self.sweep_table.select(self.load_sweep_row, {self.axes, self.sweep_table},
                                 self.outputs("load_sweep_row"), api_visibility="private")
 

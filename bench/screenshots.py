@@ -1,6 +1,6 @@
-"""The README's screenshots of the embedded demo: Deltas, Evaluate and Chat tabs.
+"""The screenshots in docs/ of the embedded demo: Deltas, Evaluate and Chat tabs.
 
-    python bench/screenshots.py [--out assets/screenshots] [--tabs deltas,evaluate,chat]
+    python bench/screenshots.py [--out docs/screenshots] [--tabs deltas,evaluate,chat]
 
 Serves the app on the embedded demo (base SmolLM2-135M-Instruct, the shipped math and Swahili
 experts), drives it with headless Debian Chromium through Playwright (as tests/test_browser.py
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     from layerswap_core.workbench import session as wb
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=str(ROOT / "assets" / "screenshots"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
     p.add_argument("--chat-tokens", type=int, default=192)
     p.add_argument("--tabs", default="deltas,evaluate,chat")
     a = p.parse_args(argv)

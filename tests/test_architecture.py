@@ -28,14 +28,15 @@ LAYERS = [
      "checkpoints.hub"),                          # bounded served Hub downloads, capped cache
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
-    ("evaluation.data", "evaluation.variants", "evaluation.calculator", "evaluation.generation",
-     "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
+    ("evaluation.mgsm_hub", "evaluation.data", "evaluation.variants", "evaluation.calculator",
+     "evaluation.generation", "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
      "evaluation.demo_result"),                   # evaluation
     ("training.config", "training.sft_data", "training.trainer", "training.recipes",
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
     ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs
     ("engines.dispatch",),                        # the one dispatcher (local, ZeroGPU)
-    ("workbench.figures", "workbench.spaces", "workbench.served"),   # figures, the ZeroGPU shim,
+    ("workbench.figures", "workbench.spaces", "workbench.served",   # figures, the ZeroGPU shim,
+     "workbench.controls"),                       # which controls the method reads,
                                                   # limits, access and one-line errors
     ("workbench.saves",),                         # served disk: namespaces, quotas, temp files
     ("workbench.session",),                       # the session: models, configure, build tabs

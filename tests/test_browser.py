@@ -258,3 +258,97 @@ def _truth(page, url):
     page.locator("#build-btn").click()
     expect(page.locator("#build-status")).to_contain_text("pick compatible models first",
                                                           timeout=30_000)
+
+
+# --------------------------------------------------------------------------- the first ten minutes
+def test_the_first_ten_minutes(tiny, tmp_path, monkeypatch):
+    """A fresh machine (no ../shared, nothing cached, offline): Evaluate starts on GSM-Symbolic,
+    says how to get MGSM and works; both default delta maps have contrast and a typed tau
+    redraws; ignored controls are disabled with the reason; the Configure tab says when it
+    changed since the build; a bare save name lands in the output folder (issue #26)."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from app import open_chromium, serve_locally
+    from layerswap_core.evaluation import data
+
+    cwd, outputs = tmp_path / "checkout", tmp_path / "outputs"
+    cwd.mkdir()
+    monkeypatch.setattr(data, "_repo_root", lambda: cwd)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LAYERSWAP_OUTPUT_DIR", str(outputs))
+    monkeypatch.delenv(data.MGSM_ENV, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    demo, url = serve_locally({role: str(tiny[role]) for role in ("base", "task", "lang")})
+    try:
+        with sync_playwright() as pw:
+            browser = open_chromium(pw)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            try:
+                _first_minutes(page, url)
+            finally:
+                browser.close()
+    finally:
+        demo.close()
+    saved = outputs / "bare-merge"
+    assert (saved / "layerswap.yaml").exists() and list(cwd.iterdir()) == []
+
+
+def _first_minutes(page, url):
+    page.goto(url)
+    expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
+    _tab(page, "Build")
+    page.locator("#build-btn").click()
+    expect(page.locator("#build-status")).to_contain_text("Built in memory", timeout=120_000)
+
+    # Evaluate: GSM-Symbolic by default, one line on how to get MGSM (shown as written)
+    _tab(page, "Evaluate")
+    note = page.locator("#mgsm-note")
+    expect(note).to_contain_text("LAYERSWAP_MGSM_DIR")
+    expect(note).to_contain_text("juletxara/mgsm")
+    expect(page.get_by_role("radio", name="GSM-Symbolic").first).to_be_checked()
+    page.locator("#n-items input[type=number]").fill("1")
+    page.locator("#shots input[type=number]").fill("0")
+    page.locator("#eval-tokens input[type=number]").fill("8")
+    page.locator("#eval-btn").click()
+    expect(page.locator("#eval-status")).to_contain_text("Evaluated GSM-Symbolic", timeout=300_000)
+    expect(page.locator("#eval-summary")).to_contain_text("%")      # accuracy as on the chart
+
+    # Deltas: both default maps have cells more than 20 points apart; a typed tau redraws
+    _tab(page, "Deltas")
+    page.locator("#analyze").click()
+    status = page.locator("#deltas-status")
+    expect(status).to_contain_text("each expert's own tau", timeout=120_000)
+    expect(page.locator("#heatmaps .js-plotly-plot")).to_be_visible(timeout=30_000)
+    # the values the page draws (Plotly's decoded full data: rows of typed arrays)
+    spans = page.evaluate("""() => document.querySelector('#heatmaps .js-plotly-plot')._fullData
+        .slice(0, 2).map(t => { const v = Array.from(t.z, r => Array.from(r)).flat()
+                                                 .filter(x => x !== null && Number.isFinite(x));
+                                return Math.max(...v) - Math.min(...v); })""")
+    assert len(spans) == 2 and min(spans) > 0.2, spans
+    tau = page.locator("#threshold input[type=number]")
+    tau.fill("-2")
+    tau.press("Enter")
+    expect(status).to_contain_text("1.00e-02 (task expert)", timeout=30_000)
+
+    # Configure: what the method ignores is disabled and said; its own knobs appear
+    _tab(page, "Configure")
+    page.get_by_role("radio", name="model soup").check()
+    expect(page.locator("#bottom input[type=range]")).to_be_disabled(timeout=30_000)
+    expect(page.locator("#ignored-controls")).to_contain_text("not used by model soup")
+    expect(page.get_by_text("TIES density")).to_be_hidden()
+    page.get_by_role("radio", name="TIES").check()
+    expect(page.get_by_text("TIES density")).to_be_visible(timeout=30_000)
+    page.get_by_role("radio", name="layer swap").check()
+    expect(page.locator("#bottom input[type=range]")).to_be_enabled(timeout=30_000)
+    slider = page.locator("#bottom input[type=range]")
+    slider.fill(str(int(slider.input_value()) + 1))
+    expect(page.locator("#config-status")).to_contain_text("Changed since build", timeout=30_000)
+
+    # Build: a bare name is saved in the output folder
+    _tab(page, "Build")
+    page.locator("#folder textarea, #folder input").first.fill("bare-merge")
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(page.locator("#build-status")).to_contain_text("Saved to", timeout=120_000)
+    expect(page.locator("#build-status")).to_contain_text("outputs")

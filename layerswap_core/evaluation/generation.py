@@ -490,7 +490,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
             results[i] = Generation(text, n_tok, bool(found or ended_by_eos))
         if progress is not None:
             done = min(start + batch_size, len(order))
-            progress(done / len(order), f"generated {done}/{len(order)}")
+            progress(done / len(order), f"{done} of {len(order)} items answered")
     return results  # type: ignore[return-value]
 
 

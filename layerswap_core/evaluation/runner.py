@@ -440,8 +440,9 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     for mi, (name, spec) in enumerate(models.items()):
         def step(frac, msg, mi=mi, name=name):
             if progress is not None:
-                progress((mi + frac) / n_models, f"{name}: {msg}")
-        step(0.0, "loading" if isinstance(spec, (str, Path)) else "starting")
+                progress((mi + frac) / n_models, f"{name} (model {mi + 1} of {n_models}): {msg}")
+        step(0.0, f"loading, then {len(items)} items" if isinstance(spec, (str, Path))
+             else f"preparing the model, then {len(items)} items")
         (model, tokenizer), loaded_here = _ensure_loaded(spec, device)
         try:
             prompts = [build_prompt(it, exemplars, cot=cot, tokenizer=tokenizer,

@@ -41,21 +41,43 @@ class DeltaViews:
     story: str = ""        # analysis.suggest.delta_story: where each expert changed, overlap
 
 
+def auto_thresholds(task, lang) -> tuple[float, float]:
+    """Each expert's own data-derived tau (``analysis.auto_threshold`` of that expert alone).
+
+    One tau for both would sit between two experts whose deltas differ by orders of magnitude
+    (the demo's: about 10x), so one map would be all 0% or all 100%; each expert's own tau lies
+    between its quiet and its busy tensors, so both maps show where that expert changed most."""
+    from ..analysis.deltas import auto_threshold
+    return auto_threshold(task), auto_threshold(lang)
+
+
+def map_contrast(views: "DeltaViews") -> tuple[float, float]:
+    """Per heatmap: the largest minus the smallest cell, in the colour's units (for a fraction
+    map, 0.2 = 20 percentage points)."""
+    import numpy as np
+    out = []
+    for tr in views.heatmaps.data[:2]:
+        z = np.asarray(tr.z, dtype=float)
+        z = z[np.isfinite(z)]
+        out.append(float(z.max() - z.min()) if z.size else 0.0)
+    return tuple(out)
+
+
 def delta_views(session: Session, threshold: float | tuple[float, float] | None = None,
-                metric: str = "fraction", log_scale: bool = False,
+                metric: str = "fraction", log_scale: bool = True,
                 progress: Progress | None = None, matrices_only: bool = False) -> DeltaViews:
     """Figures for the Deltas tab. ``threshold``: one tau for both experts, a (task, lang) pair
-    (the paper used a threshold per expert), or None (``analysis.auto_threshold`` for both).
+    (the paper used a threshold per expert), or None (each expert's own, ``auto_thresholds``).
+    ``log_scale`` applies to the MAV colouring only (fractions are shown as they are).
     ``matrices_only``: only the seven 2-D matrices the paper plots. Moving a threshold re-uses
     the stored statistics (no tensor reads)."""
     from . import figures as plots
-    from ..analysis.deltas import auto_threshold
     from ..analysis.suggest import delta_story
 
     stats = analyze_deltas(session, progress)
     task, lang = stats["task"], stats["lang"]
     if threshold is None:
-        taus = (auto_threshold(task, lang),) * 2
+        taus = auto_thresholds(task, lang)
     elif isinstance(threshold, (tuple, list)):
         taus = tuple(float(t) for t in threshold)
     else:
@@ -65,14 +87,28 @@ def delta_views(session: Session, threshold: float | tuple[float, float] | None 
     session.tau = taus[1]  # the plan is drawn over the language expert's changes
     metric = "frac_rows_above" if metric == "fraction" else "mean_row_mav"
     only = bool(matrices_only)
-    heat = plots.side_by_side_heatmaps(task, lang, metric=metric, tau=taus, log=bool(log_scale),
+    log = bool(log_scale) and metric == "mean_row_mav"
+    heat = plots.side_by_side_heatmaps(task, lang, metric=metric, tau=taus, log=log,
                                        matrices_only=only)
     overlap = plots.overlap_heatmap(task, lang, tau=taus, matrices_only=only)
     suggestion = suggest(session)
     profile = plots.layer_profile_figure([task, lang], suggestion=suggestion)
     story = delta_story(task, lang)
-    text = f"**What the deltas say:** {story}\n\n{suggestion_text(suggestion)}"
+    text = (f"**What the deltas say:** {story}\n\n{maps_note(metric, taus)}\n\n"
+            f"{suggestion_text(suggestion, session.num_layers)}")
     return DeltaViews(taus, heat, overlap, profile, suggestion, text, story)
+
+
+def maps_note(metric: str, taus: tuple[float, float]) -> str:
+    """How to read the two maps at these thresholds (one line)."""
+    if metric == "mean_row_mav":
+        return ("The maps colour each matrix by its mean row change (one colour scale for both "
+                "experts, so they compare in size).")
+    if taus[0] == taus[1]:
+        return f"Each cell: the share of the matrix's rows that changed more than tau = {taus[0]:.2g}."
+    return (f"Each cell: the share of the matrix's rows that changed more than that expert's own "
+            f"tau (task expert {taus[0]:.2g}, language expert {taus[1]:.2g}): each map shows "
+            "where its expert changed most; colour by MAV to compare their sizes.")
 
 
 def suggest(session: Session):
@@ -83,10 +119,18 @@ def suggest(session: Session):
     return suggest_config(session.stats["task"], session.stats["lang"], session.num_layers)
 
 
-def suggestion_text(s) -> str:
+def suggestion_text(s, num_layers: int | None = None) -> str:
+    from .controls import outside_validated
+
     head = (f"**Suggested configuration**: bottom {s.bottom}, top {s.top}, transitions "
             f"{s.transition_bottom}/{s.transition_top}"
             + (f", partition {s.partition}" if s.partition else ""))
+    counts = {"bottom": s.bottom, "top": s.top, "transition_bottom": s.transition_bottom,
+              "transition_top": s.transition_top}
+    outside = outside_validated(counts, num_layers) if num_layers else []
+    if outside:
+        head += (" (⚠ outside the paper's validated ranges: " + "; ".join(outside)
+                 + "; layerswap's heuristic, not validated)")
     return head + ("\n\n" + s.explanation if s.explanation else "")
 
 

@@ -23,6 +23,17 @@ class EvalResult:
     raw: Any = None
 
 
+def data_default() -> tuple[str, str]:
+    """The data set the Evaluate and Sweep tabs start on, and a one-line note (plain text).
+
+    MGSM when it is on this machine or can be downloaded (online); else GSM-Symbolic, which
+    ships with the package, and the note says how to get MGSM."""
+    from ..evaluation.data import mgsm_help, mgsm_reachable
+    if mgsm_reachable():
+        return "mgsm", ""
+    return "gsm-symbolic", f"GSM-Symbolic is selected because {mgsm_help()}."
+
+
 def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: int = 2,
                    shots: int = 2, cot: bool = False,
                    roles: tuple[str, ...] = ("base", "task", "lang", "merged"),
@@ -39,6 +50,9 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
     if not roles:
         raise WorkbenchError("choose at least one model to evaluate")
     what = {ROLE_LABELS[r]: session.what(r) for r in roles}
+    if source.lower() == "mgsm":   # on first use online: downloaded, and the page says so
+        from ..evaluation.data import find_mgsm_dir
+        find_mgsm_dir(progress=lambda msg: progress and progress(0.0, msg))
     available = load_items(source, lang)
     items = available[:n]
     exemplars = default_exemplars(items, shots, cot=bool(cot))  # once, for every chunk
@@ -60,18 +74,25 @@ def evaluation_note(res: EvalResult) -> str:
               if total and c["n"] < total else f"{c['n']} items")
     shots = f"{c['shots']}-shot ({c.get('exemplar_source', 'no exemplars')})" if c["shots"] \
         else "0-shot"
-    return f"Evaluated {c['data']} {c['lang']}: {sample}, {shots}, {c['format']} answers."
+    text = f"Evaluated {c['data']} {c['lang']}: {sample}, {shots}, {c['format']} answers."
+    if c["data"] == "MGSM":
+        from ..evaluation.mgsm_hub import LICENCE
+        text += (f" MGSM is under {LICENCE}. Gold NLL is blank: MGSM's test questions come "
+                 "without worked solutions to score.")
+    return text
 
 
 def _table(result) -> tuple[list[str], list[list]]:
-    """One row per question: gold, each model's extracted answer with a mark, then the outputs."""
+    """One row per question: gold and each model's extracted answer with a mark first (every
+    model visible without scrolling), then the question and the outputs."""
     models = result.models
-    headers = ["#", "question", "gold", *models, *(f"{m}: output" for m in models)]
+    headers = ["#", "gold", *models, "question", *(f"{m}: output" for m in models)]
     rows = []
     for i, r in enumerate(result.rows):
         outs = [r["models"][m] for m in models]
-        rows.append([i + 1, r["question"], r["gold"],
+        rows.append([i + 1, r["gold"],
                      *(f"{o['answer'] or '-'} {'✓' if o['correct'] else '✗'}" for o in outs),
+                     r["question"],
                      *(o["output"].strip() for o in outs)])
     return headers, rows
 
@@ -80,8 +101,8 @@ SUMMARY_HEADERS = ["model", "accuracy", "95% CI", "strict", "gold NLL", "n"]
 
 
 def _summary_rows(result) -> list[list]:
-    return [[s["model"], f"{s['accuracy']:.2f}", f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
-             f"{s['strict_accuracy']:.2f}",
+    return [[s["model"], f"{s['accuracy']:.1%}", f"[{s['ci_low']:.1%}, {s['ci_high']:.1%}]",
+             f"{s['strict_accuracy']:.1%}",
              "" if s.get("mean_gold_nll") is None else f"{s['mean_gold_nll']:.3f}", s["n"]]
             for s in result.summary]
 

@@ -524,17 +524,22 @@ def accuracy_bars(summary: Sequence[Mapping], title: str | None = None,
 
 def sweep_heatmap(x_values: Sequence, y_values: Sequence, scores, x_label: str = "top layers u",
                   y_label: str = "bottom layers b", title: str | None = None,
-                  score_label: str = "score", fmt: str = ".1%") -> go.Figure:
+                  score_label: str = "score", fmt: str = ".1%",
+                  lower_is_better: bool = False) -> go.Figure:
     """Scores of a grid sweep (e.g. bottom b x top u); ``scores[i][j]`` is for (y_values[i],
-    x_values[j]); NaN marks configurations not run or impossible. The best cell is starred."""
+    x_values[j]); NaN marks configurations not run or impossible. The best cell (highest, or
+    lowest with ``lower_is_better``, e.g. an NLL shown with its own sign) is starred and
+    brightest."""
     z = np.array(scores, dtype=float).reshape(len(y_values), len(x_values))
     text = [[("" if not np.isfinite(v) else format(v, fmt)) for v in row] for row in z]
-    best = np.unravel_index(np.nanargmax(z), z.shape) if np.isfinite(z).any() else None
+    pick = np.nanargmin if lower_is_better else np.nanargmax
+    best = np.unravel_index(pick(z), z.shape) if np.isfinite(z).any() else None
     if best is not None:
         text[best[0]][best[1]] = "★ " + text[best[0]][best[1]]
     fig = go.Figure(go.Heatmap(
         z=z, x=[str(v) for v in x_values], y=[str(v) for v in y_values], text=text,
-        texttemplate="%{text}", colorscale="Viridis", xgap=2, ygap=2,
+        texttemplate="%{text}", colorscale="Viridis_r" if lower_is_better else "Viridis",
+        xgap=2, ygap=2,
         colorbar=dict(title={"text": score_label, "side": "right"},
                       tickformat=fmt if fmt.endswith("%") else None),
         hovertemplate=(f"{y_label} %{{y}}<br>{x_label} %{{x}}<br>{score_label} "

@@ -10,6 +10,7 @@ page never shows a stack trace. Every other workbench module builds on this one.
 """
 from __future__ import annotations
 
+import html
 import ipaddress
 import os
 import re
@@ -38,6 +39,12 @@ def readable_error(exc: BaseException) -> str:
         msg = f"{type(exc).__name__}: {exc}"
     msg = " ".join(msg.split())
     return msg if len(msg) <= 600 else msg[:597] + "..."
+
+
+def as_text(msg: str) -> str:
+    """``msg`` for a Markdown or HTML line, shown as written: ``<lang>`` stays visible (not
+    swallowed as a tag), ``&`` stays an ampersand."""
+    return html.escape(msg, quote=False)
 
 
 # --------------------------------------------------------------------------- limits
@@ -157,7 +164,8 @@ class Access:
     def describe(self) -> str:
         """One line for the page."""
         if not self.served:
-            return ("Local mode (one user): models and saves may be any folder on this machine "
+            return ("Local mode (one user): models may be any folder on this machine, saves any "
+                    "absolute path (a bare name goes into the output folder) "
                     "(LAYERSWAP_SERVED=1 restricts them as for visitors).")
         roots = [r for r in self.model_roots if r != self.output_root]
         return ("Served mode: models are embedded, Hub ids or folders under "
@@ -229,14 +237,20 @@ _FOLDER_NAME = re.compile(r"\w[\w.-]*")
 
 def output_folder(access: Access, folder) -> Path:
     """Where a save goes. Served: a plain name (no '/', '\\', '..', leading '.') for a folder
-    directly under the output root, never a link out of it. Local: any path."""
+    directly under the output root, never a link out of it. Local: an absolute (or ~) path as
+    given; a name or relative path under the output root, never the current directory."""
     limit = LIMITS.name_chars if access.served else LIMITS.ref_chars
     text = capped("output folder", folder, limit).strip()
     if not text:
         raise WorkbenchError("give a name for the output folder" if access.served
                              else "give an output folder")
     if not access.served:
-        return Path(text).expanduser()
+        path = Path(text).expanduser()
+        if path.is_absolute():
+            return path
+        root = access.output_root or Access.from_env(False).output_root
+        root.mkdir(parents=True, exist_ok=True)
+        return root / path
     if not _FOLDER_NAME.fullmatch(text) or ".." in text:
         raise WorkbenchError(f"output folder {text!r}: give a name (letters, digits, '-', '_', "
                              "'.'), not a path; it is saved in this server's output folder")

@@ -43,6 +43,8 @@ ROLES = ("base", "task", "lang")
 ROLE_LABELS = {"base": "base", "task": "task expert", "lang": "language expert", "merged": "merged"}
 DEMO_REFS = {"base": DEFAULT_BASE, "task": "embedded:smollm2-math-en",
              "lang": "embedded:smollm2-swahili"}
+# the bases that ship embedded (the Models tab offers them): SmolLM2 (the demo's) and Gemma-3-270M
+EMBEDDED_BASES = (DEFAULT_BASE, "embedded:gemma3-270m")
 METHOD_LABELS = registry.METHOD_LABELS  # UI label -> MergeConfig.method (the registry's)
 PARTITION_CHOICES = ("none (bottom/top sliders)", "A", "B", "C", "custom")
 
@@ -76,8 +78,9 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
     """Describe the three models from their headers and check they can be merged.
 
     Nothing heavy runs: no weights are loaded. ``base`` may be empty (then the methods and
-    views that need it say so). Every reference is vetted (``vet_reference``) before anything
-    reads the disk. Raises WorkbenchError when a reference cannot be used at all.
+    views that need it say so). Every reference is vetted (``vet_reference``) before it is read.
+    Raises WorkbenchError when a reference cannot be used at all, naming each one that cannot;
+    its ``rows`` attribute is the models table with the readable ones described.
     """
     names = {role: capped(f"{ROLE_LABELS[role]} reference", ref, LIMITS.ref_chars).strip()
              for role, ref in (("base", base), ("task", task), ("lang", lang))}
@@ -85,30 +88,36 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
         if not names[role]:
             raise WorkbenchError(f"give a {ROLE_LABELS[role]} (an embedded: name, a folder or a Hub id)")
     names = {r: v for r, v in names.items() if v}
-    refs = {}
-    for role, ref in names.items():
+    refs, rows, infos, errors = {}, {}, {}, []
+    for i, (role, name) in enumerate(names.items()):   # base first: adapters need it
+        label = ROLE_LABELS[role]
         try:
-            refs[role] = vet_reference(ref, access, progress)
-        except ValueError as e:
-            raise WorkbenchError(f"{ROLE_LABELS[role]}: {readable_error(e)}") from e
-    for role in ("task", "lang"):  # PEFT adapters: merged into the base once, then dense
-        if is_adapter(refs[role]):
-            from ..merge.lora import dense_from_adapter
             try:
-                refs[role] = str(dense_from_adapter(refs[role], refs.get("base"), progress))
+                ref = vet_reference(name, access, progress)
+                if role in ("task", "lang") and is_adapter(ref):   # merged into the base once
+                    from ..merge.lora import dense_from_adapter
+                    ref = str(dense_from_adapter(ref, refs.get("base"), progress))
             except ValueError as e:
-                raise WorkbenchError(f"{ROLE_LABELS[role]}: {readable_error(e)}") from e
-    rows, infos = [], {}
-    for i, (role, ref) in enumerate(refs.items()):
-        _say(progress, i / (len(refs) + 1), f"reading {ROLE_LABELS[role]} {names[role]}")
-        try:
-            info = describe(ref, progress=lambda _, m: _say(progress, i / (len(refs) + 1), m))
-        except Exception as e:  # noqa: BLE001 - any unreadable model becomes one message
-            raise WorkbenchError(f"{ROLE_LABELS[role]} {names[role]!r}: {readable_error(e)}") from e
-        infos[role] = info
-        rows.append([ROLE_LABELS[role], names[role], f"{info.model_type} ({info.family})",
-                     str(info.num_layers), str(info.hidden_size), str(info.vocab_size), info.dtype,
-                     f"{info.num_params / 1e6:.1f} M params, {info.size_bytes / 2**20:.0f} MiB"])
+                raise WorkbenchError(f"{label}: {readable_error(e)}") from e
+            _say(progress, i / (len(names) + 1), f"reading {label} {name}")
+            try:
+                info = describe(ref, progress=lambda _, m: _say(progress, i / (len(names) + 1), m))
+            except Exception as e:  # noqa: BLE001 - any unreadable model becomes one message
+                raise WorkbenchError(f"{label} {name!r}: {readable_error(e)}") from e
+        except WorkbenchError as e:   # the others are still read: their rows stay valid
+            errors.append(str(e))
+            rows[role] = [label, name[:200], f"⚠ cannot be read: {readable_error(e)}"[:300],
+                          "", "", "", "", ""]
+            continue
+        refs[role], infos[role] = ref, info
+        rows[role] = [label, name, f"{info.model_type} ({info.family})",
+                      str(info.num_layers), str(info.hidden_size), str(info.vocab_size), info.dtype,
+                      f"{info.num_params / 1e6:.1f} M params, {info.size_bytes / 2**20:.0f} MiB"]
+    if errors:
+        err = WorkbenchError("; ".join(errors))
+        err.rows = list(rows.values())   # the table: every reference, read or not
+        raise err
+    rows = list(rows.values())
     _say(progress, len(refs) / (len(refs) + 1), "checking compatibility")
     # the one check (checkpoints.compatibility), against the task expert; the Session reuses it
     models = open_models({role: refs[role] for role in sorted(refs, key=lambda r: r != "task")})

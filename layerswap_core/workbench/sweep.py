@@ -21,6 +21,12 @@ class SweepResult:
     rows: list[list]                   # x, y, score, best first (the table the visitor clicks)
 
     @property
+    def columns(self) -> list[str]:
+        """The table's headers: the swept fields and the score, as the figure names them."""
+        return [self.axes[0].replace("_", " "), self.axes[1].replace("_", " "),
+                "gold NLL (lower is better)" if self.metric == "nll" else "accuracy"]
+
+    @property
     def best(self) -> list | None:
         """[x, y, score] of the best configuration (lowest NLL, highest accuracy), if any."""
         return self.rows[0] if self.rows else None
@@ -109,10 +115,11 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
             rows.append([xs[ix], ys[iy], round(scores[iy][ix], 4)])
     # best first (ties keep grid order): lowest NLL, highest accuracy
     rows.sort(key=lambda r: r[2] if metric == "nll" else -r[2])
-    if metric == "nll":  # the figure stars the highest score: plot -NLL
-        fig = plots.sweep_heatmap(xs, ys, [[None if v is None else -v for v in r] for r in scores],
+    if metric == "nll":  # the NLL as the table shows it; the lowest is starred and brightest
+        fig = plots.sweep_heatmap(xs, ys, [[None if v is None else v for v in r] for r in scores],
                                   x_label=fx.replace("_", " "), y_label=fy.replace("_", " "),
-                                  score_label="-gold NLL (higher is better)", fmt=".3f")
+                                  score_label="gold NLL (lower is better)", fmt=".3f",
+                                  lower_is_better=True)
     else:
         fig = plots.sweep_heatmap(xs, ys, scores, x_label=fx.replace("_", " "),
                                   y_label=fy.replace("_", " "), score_label="accuracy")
