@@ -4,6 +4,7 @@ Prints, in one run: a fresh process's import cost (torch + transformers), its fi
 the cache, and a second load in the same process; and the ratio of the load to the time to read
 the safetensors file once (the floor).
 """
+import argparse
 import subprocess
 import sys
 
@@ -31,4 +32,5 @@ print(f"ratio first load / file read: {(t2 - t1) / (t4 - t3):.1f}x")
 """
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     sys.exit(subprocess.call([sys.executable, "-c", CODE]))
