@@ -9,6 +9,7 @@ the longest live run). Ray is an optional extra: this is the only module that im
 """
 from __future__ import annotations
 
+import os
 import uuid
 from collections import deque
 from typing import Callable
@@ -41,8 +42,10 @@ def connect(address: str | None = None):
     try:
         ray.init(address=address, log_to_driver=False, **kw)
     except ConnectionError as e:
+        hint = "" if os.environ.get("RAY_AUTH_MODE") else \
+            " (a cluster started with token authentication needs RAY_AUTH_MODE=token here too)"
         raise RayUnavailable(f"cannot reach the Ray cluster at {address}: "
-                             f"{str(e).splitlines()[0]}") from None
+                             f"{str(e).splitlines()[0]}{hint}") from None
     return ray, True
 
 
