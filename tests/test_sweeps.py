@@ -235,9 +235,15 @@ def test_cli_against_a_ray_head_in_another_process(ray_runtime, local_run, tiny,
         local = scores(local_run[0].records())
         assert all(local[r["key"]] == r["scores"] for r in got)
         assert (out / "heatmap.html").is_file() and (out / "sweep.yaml").is_file()
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=60)
+    finally:   # `ray start --block` stops its processes on SIGTERM; the group is ours anyway
+        head.terminate()
+        try:
+            head.wait(timeout=60)
+        finally:
+            try:
+                os.killpg(head.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_cli_errors_are_one_line(tiny, tmp_path, capsys):

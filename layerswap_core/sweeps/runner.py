@@ -114,7 +114,9 @@ def prepare(request: SweepRequest, progress: Progress | None = None):
     _say(progress, 0.3, "loading the items")
     eval_items = load_eval_items(settings)
     _say(progress, 0.6, "fingerprinting the models")
-    prints = {role: checkpoint_fingerprint(resolve(ref)) for role, ref in request.refs.items()}
+    # results kept in a folder are keyed by content; a sweep without one (the app's) by path
+    prints = {role: checkpoint_fingerprint(resolve(ref)) if request.out else str(resolve(ref))
+              for role, ref in request.refs.items()}
     digests = {lang: items_digest(*pair) for lang, pair in eval_items.items()}
     keys = [result_key(prints, _job(c, "")["config"], digests, settings.key()) for c in cells]
     return cells, impossible, order, eval_items, keys
@@ -168,8 +170,9 @@ def run_sweep(request: SweepRequest, *, checkout: Callable | None = None,
                        cpus_per_worker=request.cpus_per_worker)
         else:
             worker = SweepWorker(**worker_args, checkout=checkout)
-            for job in jobs:
-                handle(worker.run(job))
+            for i, job in enumerate(jobs):
+                handle(worker.run(job, progress=None if progress is None else (
+                    lambda f, m, i=i: _say(progress, (i + f) / total, m))))
     except SweepStopped:
         pass
     return outcome

@@ -61,13 +61,15 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
                x_values: str = "0,2,4", y_values: str = "0,1,2", source: str = "gsm-symbolic",
                lang: str = "sw", n: int = 4, shots: int = 0, metric: str = "nll",
                progress: Progress | None = None) -> SweepResult:
-    """Score a grid of configurations on a small fixed item set by in-memory recomposition."""
+    """Score a grid of configurations on a small fixed item set by in-memory recomposition
+    (the library's ``sweeps.runner.run_sweep`` on this session's live model)."""
+    from contextlib import contextmanager
     from dataclasses import replace
 
     from . import figures as plots
     from ..evaluation.data import load_items
-    from ..evaluation.runner import run_side_by_side
-    from ..merge.partition import ConfigError
+    from ..sweeps.runner import run_sweep, sweep_request
+    from ..sweeps.scoring import EvalSettings
 
     if metric not in ("nll", "accuracy"):
         raise WorkbenchError(f"sweep score: 'nll' or 'accuracy', got {metric!r}")
@@ -84,30 +86,30 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     if metric == "nll" and not all(it.solution for it in items):
         raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
     guard = session.begin(progress)
+
+    @contextmanager
+    def checkout():  # the live model shows one cell at a time; the visitor's build stays
+        with session.lock:
+            yield session.live()
+
+    fixed = {k: v for k, v in replace(base_config, partition=None).to_dict().items()
+             if k not in ("method", "task", "lang", "base")}
+    # NLL needs one forward pass per item (generation cut to 1 token); accuracy: 64 tokens
+    request = sweep_request(session.paths["task"], session.paths["lang"], {fy: ys, fx: xs},
+                            base=session.paths.get("base"), fixed=fixed,
+                            eval=EvalSettings(source, (lang,), n, shots, metric,
+                                              max_new_tokens=64), order="snake")
+    try:
+        outcome = run_sweep(request, checkout=checkout, progress=guard)
+    except ValueError as e:   # a config error of every cell, or none fits: one line
+        raise WorkbenchError(str(e)) from None
     scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
     rows = []
-    total = len(xs) * len(ys)
-    for iy, y in enumerate(ys):
-        for ix, x in enumerate(xs):
-            try:
-                cfg = replace(base_config, method="layer_swap", partition=None, **{fx: x, fy: y})
-                cfg.validate(session.num_layers, has_base=session.has_base)
-            except ConfigError:
-                continue  # impossible cell (more swapped layers than the model has): empty
-            done = (iy * len(xs) + ix) / total
-            guard(done, f"{fx} {x}, {fy} {y}")
-            with session.lock:  # the live model shows the cell; the visitor's build stays
-                lm = session.live()
-                lm.show(cfg, progress=lambda f, m: guard(done, m))
-                # NLL needs one forward pass per item; generation is cut to 1 token
-                res = run_side_by_side({"merged": (lm.model, lm.tokenizer)}, items, shots=shots,
-                                       max_new_tokens=1 if metric == "nll" else 64,
-                                       with_nll=metric == "nll",
-                                       progress=lambda f, m: guard(done + f / total, m))
-            s = res.summary[0]
-            scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
-            if scores[iy][ix] is not None:
-                rows.append([x, y, round(scores[iy][ix], 4)])
+    for rec in outcome.records():   # grid order; impossible cells stay empty
+        x, y = rec["point"][fx], rec["point"][fy]
+        s = rec["scores"][lang]
+        scores[ys.index(y)][xs.index(x)] = s["nll"] if metric == "nll" else s["accuracy"]
+        rows.append([x, y, round(scores[ys.index(y)][xs.index(x)], 4)])
     guard(1.0, "done")
     # best first (ties keep grid order): lowest NLL, highest accuracy
     rows.sort(key=lambda r: r[2] if metric == "nll" else -r[2])
