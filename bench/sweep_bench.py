@@ -10,13 +10,15 @@ and Ray with 2 workers against the local backend with 1, on this machine.
 2. Counts, on the full 9x9 (b, u) grid (b, u in 0..8), the tensors a live model rewrites in
    snake order, nearest-neighbour order and row-major order, and by reloading (every tensor for
    every configuration): plan differences only, no tensors read.
-3. Times the sweep of the ``--timed`` grid (default the paper's 3x3 range: a reduced grid, as
-   the full 81 configurations take far longer than a benchmark may on a 2-core CPU) with a tiny
-   evaluation per configuration (``--n`` GSM-Symbolic Swahili items, gold NLL, 0 shots):
-   a. local backend, 1 worker (torch on every core), snake order: seconds per configuration
-      and tensors rewritten (counted by the engine);
-   b. reloading instead: the time to open a fresh engine (live model) for one configuration;
-   c. Ray (a local runtime started here, 2 CPUs) with 2 workers of 1 CPU each, the same grid:
+3. Shows the 81 configurations on one engine (live model, no evaluation), in snake and in
+   row-major order: seconds per configuration and tensors rewritten (counted by the engine),
+   against reloading (the time to open a fresh engine, which every configuration would pay).
+4. Times a sweep of the ``--timed`` grid with a tiny evaluation per configuration (``--n``
+   GSM-Symbolic Swahili items, gold NLL, 0 shots): a reduced grid (default 2 configurations),
+   as one gold-NLL forward pass of a 1.1B bf16 model takes tens of seconds on this AVX2-only
+   2-core CPU:
+   a. local backend, 1 worker (torch on every core), snake order;
+   b. Ray (a local runtime started here, 2 CPUs) with 2 workers of 1 CPU each, the same grid:
       wall time and its ratio to (a), with /proc/loadavg before and after each run.
 Everything runs on the CPU: nothing here ran on a GPU or on more than one node.
 """
@@ -103,24 +105,41 @@ def timed_sweep(refs, grid: str, n: int, out: Path, **kw) -> dict:
             "load_before": before, "load_after": loadavg()}
 
 
-def reload_seconds(refs) -> float:
+def show_timing(refs) -> dict:
+    """Every cell of the 9x9 grid shown on one engine, in snake and row-major order."""
+    from layerswap_core.merge.config import MergeConfig
+    from layerswap_core.sweeps.grid import expand, parse_grid
+    from layerswap_core.sweeps.order import snake
     from layerswap_core.sweeps.scoring import open_engine
 
     t0 = time.perf_counter()
     engine = open_engine({k: str(v) for k, v in refs.items()}, "cpu")
-    seconds = time.perf_counter() - t0
+    out = {"open_engine_s": round(time.perf_counter() - t0, 1), "load_before": loadavg()}
+    cells, _ = expand(parse_grid("bottom=0-8 top=0-8"), MergeConfig(), engine.arch.num_layers,
+                      True)
+    for name, order in (("snake", snake([c.index for c in cells])),
+                        ("row-major", list(range(len(cells))))):
+        engine.show("task")
+        t0, rewritten = time.perf_counter(), 0
+        for k in order:
+            rewritten += engine.show(cells[k].config).rewritten
+        seconds = time.perf_counter() - t0
+        out[name] = {"tensors_rewritten": rewritten, "seconds": round(seconds, 1),
+                     "per_config_s": round(seconds / len(order), 3)}
+    out["load_after"] = loadavg()
     del engine
-    return round(seconds, 1)
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--params", type=float, default=1.1e9)
-    p.add_argument("--timed", default="bottom=3,4,5 top=0,1,2")
+    p.add_argument("--timed", default="bottom=3,4 top=0")
     p.add_argument("--n", type=int, default=1, help="items scored per configuration")
     p.add_argument("--keep", type=Path, help="write the trio here and keep it")
     p.add_argument("--reuse", type=Path, help="a trio written before with --keep")
     p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--skip-shows", action="store_true", help="skip steps 2 and 3")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -136,14 +155,21 @@ def main() -> int:
     try:
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "cpus": os.cpu_count(), "params": a.params, "timed_grid": a.timed, "n": a.n}
-        report["orders"] = order_costs(refs)
-        print(json.dumps(report["orders"]), flush=True)
+        def save():   # after every stage: a run cut short keeps what it measured
+            if a.json:
+                a.json.write_text(json.dumps(report, indent=1))
+
+        if not a.skip_shows:
+            report["orders"] = order_costs(refs)
+            print(json.dumps(report["orders"]), flush=True)
+            report["shows"] = show_timing(refs)
+            save()
+            print(json.dumps(report["shows"]), flush=True)
         with tempfile.TemporaryDirectory(dir="/tmp") as d:
             report["local"] = timed_sweep(refs, a.timed, a.n, Path(d) / "local")
+            save()
             print(json.dumps({k: v for k, v in report["local"].items() if k != "scores"}),
                   flush=True)
-            report["reload_s"] = reload_seconds(refs)
-            print(f"reloading: {report['reload_s']} s to open an engine", flush=True)
             if not a.no_ray:
                 import ray
                 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -158,8 +184,7 @@ def main() -> int:
                 print(json.dumps({k: v for k, v in r.items() if k != "scores"}), flush=True)
                 print(f"Ray 2 workers / local 1 worker, wall time: {report['ray_over_local_wall']}"
                       f" (same scores: {report['same_scores']})", flush=True)
-        if a.json:
-            a.json.write_text(json.dumps(report, indent=1))
+        save()
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
