@@ -38,9 +38,10 @@ def connect(address: str | None = None):
     ray = _ray()
     if ray.is_initialized():
         return ray, False
+    # "local": a new runtime even where `ray start` left its address in /tmp/ray
     kw = {"include_dashboard": False} if address is None else {}
     try:
-        ray.init(address=address, log_to_driver=False, **kw)
+        ray.init(address=address or "local", log_to_driver=False, **kw)
     except ConnectionError as e:
         hint = "" if os.environ.get("RAY_AUTH_MODE") else \
             " (a cluster started with token authentication needs RAY_AUTH_MODE=token here too)"
