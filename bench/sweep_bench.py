@@ -139,6 +139,8 @@ def main() -> int:
     p.add_argument("--keep", type=Path, help="write the trio here and keep it")
     p.add_argument("--reuse", type=Path, help="a trio written before with --keep")
     p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--local-from", type=Path,
+                   help="take the local run from this earlier --json (time the Ray run only)")
     p.add_argument("--skip-shows", action="store_true", help="skip steps 2 and 3")
     p.add_argument("--json", type=Path)
     a = p.parse_args()
@@ -166,20 +168,26 @@ def main() -> int:
             save()
             print(json.dumps(report["shows"]), flush=True)
         with tempfile.TemporaryDirectory(dir="/tmp") as d:
-            report["local"] = timed_sweep(refs, a.timed, a.n, Path(d) / "local")
+            if a.local_from:
+                report["local"] = json.loads(a.local_from.read_text())["local"]
+                report["local"]["from"] = str(a.local_from)
+            else:
+                report["local"] = timed_sweep(refs, a.timed, a.n, Path(d) / "local")
             save()
             print(json.dumps({k: v for k, v in report["local"].items() if k != "scores"}),
                   flush=True)
             if not a.no_ray:
                 import ray
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+                ray.init(address="local", num_cpus=2, include_dashboard=False,
+                         log_to_driver=False)
                 try:
                     report["ray"] = timed_sweep(refs, a.timed, a.n, Path(d) / "ray",
                                                 backend="ray", workers=2, cpus_per_worker=1)
                 finally:
                     ray.shutdown()
                 r, loc = report["ray"], report["local"]
-                report["same_scores"] = r["scores"] == loc["scores"]
+                report["same_scores"] = {k: str(v) for k, v in r["scores"].items()} == \
+                    {k: str(v) for k, v in loc["scores"].items()}
                 report["ray_over_local_wall"] = round(r["wall_s"] / loc["wall_s"], 2)
                 print(json.dumps({k: v for k, v in r.items() if k != "scores"}), flush=True)
                 print(f"Ray 2 workers / local 1 worker, wall time: {report['ray_over_local_wall']}"
