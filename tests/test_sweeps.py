@@ -124,6 +124,19 @@ def test_snake_order_rewrites_the_expected_number_of_tensors(local_run, tiny, tm
     assert auto.name in ("snake", "nearest") and auto.costs[auto.name] <= snake_cost
 
 
+def test_items_of_each_source_and_metric():
+    from layerswap_core.sweeps.scoring import load_eval_items
+
+    got = load_eval_items(EvalSettings("demo-variants", ("sw", "en"), 2, 1, "nll"))
+    assert [len(v[0]) for v in got.values()] == [2, 2] and len(got["sw"][1]) == 1
+    assert [i.id for i in got["sw"][0]] == [i.id for i in got["en"][0]]   # paired variants
+    assert all(i.id.startswith("variant-validation-") for i in got["sw"][0])
+    mgsm = load_eval_items(EvalSettings("mgsm", ("sw",), 3, 2, "accuracy"))["sw"]
+    assert len(mgsm[0]) == 3 and len(mgsm[1]) == 2 and mgsm[0][0].source == "mgsm"
+    with pytest.raises(ValueError, match="metric: one of accuracy, nll"):
+        EvalSettings(metric="f1").check()
+
+
 # --------------------------------------------------------------------------- resumable
 def test_killed_sweep_reruns_without_rescoring(local_run, tiny, tmp_path):
     """--limit 2, then a run killed after 2 more (and a line cut short), then a rerun: each

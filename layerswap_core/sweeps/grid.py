@@ -141,7 +141,7 @@ def expand(grid: dict[str, list], base: MergeConfig, num_layers: int,
         try:
             config.validate(num_layers, has_base=has_base)
         except ConfigError as e:
-            if "need" in str(e) and "base" in str(e):
+            if config.needs_base and not has_base:   # no cell can be made without the base
                 raise
             impossible.append((cell, str(e)))
             continue
