@@ -4,10 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-$(STAMP): requirements.txt requirements-assets.txt requirements-dev.txt pyproject.toml
+$(STAMP): requirements.txt requirements-assets.txt requirements-dev.txt requirements-ray.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt
+	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-dev.txt -r requirements-ray.txt
 	$(BIN)/python -m pip install -q --no-deps --ignore-requires-python -r requirements-assets.txt
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)

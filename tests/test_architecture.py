@@ -17,7 +17,7 @@ LAYERS = [
     # the package root and the rooms' __init__ (docstrings, version, lazy API names and plugin
     # names: no static imports), the architectures' tensor names, the per-tensor merge methods
     ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "engines",
-     "workbench",
+     "sweeps", "workbench",
      "checkpoints.architectures", "merge.methods", "merge.errors", "progress"),
     ("checkpoints.reading", "checkpoints.tokenizers"),   # tensors and headers; tokenizer identity
     ("checkpoints.writing",),                     # the sharded writer, output folders, the cache
@@ -35,6 +35,10 @@ LAYERS = [
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
     ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs
     ("engines.dispatch",),                        # the one dispatcher (local, ZeroGPU)
+    ("sweeps.grid", "sweeps.order", "sweeps.store"),   # sweeps: the grid, orders, results file
+    ("sweeps.scoring", "sweeps.report"),          # scoring on one engine; table, best, heatmap
+    ("sweeps.ray_backend",),                      # Ray actors (the only module importing ray)
+    ("sweeps.runner",),                           # run_sweep: the one entry point of a sweep
     ("workbench.figures", "workbench.spaces", "workbench.served",   # figures, the ZeroGPU shim,
      "workbench.controls"),                       # which controls the method reads,
                                                   # limits, access and one-line errors
@@ -43,7 +47,7 @@ LAYERS = [
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",
      "workbench.demo"),                          # the other tabs; the demo result
     ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora", "cli.data",
-     "cli.analysis", "cli.evaluate", "cli.train"),
+     "cli.analysis", "cli.evaluate", "cli.train", "cli.sweep"),
     ("__main__", "cli.__main__", "app"),          # entry points
 ]
 # The only places that import modules by name at run time: the lazy API of the package root and
@@ -210,7 +214,8 @@ def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
 
 # The rooms (sub-packages) bottom first; the data flows up this list only. Modules at the package
 # root (the lazy API, testing helpers) and the entry points are outside the rooms.
-ROOMS = ["checkpoints", "merge", "analysis", "evaluation", "training", "engines", "workbench",
+ROOMS = ["checkpoints", "merge", "analysis", "evaluation", "training", "engines", "sweeps",
+         "workbench",
          "cli"]
 
 
@@ -232,3 +237,24 @@ def test_rooms_import_only_rooms_below_them():
 def test_every_module_sits_in_a_room():
     outside = {m for m in module_files() if m.split(".")[0] not in ROOMS}
     assert outside <= {PACKAGE, "__main__", "app", "testing", "progress"}, outside
+
+
+# Optional extras: the modules allowed to import them (inside functions, so the core never
+# needs them at import time).
+OPTIONAL_IMPORTS = {"ray": {"sweeps.ray_backend"}}
+
+
+def _imports_of(path: Path, top: str) -> list[ast.AST]:
+    return [n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(n, ast.Import) and any(a.name.split(".")[0] == top for a in n.names)
+            or isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == top]
+
+
+def test_optional_extras_are_imported_only_where_allowed_and_only_in_functions():
+    for top, allowed in OPTIONAL_IMPORTS.items():
+        users = {m for m, p in module_files().items() if _imports_of(p, top)}
+        assert users == allowed, f"{top} imported by {sorted(users - allowed)}"
+        for m in allowed:
+            tree = ast.parse(module_files()[m].read_text(encoding="utf-8"))
+            at_top = [n for n in tree.body if n in _imports_of(module_files()[m], top)]
+            assert not at_top, f"{m} imports {top} at module level"

@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..checkpoints.references import ModelLoadError, set_allow_bin_default
-from . import analysis, data, evaluate, lora, merge, models, train
+from . import analysis, data, evaluate, lora, merge, models, sweep, train
 
-GROUPS = (models, merge, analysis, evaluate, train, lora, data)   # command groups, in --help order
+GROUPS = (models, merge, analysis, evaluate, sweep, train, lora, data)   # command groups, in --help order
 CLI_MODULES = tuple(m.__name__.rsplit(".", 1)[1] for m in GROUPS)
 # Commands that read no model reference (every other one gets --allow-bin).
 NO_MODEL_COMMANDS = ("prepare", "demo-data")

@@ -1,0 +1,119 @@
+"""What a finished sweep shows: the table, the best configuration per language (with its 95%
+interval), and a heatmap per language (``DIR/heatmap.html``; also ``.png`` where plotly can
+write images, i.e. with kaleido installed)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def score_of(record: dict, lang: str, metric: str) -> float | None:
+    s = record["scores"].get(lang)
+    return None if s is None else s["nll" if metric == "nll" else "accuracy"]
+
+
+def best(records: list[dict], lang: str, metric: str) -> dict | None:
+    """The best record for ``lang``: highest accuracy / lowest NLL (ties: the first in grid
+    order)."""
+    scored = [r for r in records if score_of(r, lang, metric) is not None]
+    if not scored:
+        return None
+    sign = 1 if metric == "nll" else -1
+    return min(scored, key=lambda r: sign * score_of(r, lang, metric))
+
+
+def point_text(point: dict) -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in point.items())
+
+
+def score_text(s: dict, metric: str) -> str:
+    if metric == "nll":
+        return f"{s['nll']:.4f} [{s['ci_low']:.4f}, {s['ci_high']:.4f}]"
+    return f"{s['accuracy']:.3f} ({s['correct']}/{s['n']}) [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
+
+
+def table(records: list[dict], axes: list[str], langs: list[str], metric: str) -> str:
+    """One row per configuration: the grid values, each language's score, seconds, worker."""
+    head = [*axes, *(f"{lang} {'NLL' if metric == 'nll' else 'acc'}" for lang in langs),
+            "seconds", "rewritten"]
+    rows = [[*(f"{r['point'][a]:g}" for a in axes),
+             *(("-" if score_of(r, lang, metric) is None else
+                f"{score_of(r, lang, metric):.4f}" if metric == "nll" else
+                f"{score_of(r, lang, metric):.3f}") for lang in langs),
+             f"{r['seconds']:.1f}", str(r.get("rewritten", "-"))] for r in records]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
+              for i, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def best_lines(records: list[dict], langs: list[str], metric: str) -> list[str]:
+    what = "lowest gold NLL" if metric == "nll" else "highest accuracy"
+    out = []
+    for lang in langs:
+        b = best(records, lang, metric)
+        if b is not None:
+            out.append(f"best in {lang} ({what}): {point_text(b['point'])}: "
+                       f"{score_text(b['scores'][lang], metric)}")
+    return out
+
+
+def heatmap_figure(records: list[dict], grid: dict[str, list], langs: list[str], metric: str):
+    """One heatmap per language over the first two axes (one row for a 1-D grid); with more
+    axes each cell shows the best over the others."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    axes = list(grid)
+    xa, ya = axes[-1], (axes[0] if len(axes) > 1 else None)
+    xs, ys = grid[xa], (grid[ya] if ya else [0])
+    fig = make_subplots(rows=1, cols=len(langs), subplot_titles=list(langs),
+                        horizontal_spacing=0.12)
+    pick = min if metric == "nll" else max
+    for col, lang in enumerate(langs, start=1):
+        z = [[None] * len(xs) for _ in ys]
+        for r in records:
+            v = score_of(r, lang, metric)
+            if v is None:
+                continue
+            ix, iy = xs.index(r["point"][xa]), (ys.index(r["point"][ya]) if ya else 0)
+            z[iy][ix] = v if z[iy][ix] is None else pick(z[iy][ix], v)
+        text = [["" if v is None else (f"{v:.3f}") for v in row] for row in z]
+        fig.add_trace(go.Heatmap(z=z, x=[str(x) for x in xs], y=[str(y) for y in ys],
+                                 text=text, texttemplate="%{text}", coloraxis="coloraxis",
+                                 hovertemplate=f"{xa} %{{x}}<br>{ya or ''} %{{y}}<br>"
+                                               f"{metric} %{{z:.4f}}<extra>{lang}</extra>"),
+                      row=1, col=col)
+        fig.update_xaxes(title_text=xa, type="category", row=1, col=col)
+        fig.update_yaxes(title_text=ya or "", type="category", row=1, col=col)
+    scale = "Viridis_r" if metric == "nll" else "Viridis"
+    more = f" (best over {', '.join(axes[1:-1])})" if len(axes) > 2 else ""
+    fig.update_layout(coloraxis={"colorscale": scale,
+                                 "colorbar": {"title": "gold NLL" if metric == "nll" else
+                                              "accuracy"}},
+                      title=f"sweep: {metric} per configuration{more}",
+                      height=380, width=max(480, 420 * len(langs)))
+    return fig
+
+
+def write_heatmap(records: list[dict], grid: dict[str, list], langs: list[str], metric: str,
+                  folder: str | Path) -> list[Path]:
+    """``heatmap.html`` (self-contained), and ``heatmap.png`` when plotly can write images."""
+    fig = heatmap_figure(records, grid, langs, metric)
+    folder = Path(folder)
+    html = folder / "heatmap.html"
+    tmp = html.with_name("heatmap.html.tmp")
+    fig.write_html(str(tmp), include_plotlyjs=True, full_html=True)
+    tmp.replace(html)
+    out = [html]
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return out
+    try:
+        fig.write_image(str(folder / "heatmap.png"))
+        out.append(folder / "heatmap.png")
+    except Exception:  # noqa: BLE001 (no browser for kaleido): the html stands
+        pass
+    return out
