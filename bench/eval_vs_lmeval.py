@@ -79,13 +79,16 @@ def write_task(folder: Path, lang: str, cot: bool, n: int, shots: int, data_dir)
     cfg = mgsm_task_config(lang, items, exemplars, cot=cot, max_gen_toks=max_tokens)
     docs = cfg.pop("custom_dataset")()
     folder.mkdir(parents=True, exist_ok=True)
-    for split in ("test", "train"):
-        with open(folder / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            for row in docs[split]:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    with open(folder / "test.jsonl", "w", encoding="utf-8") as f:
+        for row in docs["test"]:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    # the exemplars inline (lm-eval's fewshot_config "samples"): a JSON train split beside the
+    # test split would need one schema for both (the test documents' answer is null)
     cfg.update(dataset_path="json", dataset_kwargs={"data_files": {
-        "test": str(folder / "test.jsonl"), "train": str(folder / "train.jsonl")}})
-    cfg.pop("dataset_name", None)
+        "test": str(folder / "test.jsonl")}},
+        fewshot_config={"sampler": "first_n", "samples": [dict(r) for r in docs["train"]]})
+    for key in ("dataset_name", "fewshot_split", "training_split"):
+        cfg.pop(key, None)
     cfg.pop("num_fewshot", None)  # given on the command line, as users do
     (folder / f"{cfg['task']}.yaml").write_text(yaml.safe_dump(cfg, allow_unicode=True,
                                                               sort_keys=False))
