@@ -7,8 +7,8 @@ the embedded SmolLM2) in a temporary folder, merges it with every method of the 
 layer-swap variants below, and prints one line per output ``*.safetensors`` file (config, file,
 sha256). ``--compare`` checks the hashes against a saved run (exit status 1 on any difference):
 the check that a change to the merge code left every output bit-identical. ``--block-bytes``
-sets ``merge.apply.BLOCK_BYTES`` (the row-block size of blended tensors), e.g. 4096 to force
-every blend of the tiny models through many row blocks.
+sets ``merge.apply.BLOCK_BYTES`` and ``LARGE_BLOCK_BYTES`` (the row-block sizes of blends),
+e.g. 4096 to force every blend of the tiny models through many row blocks.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def main():
     from layerswap_core.testing import tiny_family
     if a.block_bytes:
         from layerswap_core.merge import apply
-        apply.BLOCK_BYTES = a.block_bytes
+        apply.BLOCK_BYTES = apply.LARGE_BLOCK_BYTES = a.block_bytes
 
     missing = set(MERGE_METHODS) - {kw.get("method", "layer_swap") for _, kw, _ in CONFIGS}
     if missing:

@@ -30,6 +30,16 @@ def llama_config_for(params: float) -> dict:
             "bos_token_id": 1, "eos_token_id": 2}
 
 
+def vocab8b_config(layers: int = 2) -> dict:
+    """Llama-3-8B's non-layer shapes (vocab 128,256 x hidden 4096, untied head; MLP 14,336) with
+    only ``layers`` decoder layers: what a merge does with an 8B model's embeddings and LM head,
+    in a few GB."""
+    cfg = llama_config_for(0)
+    cfg.update(hidden_size=4096, intermediate_size=14336, vocab_size=128256,
+               num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=32)
+    return cfg
+
+
 def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     out = [("model.embed_tokens.weight", (v, h))]

@@ -49,6 +49,7 @@ def test_disk_and_live_model_give_identical_tensors(live, tiny, tmp_path, monkey
                                                     block_bytes):
     if block_bytes:  # every blend of the tiny models in many row blocks, on disk and in memory
         monkeypatch.setattr(apply, "BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(apply, "LARGE_BLOCK_BYTES", block_bytes)
     cfg = CONFIGS[name]
     disk = tensors(merge_to_folder(cfg, tiny["task"], tiny["lang"], tiny["base"], tmp_path / "m"))
     live.show("base")

@@ -188,10 +188,10 @@ def test_large_blends_are_computed_in_row_blocks_with_the_same_result(live, tiny
     live.show("task")
     live.show(cfg)
     whole = _params(live.model)
-    monkeypatch.setattr(apply, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(apply, "LARGE_BLOCK_BYTES", 4096)
     emb = live.params["model.embed_tokens.weight"]
-    assert len(apply.row_blocks(emb.shape, "linear")) > 10
-    assert len(apply.row_blocks(emb.shape, "ties")) > 10
+    assert len(apply.row_blocks(emb.shape, "linear", apply.LARGE_BLOCK_BYTES)) > 10
+    assert len(apply.row_blocks(emb.shape, "ties", apply.LARGE_BLOCK_BYTES)) > 10
     live.show("task")
     live.show(cfg)
     for n, p in live.model.named_parameters():

@@ -14,6 +14,7 @@ blocks) for both.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable, Iterator, Sequence
 
@@ -27,36 +28,47 @@ from .registry import Source
 
 # Row blocks hold at most this many float32 bytes of the output (the inputs and the method's
 # temporaries are a few blocks more): bounded working memory whatever the tensor's size.
-BLOCK_BYTES = 16 << 20
+# The disk merge on the CPU computes on one thread (``one_thread``) in small blocks that stay in
+# the CPU's caches. Measured (bench/merge_bench.py's machine, 2 cores shared, load 8-9): blending
+# two bf16 32000 x 2048 tensors took 1.3-2.4 s in 1 MiB blocks on one thread, 2.5-6 s in 16-64
+# MiB blocks, and 20-30 s in 1 MiB blocks on torch's default 2 threads (each small parallel
+# region waits for a descheduled thread); the peak RSS of the default layer swap of the 1.1B
+# synthetic: 289 MB in 1 MiB blocks, 329 MB in 4 MiB, 366 MB in 16 MiB (an import of torch: 266).
+BLOCK_BYTES = 1 << 20
+# The live model (multi-threaded, sharing the process with generation) and GPUs (fewer, larger
+# kernels) compute in larger blocks.
+LARGE_BLOCK_BYTES = 64 << 20
 
 # (model role, rows: a slice of the first dimension or None for all) -> that tensor's rows, in
 # the checkpoint's dtype (a fresh read, or a view of a mapped file).
 Fetch = Callable[[str, "slice | None"], torch.Tensor]
 
 
-def row_blocks(shape: Sequence[int], method: str = "linear") -> list[slice | None]:
+def row_blocks(shape: Sequence[int], method: str = "linear",
+               block_bytes: int | None = None) -> list[slice | None]:
     """Row slices to compute ``method`` in: [None] (the whole tensor) for tensors under
-    BLOCK_BYTES in float32, 0-/1-d tensors and methods that are not row-wise; else consecutive
-    blocks of rows of at most BLOCK_BYTES each."""
+    ``block_bytes`` (default BLOCK_BYTES) in float32, 0-/1-d tensors and methods that are not
+    row-wise; else consecutive blocks of rows of at most that many float32 bytes each."""
+    block_bytes = block_bytes or BLOCK_BYTES
     if len(shape) < 2 or method not in methods.ROW_WISE:
         return [None]
     rows, per_row = int(shape[0]), 4 * math.prod(shape[1:])
-    if per_row * rows <= BLOCK_BYTES:
+    if per_row * rows <= block_bytes:
         return [None]
-    step = max(1, BLOCK_BYTES // max(per_row, 1))
+    step = max(1, block_bytes // max(per_row, 1))
     return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
 def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtype: torch.dtype,
-                device: str | torch.device = "cpu",
-                outcome: str = "nothing was written") -> Iterator[tuple[slice | None, torch.Tensor]]:
+                device: str | torch.device = "cpu", outcome: str = "nothing was written",
+                block_bytes: int | None = None) -> Iterator[tuple[slice | None, torch.Tensor]]:
     """(rows, value) of the tensor ``name`` made by ``src``, block by block in row order
-    (``row_blocks``); ``value`` is in ``dtype`` on ``device``. MergeError (``check_finite``,
-    with ``outcome`` saying what happened to the output) if a block becomes inf/NaN from finite
-    inputs; ConfigError if the blend weights are not resolved."""
+    (``row_blocks`` of ``block_bytes``); ``value`` is in ``dtype`` on ``device``. MergeError
+    (``check_finite``, with ``outcome`` saying what happened to the output) if a block becomes
+    inf/NaN from finite inputs; ConfigError if the blend weights are not resolved."""
     if src.method != "copy" and src.weights is None:
         raise ConfigError(f"{name}: blend weights not resolved (magnitude weights missing)")
-    blocks = row_blocks(shape, src.method)
+    blocks = row_blocks(shape, src.method, block_bytes)
     kwargs = src.kwargs()
 
     def inputs(rows):
@@ -75,6 +87,21 @@ def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtyp
         check_finite(name, value, part, src, outcome)
         yield rows, value
         del part, value
+
+
+@contextlib.contextmanager
+def one_thread(device: str | torch.device = "cpu"):
+    """torch's intra-op threads set to 1 meanwhile on the CPU (see BLOCK_BYTES), restored after.
+    The results are the same bits (element-wise arithmetic; the reductions of the magnitude
+    weights run per row)."""
+    before = torch.get_num_threads()
+    if str(device).startswith("cpu") and before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def _finite(t: torch.Tensor) -> bool:
@@ -97,7 +124,8 @@ def check_finite(name: str, merged: torch.Tensor, inputs: list[torch.Tensor], sr
 
 def magnitude_weights(fetch: Callable[[str, str, "slice | None"], torch.Tensor], roles,
                       names: list[str], shape_of: Callable[[str], Sequence[int]],
-                      progress: Progress | None = None) -> tuple[float, float]:
+                      progress: Progress | None = None,
+                      block_bytes: int | None = None) -> tuple[float, float]:
     """(w_task, w_lang): the inverse of each expert's mean row-wise mean |expert - base|
     (``methods.MagnitudeAccumulator``), over the 1-D/2-D tensors of ``names`` in that order.
     ``fetch(role, name, rows)`` gives a tensor's rows; ``roles``: the models at hand. Read in row
@@ -108,7 +136,7 @@ def magnitude_weights(fetch: Callable[[str, str, "slice | None"], torch.Tensor],
     eligible = [n for n in names if acc.eligible(shape_of(n))]
     for i, n in enumerate(eligible):
         means: dict[str, list[torch.Tensor]] = {"task": [], "lang": []}
-        for rows in row_blocks(shape_of(n)):
+        for rows in row_blocks(shape_of(n), "linear", block_bytes):
             base = fetch("base", n, rows)
             for e, found in means.items():
                 found.append(methods.row_mean_abs_delta(fetch(e, n, rows), base))

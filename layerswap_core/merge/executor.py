@@ -23,7 +23,8 @@ from ..checkpoints.tokenizers import TOKENIZER_FILES
 from ..checkpoints.writing import (OutputWriteError, ShardedWriter, atomic_output_dir,
                                    check_output_dir, parse_size)
 from ..progress import Progress, say as _say
-from .apply import check_finite, magnitude_weights, source_rows
+from . import apply
+from .apply import check_finite, magnitude_weights, one_thread, source_rows
 from .config import MergeConfig
 from .errors import MergeError
 from .partition import ConfigError, Partition
@@ -103,9 +104,11 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     readers = inputs.readers
     if config.uses_magnitude:
         _say(progress, 0.0, "computing magnitude-adjusted weights")
-        mag = magnitude_weights(lambda role, n, rows: readers[role].read_rows(n, rows), readers,
-                                inputs.names, readers["task"].shape,
-                                None if progress is None else lambda f, m: progress(0.3 * f, m))
+        with one_thread(device):
+            mag = magnitude_weights(lambda role, n, rows: readers[role].read_rows(n, rows),
+                                    readers, inputs.names, readers["task"].shape,
+                                    None if progress is None else lambda f, m: progress(0.3 * f, m),
+                                    _block_bytes(device))
         plan = plan.with_magnitude(mag)
     missing_models = plan.needs - set(readers)
     if missing_models:
@@ -137,15 +140,21 @@ def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePla
     total = sum(readers["task"].location(n).nbytes for n in names) or 1
     done = 0
     try:
-        for n in names:
-            _write_tensor(writer, n, plan.sources[n], readers, out_dtype, device)
-            done += readers["task"].location(n).nbytes
-            progress(done / total, n)
+        with one_thread(device):
+            for n in names:
+                _write_tensor(writer, n, plan.sources[n], readers, out_dtype, device)
+                done += readers["task"].location(n).nbytes
+                progress(done / total, n)
         writer.finish()
     finally:
         writer.close()
     _copy_side_files(inputs, config, tmp)
     (tmp / "layerswap.yaml").write_text(config.to_yaml())
+
+
+def _block_bytes(device) -> int:
+    """Small row blocks on the CPU (one thread, cache-sized), large ones on a GPU."""
+    return apply.BLOCK_BYTES if str(device).startswith("cpu") else apply.LARGE_BLOCK_BYTES
 
 
 def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype, device):
@@ -157,7 +166,7 @@ def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype, dev
             writer.copy_raw(name, copied)  # bit-identical, no arithmetic
             return
     blocks = source_rows(name, src, loc.shape, lambda m, rows: readers[m].read_rows(name, rows),
-                         target, device, "nothing was written")
+                         target, device, "nothing was written", _block_bytes(device))
     writer.write_rows(name, (value for _, value in blocks))
 
 

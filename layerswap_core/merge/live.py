@@ -32,6 +32,7 @@ from ..checkpoints.reading import CheckpointReader, ST_TO_DTYPE
 from ..checkpoints.writing import release_freed_memory
 from ..progress import Progress
 from ..progress import say as _say
+from . import apply
 from .apply import magnitude_weights, source_rows
 from .config import MergeConfig
 from .errors import MergeError
@@ -208,7 +209,7 @@ class LiveModel:
             self._magnitude = magnitude_weights(
                 lambda role, n, rows: self.sources[role][n] if rows is None
                 else self.sources[role][n][rows], self.sources, self.names,
-                lambda n: tuple(self.params[n].shape))
+                lambda n: tuple(self.params[n].shape), block_bytes=apply.LARGE_BLOCK_BYTES)
             self.release()
         return self._magnitude
 
@@ -245,7 +246,8 @@ class LiveModel:
             for rows, value in source_rows(
                     n, src, param.shape, lambda m, rows: views[m] if rows is None else views[m][rows],
                     param.dtype, param.device,
-                    "non-finite result refused; the next plan rewrites every tensor"):
+                    "non-finite result refused; the next plan rewrites every tensor",
+                    apply.LARGE_BLOCK_BYTES):
                 (param if rows is None else param[rows]).copy_(value)
             del views
         self.plan, self.label = plan, label
