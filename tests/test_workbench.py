@@ -495,7 +495,7 @@ def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny)
 
 @pytest.mark.slow
 def test_the_embedded_demo_is_preselected_and_compatible():
-    experts = pytest.importorskip("layerswap_core.training.demo_experts")
+    from layerswap_core.checkpoints import embedded as experts
     missing = [r for r in (experts.DEMO_TASK, experts.DEMO_LANG)
                if not (experts.demo_adapter_dir(r) / "adapter_model.safetensors").exists()]
     if missing:

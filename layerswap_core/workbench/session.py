@@ -93,7 +93,7 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
             raise WorkbenchError(f"{ROLE_LABELS[role]}: {readable_error(e)}") from e
     for role in ("task", "lang"):  # PEFT adapters: merged into the base once, then dense
         if is_adapter(refs[role]):
-            from ..merge.lora import dense_from_adapter
+            from ..checkpoints.loading import dense_from_adapter
             try:
                 refs[role] = str(dense_from_adapter(refs[role], refs.get("base"), progress))
             except ValueError as e:
