@@ -324,3 +324,29 @@ def test_extract_adapter_refuses_a_model_of_another_shape(family, tmp_path, tiny
     with pytest.raises(peft_io.AdapterError, match="does not fit"):
         lora.extract_adapter(family["base"], other, tmp_path / "bad", rank=2)
     assert not (tmp_path / "bad").exists()
+
+
+def test_an_adapter_the_reader_refuses_is_merged_once_by_peft(family, tmp_path, monkeypatch):
+    """DoRA is not plain LoRA: the dense copy comes from PEFT's merge_and_unload, built once
+    into the cache (a second call reads it), with no temporary folder left beside it."""
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.checkpoints.loading import dense_from_adapter
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    model = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
+    folder = _random_adapter(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"],
+                                               use_dora=True, task_type="CAUSAL_LM"),
+                             tmp_path / "dora", 5)
+    with pytest.raises(peft_io.AdapterError, match="use_dora"):
+        peft_io.load_adapter(folder, family["base"])
+    out = dense_from_adapter(folder, family["base"])
+    from peft import PeftModel
+    base = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
+    want = PeftModel.from_pretrained(base, str(folder)).merge_and_unload().state_dict()
+    got = _tensors(out)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(got[q], want[q]) and not torch.equal(got[q], _tensors(family["base"])[q])
+    assert dense_from_adapter(folder, family["base"]) == out
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
