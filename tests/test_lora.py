@@ -350,3 +350,11 @@ def test_an_adapter_the_reader_refuses_is_merged_once_by_peft(family, tmp_path, 
     assert torch.equal(got[q], want[q]) and not torch.equal(got[q], _tensors(family["base"])[q])
     assert dense_from_adapter(folder, family["base"]) == out
     assert [p.name for p in out.parent.iterdir()] == [out.name]
+
+
+def test_the_adapter_reader_takes_a_base_folder_not_a_reference(family):
+    """checkpoints.adapters sits below the resolver: a reference is refused in one line."""
+    with pytest.raises(peft_io.AdapterError, match="not a model folder") as e:
+        peft_io.load_adapter(family["task"], "embedded:smollm2-135m-instruct")
+    assert "\n" not in str(e.value)
+    assert peft_io.load_adapter(family["task"], family["base"]).modules

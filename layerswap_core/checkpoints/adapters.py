@@ -171,7 +171,11 @@ def load_adapter(path, base=None) -> LoraAdapter:
 def check_adapter_base(adapter: LoraAdapter, base) -> None:
     """Raise AdapterError unless every adapted module exists in ``base`` (a model folder) with
     matching shapes (and the base weights the adapter saved along, if any, are the base's)."""
-    reader = CheckpointReader(Path(str(base)).expanduser())
+    folder = Path(str(base)).expanduser()
+    if not folder.is_dir():
+        raise AdapterError(f"{base}: not a model folder (resolve a model reference first: "
+                           "references.resolve)")
+    reader = CheckpointReader(folder)
     names = set(reader.names())
     for mod, lm in adapter.modules.items():
         w = mod + ".weight"
