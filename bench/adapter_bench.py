@@ -1,6 +1,6 @@
 """Building a demo expert: base + LoRA adapter written as a full model folder.
 
-In one run, on the embedded SmolLM2 and a shipped adapter: ``lora.apply_adapter`` (streams the
+In one run, on the embedded SmolLM2 and a shipped adapter: ``adapters.apply_adapter`` (streams the
 base tensor by tensor, adds (B @ A) * scale to the adapted weights) vs what it replaced, PEFT's
 ``merge_and_unload`` on a loaded model followed by ``save_pretrained`` (timed from its first
 import of peft, as in a fresh app process). Prints both times, the ratio, and whether the two
@@ -29,9 +29,9 @@ def main() -> int:
 
     import torch
 
-    from layerswap_core.training import demo_experts as experts
+    from layerswap_core.checkpoints import embedded as experts
     from layerswap_core.checkpoints.reading import CheckpointReader
-    from layerswap_core.merge.lora import apply_adapter
+    from layerswap_core.checkpoints.adapters import apply_adapter
     from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
     from layerswap_core.checkpoints.loading import load_model
 

@@ -10,28 +10,23 @@ import importlib
 
 __version__ = "0.1.0"
 
-# Plugins that register embedded models, as "module:function" (called once, when models first
-# lists or resolves an embedded model): the demo experts are built with lora, merge and train,
-# so checkpoints.references, below them, names them here instead of importing them.
-EMBEDDED_PLUGINS = ("layerswap_core.training.demo_experts:register",)
-
 # public name -> module that defines it
 _API = {
     # models and architectures
-    "DEFAULT_BASE": "checkpoints.references", "ModelLoadError": "checkpoints.references", "resolve": "checkpoints.references",
+    "DEFAULT_BASE": "checkpoints.embedded", "ModelLoadError": "checkpoints.reading", "resolve": "checkpoints.references",
     "load_model": "checkpoints.loading", "load_tokenizer": "checkpoints.loading", "describe": "checkpoints.loading",
     "compatibility": "checkpoints.compatibility", "get_architecture": "checkpoints.architectures", "classify": "checkpoints.architectures",
     # merge engine
     "MergeConfig": "merge.config", "Partition": "merge.partition", "build_plan": "merge.plan", "ConfigError": "merge.partition",
     "merge_to_folder": "merge.executor", "plan_for": "merge.executor", "LiveModel": "merge.live", "MergeError": "merge.errors",
-    "merge_adapters": "merge.lora",
+    "merge_adapters": "merge.lora", "apply_adapter": "checkpoints.adapters", "load_adapter": "checkpoints.adapters",
     # analysis
     "delta_stats": "analysis.deltas", "suggest_config": "analysis.suggest",
     # evaluation
     "load_mgsm": "evaluation.data", "load_items": "evaluation.data", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
     "generate": "evaluation.generation", "chat": "evaluation.generation",
     # experts
-    "TrainConfig": "training.config", "DEMO_TASK": "training.demo_experts", "DEMO_LANG": "training.demo_experts",
+    "TrainConfig": "training.config", "DEMO_TASK": "checkpoints.embedded", "DEMO_LANG": "checkpoints.embedded",
 }
 __all__ = sorted(_API) + ["__version__"]
 

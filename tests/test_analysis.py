@@ -427,7 +427,7 @@ def test_failed_cache_write_leaves_no_file_and_returns_the_statistics(tiny, monk
 
 
 def test_adapter_with_invalid_config_names_the_file(tiny, tmp_path):
-    from layerswap_core.merge.lora import AdapterError
+    from layerswap_core.checkpoints.adapters import AdapterError
 
     d = tmp_path / "adapter"
     d.mkdir()

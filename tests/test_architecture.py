@@ -14,19 +14,21 @@ PACKAGE = "layerswap_core"
 # Bottom first. A module may import modules of its own layer (without a cycle) and of the layers
 # below it, never above. Every module of the package (and app.py) is in exactly one layer.
 LAYERS = [
-    # the package root and the rooms' __init__ (docstrings, version, lazy API names and plugin
-    # names: no static imports), the architectures' tensor names, the per-tensor merge methods
+    # the package root and the rooms' __init__ (docstrings, version, lazy API names: no static
+    # imports), the architectures' tensor names, the per-tensor merge methods
     ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "engines",
      "sweeps", "workbench",
      "checkpoints.architectures", "merge.methods", "merge.errors", "progress"),
-    ("checkpoints.reading", "checkpoints.tokenizers"),   # tensors and headers; tokenizer identity
+    ("checkpoints.reading", "checkpoints.tokenizers"),   # tensors, headers, configs; tokenizers
     ("checkpoints.writing",),                     # the sharded writer, output folders, the cache
+    ("checkpoints.adapters",),                    # PEFT adapters: the reader, the applier
+    ("checkpoints.embedded",),                    # the embedded models' registry (data rows)
     ("merge.partition", "merge.registry", "merge.config",   # partitions, the methods registry,
      "merge.plan", "merge.apply"),                # the config, the pure merge plan, Source -> tensor
-    ("checkpoints.references",),                  # model references, embedded models, resolving
-    ("checkpoints.loading", "checkpoints.compatibility",   # loading; the one compatibility check;
-     "checkpoints.hub"),                          # bounded served Hub downloads, capped cache
-    ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapters, executor, live model
+    ("checkpoints.references",),                  # model references resolved to folders
+    ("checkpoints.loading", "checkpoints.compatibility",   # loading (adapters as dense models);
+     "checkpoints.hub"),                          # the one compatibility check; served downloads
+    ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapter plans, executor, live
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.mgsm_hub", "evaluation.data", "evaluation.variants", "evaluation.calculator",
      "evaluation.generation", "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
@@ -50,9 +52,8 @@ LAYERS = [
      "cli.analysis", "cli.evaluate", "cli.train", "cli.sweep"),
     ("__main__", "cli.__main__", "app"),          # entry points
 ]
-# The only places that import modules by name at run time: the lazy API of the package root and
-# the embedded-model plugins (the demo experts) that models loads on first use.
-DYNAMIC_IMPORTS = {("layerswap_core", "__getattr__"), ("checkpoints.references", "embedded")}
+# The only place that imports modules by name at run time: the lazy API of the package root.
+DYNAMIC_IMPORTS = {("layerswap_core", "__getattr__")}
 # Library modules allowed to parse command lines: none (command lines live in cli/).
 SCRIPTS: set[str] = set()
 

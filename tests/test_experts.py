@@ -7,7 +7,7 @@ import time
 import pytest
 
 from layerswap_core.training import recipes as D
-from layerswap_core.training import demo_experts as experts
+from layerswap_core.checkpoints import embedded as experts
 from layerswap_core.checkpoints import loading, references
 from layerswap_core.evaluation.data import mgsm_overlap_templates
 
@@ -26,7 +26,7 @@ def _templates(rows) -> set[int]:
 def test_demo_experts_are_registered():
     for ref in (experts.DEMO_TASK, experts.DEMO_LANG):
         assert ref.startswith(references.EMBEDDED_PREFIX)
-        assert ref[len(references.EMBEDDED_PREFIX):] in references.embedded()  # registered on first use
+        assert ref[len(references.EMBEDDED_PREFIX):] in experts.embedded()  # registered on first use
         assert experts.demo_adapter_dir(ref) == experts.demo_adapter_dir(ref.split(":", 1)[1])
     with pytest.raises(references.ModelLoadError, match="unknown demo expert"):
         experts.demo_adapter_dir("embedded:nope")
@@ -88,7 +88,7 @@ def test_shipped_adapters_are_small_and_documented():
 def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_base, tmp_path, ref):
     import torch
 
-    from layerswap_core.merge.lora import apply_adapter
+    from layerswap_core.checkpoints.adapters import apply_adapter
     from layerswap_core.training.sft_data import heldout_nll
 
     torch.set_num_threads(1)

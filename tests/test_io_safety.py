@@ -423,3 +423,31 @@ def test_cli_turns_os_errors_into_one_line(tmp_path, capsys):
     save_file({"w": torch.zeros(2)}, str(odd / "model.safetensors"))
     assert main(["info", str(odd)]) == 2
     assert "config.json" in error_line(capsys)
+
+
+# --------------------------------------------------------------------------- the cached build
+def test_build_once_first_rename_wins_and_leaves_no_temp_folder(tmp_path):
+    final = tmp_path / "cache" / "thing-0123"
+
+    def loser(tmp):    # another process publishes the same folder while this one builds
+        (tmp / "config.json").write_text('{"who": "loser"}')
+        winner = tmp.parent / "winner"
+        winner.mkdir()
+        (winner / "config.json").write_text('{"who": "winner"}')
+        (winner / "other.txt").write_text("x")
+        winner.rename(final)
+
+    assert writing.build_once(final, loser) == final
+    assert json.loads((final / "config.json").read_text()) == {"who": "winner"}
+    assert sorted(p.name for p in final.parent.iterdir()) == ["thing-0123"]
+    calls = []
+    assert writing.build_once(final, calls.append) == final and not calls   # built: not again
+
+    def broken(tmp):
+        (tmp / "half.bin").write_bytes(b"12")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        writing.build_once(tmp_path / "cache" / "broken", broken)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["thing-0123"]
+    assert writing.cache_key("a", (1, 2)) == writing.cache_key("a", [1, 2]) != writing.cache_key("b")

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from layerswap_core.checkpoints import adapters as peft_io
 from layerswap_core.merge import lora
 from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.checkpoints.references import is_adapter
@@ -33,7 +34,7 @@ def family(tiny, tmp_path_factory):
     # the language adapter: other rank, rsLoRA, and no MLP down projection
     lang = make_adapter(base, root / "lang_adapter", seed=2, r=2, alpha=3, rslora=True,
                         targets=ALL[:-1])
-    dense = {k: lora.apply_adapter(base, a, root / f"{k}_dense", dtype=torch.float32)
+    dense = {k: peft_io.apply_adapter(base, a, root / f"{k}_dense", dtype=torch.float32)
              for k, a in (("task", task), ("lang", lang))}
     return {"base": base, "task": task, "lang": lang, "dense": dense, "root": root}
 
@@ -77,7 +78,7 @@ def test_adapter_swap_equals_dense_swap(family, tmp_path, name):
 
 def test_layer_swap_selects_adapter_weights_per_layer(family):
     from layerswap_core.checkpoints.architectures import get_architecture
-    adapters = {k: lora.load_adapter(family[k], family["base"]) for k in ("task", "lang")}
+    adapters = {k: peft_io.load_adapter(family[k], family["base"]) for k in ("task", "lang")}
     arch = get_architecture(CheckpointReader(family["base"]).config())
     merged = lora.combine_adapters(MergeConfig(bottom=2, top=1), adapters, arch)
     q = "model.layers.{}.self_attn.q_proj"
@@ -101,19 +102,19 @@ def test_adapter_config_is_valid_peft(family, tmp_path):
 def test_mismatched_adapter_base(family, tmp_path):
     from layerswap_core.testing import make_tiny_model
     other = make_tiny_model(tmp_path / "other", hidden=32, num_layers=8)
-    with pytest.raises(lora.AdapterError, match="not made for base.*32"):
-        lora.load_adapter(family["task"], other)
+    with pytest.raises(peft_io.AdapterError, match="not made for base.*32"):
+        peft_io.load_adapter(family["task"], other)
     shallow = make_tiny_model(tmp_path / "shallow", num_layers=4)
-    with pytest.raises(lora.AdapterError, match="model.layers.[4-7].*does not have"):
+    with pytest.raises(peft_io.AdapterError, match="model.layers.[4-7].*does not have"):
         lora.merge_adapters(MergeConfig(), family["task"], family["lang"], shallow, tmp_path / "o")
 
 
 def test_unsupported_methods_and_folders(family, tmp_path):
-    with pytest.raises(lora.AdapterError, match="not linear"):
+    with pytest.raises(peft_io.AdapterError, match="not linear"):
         lora.merge_adapters(MergeConfig(method="ties"), family["task"], family["lang"],
                             family["base"], tmp_path / "o")
-    with pytest.raises(lora.AdapterError, match="not a PEFT adapter"):
-        lora.load_adapter(family["base"])
+    with pytest.raises(peft_io.AdapterError, match="not a PEFT adapter"):
+        peft_io.load_adapter(family["base"])
     assert not (tmp_path / "o").exists()
 
 
@@ -152,10 +153,10 @@ def test_apply_adapter_is_bit_identical_to_peft_merge_and_unload(family, tmp_pat
         want = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().to(dtype)
         want = {n: t for n, t in want.state_dict().items()}
         model = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
-        out = lora.apply_adapter(family["base"], adapter, tmp_path / f"dense_{dtype}", dtype=dtype)
+        out = peft_io.apply_adapter(family["base"], adapter, tmp_path / f"dense_{dtype}", dtype=dtype)
         r = CheckpointReader(out)
         got = {n: r.get(n) for n in r.names()}
-        adapted = {m + ".weight" for m in lora.load_adapter(adapter).modules}
+        adapted = {m + ".weight" for m in peft_io.load_adapter(adapter).modules}
         assert adapted <= set(got) and set(got) <= set(want)
         for n, t in got.items():
             assert t.dtype == dtype and torch.equal(t, want[n]), n
@@ -240,13 +241,13 @@ def test_one_reader_for_embedding_lora_patterns_and_the_alpha_default(family, tm
     del config["lora_alpha"]  # PEFT reads the default (8) for it
     (adapter / "adapter_config.json").write_text(json.dumps(config))
     want = _peft_dense(family["base"], adapter)
-    read = lora.load_adapter(adapter, family["base"])
+    read = peft_io.load_adapter(adapter, family["base"])
     emb = read.modules["model.embed_tokens"]
     assert emb.embedding and emb.shape == tuple(want["model.embed_tokens.weight"].shape)
     assert read.modules["model.layers.0.mlp.down_proj"].scale == 8 / 2
     assert read.modules["model.layers.1.self_attn.q_proj"].scale == 3 / 4
     assert read.modules["model.layers.2.self_attn.q_proj"].scale == 8 / 4
-    out = lora.apply_adapter(family["base"], adapter, tmp_path / "dense", dtype=torch.float32)
+    out = peft_io.apply_adapter(family["base"], adapter, tmp_path / "dense", dtype=torch.float32)
     got, base = CheckpointReader(out), CheckpointReader(family["base"])
     provider = LoraDeltaProvider(adapter)
     for m in read.modules:
@@ -268,10 +269,10 @@ def test_fan_in_fan_out_adapters_are_transposed(tmp_path):
     adapter = _random_adapter(model, LoraConfig(r=2, target_modules=["c_attn"],
                                                 fan_in_fan_out=True), tmp_path / "adapter")
     want = _peft_dense(tmp_path / "gpt2", adapter)
-    read = lora.load_adapter(adapter, tmp_path / "gpt2")
+    read = peft_io.load_adapter(adapter, tmp_path / "gpt2")
     c_attn = read.modules["transformer.h.0.attn.c_attn"]
     assert c_attn.fan_in_fan_out and c_attn.shape == (32, 96)
-    got = CheckpointReader(lora.apply_adapter(tmp_path / "gpt2", adapter, tmp_path / "dense",
+    got = CheckpointReader(peft_io.apply_adapter(tmp_path / "gpt2", adapter, tmp_path / "dense",
                                               dtype=torch.float32))
     for m in read.modules:
         assert torch.equal(got.get(m + ".weight"), want[m + ".weight"]), m
@@ -286,7 +287,7 @@ def test_extract_adapter_recovers_a_low_rank_change_and_peft_loads_it(family, tm
     tuned = family["dense"]["task"]
     res = lora.extract_adapter(family["base"], tuned, tmp_path / "x", rank=4, dtype=torch.float32)
     assert res["modules"] == 7 * 8 and res["kept"] == pytest.approx(1.0, abs=1e-6)
-    back = _tensors(lora.apply_adapter(family["base"], res["out"], tmp_path / "xd",
+    back = _tensors(peft_io.apply_adapter(family["base"], res["out"], tmp_path / "xd",
                                        dtype=torch.float32))
     want = _tensors(tuned)
     assert set(back) == set(want)
@@ -305,7 +306,7 @@ def test_extract_adapter_lower_rank_keeps_the_largest_directions(family, tmp_pat
     tuned = family["dense"]["task"]
     res = lora.extract_adapter(family["base"], tuned, tmp_path / "x1", rank=1, dtype=torch.float32)
     assert 0 < res["kept"] < 1
-    adapter = lora.load_adapter(res["out"], family["base"])
+    adapter = peft_io.load_adapter(res["out"], family["base"])
     base, want = _tensors(family["base"]), _tensors(tuned)
     change = residual = 0.0
     for m, lm in adapter.modules.items():
@@ -320,6 +321,40 @@ def test_extract_adapter_refuses_a_model_of_another_shape(family, tmp_path, tiny
     from layerswap_core.testing import make_tiny_model
 
     other = make_tiny_model(tmp_path / "other", num_layers=8, hidden=32)
-    with pytest.raises(lora.AdapterError, match="does not fit"):
+    with pytest.raises(peft_io.AdapterError, match="does not fit"):
         lora.extract_adapter(family["base"], other, tmp_path / "bad", rank=2)
     assert not (tmp_path / "bad").exists()
+
+
+def test_an_adapter_the_reader_refuses_is_merged_once_by_peft(family, tmp_path, monkeypatch):
+    """DoRA is not plain LoRA: the dense copy comes from PEFT's merge_and_unload, built once
+    into the cache (a second call reads it), with no temporary folder left beside it."""
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.checkpoints.loading import dense_from_adapter
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    model = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
+    folder = _random_adapter(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"],
+                                               use_dora=True, task_type="CAUSAL_LM"),
+                             tmp_path / "dora", 5)
+    with pytest.raises(peft_io.AdapterError, match="use_dora"):
+        peft_io.load_adapter(folder, family["base"])
+    out = dense_from_adapter(folder, family["base"])
+    from peft import PeftModel
+    base = AutoModelForCausalLM.from_pretrained(family["base"], dtype=torch.float32)
+    want = PeftModel.from_pretrained(base, str(folder)).merge_and_unload().state_dict()
+    got = _tensors(out)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(got[q], want[q]) and not torch.equal(got[q], _tensors(family["base"])[q])
+    assert dense_from_adapter(folder, family["base"]) == out
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+
+
+def test_the_adapter_reader_takes_a_base_folder_not_a_reference(family):
+    """checkpoints.adapters sits below the resolver: a reference is refused in one line."""
+    with pytest.raises(peft_io.AdapterError, match="not a model folder") as e:
+        peft_io.load_adapter(family["task"], "embedded:smollm2-135m-instruct")
+    assert "\n" not in str(e.value)
+    assert peft_io.load_adapter(family["task"], family["base"]).modules

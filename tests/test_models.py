@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswap_core.checkpoints import loading, reading, references, tokenizers
+from layerswap_core.checkpoints import embedded, loading, reading, references, tokenizers
 from layerswap_core.checkpoints.reading import CheckpointError, CheckpointReader
 from layerswap_core.checkpoints.references import ModelLoadError, resolve
 from layerswap_core.checkpoints.loading import describe, load_model
@@ -133,7 +133,7 @@ def test_embedded_default_loads_from_cache_and_chats(embedded_base, monkeypatch)
     def refuse(*a, **k):
         raise AssertionError("the embedded model was converted again instead of read from cache")
 
-    emb = references.EMBEDDED["smollm2-135m-instruct"]
+    emb = embedded.EMBEDDED["smollm2-135m-instruct"]
     monkeypatch.setattr(emb, "build", refuse)
     model, tok = load_model(references.DEFAULT_BASE)
     assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576
@@ -201,7 +201,9 @@ def test_invalid_config_json_names_the_file(tmp_path, tiny):
     d = Path(shutil.copytree(tiny["base"], tmp_path / "m"))
     for text, why in (("{not json", "not valid JSON"), ("[1, 2]", "not a JSON object")):
         (d / "config.json").write_text(text)
-        for call in (resolve, describe, loading.read_config, load_model):
+        for call in (resolve, describe, reading.read_config_file,
+                     lambda p: CheckpointReader(p).config(),
+                     load_model):
             with pytest.raises(ModelLoadError, match=why) as e:
                 call(d)
             assert str(d / "config.json") in str(e.value)

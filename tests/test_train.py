@@ -316,7 +316,7 @@ def test_simultaneous_lora_trains_each_sides_adapters_only_on_its_steps(tiny, ti
 
 
 def test_simultaneous_lora_saves_a_loadable_rslora_adapter(tiny, data, tmp_path):
-    from layerswap_core.merge.lora import load_adapter
+    from layerswap_core.checkpoints.adapters import load_adapter
     t = T.Trainer(_cfg(tiny, data, tmp_path, mode="simultaneous", lora=True, partition=SWAP,
                        lang_data=str(data["lang"]), steps=4))
     t.train()
@@ -431,7 +431,7 @@ def test_save_every_writes_loadable_checkpoints_without_disturbing_training(tiny
 
 
 def test_save_every_with_lora_writes_adapters(tiny, data, tmp_path):
-    from layerswap_core.merge.lora import load_adapter
+    from layerswap_core.checkpoints.adapters import load_adapter
     res = T.train(_cfg(tiny, data, tmp_path, mode="lora", steps=3, save_every=1))
     folders = sorted(res.output.glob("checkpoint-*"))
     assert [p.name for p in folders] == ["checkpoint-1", "checkpoint-2"]

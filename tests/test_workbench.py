@@ -547,7 +547,7 @@ def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny)
 
 @pytest.mark.slow
 def test_the_embedded_demo_is_preselected_and_compatible():
-    experts = pytest.importorskip("layerswap_core.training.demo_experts")
+    from layerswap_core.checkpoints import embedded as experts
     missing = [r for r in (experts.DEMO_TASK, experts.DEMO_LANG)
                if not (experts.demo_adapter_dir(r) / "adapter_model.safetensors").exists()]
     if missing:
@@ -695,7 +695,7 @@ def test_one_bad_reference_keeps_the_other_rows(tiny):
 
 
 def test_the_embedded_bases_are_offered():
-    from layerswap_core.checkpoints.references import EMBEDDED_PREFIX, embedded
+    from layerswap_core.checkpoints.embedded import EMBEDDED_PREFIX, embedded
 
     assert wb.EMBEDDED_BASES[0] == wb.DEMO_REFS["base"]
     assert all(ref[len(EMBEDDED_PREFIX):] in embedded() for ref in wb.EMBEDDED_BASES)

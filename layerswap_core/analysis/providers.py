@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from ..merge.lora import load_adapter
+from ..checkpoints.adapters import load_adapter
 
 
 class DeltaProvider(Protocol):
@@ -29,8 +29,8 @@ class DeltaProvider(Protocol):
 
 
 class LoraDeltaProvider:
-    """Delta provider for a PEFT LoRA adapter folder, read by ``merge.lora.load_adapter`` (the
-    one adapter reader): the delta of base parameter ``<module>.weight`` is the module's
+    """Delta provider for a PEFT LoRA adapter folder, read by ``adapters.load_adapter`` (the one
+    adapter reader, in checkpoints): the delta of base parameter ``<module>.weight`` is the module's
     ``scale * B @ A`` (transposed for embedding LoRA and fan_in_fan_out), as PEFT merges it.
     DoRA and saved modules are refused (their delta is not B @ A)."""
 

@@ -128,6 +128,13 @@ def text_config(config: dict) -> dict:
     return tc if isinstance(tc, dict) and "num_hidden_layers" in tc else config
 
 
+def tied_embeddings(config: dict) -> bool:
+    """The one tied-embedding rule: ``tie_word_embeddings`` of the decoder's config (text_config
+    for multimodal ones), else of the top-level config; absent means untied."""
+    return bool(text_config(config).get("tie_word_embeddings",
+                                        config.get("tie_word_embeddings", False)))
+
+
 @dataclass(frozen=True)
 class Architecture:
     family: Family
@@ -210,6 +217,6 @@ def param_names_from_config(config: dict) -> list[str]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     names = [n for n, _ in model.named_parameters()]
-    if getattr(cfg, "tie_word_embeddings", False):
+    if tied_embeddings(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg):
         names = [n for n in names if _strip(n) not in ("lm_head", "embed_out")]
     return names

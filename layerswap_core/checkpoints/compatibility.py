@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .architectures import Architecture, get_architecture, text_config
+from .architectures import Architecture, get_architecture, text_config, tied_embeddings
 from .reading import CheckpointReader
 from .references import read_config_file, resolve
 from .tokenizers import tokenizer_difference
@@ -37,9 +37,7 @@ class ModelSet:
 
     @property
     def tied(self) -> bool:
-        cfg = self.configs[self.reference]
-        return bool(text_config(cfg).get("tie_word_embeddings",
-                                         cfg.get("tie_word_embeddings", False)))
+        return tied_embeddings(self.configs[self.reference])
 
 
 def open_models(refs: dict[str, str | os.PathLike]) -> ModelSet:
@@ -50,7 +48,7 @@ def open_models(refs: dict[str, str | os.PathLike]) -> ModelSet:
     readers = {role: CheckpointReader(p) for role, p in paths.items()}
     configs = {role: read_config_file(p) for role, p in paths.items()}
     first = next(iter(refs))
-    tied = bool(text_config(configs[first]).get("tie_word_embeddings", False))
+    tied = tied_embeddings(configs[first])
     names = [n for n in readers[first].names() if not (tied and n in TIED_HEADS)]
     return ModelSet(refs, paths, readers, configs, get_architecture(configs[first]), names)
 

@@ -1,4 +1,5 @@
-"""Loading and describing models: the device picker, (model, tokenizer), header summaries.
+"""Loading and describing models: the device picker, (model, tokenizer), header summaries, and an
+adapter given by reference as a dense model folder (built once into the cache).
 
 Everything here starts from a model reference (see ``references``) and reads exactly the
 safetensors files that merge and analysis read.
@@ -9,14 +10,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..progress import Progress
-from .architectures import get_architecture
+from ..progress import Progress, say
+from .adapters import AdapterError, apply_adapter, load_adapter
+from .architectures import get_architecture, tied_embeddings
 from .reading import INDEX_NAME, CheckpointError, CheckpointReader, weight_files
 from .references import ModelLoadError, read_config_file, resolve
-
-
-def read_config(ref) -> dict:
-    return read_config_file(resolve(ref))
+from .writing import build_once, cache_dir, cache_key
 
 
 def default_dtype(device: str):
@@ -160,5 +159,47 @@ def describe(ref, progress: Progress | None = None) -> ModelInfo:
     tc = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     return ModelInfo(str(ref), str(path), arch.model_type, arch.name, arch.num_layers,
                      tc.get("hidden_size"), tc.get("vocab_size"), "/".join(dtypes), reader.numel(),
-                     reader.nbytes(), bool(cfg.get("tie_word_embeddings", False)), arch.is_fallback)
+                     reader.nbytes(), tied_embeddings(cfg), arch.is_fallback)
 
+
+
+# --------------------------------------------------------------------------- adapters as models
+def dense_from_adapter(adapter, base, progress: Progress | None = None) -> Path:
+    """A PEFT adapter folder as a dense model folder: merged into its base (a reference) once
+    (float32, so small deltas survive), cached in ``cache_dir()/adapters`` by the identity of
+    both (``build_once``). Plain LoRA is applied streaming (``adapters.apply_adapter``); other
+    kinds (DoRA, saved modules) by PEFT itself."""
+    import torch
+
+    folder = Path(str(adapter)).expanduser().resolve()
+    if not base:
+        raise AdapterError(f"{folder} is a PEFT adapter: give its base model too")
+    base_path = resolve(base)
+    key = cache_key(str(base_path), *[(f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                                      for f in sorted(folder.iterdir()) if f.is_file()])
+    out = cache_dir() / "adapters" / f"{folder.name}-{key}"
+    if (out / "config.json").exists():
+        return out
+    say(progress, 0.1, f"merging the adapter {folder.name} into its base (once)")
+    try:
+        load_adapter(folder, base_path)
+    except AdapterError:   # PEFT knows more kinds (or says what is wrong)
+        return build_once(out, lambda tmp: _peft_merge(folder, base_path, tmp))
+    # bit-identical to PEFT's
+    return build_once(out, lambda tmp: apply_adapter(base_path, folder, tmp, dtype=torch.float32))
+
+
+def _peft_merge(folder: Path, base_path: Path, tmp: Path) -> None:
+    """PEFT's merge_and_unload of the adapter over the base (float32), saved into ``tmp``."""
+    import torch
+    from peft import PeftModel   # slow to import (~2 s): only for adapters the reader refuses
+
+    model, tok = load_model(base_path, device="cpu", dtype=torch.float32)
+    try:
+        merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    except Exception as e:  # noqa: BLE001 - peft raises many types for a bad adapter
+        why = " ".join(str(e).split()) or type(e).__name__
+        raise AdapterError(f"{folder}: cannot apply the adapter to {base_path}: "
+                           f"{why if isinstance(e, ValueError) else f'{type(e).__name__}: {why}'}") from e
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)

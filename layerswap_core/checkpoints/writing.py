@@ -261,6 +261,34 @@ def cache_dir() -> Path:
     return d
 
 
+def cache_key(*parts) -> str:
+    """The one key scheme of built caches: 16 hex digits of the sha1 of the parts as JSON (paths,
+    sizes, mtimes, versions: whatever identifies the inputs)."""
+    return hashlib.sha1(json.dumps(list(parts), default=str).encode()).hexdigest()[:16]
+
+
+def build_once(final: str | Path, build, *, done: str = "config.json") -> Path:
+    """Build a cache folder once: ``final`` as it is when it holds ``done``; else
+    ``build(tmp)`` fills a temporary folder beside it, which is renamed to ``final`` atomically.
+    The race rule: the first rename wins; a process that loses it uses the winner's folder, and
+    its own temporary folder is removed (so is a failed build's: nothing half-written)."""
+    final = Path(final)
+    if (final / done).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(final)
+        except OSError:  # another process finished first
+            if not (final / done).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
 def _cache_refusal(target: Path) -> str | None:
     """Why ``target`` may never be written (the layerswap cache), or None.
 

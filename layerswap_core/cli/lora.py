@@ -3,7 +3,8 @@ extract-lora`: a fully fine-tuned expert as a low-rank LoRA adapter."""
 from __future__ import annotations
 
 from ..checkpoints.reading import TORCH_DTYPES
-from ..merge.lora import AdapterError, extract_adapter, merge_adapters
+from ..checkpoints.adapters import AdapterError
+from ..merge.lora import extract_adapter, merge_adapters
 from .merge import add_config_flags, config_from_args
 from .progress import progress_bar
 

@@ -1,7 +1,8 @@
 """`layerswap info` and `layerswap prepare`: describe models, build the embedded ones."""
 from __future__ import annotations
 
-from ..checkpoints.references import EMBEDDED_PREFIX, embedded, resolve
+from ..checkpoints.embedded import EMBEDDED_PREFIX, embedded
+from ..checkpoints.references import resolve
 from ..checkpoints.loading import describe
 
 

@@ -19,175 +19,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from ..checkpoints.references import ADAPTER_CONFIG, read_json_object
+from ..checkpoints.adapters import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, AdapterError,
+                                    LoraAdapter, LoraModule, load_adapter, write_dense)
 from ..progress import Progress, say
 from .registry import linear_methods
-
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PEFT_PREFIX = "base_model.model."
-PEFT_LORA_ALPHA = 8   # LoraConfig's default lora_alpha (peft 0.21), for a config that omits it
-# A LoRA tensor's key: [base_model.model.]<module>.lora_{A,B,embedding_A,embedding_B}[.<adapter
-# name>][.weight] (an embedding's A and B are parameters: no ".weight").
-LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_(A|B|embedding_A|embedding_B)"
-                      r"(?:\.[^.]+)?(?:\.weight)?$")
-# PEFT also saves the base weights of adapted embedding layers (save_embedding_layers="auto").
-BASE_LAYER_KEY = re.compile(r"^(?:base_model\.model\.)?(.+)\.base_layer\.weight$")
-
-
-class AdapterError(ValueError):
-    """An adapter that cannot be used (missing files, other base, unsupported features)."""
-
-
-def read_adapter_config(path) -> dict:
-    """An adapter folder's adapter_config.json as a dict; AdapterError naming the file if it is
-    missing or not a JSON object."""
-    p = Path(str(path)).expanduser() / ADAPTER_CONFIG
-    if not p.is_file():
-        raise AdapterError(f"{p.parent}: no {ADAPTER_CONFIG} (not a PEFT adapter folder)")
-    return read_json_object(p, AdapterError, "an adapter config")
-
-
-@dataclass
-class LoraModule:
-    A: torch.Tensor        # r x in (an embedding's lora_embedding_A: r x vocab)
-    B: torch.Tensor        # out x r (an embedding's lora_embedding_B: dim x r)
-    scale: float
-    embedding: bool = False        # lora_embedding_A/B of an embedding layer
-    fan_in_fan_out: bool = False   # the base weight is stored (in, out) (GPT-2's Conv1D)
-
-    @property
-    def transposed(self) -> bool:
-        """Whether the base weight is (B @ A).T (PEFT's ``transpose(B @ A, ...)``)."""
-        return self.embedding or self.fan_in_fan_out
-
-    @property
-    def rank(self) -> int:
-        return self.A.shape[0]
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """The shape of the base weight this module changes."""
-        out_f, in_f = self.B.shape[0], self.A.shape[1]
-        return (in_f, out_f) if self.transposed else (out_f, in_f)
-
-    def delta(self) -> torch.Tensor:
-        """The change of the base weight, in float32: ``scale * B @ A`` (transposed where the
-        weight is), as PEFT's ``get_delta_weight`` computes it."""
-        d = self.scale * (self.B.float() @ self.A.float())
-        return d.T if self.transposed else d
-
-
-@dataclass
-class LoraAdapter:
-    path: Path
-    config: dict
-    modules: dict[str, LoraModule]        # base module name (e.g. model.layers.0.self_attn.q_proj)
-    saved: dict[str, torch.Tensor] = field(default_factory=dict)   # base weights PEFT saved along
-
-    @property
-    def base_ref(self) -> str | None:
-        return self.config.get("base_model_name_or_path")
-
-    @property
-    def files(self) -> list[Path]:
-        return [self.path / ADAPTER_CONFIG, self.path / ADAPTER_WEIGHTS]
-
-
-def _pattern_value(pattern: dict | None, module: str, default):
-    """PEFT's rank_pattern / alpha_pattern lookup for a module (PEFT's own ``get_pattern_key``:
-    a key matches a module-name suffix)."""
-    if not pattern:
-        return default
-    from peft.utils.other import get_pattern_key
-
-    return pattern.get(get_pattern_key(pattern.keys(), module), default)
-
-
-def _check_config(path: Path, cfg: dict) -> None:
-    if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
-        raise AdapterError(f"{path}: a {cfg.get('peft_type')} adapter; only LoRA is supported")
-    for feature in ("use_dora", "modules_to_save"):
-        if cfg.get(feature):
-            raise AdapterError(f"{path}: {feature} adapters are not supported (only plain LoRA: "
-                               "their change is not B @ A)")
-
-
-def _pairs(path: Path, tensors: dict[str, torch.Tensor], saved: dict) -> dict[str, dict]:
-    """{module: {"A": .., "B": .., "embedding": ..}} from the adapter's tensors; the base weights
-    saved along go into ``saved`` ({weight name: tensor})."""
-    pairs: dict[str, dict] = {}
-    for name, t in tensors.items():
-        m = LORA_KEY.match(name)
-        if not m and BASE_LAYER_KEY.match(name):
-            saved[BASE_LAYER_KEY.match(name).group(1) + ".weight"] = t
-            continue
-        if not m:
-            raise AdapterError(f"{path}: tensor {name!r} is not a LoRA A/B matrix (bias or "
-                               "saved-module adapters are not supported)")
-        which = m.group(2)
-        pairs.setdefault(m.group(1), {})[which[-1]] = t
-        pairs[m.group(1)]["embedding"] = which.startswith("embedding")
-    return pairs
-
-
-def load_adapter(path, base=None) -> LoraAdapter:
-    """Read a PEFT LoRA adapter folder (the one reader: merge, analysis, the app); with ``base``
-    (reference or folder), check it fits. Linear and embedding LoRA, rsLoRA, fan_in_fan_out,
-    per-module rank_pattern / alpha_pattern; DoRA and saved modules are refused."""
-    from safetensors.torch import load_file
-
-    path = Path(str(path)).expanduser()
-    cfg = read_adapter_config(path)
-    _check_config(path, cfg)
-    weights = path / ADAPTER_WEIGHTS
-    if not weights.exists():
-        raise AdapterError(f"{path}: no {ADAPTER_WEIGHTS}")
-    modules, saved = {}, {}
-    for mod, ab in _pairs(path, load_file(str(weights)), saved).items():
-        if not {"A", "B"} <= set(ab):
-            raise AdapterError(f"{path}: module {mod} has lora_{'A' if 'A' in ab else 'B'} but "
-                               "not both A and B")
-        r = ab["A"].shape[0]
-        alpha = _pattern_value(cfg.get("alpha_pattern"), mod,
-                               cfg.get("lora_alpha", PEFT_LORA_ALPHA))
-        scale = alpha / (r ** 0.5) if cfg.get("use_rslora") else alpha / r
-        modules[mod] = LoraModule(ab["A"], ab["B"], float(scale), ab["embedding"],
-                                  bool(cfg.get("fan_in_fan_out")) and not ab["embedding"])
-    adapter = LoraAdapter(path, cfg, modules, saved)
-    if base is not None:
-        check_adapter_base(adapter, base)
-    return adapter
-
-
-def check_adapter_base(adapter: LoraAdapter, base) -> None:
-    """Raise AdapterError unless every adapted module exists in ``base`` with matching shapes
-    (and the base weights the adapter saved along, if any, are the base's)."""
-    from ..checkpoints.reading import CheckpointReader
-    from ..checkpoints.references import resolve
-
-    reader = CheckpointReader(resolve(base))
-    names = set(reader.names())
-    for mod, lm in adapter.modules.items():
-        w = mod + ".weight"
-        if w not in names:
-            raise AdapterError(f"adapter {adapter.path} was not made for base {base}: it adapts "
-                               f"{mod}, which the base does not have (adapter base: "
-                               f"{adapter.base_ref})")
-        if tuple(reader.shape(w)) != lm.shape:
-            raise AdapterError(f"adapter {adapter.path} was not made for base {base}: {mod} is "
-                               f"{'x'.join(map(str, reader.shape(w)))} in the base but "
-                               f"{'x'.join(map(str, lm.shape))} in the adapter (adapter base: "
-                               f"{adapter.base_ref})")
-    for w, t in adapter.saved.items():   # saved base weights: used only when they are the base's
-        if w not in names or not torch.equal(reader.read(w), t):
-            raise AdapterError(f"adapter {adapter.path} saves its own {w} (e.g. a resized "
-                               "vocabulary), other than the base's; only plain LoRA is supported")
-
 
 # --------------------------------------------------------------------------- combining
 def _coefficients(source, config) -> dict[str, float]:
@@ -255,41 +95,6 @@ def _peft_tensors(module: str, lm: LoraModule, dtype) -> dict:
             f"{PEFT_PREFIX}{module}.{b}": lm.B.to(dtype).contiguous()}
 
 
-def _write_dense(reader, base_path: Path, tmp: Path, modules: dict[str, LoraModule], dtype,
-                 tag: str, progress: Progress | None) -> None:
-    """Base + LoRA modules as a full model folder in ``tmp``, one tensor at a time: each adapted
-    weight becomes ``W + (B @ A) * scale`` in float32 (as PEFT's merge_and_unload computes it),
-    then ``dtype`` (None: the base's dtype). Config, tokenizer and generation config follow."""
-    from ..checkpoints.reading import ST_TO_DTYPE
-    from ..checkpoints.writing import ShardedWriter
-    from ..checkpoints.tokenizers import TOKENIZER_FILES
-
-    names = reader.names()
-    writer = ShardedWriter(tmp, "2GB", metadata={"layerswap": tag})
-    for n in names:
-        writer.declare(n, reader.shape(n), dtype or ST_TO_DTYPE[reader.dtype(n)])
-    try:
-        for i, n in enumerate(names):
-            t = reader.read(n)
-            target = dtype or t.dtype
-            lm = modules.get(n[:-len(".weight")]) if n.endswith(".weight") else None
-            if lm is not None:
-                t = t.float() + lm.delta()
-            writer.write(n, t.to(target))
-            say(progress, 0.1 + 0.85 * (i + 1) / len(names), n)
-        writer.finish()
-    finally:
-        writer.close()
-    cfg = reader.config()
-    if dtype is not None:
-        cfg["dtype"] = str(dtype).replace("torch.", "")
-        cfg.pop("torch_dtype", None)
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for f in TOKENIZER_FILES + ("generation_config.json",):
-        if (base_path / f).exists():
-            (tmp / f).write_bytes((base_path / f).read_bytes())
-
-
 def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=None,
                    overwrite: bool = False, force: bool = False,
                    progress: Progress | None = None) -> Path:
@@ -328,86 +133,10 @@ def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=
             acfg = _adapter_config(merged, str(base), adapters["task"].config)
             (tmp / ADAPTER_CONFIG).write_text(json.dumps(acfg, indent=2) + "\n")
         else:
-            _write_dense(reader, base_path, tmp, merged, dtype, "lora-merge", progress)
+            write_dense(reader, base_path, tmp, merged, dtype, "lora-merge", progress)
         (tmp / "layerswap.yaml").write_text(config.to_yaml())
     say(progress, 1.0, f"merged adapters into {out} in {time.time() - t0:.1f} s")
     return Path(out).expanduser().resolve()
-
-
-def apply_adapter(base, adapter, out, *, dtype=torch.bfloat16, progress=None) -> Path:
-    """Write base + adapter as a full model folder in ``dtype``, one tensor at a time.
-
-    Each adapted weight becomes ``W + (B @ A) * scale``, computed as PEFT's ``merge_and_unload``
-    does over a float32 base (float32 throughout), then cast to ``dtype``; the result is
-    bit-identical to PEFT's (tested) without building a model. ``out`` is replaced atomically.
-    """
-    from ..checkpoints.reading import CheckpointReader
-    from ..checkpoints.writing import atomic_output_dir
-    from ..checkpoints.references import resolve
-
-    t0 = time.time()
-    base_path = resolve(base)
-    lora = load_adapter(adapter, base_path)
-    say(progress, 0.0, f"applying {adapter} to {base}")
-    reader = CheckpointReader(base_path)
-    with atomic_output_dir(out, overwrite=True, inputs=[base_path, lora.path]) as tmp:
-        _write_dense(reader, base_path, tmp, lora.modules, dtype, "lora-apply", progress)
-    say(progress, 1.0, f"wrote {out} in {time.time() - t0:.1f} s")
-    return Path(out).expanduser().resolve()
-
-
-def dense_from_adapter(adapter, base, progress: Progress | None = None) -> Path:
-    """A PEFT adapter folder as a dense model folder: merged into its base once (float32, so
-    small deltas survive), cached in ``cache_dir()/adapters`` by the identity of both. Plain LoRA
-    is applied streaming (``apply_adapter``); other kinds (DoRA, saved modules) by PEFT itself."""
-    import hashlib
-
-    from ..checkpoints.references import resolve
-    from ..checkpoints.writing import cache_dir
-
-    folder = Path(str(adapter)).expanduser().resolve()
-    if not base:
-        raise AdapterError(f"{folder} is a PEFT adapter: give its base model too")
-    base_path = resolve(base)
-    ident = [str(base_path), *[(f.name, f.stat().st_size, f.stat().st_mtime_ns)
-                               for f in sorted(folder.iterdir()) if f.is_file()]]
-    key = hashlib.sha1(json.dumps(ident).encode()).hexdigest()[:16]
-    out = cache_dir() / "adapters" / f"{folder.name}-{key}"
-    if (out / "config.json").exists():
-        return out
-    say(progress, 0.1, f"merging the adapter {folder.name} into its base (once)")
-    try:
-        load_adapter(folder, base_path)
-    except AdapterError:
-        return _peft_merge(folder, base_path, out)  # PEFT knows more kinds (or says what is wrong)
-    return apply_adapter(base_path, folder, out, dtype=torch.float32)  # bit-identical to PEFT's
-
-
-def _peft_merge(folder: Path, base_path: Path, out: Path) -> Path:
-    """PEFT's merge_and_unload of the adapter over the base (float32), saved as ``out``."""
-    import shutil
-    import tempfile
-
-    from peft import PeftModel
-
-    from ..checkpoints.loading import load_model
-
-    model, tok = load_model(base_path, device="cpu", dtype=torch.float32)
-    try:
-        merged = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
-    except Exception as e:  # noqa: BLE001 - peft raises many types for a bad adapter
-        why = " ".join(str(e).split()) or type(e).__name__
-        raise AdapterError(f"{folder}: cannot apply the adapter to {base_path}: "
-                           f"{why if isinstance(e, ValueError) else f'{type(e).__name__}: {why}'}") from e
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=out.parent))
-    try:
-        merged.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def extract_adapter(base, tuned, out, *, rank: int = 16, dtype=torch.bfloat16,

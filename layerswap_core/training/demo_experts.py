@@ -1,4 +1,7 @@
-"""The embedded demo experts over the embedded SmolLM2-135M-Instruct, shipped as PEFT LoRA adapters.
+"""Measuring the embedded demo experts over the embedded SmolLM2-135M-Instruct (held-out NLL).
+
+The experts themselves are data rows of the embedded-model registry (``checkpoints.embedded``),
+shipped as PEFT LoRA adapters:
 
 * ``embedded:smollm2-math-en``  -- math expert: a LoRA (rank 32) trained on English worked
                                    solutions of the ``train`` seed set of GSM-Symbolic variants
@@ -11,87 +14,16 @@
 
 The adapters ship in ``assets/experts/<name>/`` (bf16, with a card giving the exact commands and
 why each expert took its form). On first use each is applied to the embedded base
-(``lora.apply_adapter``: streamed, bit-identical to PEFT's merge_and_unload) and cached as a bf16
-safetensors model, so the rest of the product sees two ordinary model folders.
+(``adapters.apply_adapter``: streamed, bit-identical to PEFT's merge_and_unload) and cached as a
+bf16 safetensors model, so the rest of the product sees two ordinary model folders.
 """
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
-from ..checkpoints import references as models   # the model references (embedded models)
+from ..checkpoints.embedded import DEMO_BASE, DEMO_LANG, DEMO_TASK
 from ..checkpoints.loading import load_model
 
-MATH_EXPERT = "smollm2-math-en"
-SWAHILI_EXPERT = "smollm2-swahili"
-DEMO_TASK = models.EMBEDDED_PREFIX + MATH_EXPERT      # the demo's task (math) expert
-DEMO_LANG = models.EMBEDDED_PREFIX + SWAHILI_EXPERT   # the demo's language (Swahili) expert
-DEMO_BASE = models.DEFAULT_BASE
-
-
-def _assets() -> Path:
-    """assets/experts of the checkout (source tree, editable install, Space), else the copy a
-    wheel installs under <prefix>/share/layerswap/experts."""
-    import sys
-
-    here = Path(__file__).resolve().parents[2] / "assets" / "experts"
-    installed = Path(sys.prefix) / "share" / "layerswap" / "experts"
-    return here if here.is_dir() or not installed.is_dir() else installed
-
-
-ASSETS = _assets()
-DESCRIPTIONS = {
-    MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA (English worked solutions of GSM-Symbolic "
-                 "variants, train seeds)",
-    SWAHILI_EXPERT: "SmolLM2-135M-Instruct, full SFT on Swahili dictionary exercises and non-"
-                    "evaluated problem statements (no math), shipped as an extracted LoRA",
-}
-
-
-def demo_adapter_dir(name: str) -> Path:
-    """Folder of a shipped adapter; ``name`` with or without the ``embedded:`` prefix."""
-    name = name[len(models.EMBEDDED_PREFIX):] if name.startswith(models.EMBEDDED_PREFIX) else name
-    if name not in DESCRIPTIONS:
-        raise models.ModelLoadError(f"unknown demo expert {name!r}; known: {', '.join(DESCRIPTIONS)}")
-    return ASSETS / name
-
-
-def _builder(name: str):
-    def build(out: Path, progress=None):
-        from ..merge.lora import apply_adapter
-
-        adapter = demo_adapter_dir(name)
-        if not (adapter / "adapter_model.safetensors").exists():
-            raise models.ModelLoadError(f"the demo expert's adapter is missing: {adapter} "
-                                        "(reinstall layerswap from a full checkout)")
-        if progress is not None:
-            progress(0.0, f"Building {models.EMBEDDED_PREFIX}{name}: base + {adapter.name} adapter...")
-        apply_adapter(DEMO_BASE, adapter, out)
-        for extra in ("README.md",):
-            if (adapter / extra).exists():
-                (out / extra).write_text((adapter / extra).read_text())
-    return build
-
-
-def _adapter_version(name: str) -> str:
-    """Cache version of a built expert: a hash of its shipped adapter and card (a new adapter or a
-    corrected card, a new build)."""
-    import hashlib
-    f = ASSETS / name / "adapter_model.safetensors"
-    if not f.exists():
-        return "missing"
-    card = ASSETS / name / "README.md"
-    h = hashlib.sha1(f.read_bytes())
-    if card.exists():
-        h.update(card.read_bytes())
-    return h.hexdigest()[:10]
-
-
-def register() -> None:
-    """Register both demo experts as embedded models (``layerswap_core.EMBEDDED_PLUGINS``)."""
-    for name, description in DESCRIPTIONS.items():
-        models.register_embedded(name, description, _builder(name),
-                                 version=functools.partial(_adapter_version, name))
+__all__ = ["DEMO_BASE", "DEMO_LANG", "DEMO_TASK", "DEMO_ROWS", "demo_nll_table", "heldout_sets",
+           "table_markdown"]
 
 
 # --------------------------------------------------------------------------- held-out measurements

@@ -118,7 +118,7 @@ def measured_demo_result(path: str | Path | None = None) -> dict | None:
     """The shipped measurement (``bench/demo_result.py --json``), with its markdown table
     rebuilt from the counts; None when none is shipped."""
     from ..evaluation.demo_result import markdown_table
-    from ..training.demo_experts import ASSETS
+    from ..checkpoints.embedded import ASSETS
 
     p = Path(path) if path else ASSETS / RESULT_FILE
     if not p.is_file():

