@@ -289,7 +289,7 @@ def views_title(views) -> str:
 def test_both_default_heatmaps_show_contrast_on_the_embedded_demo():
     """The demo's experts' deltas differ about tenfold: one shared tau left the language
     expert's map uniformly ~0% (issue #26); each expert's own tau gives both maps contrast."""
-    experts = pytest.importorskip("layerswap_core.training.demo_experts")
+    from layerswap_core.checkpoints import embedded as experts
     if not (experts.demo_adapter_dir(experts.DEMO_LANG) / "adapter_model.safetensors").exists():
         pytest.skip("demo expert adapters not shipped in assets/experts")
     demo, report = wb.open_session(**wb.DEMO_REFS)
