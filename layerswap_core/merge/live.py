@@ -34,9 +34,8 @@ from ..progress import Progress
 from ..progress import say as _say
 from .apply import magnitude_weights, source_rows
 from .config import MergeConfig
-from .errors import MergeError
+from .errors import ConfigError, MergeError
 from .executor import Inputs, open_inputs
-from .partition import ConfigError
 from .plan import MergePlan, build_plan
 from .registry import Source
 
