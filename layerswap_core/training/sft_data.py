@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
+from ..evaluation.prompts import has_chat_template, render_chat
 from .config import TrainDataError, TrainError
 
 IGNORE = -100   # label of the tokens the loss skips (prompt, padding): PyTorch's ignore_index
@@ -64,15 +65,6 @@ def _normalise(obj, where: str) -> dict:
                          f"{sorted(obj)}")
 
 
-def _render(tok, messages: list[dict], generation_prompt: bool) -> str:
-    if getattr(tok, "chat_template", None):
-        return tok.apply_chat_template(messages, tokenize=False,
-                                       add_generation_prompt=generation_prompt)
-    # no chat template: plain "role: content" lines
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-    return text + ("assistant: " if generation_prompt else "")
-
-
 def encode_example(tok, example: dict, max_length: int) -> tuple[list[int], list[int]]:
     """(input_ids, labels): labels are IGNORE except on assistant turns.
 
@@ -92,9 +84,9 @@ def encode_example(tok, example: dict, max_length: int) -> tuple[list[int], list
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
-        prefix = _render(tok, msgs[:i], True)
-        upto = _render(tok, msgs[:i + 1], False)
-        if not getattr(tok, "chat_template", None):
+        prefix = render_chat(tok, msgs[:i], generation_prompt=True)
+        upto = render_chat(tok, msgs[:i + 1], generation_prompt=False)
+        if not has_chat_template(tok):
             upto += tok.eos_token or ""
         if not prefix.startswith(done) or not upto.startswith(prefix):
             raise TrainError("the chat template does not render conversations incrementally; "
