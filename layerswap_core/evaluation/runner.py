@@ -433,12 +433,13 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     task expert, language expert, merged).
 
     ``models``: name -> (model, tokenizer), a function returning one (called just before that
-    model's run), or a model reference (loaded with ``models.load_model`` one at a time and
-    freed after its run). Exemplars default to
-    ``default_exemplars(items, shots, ...)``: MGSM's standard exemplars on MGSM, GSM-Symbolic
-    training templates otherwise. Accuracy uses the flexible filter;
-    strict accuracy is reported beside it. Mean gold NLL is computed where items have worked
-    solutions (GSM-Symbolic).
+    model's run), or a model reference (loaded with ``checkpoints.loading.load_model`` one at a
+    time and freed after its run). Exemplars default to ``default_exemplars(items, shots, ...)``:
+    MGSM's standard exemplars on MGSM, GSM-Symbolic training templates otherwise. The task
+    record is ``side_by_side_task``, scored by ``tasks.run_task``; each model's prompts are built
+    once and also feed the gold NLL. Accuracy uses the flexible filter; strict accuracy is
+    reported beside it. Mean gold NLL is computed where items have worked solutions
+    (GSM-Symbolic).
     """
     if not items:
         raise ValueError("no items to evaluate")

@@ -8,7 +8,7 @@ expert as three models and copying one for the merge holds about eight checkpoin
   file's pages. Those pages are page cache, shared by every session and process, and the OS can
   evict them under pressure; ``release()`` advises them away when a step is done.
 * One torch model (the task expert's architecture and tokenizer) is the only private copy. To
-  show a role or a merge, the recomposer rewrites only the parameters whose source changed since
+  show a role or a merge, ``apply_plan`` rewrites only the parameters whose source changed since
   the last plan: "base", "task" and "lang" are plans that copy every tensor from that model, a
   merge is the plan of its ``MergeConfig``. Switching roles costs about one read of the changed
   tensors.

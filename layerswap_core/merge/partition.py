@@ -180,11 +180,6 @@ PRESET_RULES = {
     "B": [{"layers": "first {first}, last {last}"}],
     "C": [{"layers": "first {first}, last {last}"}],
 }
-PRESET_DESCRIPTIONS = {
-    "A": "all attention + MLP of the first 6 and last 2 layers -> language expert",
-    "B": "first 8 and last 4 layers -> language expert",
-    "C": "first 6 and last 2 layers -> language expert",
-}
 
 
 def preset_layer_counts(name: str, num_layers: int, scale: bool = False) -> tuple[int, int]:
