@@ -39,7 +39,7 @@ from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
 from .prompts import has_chat_template, render_chat
-from .tasks import Extraction, Task, run_task
+from .tasks import Extraction, Task, run_task, token_nll
 
 
 
@@ -293,9 +293,8 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
         for row, i in enumerate(idx):  # one row at a time: float32 log-probs of one target
             t = pairs[i][1]
             if t:
-                pred = logits[row, keep - 1 - len(t):keep - 1].float().log_softmax(-1)
-                nll = -pred.gather(1, torch.tensor(t, device=pred.device)[:, None]).sum()
-                out[i] = float(nll / len(t))
+                pred = logits[row, keep - 1 - len(t):keep - 1]
+                out[i] = float(token_nll(pred, torch.tensor(t, device=pred.device)) / len(t))
 
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):

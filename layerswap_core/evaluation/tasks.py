@@ -5,15 +5,32 @@ scorer that runs a task on a model (``run_task``).
 The side-by-side evaluation (``runner.side_by_side_task``: lm-eval's MGSM prompts and filters) and the
 demo's held-out variants (``demo_result.demo_task``: the trainer's chat prompt, the GSM8K
 calculator, the number after ``####``) are two such records over the same scorer.
+
+``token_nll`` is the one negative log-likelihood of given tokens under given logits: the gold
+NLL of the runner (``runner.gold_nll``), the trainer's loss and its held-out loss
+(``training.sft_data.batch_nll`` / ``mean_nll``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
+import torch
+
 from ..progress import Progress
 from .data import Item
 from .generation import generate
+
+
+IGNORE = -100   # a target position the NLL skips (PyTorch's ignore_index)
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over positions of -log p(target) (float32 log-softmax over the vocabulary, the last
+    dimension of ``logits``; positions whose target is ``IGNORE`` are skipped), differentiable."""
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                             targets.reshape(-1), ignore_index=IGNORE,
+                                             reduction="sum")
 
 
 class Extraction(NamedTuple):

@@ -17,9 +17,9 @@ import torch
 
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from ..evaluation.prompts import has_chat_template, render_chat
+from ..evaluation.tasks import IGNORE, token_nll
 from .config import TrainDataError, TrainError
 
-IGNORE = -100   # label of the tokens the loss skips (prompt, padding): PyTorch's ignore_index
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -175,10 +175,7 @@ def batch_nll(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    logits_to_keep=keep).logits.float()
     target = target[:, keep]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             target.reshape(-1), ignore_index=IGNORE,
-                                             reduction="sum")
-    return loss, int((target != IGNORE).sum())
+    return token_nll(logits, target), int((target != IGNORE).sum())
 
 
 @torch.no_grad()
