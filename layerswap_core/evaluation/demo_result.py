@@ -2,10 +2,11 @@
 
 A task record (``demo_task``, scored by ``tasks.run_task`` like the side-by-side evaluation).
 The prompt is the math expert's training format: the question as the only user turn, rendered
-by ``prompts.render_chat`` (the chat template, or the trainer's plain lines); greedy decoding with the GSM8K calculator (``evaluation.calculator``: the result
-of each ``<<expr=`` note is filled in, the same for every model); the answer is the number after
-the last ``####``, else the last number of the output. Per model: n, correct, accuracy and its 95% Wilson interval; between two
-models on the same items: the exact McNemar test (two-sided binomial test on the items exactly
+by ``prompts.render_chat`` (the chat template, or the trainer's plain lines); greedy decoding
+with the GSM8K calculator (``evaluation.calculator``: the result of each ``<<expr=`` note is
+filled in, the same for every model); the answer is the number after the last ``####``, else the
+last number of the output. Per model: n, correct, accuracy and its 95% Wilson interval; between
+two models on the same items: the exact McNemar test (two-sided binomial test on the items exactly
 one of them answers correctly).
 """
 from __future__ import annotations
@@ -41,8 +42,8 @@ def demo_task(items: Sequence[Item], *, max_new_tokens: int = 192,
         found = extract(output)
         return Extraction(found, found)
 
-    return Task("demo variants", list(items), lambda it, tokenizer: render_chat(tokenizer, it.question),
-                answers, lambda answer, gold: answer == gold, max_new_tokens=max_new_tokens,
+    return Task("demo variants", list(items),
+                lambda it, tokenizer: render_chat(tokenizer, it.question), answers, lambda answer, gold: answer == gold, max_new_tokens=max_new_tokens,
                 calculator=calculator)
 
 

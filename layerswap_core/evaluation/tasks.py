@@ -2,8 +2,8 @@
 tokenizer, how an output becomes an answer, the metric, and the decoding settings; and the one
 scorer that runs a task on a model (``run_task``).
 
-The side-by-side evaluation (``runner.side_by_side_task``: lm-eval's MGSM prompts and filters) and the
-demo's held-out variants (``demo_result.demo_task``: the trainer's chat prompt, the GSM8K
+The side-by-side evaluation (``runner.side_by_side_task``: lm-eval's MGSM prompts and filters)
+and the demo's held-out variants (``demo_result.demo_task``: the trainer's chat prompt, the GSM8K
 calculator, the number after ``####``) are two such records over the same scorer.
 
 ``token_nll`` is the one negative log-likelihood of given tokens under given logits: the gold

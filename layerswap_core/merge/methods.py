@@ -30,7 +30,8 @@ class Method:
     whole tensor; ``coefficients(source)``: {model: coefficient of its delta from the base} when
     the method is linear in the deltas (None: not linear, no LoRA merge); ``shares(source)``:
     {model: its share of the tensor} where the tensor is a weighted mix of the models (a copy, a
-    blend; {}: the method moves the base instead, e.g. task arithmetic), read by the figures."""
+    blend; {}: the method moves the base instead, e.g. task arithmetic), read by the figures;
+    ``cell``: its short category in a plan's cells (default: its name; "blend" for linear)."""
     name: str
     fn: Callable[..., torch.Tensor]
     paper: str
@@ -40,6 +41,7 @@ class Method:
     whole_tensor: Callable[..., dict] | None = None
     coefficients: Callable[[Any], dict] | None = None
     shares: Callable[[Any], dict] = lambda source: {}
+    cell: str = ""   # its short category in a plan's cells (default: its name)
 
 
 METHODS: dict[str, Method] = {}
@@ -48,10 +50,10 @@ METHODS: dict[str, Method] = {}
 def register(name: str, paper: str, description: str, *, label: Callable[[Any], str],
              row_wise: bool = False, whole_tensor: Callable[..., dict] | None = None,
              coefficients: Callable[[Any], dict] | None = None,
-             shares: Callable[[Any], dict] = lambda source: {}):
+             shares: Callable[[Any], dict] = lambda source: {}, cell: str = ""):
     def wrap(fn):
         METHODS[name] = Method(name, fn, paper, description, label, row_wise, whole_tensor,
-                               coefficients, shares)
+                               coefficients, shares, cell or name)
         return fn
     return wrap
 
@@ -95,7 +97,8 @@ def _linear_shares(source) -> dict:
 
 @register("linear", "https://arxiv.org/abs/2203.05482",
           "weighted average sum(w_i * t_i) / sum(w_i) (model soup; layer-swap transition blend)",
-          label=_linear_label, row_wise=True, coefficients=_linear_coefficients, shares=_linear_shares)
+          label=_linear_label, row_wise=True, coefficients=_linear_coefficients,
+          shares=_linear_shares, cell="blend")
 def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     total = float(sum(weights))
     if total <= 0:
@@ -109,7 +112,7 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
 @register("task_arithmetic", "https://arxiv.org/abs/2212.04089",
           "base + sum(lambda_i * (t_i - base))",
           row_wise=True,
-          label=lambda source: "task arithmetic " + "/".join(f"{w:g}" for w in source.weights or ()),
+          label=lambda source: "task arithmetic " + "/".join(f"{w:g}" for w in source.weights),
           coefficients=lambda source: dict(zip(source.models[1:], source.weights)))
 def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     base, experts = tensors[0].float(), tensors[1:]

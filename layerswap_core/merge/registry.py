@@ -61,7 +61,7 @@ class Source:
         """Short category: task / lang / base / blend / task_arithmetic / ties."""
         if self.method == "copy":
             return self.models[0]
-        return "blend" if self.method == "linear" else self.method
+        return methods.get_method(self.method).cell
 
     @property
     def label(self) -> str:
