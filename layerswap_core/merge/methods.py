@@ -112,7 +112,8 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
 @register("task_arithmetic", "https://arxiv.org/abs/2212.04089",
           "base + sum(lambda_i * (t_i - base))",
           row_wise=True,
-          label=lambda source: "task arithmetic " + "/".join(f"{w:g}" for w in source.weights),
+          label=lambda source: "task arithmetic " + "/".join(f"{w:g}"
+                                                               for w in source.weights or ()),
           coefficients=lambda source: dict(zip(source.models[1:], source.weights)))
 def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     base, experts = tensors[0].float(), tensors[1:]
