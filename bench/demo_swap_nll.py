@@ -34,7 +34,7 @@ def sign_test(a: list[float], b: list[float]) -> dict:
 def main(argv=None) -> int:
     import torch
 
-    from layerswap_core.evaluation.demo_result import chat_prompt
+    from layerswap_core.evaluation.prompts import render_chat
     from layerswap_core.evaluation.runner import gold_nll
     from layerswap_core.evaluation.variants import variant_items
     from layerswap_core.merge.config import MergeConfig
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     refs = dict(task=a.task, lang=a.lang, base=a.base)
     live = LiveModel.from_refs(**refs, dtype=torch.float32)
     items = spread(variant_items("sw", "validation"), a.n)
-    prompts = [chat_prompt(live.tokenizer, it.question) for it in items]
+    prompts = [render_chat(live.tokenizer, it.question) for it in items]
     targets = [f"{it.solution}\n#### {it.answer}" for it in items]
     models = {"base": "base", "math expert": "task", "language expert": "lang"}
     for s in a.swaps.split(","):

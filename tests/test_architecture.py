@@ -32,7 +32,8 @@ LAYERS = [
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.mgsm_hub", "evaluation.data", "evaluation.variants", "evaluation.calculator",
      "evaluation.generation", "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
-     "evaluation.demo_result"),                   # evaluation
+     "evaluation.demo_result", "evaluation.prompts",   # evaluation; the one chat renderer,
+     "evaluation.tasks"),                         # task records and their one scorer
     ("training.config", "training.sft_data", "training.trainer", "training.recipes",
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
     ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs

@@ -322,3 +322,33 @@ def test_eval_cli_warns_about_a_model_trained_on_mgsm_items(tiny, tmp_path, caps
                  "--max-new-tokens", "1", "--device", "cpu"]) == 0
     err = capsys.readouterr().err
     assert "warning:" in err and "0036 = row 11" in err
+
+
+def test_one_chat_renderer_for_chat_the_demo_and_the_trainer(tiny_lm):
+    """Chat, the demo's task and the trainer render through ``prompts.render_chat``: the chat
+    template where there is one; without one, the trainer's plain lines (one fallback), which
+    chat stops at the next user line."""
+    import copy
+
+    from layerswap_core.evaluation.demo_result import demo_task
+    from layerswap_core.evaluation.generation import chat_prompt
+    from layerswap_core.evaluation.prompts import chat_stop, render_chat
+    from layerswap_core.training.sft_data import IGNORE, encode_example
+
+    model, tok = tiny_lm
+    items = gsm_symbolic_items("en", "eval")[:2]
+    task = demo_task(items)
+    assert tok.chat_template and task.prompts(tok) == [
+        tok.apply_chat_template([{"role": "user", "content": it.question}], tokenize=False,
+                                add_generation_prompt=True) for it in items]
+    plain = copy.deepcopy(tok)
+    plain.chat_template = None
+    assert render_chat(plain, "2+3?") == "user: 2+3?\nassistant: " == chat_prompt(plain, "2+3?")
+    assert task.prompt(items[0], plain) == f"user: {items[0].question}\nassistant: "
+    assert chat_stop(plain) == ("\nuser:",) and chat_stop(tok) == ()
+    ids, labels = encode_example(plain, {"messages": [{"role": "user", "content": "2+3?"},
+                                                      {"role": "assistant", "content": "5"}]}, 64)
+    prompt = [i for i, lab in zip(ids, labels) if lab == IGNORE]
+    assert plain.decode(prompt).endswith(render_chat(plain, "2+3?"))
+    assert plain.decode([i for i in labels if i != IGNORE]) == "5\n" + plain.eos_token
+    assert task.extract("so 2+3=5 #### 5").flexible == "5" and task.correct("5", "5")

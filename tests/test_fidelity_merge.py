@@ -278,7 +278,7 @@ def test_layer_diagram_shows_where_the_non_layer_parameters_come_from(tiny):
     arch = get_architecture(reader.config())
     names = reader.names()
     plan = build_plan(MergeConfig(bottom=2, top=1, w_task=3.0, w_lang=1.0), names, arch)
-    fig = plots.layer_stack_figure(plan.layer_rows(), non_layer=plan.global_sources())
+    fig = plots.layer_stack_figure(plan.layer_rows(), non_layer=plan.non_layer_sources())
     by_name = {tr.name: tr for tr in fig.data}
     lang, task = by_name["language expert"], by_name["task expert"]
     assert list(lang.y) == [-1] + list(range(L))
@@ -288,7 +288,7 @@ def test_layer_diagram_shows_where_the_non_layer_parameters_come_from(tiny):
     assert "non-layer: blend 0.75/0.25 (embeddings, final norm, LM head)" in notes
     assert "model.embed_tokens" in lang.customdata[0]
     plan = build_plan(MergeConfig(bottom=2, top=1, non_layer="task"), names, arch)
-    fig = plots.layer_stack_figure(plan.layer_rows(), non_layer=plan.global_sources())
+    fig = plots.layer_stack_figure(plan.layer_rows(), non_layer=plan.non_layer_sources())
     assert "non-layer: task expert (embeddings, final norm, LM head)" in \
         [a.text for a in fig.layout.annotations]
     plain = plots.layer_stack_figure(plan.layer_rows())  # without: the layers only

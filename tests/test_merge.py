@@ -16,7 +16,7 @@ from layerswap_core.checkpoints.writing import OutputFolderError, ShardedWriter,
 from layerswap_core.merge.executor import MergeError, merge_to_folder, plan_for
 from layerswap_core.merge.live import LiveModel
 from layerswap_core.merge.config import MergeConfig
-from layerswap_core.merge.partition import ConfigError
+from layerswap_core.merge.errors import ConfigError
 
 L = 8  # layers of the tiny fixture
 

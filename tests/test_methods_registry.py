@@ -8,7 +8,7 @@ from layerswap_core.cli import build_parser
 from layerswap_core.cli.merge import config_from_args
 from layerswap_core.merge import registry
 from layerswap_core.merge.config import FIELDS, MergeConfig
-from layerswap_core.merge.partition import ConfigError
+from layerswap_core.merge.errors import ConfigError
 from layerswap_core.merge.plan import build_plan
 from layerswap_core.merge.registry import MergeMethod, Source
 from layerswap_core.workbench import session as wb
@@ -127,3 +127,47 @@ def test_knobs_are_declared_before_the_config_is_made():
     with pytest.raises(RuntimeError, match="declare knobs in merge/registry.py"):
         registry.knob("alpha", "number", 0.5, lo=0, hi=1)
     assert "alpha" not in registry.KNOBS and "alpha" not in FIELDS
+
+
+def test_a_per_tensor_method_owns_its_label_row_wise_flag_and_lora_coefficients():
+    """A new per-tensor method registered once in methods.py: its own plan label (no "ties d=?"
+    fallback), whole-tensor unless it says it is row-wise, and no LoRA merge unless it gives its
+    coefficients; the built-in ones keep theirs."""
+    import torch
+
+    from layerswap_core.merge import methods
+    from layerswap_core.merge.apply import BLOCK_BYTES, row_blocks
+    from layerswap_core.merge.lora import AdapterError, _coefficients
+
+    methods.register("halfway", "", "midpoint of two models", label=lambda s: "halfway")(
+        lambda tensors, weights=None: (tensors[0].float() + tensors[1].float()) / 2)
+    try:
+        src = Source("halfway", ("task", "lang"), (1.0, 1.0))
+        assert src.label == "halfway" and src.shares == {}
+        big = (BLOCK_BYTES // 4 // 8 + 1, 8)   # more rows than one block holds
+        assert row_blocks(big, "halfway") == [None]
+        assert len(row_blocks(big, "linear")) == 2
+        with pytest.raises(AdapterError, match="not linear"):
+            _coefficients(src, MergeConfig())
+        out = methods.apply("halfway", [torch.zeros(2), torch.ones(2)], None)
+        assert torch.equal(out, torch.full((2,), 0.5))
+    finally:
+        methods.METHODS.pop("halfway")
+    blend = Source("linear", ("task", "lang"), (3.0, 1.0))
+    assert blend.label == "blend 0.75/0.25" and blend.shares == {"task": 0.75, "lang": 0.25}
+    assert _coefficients(blend, MergeConfig()) == {"task": 0.75, "lang": 0.25}
+    ties = Source("ties", ("base", "task", "lang"), (1.0, 1.0), (("density", 0.3), ("lam", 1.0)))
+    assert ties.label == "ties d=0.3" and ties.shares == {}
+    assert Source.copy("lang").shares == {"lang": 1.0}
+
+
+def test_layer_swap_records_its_concrete_layer_counts_through_its_method():
+    """The layer-swap special case (the depth-scaled default counts written into the saved
+    config) is the method's own ``concrete``; other methods are unchanged by it."""
+    cfg = MergeConfig()
+    fixed = registry.concrete(cfg, 16)
+    assert (cfg.bottom, cfg.top) == (None, None)
+    assert (fixed.bottom, fixed.top) == cfg.layer_counts(16)[:2] and fixed.bottom > 0
+    assert registry.concrete(MergeConfig(partition="A"), 16).bottom is None
+    soup = MergeConfig(method="soup")
+    assert registry.concrete(soup, 16) is soup

@@ -5,7 +5,8 @@ import pytest
 
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.merge.config import MergeConfig, validated_ranges
-from layerswap_core.merge.partition import ConfigError, Partition, parse_layers, scale_layers
+from layerswap_core.merge.errors import ConfigError
+from layerswap_core.merge.partition import Partition, parse_layers, scale_layers
 from layerswap_core.merge.plan import build_plan
 from layerswap_core.merge.registry import Source
 

@@ -142,6 +142,38 @@ def test_layer_stack_from_plan_rows_and_dicts(tiny_arch):
     assert lang_x[0] == pytest.approx(7 / 9) and lang_x[4] == pytest.approx(4 / 9)
 
 
+def test_layer_stack_reads_blend_weights_from_the_plans_sources(tiny_arch):
+    """A mixed layer and a mixed non-layer bar show the blends' real weights (3 : 1 here), read
+    from the plan's ``Source``s, not 0.5 each."""
+    from layerswap_core.merge.registry import Source
+
+    names, arch = tiny_arch
+    plan = build_plan(MergeConfig(bottom=2, top=1, transition_bottom=1, w_task=3.0, w_lang=1.0),
+                      names, arch)
+    blend = Source("linear", ("task", "lang"), (3.0, 1.0))
+    for n in names:   # layer 4: attention blended 3:1, the rest from the task expert
+        info = arch.classify(n)
+        if info.layer == 4:
+            plan.sources[n] = blend if info.kind.startswith("attn") else Source.copy("task")
+    norm = [n for n in names if arch.classify(n).kind == "final_norm"]
+    for n in norm:     # the final norm from the language expert, the embeddings blended 3:1
+        plan.sources[n] = Source.copy("lang")
+    rows = plan.layer_rows()
+    assert rows[4].label == "mixed" and blend in rows[4].sources["attn_q"]
+    kinds = list(rows[4].sources)
+    n_attn = sum(k.startswith("attn") for k in kinds)
+    fig = plots.layer_stack_figure(rows, non_layer=plan.non_layer_sources())
+    by_name = {tr.name: tr for tr in fig.data}
+    lang = dict(zip(by_name["language expert"].y, by_name["language expert"].x))
+    task = dict(zip(by_name["task expert"].y, by_name["task expert"].x))
+    assert lang[4] == pytest.approx(0.25 * n_attn / len(kinds))
+    assert task[4] == pytest.approx(1 - 0.25 * n_attn / len(kinds))
+    assert lang[2] == pytest.approx(0.25) and task[2] == pytest.approx(0.75)   # the transition
+    others = len(plan.non_layer_sources()) - len(norm)
+    assert norm and others   # a mixed non-layer bar: one tensor per source
+    assert lang[-1] == pytest.approx((len(norm) + 0.25 * others) / (len(norm) + others))
+
+
 def test_profile_figure(stats):
     task, lang = stats
     s = suggest_config(task, lang, 8)

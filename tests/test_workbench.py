@@ -17,7 +17,7 @@ from layerswap_core.workbench.served import (LIMITS, REFUSED, Access, Cancelled,
 from layerswap_core.workbench.sweep import parse_values, sweep_grid
 from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
-from layerswap_core.merge.partition import ConfigError
+from layerswap_core.merge.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

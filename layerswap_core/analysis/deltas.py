@@ -158,10 +158,6 @@ class DeltaStats:
                 out[s.layer] += s.mass
         return out
 
-    def mean_abs_delta(self) -> float:
-        """Mean of the per-tensor mean row MAVs over all 1-D/2-D parameters."""
-        return float(np.mean([s.mean_row_mav for s in self.tensors])) if self.tensors else 0.0
-
     # --- export ---
     def to_csv(self, path: str | Path | None = None, tau: float | None = None) -> str:
         buf = _io.StringIO()

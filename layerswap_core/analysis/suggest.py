@@ -172,7 +172,8 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
 
 def _preset_fits(name: str, num_layers: int) -> bool:
     """Whether a partition preset, in its published absolute layers, fits this depth."""
-    from ..merge.partition import ConfigError, Partition
+    from ..merge.errors import ConfigError
+    from ..merge.partition import Partition
     try:
         Partition.preset(name, num_layers)
     except ConfigError:

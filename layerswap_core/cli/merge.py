@@ -6,7 +6,7 @@ from dataclasses import replace
 from ..checkpoints.references import DEFAULT_BASE
 from ..merge.config import FIELDS, MergeConfig
 from ..merge.executor import merge_to_folder, plan_for
-from ..merge.partition import ConfigError
+from ..merge.errors import ConfigError
 from .partition import partition_arg
 from .progress import progress_bar
 

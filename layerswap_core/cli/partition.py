@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..merge.config import load_yaml
-from ..merge.partition import ConfigError, PRESET_LAYERS
+from ..merge.errors import ConfigError
+from ..merge.partition import PRESET_LAYERS
 
 MAX_RULES_FILE = 1 << 20  # bytes of a --partition rules file
 

@@ -1,11 +1,12 @@
 """Scoring models on the demo's held-out variants, with paired comparisons.
 
-The prompt is the math expert's training format: the question as the only user turn of the
-model's chat template (plain ``user: ...`` / ``assistant: `` lines without one, as the trainer
-writes them); greedy decoding with the GSM8K calculator (``evaluation.calculator``: the result
-of each ``<<expr=`` note is filled in, the same for every model); the answer is the number after
-the last ``####``, else the last number of the output. Per model: n, correct, accuracy and its 95% Wilson interval; between two
-models on the same items: the exact McNemar test (two-sided binomial test on the items exactly
+A task record (``demo_task``, scored by ``tasks.run_task`` like the side-by-side evaluation).
+The prompt is the math expert's training format: the question as the only user turn, rendered
+by ``prompts.render_chat`` (the chat template, or the trainer's plain lines); greedy decoding
+with the GSM8K calculator (``evaluation.calculator``: the result of each ``<<expr=`` note is
+filled in, the same for every model); the answer is the number after the last ``####``, else the
+last number of the output. Per model: n, correct, accuracy and its 95% Wilson interval; between
+two models on the same items: the exact McNemar test (two-sided binomial test on the items exactly
 one of them answers correctly).
 """
 from __future__ import annotations
@@ -17,17 +18,11 @@ from typing import Callable, Sequence
 
 from ..progress import Progress, say
 from .data import Item, normalize_number
-from .generation import generate
+from .prompts import render_chat
 from .runner import wilson_interval
+from .tasks import Extraction, Task, run_task
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def chat_prompt(tokenizer, question: str) -> str:
-    messages = [{"role": "user", "content": question}]
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"user: {question}\nassistant: "
 
 
 def extract(output: str) -> str | None:
@@ -37,6 +32,19 @@ def extract(output: str) -> str | None:
     else:
         found = NUMBER.findall(output)[-1:]
     return normalize_number(found[0]) if found else None
+
+
+def demo_task(items: Sequence[Item], *, max_new_tokens: int = 192,
+              calculator: bool = True) -> Task:
+    """The demo's held-out variants as a task record: the question as the only user turn, the
+    answer ``extract``ed (one answer: strict and flexible alike), exact match with the gold."""
+    def answers(output: str) -> Extraction:
+        found = extract(output)
+        return Extraction(found, found)
+
+    return Task("demo variants", list(items),
+                lambda it, tokenizer: render_chat(tokenizer, it.question), answers, lambda answer, gold: answer == gold, max_new_tokens=max_new_tokens,
+                calculator=calculator)
 
 
 def sign_test_p(wins: int, losses: int) -> float:
@@ -77,11 +85,9 @@ def score(name: str, model, tokenizer, items: Sequence[Item], *, max_new_tokens:
           progress: Progress | None = None) -> Scores:
     """Greedy answers of one model to ``items`` (the demo prompt, the calculator on unless
     ``calculator`` is False), scored against the gold."""
-    prompts = [chat_prompt(tokenizer, it.question) for it in items]
-    outs = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                    batch_size=batch_size, calculator=calculator, progress=progress)
-    correct = [extract(o.text) == it.answer for o, it in zip(outs, items)]
-    return Scores(name, items[0].lang if items else "", correct, [o.text for o in outs])
+    task = demo_task(items, max_new_tokens=max_new_tokens, calculator=calculator)
+    run = run_task(task, model, tokenizer, batch_size=batch_size, progress=progress)
+    return Scores(name, items[0].lang if items else "", run.correct, run.outputs)
 
 
 def score_models(models: dict[str, Callable[[], tuple]], items: Sequence[Item], *,

@@ -9,7 +9,7 @@ assembled into one batch KV cache that grows in place while all rows decode gree
 more than an argmax decode through transformers' ``generate``); each output is cut at its
 first stop string. The text equals transformers' own one-prompt-at-a-time greedy output
 (tests/test_generation.py checks it).
-``evaluate.gold_nll`` uses the same prefix sharing and grouping.
+``runner.gold_nll`` uses the same prefix sharing and grouping.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import torch
 from ..checkpoints.tokenizers import encode_prompt
 from ..progress import Progress
 from .calculator import Calculator
+from .prompts import chat_stop, render_chat
 
 
 @dataclass
@@ -574,16 +575,9 @@ def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
 
 
 def chat_prompt(tokenizer, messages: list[dict] | str, system: str | None = None) -> str:
-    """Prompt text for a conversation: the tokenizer's chat template, or a plain fallback."""
-    if isinstance(messages, str):
-        messages = [{"role": "user", "content": messages}]
-    if system:
-        messages = [{"role": "system", "content": system}, *messages]
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    # No template (base models): a readable transcript ending where the assistant speaks.
-    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-    return "\n".join(lines) + "\nAssistant:"
+    """Prompt text for a conversation (``prompts.render_chat``: the tokenizer's chat template,
+    or the one plain fallback)."""
+    return render_chat(tokenizer, messages, system=system)
 
 
 def chat(model, tokenizer, messages: list[dict] | str, *, system: str | None = None,
@@ -596,7 +590,7 @@ def chat(model, tokenizer, messages: list[dict] | str, *, system: str | None = N
     fills in GSM8K ``<<expr=result>>`` notes.
     """
     prompt = chat_prompt(tokenizer, messages, system)
-    stop = () if getattr(tokenizer, "chat_template", None) else ("\nUser:",)
+    stop = chat_stop(tokenizer)
     replies = stream_generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, stop=stop,
                               temperature=temperature, top_p=top_p,
                               repetition_penalty=repetition_penalty, calculator=calculator)

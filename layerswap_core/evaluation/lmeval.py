@@ -5,7 +5,7 @@ template, ``until`` strings, filters, metric) with one change: the documents com
 our loaders instead of the Hub. Test documents are the MGSM rows; few-shot documents are by
 default MGSM's own exemplars (``mgsm_exemplars.json``, the Hub's train split), the first k in
 order, passed as they are: lm-eval's own prompt template turns them into the prompt, and ours
-(``evaluate.build_prompt``) gives the same text. Other exemplars (given explicitly) are written
+(``runner.build_prompt``) gives the same text. Other exemplars (given explicitly) are written
 in the shape of the train split ("Swali: ..." question, "Jibu la Hatua kwa Hatua: ... Jibu ni
 N." answer).
 """
@@ -65,7 +65,7 @@ def run_lm_eval(model, tokenizer, lang: str, *, n: int | None = None, shots: int
                 max_gen_toks: int | None = None, apply_chat_template: bool = False) -> dict:
     """lm-eval's mgsm (direct or native CoT) on an in-memory HF model, offline.
 
-    Exemplars default to ``evaluate.default_exemplars`` (MGSM's standard exemplars, first
+    Exemplars default to ``runner.default_exemplars`` (MGSM's standard exemplars, first
     ``shots`` in order). Returns {"task", "metrics" (lm-eval's result dict for the task),
     "samples" (log_samples: per doc the prompt, raw response and filtered responses),
     "exemplars"}.

@@ -1,6 +1,6 @@
 """lm-eval's mgsm tasks as installed (lm-eval 0.4.13, ``tasks/mgsm/direct`` and ``native_cot``):
 the one source of the prompt words, stop strings, target delimiter and answer filters that our
-evaluation (``evaluate``) and the lm-eval bridge (``lmeval``) use.
+evaluation (``runner``) and the lm-eval bridge (``lmeval``) use.
 
 Nothing here is re-typed from lm-eval: the words come from rendering each task's own
 ``doc_to_text`` template, the filters are lm-eval's own filter classes built from each task's

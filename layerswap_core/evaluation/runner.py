@@ -25,6 +25,7 @@ import math
 import re
 import string
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -35,9 +36,10 @@ from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm, load_mgs
 from ..checkpoints.writing import release_freed_memory
 from ..progress import Progress
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
-from .generation import generate
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
+from .prompts import has_chat_template, render_chat
+from .tasks import Extraction, Task, run_task, token_nll
 
 
 
@@ -96,14 +98,14 @@ def build_prompt(item: Item, exemplars: Sequence[Item] = (), *, cot: bool = Fals
     lang = lang or item.lang
     delim = target_delimiter(lang, cot)
     if chat_template:
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        if tokenizer is None or not has_chat_template(tokenizer):
             raise ValueError("chat_template=True needs a tokenizer that has a chat template")
         messages = []
         for ex in exemplars:
             messages += [{"role": "user", "content": question_text(ex, lang, cot)},
                          {"role": "assistant", "content": target_text(ex, lang, cot)}]
         messages.append({"role": "user", "content": question_text(item, lang, cot)})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_chat(tokenizer, messages)
     shots = [question_text(ex, lang, cot) + delim + target_text(ex, lang, cot) for ex in exemplars]
     return "\n\n".join([*shots, question_text(item, lang, cot)])
 
@@ -207,12 +209,6 @@ def _check_shots(k) -> int:
 _PUNCT = str.maketrans("", "", string.punctuation)
 
 
-@dataclass
-class Extraction:
-    strict: str | None     # lm-eval strict-match (CoT) / whole output (direct), normalised
-    flexible: str | None   # lm-eval flexible-extract (last number), normalised
-
-
 def extract_strict(output: str, lang: str, cot: bool, *, lm_eval_compatible: bool = False) -> str | None:
     """lm-eval's strict filter of the task (CoT: strict-match, the number after the answer
     phrase; direct: remove_whitespace, the whole output); by default on ASCII digits and
@@ -297,9 +293,8 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
         for row, i in enumerate(idx):  # one row at a time: float32 log-probs of one target
             t = pairs[i][1]
             if t:
-                pred = logits[row, keep - 1 - len(t):keep - 1].float().log_softmax(-1)
-                nll = -pred.gather(1, torch.tensor(t, device=pred.device)[:, None]).sum()
-                out[i] = float(nll / len(t))
+                pred = logits[row, keep - 1 - len(t):keep - 1]
+                out[i] = float(token_nll(pred, torch.tensor(t, device=pred.device)) / len(t))
 
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
@@ -409,6 +404,25 @@ def _ensure_loaded(spec, device):
     return (model, tokenizer), False
 
 
+def side_by_side_task(items: Sequence[Item], exemplars: Sequence[Item], *, cot: bool = False,
+              chat_template: bool = False, max_new_tokens: int | None = None,
+              with_nll: bool = True) -> Task:
+    """The side-by-side evaluation as a task record: lm-eval's MGSM prompt (``build_prompt``,
+    the items' language), its stop strings, its filters (``extract_answer``; the flexible answer
+    is scored), ``is_correct``; the gold NLL of the worked solution where every item has one."""
+    lang = items[0].lang
+    delim = target_delimiter(lang, True)
+    has_solutions = with_nll and all(it.solution for it in items)
+    return Task(
+        f"{source_label(items[0].source)} {lang} {'cot' if cot else 'direct'}", list(items),
+        lambda it, tokenizer: build_prompt(it, exemplars, cot=cot, tokenizer=tokenizer,
+                                           chat_template=chat_template, lang=lang),
+        partial(extract_answer, lang=lang, cot=cot), is_correct,
+        max_new_tokens=max_new_tokens or (256 if cot else 32), stop=tuple(stop_strings(lang)),
+        target=(lambda it: ("" if chat_template else delim) + target_text(it, lang, True))
+        if has_solutions else None)
+
+
 def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot: bool = False,
                      chat_template: bool = False, max_new_tokens: int | None = None,
                      batch_size: int = 16, exemplars: Sequence[Item] | None = None,
@@ -418,12 +432,13 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     task expert, language expert, merged).
 
     ``models``: name -> (model, tokenizer), a function returning one (called just before that
-    model's run), or a model reference (loaded with ``models.load_model`` one at a time and
-    freed after its run). Exemplars default to
-    ``default_exemplars(items, shots, ...)``: MGSM's standard exemplars on MGSM, GSM-Symbolic
-    training templates otherwise. Accuracy uses the flexible filter;
-    strict accuracy is reported beside it. Mean gold NLL is computed where items have worked
-    solutions (GSM-Symbolic).
+    model's run), or a model reference (loaded with ``checkpoints.loading.load_model`` one at a
+    time and freed after its run). Exemplars default to ``default_exemplars(items, shots, ...)``:
+    MGSM's standard exemplars on MGSM, GSM-Symbolic training templates otherwise. The task
+    record is ``side_by_side_task``, scored by ``tasks.run_task``; each model's prompts are built
+    once and also feed the gold NLL. Accuracy uses the flexible filter; strict accuracy is
+    reported beside it. Mean gold NLL is computed where items have worked solutions
+    (GSM-Symbolic).
     """
     if not items:
         raise ValueError("no items to evaluate")
@@ -431,9 +446,9 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     source = items[0].source
     if exemplars is None:
         exemplars = default_exemplars(items, shots, cot=cot, data_dir=data_dir)
-    max_new_tokens = max_new_tokens or (256 if cot else 32)
-    stop = stop_strings(lang)
-    has_solutions = with_nll and all(it.solution for it in items)
+    task = side_by_side_task(items, exemplars, cot=cot, chat_template=chat_template,
+                     max_new_tokens=max_new_tokens, with_nll=with_nll)
+    has_solutions = task.target is not None
     rows = [{"id": it.id, "question": it.question, "gold": it.answer, "models": {}} for it in items]
     summary = []
     n_models = len(models)
@@ -445,39 +460,28 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
              else f"preparing the model, then {len(items)} items")
         (model, tokenizer), loaded_here = _ensure_loaded(spec, device)
         try:
-            prompts = [build_prompt(it, exemplars, cot=cot, tokenizer=tokenizer,
-                                    chat_template=chat_template, lang=lang) for it in items]
-            gens = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, stop=stop,
-                            batch_size=batch_size,
-                            progress=lambda f, m: step(0.9 * f if has_solutions else f, m))
+            run = run_task(task, model, tokenizer, batch_size=batch_size,
+                           progress=lambda f, m: step(0.9 * f if has_solutions else f, m))
             nlls = None
             release_freed_memory()  # generation's temporaries, before the NLL pass needs its own
             if has_solutions:
                 step(0.9, "gold-solution NLL")
-                delim = target_delimiter(lang, True)
-                nlls = gold_nll(model, tokenizer,
-                                [build_prompt(it, exemplars, cot=cot, tokenizer=tokenizer,
-                                              chat_template=chat_template, lang=lang) for it in items],
-                                [(delim if not chat_template else "") + target_text(it, lang, True)
-                                 for it in items], batch_size=max(1, batch_size // 2))
+                nlls = gold_nll(model, tokenizer, run.prompts,   # the prompts, built once
+                                [task.target(it) for it in items],
+                                batch_size=max(1, batch_size // 2))
         finally:
             if loaded_here:
                 del model
-        correct, strict = [], []
-        for i, (it, g) in enumerate(zip(items, gens)):
-            ex = extract_answer(g.text, lang, cot)
-            ok, ok_strict = is_correct(ex.flexible, it.answer), is_correct(ex.strict, it.answer)
-            correct.append(ok)
-            strict.append(ok_strict)
-            rows[i]["models"][name] = {"output": g.text, "answer": ex.flexible,
-                                       "strict_answer": ex.strict, "correct": ok,
-                                       "strict_correct": ok_strict,
+        for i, (out, ex) in enumerate(zip(run.outputs, run.answers)):
+            rows[i]["models"][name] = {"output": out, "answer": ex.flexible,
+                                       "strict_answer": ex.strict, "correct": run.correct[i],
+                                       "strict_correct": run.strict_correct[i],
                                        "gold_nll": None if nlls is None else nlls[i]}
-        summary.append(summarize(name, correct, strict, nlls))
+        summary.append(summarize(name, run.correct, run.strict_correct, nlls))
         step(1.0, f"accuracy {summary[-1]['accuracy']:.3f}")
     config = {"data": source_label(source), "lang": lang, "n": len(items), "shots": len(exemplars),
               "format": "cot" if cot else "direct", "chat_template": chat_template,
-              "max_new_tokens": max_new_tokens, "exemplars": [e.id for e in exemplars],
+              "max_new_tokens": task.max_new_tokens, "exemplars": [e.id for e in exemplars],
               "exemplar_source": exemplar_description(exemplars),
               "models": {n: (str(s) if isinstance(s, (str, Path)) else "in-memory")
                          for n, s in models.items()}}

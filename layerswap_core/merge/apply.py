@@ -6,7 +6,7 @@ order: the executor writes each block to its shard as it comes (``ShardedWriter.
 the live model copies it into its parameter. A blended embedding matrix (e.g. 128k x 4096) never
 needs a float32 copy of itself, so the memory of a merge does not grow with the vocabulary or
 the hidden size. Row blocks give the same bits as the whole tensor: every method is element-wise
-once its whole-tensor statistics are known (TIES's trim thresholds: ``methods.WHOLE_TENSOR``,
+once its whole-tensor statistics are known (TIES's trim thresholds: ``Method.whole_tensor``,
 computed once per tensor before the blocks).
 
 ``magnitude_weights`` computes the magnitude-adjusted blend weights (streamed in the same row
@@ -22,8 +22,7 @@ import torch
 
 from . import methods
 from ..progress import Progress, say as _say
-from .errors import MergeError
-from .partition import ConfigError
+from .errors import ConfigError, MergeError
 from .registry import Source
 
 # Row blocks hold at most this many float32 bytes of the output (the inputs and the method's
@@ -50,7 +49,7 @@ def row_blocks(shape: Sequence[int], method: str = "linear",
     ``block_bytes`` (default BLOCK_BYTES) in float32, 0-/1-d tensors and methods that are not
     row-wise; else consecutive blocks of rows of at most that many float32 bytes each."""
     block_bytes = block_bytes or BLOCK_BYTES
-    if len(shape) < 2 or method not in methods.ROW_WISE:
+    if len(shape) < 2 or not methods.get_method(method).row_wise:
         return [None]
     rows, per_row = int(shape[0]), 4 * math.prod(shape[1:])
     if per_row * rows <= block_bytes:
@@ -74,7 +73,7 @@ def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtyp
     def inputs(rows):
         return [fetch(m, rows).to(device) for m in src.models]
 
-    whole = methods.WHOLE_TENSOR.get(src.method)
+    whole = methods.get_method(src.method).whole_tensor
     if whole is not None and len(blocks) > 1:
         kwargs.update(whole(lambda: (inputs(rows) for rows in blocks), math.prod(shape),
                             len(src.models) - 1, **kwargs))

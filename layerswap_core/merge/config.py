@@ -22,7 +22,8 @@ from typing import Annotated, Any, Optional
 
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError, create_model
 
-from .partition import MODELS, REFERENCE_LAYERS, ConfigError, Partition, scale_layers, value_text
+from .errors import ConfigError
+from .partition import MODELS, REFERENCE_LAYERS, Partition, scale_layers, value_text
 from .registry import MERGE_METHODS, Knob, get_method, seal_knobs
 
 DTYPES = ("bfloat16", "float16", "float32")

@@ -26,9 +26,10 @@ from ..progress import Progress, say as _say
 from . import apply
 from .apply import check_finite, magnitude_weights, one_thread, source_rows
 from .config import MergeConfig
-from .errors import MergeError
-from .partition import ConfigError, Partition
+from .errors import ConfigError, MergeError
+from .partition import Partition
 from .plan import MergePlan, build_plan
+from .registry import concrete
 
 
 # --------------------------------------------------------------------------- inputs
@@ -96,9 +97,7 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     _say(progress, 0.0, "checking the models")
     inputs = open_inputs(config.task, config.lang, config.base,
                          tokenizer_source=config.tokenizer_source)
-    if config.method == "layer_swap" and config.partition is None:  # record concrete layer counts
-        b, u, _, _ = config.layer_counts(inputs.arch.num_layers)
-        config = replace(config, bottom=b, top=u)
+    config = concrete(config, inputs.arch.num_layers)  # e.g. the layer counts actually used
     plan = build_plan(config, inputs.names, inputs.arch)
     check_output_dir(out, overwrite=overwrite, force=force, inputs=inputs.paths.values())
     readers = inputs.readers

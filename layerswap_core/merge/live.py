@@ -8,7 +8,7 @@ expert as three models and copying one for the merge holds about eight checkpoin
   file's pages. Those pages are page cache, shared by every session and process, and the OS can
   evict them under pressure; ``release()`` advises them away when a step is done.
 * One torch model (the task expert's architecture and tokenizer) is the only private copy. To
-  show a role or a merge, the recomposer rewrites only the parameters whose source changed since
+  show a role or a merge, ``apply_plan`` rewrites only the parameters whose source changed since
   the last plan: "base", "task" and "lang" are plans that copy every tensor from that model, a
   merge is the plan of its ``MergeConfig``. Switching roles costs about one read of the changed
   tensors.
@@ -35,9 +35,8 @@ from ..progress import say as _say
 from . import apply
 from .apply import magnitude_weights, source_rows
 from .config import MergeConfig
-from .errors import MergeError
+from .errors import ConfigError, MergeError
 from .executor import Inputs, open_inputs
-from .partition import ConfigError
 from .plan import MergePlan, build_plan
 from .registry import Source
 

@@ -27,20 +27,17 @@ import torch
 from ..checkpoints.adapters import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX, AdapterError,
                                     LoraAdapter, LoraModule, load_adapter, write_dense)
 from ..progress import Progress, say
-from .registry import linear_methods
+from .methods import get_method as get_tensor_method
+from .registry import concrete, linear_methods
 
 # --------------------------------------------------------------------------- combining
 def _coefficients(source, config) -> dict[str, float]:
-    """{model: coefficient of its delta} for one plan source."""
-    if source.method == "copy":
-        return {} if source.model == "base" else {source.model: 1.0}
-    if source.method == "linear":
-        if source.weights is None:
-            raise AdapterError("magnitude-adjusted weights are not supported for LoRA experts")
-        total = sum(source.weights)
-        return {m: w / total for m, w in zip(source.models, source.weights)}
-    if source.method == "task_arithmetic":
-        return {m: w for m, w in zip(source.models[1:], source.weights)}
+    """{model: coefficient of its delta} for one plan source (``methods.Method.coefficients``)."""
+    coefficients = get_tensor_method(source.method).coefficients
+    if source.method != "copy" and source.weights is None:
+        raise AdapterError("magnitude-adjusted weights are not supported for LoRA experts")
+    if coefficients is not None:
+        return coefficients(source)
     raise AdapterError(f"merge method {config.method} is not linear in the deltas; LoRA experts "
                        f"support {', '.join(linear_methods())}")
 
@@ -118,9 +115,7 @@ def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=
     arch = get_architecture(reader.config())
     config = replace(config, task=str(task), lang=str(lang), base=str(base))
     config.validate(arch.num_layers)
-    if config.method == "layer_swap" and config.partition is None:
-        b, u, _, _ = config.layer_counts(arch.num_layers)
-        config = replace(config, bottom=b, top=u)
+    config = concrete(config, arch.num_layers)
     merged = combine_adapters(config, adapters, arch)
     with atomic_output_dir(out, overwrite=overwrite, force=force,
                            inputs=[base_path, adapters["task"].path, adapters["lang"].path]) as tmp:

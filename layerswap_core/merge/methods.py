@@ -1,33 +1,59 @@
-"""Per-tensor merge methods: small pure functions, registered by name with their paper.
+"""Per-tensor merge methods: small pure functions, each registered ONCE with what it knows.
 
 Every method takes the input tensors in the order of ``Source.models`` (see ``plan.py``), the
 per-model weights and keyword arguments, computes in float32 and returns a float32 tensor; the
 executor casts to the output dtype. Methods never open files. ``copy`` is never called for
 arithmetic: the executor writes single-source tensors as they are (bit-identical).
+
+A ``Method`` owns everything the other modules need to know about it: its label in a plan
+(``label(source)``), whether it is row-wise (computed in row blocks, ``apply.row_blocks``), its
+whole-tensor statistics (``whole_tensor``, e.g. TIES's trim thresholds) and, when it is linear in
+the deltas, each model's coefficient (``coefficients(source)``, read by the LoRA path). A new
+method is one ``@register(...)`` here; nothing lists methods by name elsewhere.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 
 @dataclass(frozen=True)
 class Method:
+    """One per-tensor method. ``label(source)``: its text in a plan (the figures' hover, the model
+    card); ``row_wise``: its result at each position depends on the inputs at that position only
+    (given ``whole_tensor``'s statistics), so it is computed in row blocks of bounded size;
+    ``whole_tensor(blocks, numel, experts, **kwargs)``: the whole tensor's statistics, as extra
+    keyword arguments that make the result on a row block equal those rows of the result on the
+    whole tensor; ``coefficients(source)``: {model: coefficient of its delta from the base} when
+    the method is linear in the deltas (None: not linear, no LoRA merge); ``shares(source)``:
+    {model: its share of the tensor} where the tensor is a weighted mix of the models (a copy, a
+    blend; {}: the method moves the base instead, e.g. task arithmetic), read by the figures;
+    ``cell``: its short category in a plan's cells (default: its name; "blend" for linear)."""
     name: str
     fn: Callable[..., torch.Tensor]
     paper: str
     description: str
+    label: Callable[[Any], str]
+    row_wise: bool = False
+    whole_tensor: Callable[..., dict] | None = None
+    coefficients: Callable[[Any], dict] | None = None
+    shares: Callable[[Any], dict] = lambda source: {}
+    cell: str = ""   # its short category in a plan's cells (default: its name)
 
 
 METHODS: dict[str, Method] = {}
 
 
-def register(name: str, paper: str, description: str):
+def register(name: str, paper: str, description: str, *, label: Callable[[Any], str],
+             row_wise: bool = False, whole_tensor: Callable[..., dict] | None = None,
+             coefficients: Callable[[Any], dict] | None = None,
+             shares: Callable[[Any], dict] = lambda source: {}, cell: str = ""):
     def wrap(fn):
-        METHODS[name] = Method(name, fn, paper, description)
+        METHODS[name] = Method(name, fn, paper, description, label, row_wise, whole_tensor,
+                               coefficients, shares, cell or name)
         return fn
     return wrap
 
@@ -38,14 +64,41 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
-@register("copy", "", "the tensor of one model, unchanged")
+def _copy_coefficients(source) -> dict:
+    return {} if source.models[0] == "base" else {source.models[0]: 1.0}
+
+
+@register("copy", "", "the tensor of one model, unchanged",
+          label=lambda source: source.models[0], row_wise=True, coefficients=_copy_coefficients,
+          shares=lambda source: {source.models[0]: 1.0})
 def copy(tensors: Sequence[torch.Tensor], weights=None) -> torch.Tensor:
     (t,) = tensors
     return t
 
 
+def _linear_label(source) -> str:
+    if source.weights is None:
+        return "blend (magnitude weights)"
+    total = sum(source.weights)
+    return "blend " + "/".join(f"{w / total:.2f}" for w in source.weights)
+
+
+def _linear_coefficients(source) -> dict:
+    total = sum(source.weights)
+    return {m: w / total for m, w in zip(source.models, source.weights)}
+
+
+def _linear_shares(source) -> dict:
+    """The normalised weights; equal shares while magnitude weights are not resolved."""
+    if source.weights is None:
+        return {m: 1.0 / len(source.models) for m in source.models}
+    return _linear_coefficients(source)
+
+
 @register("linear", "https://arxiv.org/abs/2203.05482",
-          "weighted average sum(w_i * t_i) / sum(w_i) (model soup; layer-swap transition blend)")
+          "weighted average sum(w_i * t_i) / sum(w_i) (model soup; layer-swap transition blend)",
+          label=_linear_label, row_wise=True, coefficients=_linear_coefficients,
+          shares=_linear_shares, cell="blend")
 def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     total = float(sum(weights))
     if total <= 0:
@@ -57,7 +110,11 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
 
 
 @register("task_arithmetic", "https://arxiv.org/abs/2212.04089",
-          "base + sum(lambda_i * (t_i - base))")
+          "base + sum(lambda_i * (t_i - base))",
+          row_wise=True,
+          label=lambda source: "task arithmetic " + "/".join(f"{w:g}"
+                                                               for w in source.weights or ()),
+          coefficients=lambda source: dict(zip(source.models[1:], source.weights)))
 def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     base, experts = tensors[0].float(), tensors[1:]
     out = base.clone()
@@ -103,10 +160,6 @@ def check_ties_args(density: float, lam: float):
         raise ValueError(f"TIES lambda must be a finite number, got {lam!r}")
 
 
-@register("ties", "https://arxiv.org/abs/2306.01708",
-          "TIES: trim each delta to its top-density magnitudes (per tensor), elect the sign of "
-          "the summed deltas (a zero sum counts as positive, as in mergekit), average the deltas "
-          "that agree with it (disjoint mean), base + lam * mean")
 def ties(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None, *,
          density: float = 0.2, lam: float = 1.0,
          thresholds: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
@@ -156,13 +209,12 @@ def ties_thresholds(blocks: Callable[[], Iterable[Sequence[torch.Tensor]]], nume
     return {"thresholds": thresholds}
 
 
-# Methods whose result at each position depends on the inputs at that position only (given the
-# whole-tensor statistics of ``WHOLE_TENSOR``): they are computed in row blocks of bounded size.
-ROW_WISE = ("copy", "linear", "task_arithmetic", "ties")
-# method -> function(blocks, numel, **kwargs) of the whole tensor's statistics, as extra keyword
-# arguments that make the method's result on a row block equal those rows of its result on the
-# whole tensor (``ties_thresholds``).
-WHOLE_TENSOR: dict[str, Callable[..., dict]] = {"ties": ties_thresholds}
+register("ties", "https://arxiv.org/abs/2306.01708",
+         "TIES: trim each delta to its top-density magnitudes (per tensor), elect the sign of "
+         "the summed deltas (a zero sum counts as positive, as in mergekit), average the deltas "
+         "that agree with it (disjoint mean), base + lam * mean",
+         label=lambda source: f"ties d={dict(source.args).get('density', 0.2)}",
+         row_wise=True, whole_tensor=ties_thresholds)(ties)
 
 
 def apply(method: str, tensors: Sequence[torch.Tensor], weights, kwargs: dict | None = None) -> torch.Tensor:

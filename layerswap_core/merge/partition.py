@@ -2,9 +2,9 @@
 and the published presets. Pure data: parameter names and the architecture table only.
 
 A ``Partition`` (presets A/B/C of the modular fine-tuning paper, or custom rules) sends the
-parameters its rules match to a model (the language expert by default); ``ConfigError`` (a
-configuration that cannot be applied, the message naming the field) is raised by every check of
-the merge configuration, here and in ``config.py``.
+parameters its rules match to a model (the language expert by default); ``ConfigError``
+(``errors.py``: a configuration that cannot be applied, the message naming the field) is raised
+by every check of the merge configuration, here and in ``config.py``.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ..checkpoints.architectures import KIND_GROUPS, LAYER_KIND_ORDER, Architecture
+from .errors import ConfigError  # noqa: F401  (also re-exported for older imports)
 
 MODELS = ("task", "lang", "base")
 # The published defaults are for 32-layer models; other depths scale them (the tool's rule).
@@ -25,10 +26,6 @@ MAX_SPEC_CHARS = 1000
 MAX_SPEC_ITEMS = 256
 MAX_RULES = 256
 NON_LAYER_WORDS = ("non-layer", "non_layer")
-
-
-class ConfigError(ValueError):
-    """A merge configuration that cannot be applied; the message names the offending field."""
 
 
 def scale_layers(n: int, num_layers: int, minimum: int = 1) -> int:
@@ -182,11 +179,6 @@ PRESET_RULES = {
     "A": [{"kinds": "attention"}, {"layers": "first {first}, last {last}", "kinds": "mlp"}],
     "B": [{"layers": "first {first}, last {last}"}],
     "C": [{"layers": "first {first}, last {last}"}],
-}
-PRESET_DESCRIPTIONS = {
-    "A": "all attention + MLP of the first 6 and last 2 layers -> language expert",
-    "B": "first 8 and last 4 layers -> language expert",
-    "C": "first 6 and last 2 layers -> language expert",
 }
 
 

@@ -5,7 +5,7 @@ A ``MergeConfig`` describes a merge (method, layer counts, weights, partition, d
 ``MergePlan``: for every parameter name, a ``Source`` saying which model(s) it comes from and
 which per-tensor method (``methods.py``) combines them; each merge method of the registry
 (``registry.py``) says how it builds them. The UI and CLI show the plan before
-anything runs; the streaming executor and the in-memory recomposer both follow it.
+anything runs; the streaming executor and the live model both follow it (``apply.py``).
 
 Layer swapping (Algorithm 1 of the layer-swapping paper), with L layers (0-indexed), b bottom,
 u top, t_b / t_u transition:
@@ -44,9 +44,13 @@ from .registry import Source, get_method
 
 @dataclass
 class LayerRow:
+    """One layer of a plan: its label (one source's label, or "mixed"), each module kind's label
+    and each kind's ``Source``s (distinct, in order): the figures read the sources' own weights
+    (``Source.shares``), never the labels."""
     layer: int
     label: str                          # one label, or "mixed"
     kinds: dict[str, str] = field(default_factory=dict)  # kind -> label
+    sources: dict[str, tuple[Source, ...]] = field(default_factory=dict)  # kind -> its sources
 
     def text(self) -> str:
         if self.label != "mixed":
@@ -94,12 +98,13 @@ class MergePlan:
             out[s.cell] = out.get(s.cell, 0) + 1
         return out
 
-    def _by_layer(self) -> dict[int, dict[str, set[str]]]:
-        layers: dict[int, dict[str, set[str]]] = {l: {} for l in range(self.num_layers)}
+    def _by_layer(self) -> dict[int, dict[str, dict[Source, None]]]:
+        """layer -> kind -> its distinct sources (an ordered set)."""
+        layers: dict[int, dict[str, dict[Source, None]]] = {l: {} for l in range(self.num_layers)}
         for name, src in self.sources.items():
             info = self.arch.classify(name)
             if info.layer is not None and info.layer in layers:
-                layers[info.layer].setdefault(info.kind, set()).add(src.label)
+                layers[info.layer].setdefault(info.kind, {})[src] = None
         return layers
 
     def layer_rows(self) -> list[LayerRow]:
@@ -107,9 +112,13 @@ class MergePlan:
         for l, kinds in self._by_layer().items():
             order = sorted(kinds, key=lambda k: LAYER_KIND_ORDER.index(k)
                            if k in LAYER_KIND_ORDER else len(LAYER_KIND_ORDER))
-            kind_labels = {k: (next(iter(kinds[k])) if len(kinds[k]) == 1 else "mixed") for k in order}
+            kind_labels = {}
+            for k in order:
+                labels = {s.label for s in kinds[k]}
+                kind_labels[k] = labels.pop() if len(labels) == 1 else "mixed"
             labels = set(kind_labels.values())
-            rows.append(LayerRow(l, labels.pop() if len(labels) == 1 else "mixed", kind_labels))
+            rows.append(LayerRow(l, labels.pop() if len(labels) == 1 else "mixed", kind_labels,
+                                 {k: tuple(kinds[k]) for k in order}))
         return rows
 
     def cells(self) -> dict[tuple[int, str], str]:
@@ -125,7 +134,11 @@ class MergePlan:
 
     def global_sources(self) -> dict[str, str]:
         """Non-layer parameter name -> label."""
-        return {n: s.label for n, s in self.sources.items() if self.arch.classify(n).layer is None}
+        return {n: s.label for n, s in self.non_layer_sources().items()}
+
+    def non_layer_sources(self) -> dict[str, Source]:
+        """Non-layer parameter name -> its ``Source`` (the layer diagram's non-layer bar)."""
+        return {n: s for n, s in self.sources.items() if self.arch.classify(n).layer is None}
 
     @property
     def tied_head(self) -> bool:

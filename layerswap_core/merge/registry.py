@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from .partition import ConfigError, check_partition_spec, value_text
+from . import methods
+from .errors import ConfigError
+from .partition import check_partition_spec, value_text
 
 # Bounds of the numeric knobs (larger magnitudes are refused, never silently merged):
 # w_task/w_lang only set the ratio of a blend, so 0..1e4 allows any sensible ratio while
@@ -59,21 +61,18 @@ class Source:
         """Short category: task / lang / base / blend / task_arithmetic / ties."""
         if self.method == "copy":
             return self.models[0]
-        return "blend" if self.method == "linear" else self.method
+        return methods.get_method(self.method).cell
 
     @property
     def label(self) -> str:
-        if self.method == "copy":
-            return self.models[0]
-        if self.method == "linear":
-            if self.weights is None:
-                return "blend (magnitude weights)"
-            total = sum(self.weights)
-            return "blend " + "/".join(f"{w / total:.2f}" for w in self.weights)
-        if self.method == "task_arithmetic":
-            return "task arithmetic " + "/".join(f"{w:g}" for w in self.weights or ())
-        args = dict(self.args)
-        return f"ties d={args.get('density', '?')}"
+        """The per-tensor method's own text for this source (``methods.Method.label``)."""
+        return methods.get_method(self.method).label(self)
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """{model: its share of this tensor} (``methods.Method.shares``; {} for methods that move
+        the base rather than mix the models)."""
+        return methods.get_method(self.method).shares(self)
 
     def kwargs(self) -> dict:
         return dict(self.args)
@@ -159,7 +158,8 @@ class MergeMethod:
     magnitude-adjusted weights are not known yet); ``describe(config, num_layers)`` one line.
     ``blends(config)``: whether some tensors are that blend; ``magnitude``: the blend weights are
     always the magnitude-adjusted ones; ``check(config, num_layers)`` the checks that need the
-    model's depth (raises ConfigError)."""
+    model's depth (raises ConfigError); ``concrete(config, num_layers)`` the config as merged at
+    that depth, recorded with the output (e.g. the layer counts a depth-scaled default gives)."""
     id: str
     label: str
     knobs: tuple[str, ...]
@@ -170,6 +170,7 @@ class MergeMethod:
     blends: Callable[[Any], bool] = lambda config: False
     magnitude: bool = False
     check: Callable[[Any, int], None] | None = None
+    concrete: Callable[[Any, int], Any] | None = None
 
 
 MERGE_METHODS: dict[str, MergeMethod] = {}
@@ -199,6 +200,12 @@ def get_method(method_id: str) -> MergeMethod:
         raise ConfigError(f"method: unknown {method_id!r}; choose one of "
                           f"{', '.join(MERGE_METHODS)}")
     return MERGE_METHODS[method_id]
+
+
+def concrete(config, num_layers: int):
+    """``config`` as its method merges it at ``num_layers`` layers (``MergeMethod.concrete``)."""
+    fix = get_method(config.method).concrete
+    return config if fix is None else fix(config, num_layers)
 
 
 def linear_methods() -> tuple[str, ...]:
@@ -317,6 +324,14 @@ def _swap_check(config, num_layers: int):
             f"{b + tb + tu + u} exceeds the model's {num_layers} layers")
 
 
+def _swap_concrete(config, num_layers: int):
+    """The bottom/top counts actually used (the defaults scale with the depth)."""
+    if config.partition is not None:
+        return config
+    b, u, _, _ = config.layer_counts(num_layers)
+    return replace(config, bottom=b, top=u)
+
+
 def _swap_describe(config, num_layers: int | None) -> str:
     if config.partition is not None:
         if num_layers is not None:
@@ -336,7 +351,8 @@ register_method(MergeMethod(
     "layer_swap", "layer swap",
     ("bottom", "top", "transition_bottom", "transition_top", "w_task", "w_lang",
      "magnitude_weights", "non_layer", "partition", "scale_partition"),
-    _swap_sources, _swap_describe, linear=True, blends=_swap_blends, check=_swap_check))
+    _swap_sources, _swap_describe, linear=True, blends=_swap_blends, check=_swap_check,
+    concrete=_swap_concrete))
 
 # --------------------------------------------------------------------------- soups
 register_method(MergeMethod(

@@ -240,12 +240,6 @@ def swahili_clean_examples(split: str = "train", seed: int = SEED) -> list[dict]
     return rows
 
 
-def worked_solutions(lang: str, split: str = "eval") -> list[dict]:
-    """Original problems of a split as (question -> worked solution) chats, in ``lang``."""
-    return [chat_row(q, a, f"gsm-symbolic {lang} {i:04d}") for i in SPLITS[split]
-            for q, a in problems(lang, i)]
-
-
 RECIPES = {"math": math_examples, "swahili": swahili_examples,   # the first demo experts' data
            "math-variants": math_variant_examples, "swahili-clean": swahili_clean_examples}
 

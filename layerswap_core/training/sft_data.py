@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
+from ..evaluation.prompts import has_chat_template, render_chat
+from ..evaluation.tasks import IGNORE, token_nll
 from .config import TrainDataError, TrainError
 
-IGNORE = -100   # label of the tokens the loss skips (prompt, padding): PyTorch's ignore_index
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -64,15 +65,6 @@ def _normalise(obj, where: str) -> dict:
                          f"{sorted(obj)}")
 
 
-def _render(tok, messages: list[dict], generation_prompt: bool) -> str:
-    if getattr(tok, "chat_template", None):
-        return tok.apply_chat_template(messages, tokenize=False,
-                                       add_generation_prompt=generation_prompt)
-    # no chat template: plain "role: content" lines
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-    return text + ("assistant: " if generation_prompt else "")
-
-
 def encode_example(tok, example: dict, max_length: int) -> tuple[list[int], list[int]]:
     """(input_ids, labels): labels are IGNORE except on assistant turns.
 
@@ -92,9 +84,9 @@ def encode_example(tok, example: dict, max_length: int) -> tuple[list[int], list
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
-        prefix = _render(tok, msgs[:i], True)
-        upto = _render(tok, msgs[:i + 1], False)
-        if not getattr(tok, "chat_template", None):
+        prefix = render_chat(tok, msgs[:i], generation_prompt=True)
+        upto = render_chat(tok, msgs[:i + 1], generation_prompt=False)
+        if not has_chat_template(tok):
             upto += tok.eos_token or ""
         if not prefix.startswith(done) or not upto.startswith(prefix):
             raise TrainError("the chat template does not render conversations incrementally; "
@@ -183,10 +175,7 @@ def batch_nll(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    logits_to_keep=keep).logits.float()
     target = target[:, keep]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             target.reshape(-1), ignore_index=IGNORE,
-                                             reduction="sum")
-    return loss, int((target != IGNORE).sum())
+    return token_nll(logits, target), int((target != IGNORE).sum())
 
 
 @torch.no_grad()

@@ -8,7 +8,6 @@ bottom (as in the layer-swapping paper) and module kinds on the x axis in
 from __future__ import annotations
 
 import math
-import re
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -16,6 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..checkpoints.architectures import ATTENTION_KINDS, LAYER_KIND_ORDER, MLP_KINDS, NORM_KINDS
+from ..merge.registry import Source
 
 # One colour per source, used by every figure (language expert warm, task expert cool).
 COLORS = {"lang": "#E4572E", "task": "#2E86AB", "base": "#A0A0A0", "blend": "#9B5DE5",
@@ -295,10 +295,10 @@ def plan_heatmap(cells: Mapping[tuple[int, str], str], num_layers: int | None = 
 def _row_dict(row, kind_params: Mapping[str, int] | None = None) -> dict:
     """A layer row as {"layer", "source", "w_task", "w_lang", "label"}.
 
-    Accepts plain dicts in that form or ``plan.LayerRow`` objects (label "lang", "task", "base",
-    "blend 0.60/0.40" (task/lang), "blend (magnitude weights)", "mixed", or a method label).
-    kind_params: parameters of each module kind in this layer, so that a mixed layer's shares
-    are shares of its parameters (without it, each kind counts once).
+    Accepts plain dicts in that form or ``plan.LayerRow`` objects, whose weights are read from
+    their ``Source``s (``Source.shares``: a blend's own weights, 1 for a copy, none for methods
+    that move the base). kind_params: parameters of each module kind in this layer, so that a
+    mixed layer's shares are shares of its parameters (without it, each kind counts once).
     """
     if isinstance(row, Mapping):
         d = dict(row)
@@ -307,63 +307,57 @@ def _row_dict(row, kind_params: Mapping[str, int] | None = None) -> dict:
         w_lang = d.get("w_lang", 1.0 if src == "lang" else 0.0)
         return {"layer": int(d["layer"]), "source": src, "w_task": float(w_task),
                 "w_lang": float(w_lang), "label": str(d.get("label", src))}
-    text = row.text() if hasattr(row, "text") else str(row.label)
-    kinds = getattr(row, "kinds", {})
+    kinds = dict(row.sources)
     sizes = [float((kind_params or {}).get(k, 1)) for k in kinds]
-    return _label_row(int(row.layer), str(row.label), list(kinds.values()), text, sizes)
+    return _sources_row(int(row.layer), str(row.label), list(kinds.values()), row.text(), sizes)
 
 
-def _label_row(layer: int, label: str, kind_labels: Sequence[str], text: str,
-               sizes: Sequence[float] | None = None) -> dict:
-    """The row dict of a source label (see ``_row_dict``); "mixed": the share of the layer's
-    parameters (``sizes``: one per kind label; default 1 each) that goes to each expert."""
-    if label in ("task", "lang"):
-        return {"layer": layer, "source": label, "w_task": float(label == "task"),
-                "w_lang": float(label == "lang"), "label": text}
-    m = re.fullmatch(r"blend ([\d.]+)/([\d.]+)", label)
-    if m:
-        return {"layer": layer, "source": "blend", "w_task": float(m.group(1)),
-                "w_lang": float(m.group(2)), "label": text}
-    if label.startswith("blend"):
-        return {"layer": layer, "source": "blend", "w_task": 0.5, "w_lang": 0.5, "label": text}
-    if label == "mixed":  # share of the layer's parameters that goes to each expert
-        kinds = list(kind_labels) or ["task"]
-        sizes = list(sizes) if sizes and len(sizes) == len(kinds) else [1.0] * len(kinds)
-        total = sum(sizes) or 1.0
-        t = sum(s * (1.0 if k == "task" else 0.5 if k.startswith("blend") else 0.0)
-                for k, s in zip(kinds, sizes))
-        g = sum(s * (1.0 if k == "lang" else 0.5 if k.startswith("blend") else 0.0)
-                for k, s in zip(kinds, sizes))
-        return {"layer": layer, "source": "mixed", "w_task": t / total, "w_lang": g / total,
-                "label": text}
-    return {"layer": layer, "source": _source_key(label), "w_task": 0.0, "w_lang": 0.0,
+def _sources_row(layer: int, label: str, kind_sources: Sequence[Sequence], text: str,
+                 sizes: Sequence[float] | None = None) -> dict:
+    """The row dict of a layer (or the non-layer parameters) whose module kinds come from
+    ``kind_sources`` (one tuple of ``Source``s per kind; ``sizes``: one weight per kind, default
+    1 each): each expert's share is the size-weighted mean of the kinds' shares, a kind's share
+    the mean of its sources' ``shares``."""
+    kinds = [tuple(k) for k in kind_sources if k] or [()]
+    sizes = list(sizes) if sizes and len(sizes) == len(kinds) else [1.0] * len(kinds)
+    total = sum(sizes) or 1.0
+
+    def share(model: str) -> float:
+        return sum(size * sum(src.shares.get(model, 0.0) for src in srcs) / max(1, len(srcs))
+                   for srcs, size in zip(kinds, sizes)) / total
+
+    every = {src for srcs in kinds for src in srcs}
+    key = "mixed" if label == "mixed" or len(every) != 1 else _source_key(next(iter(every)).cell)
+    return {"layer": layer, "source": key, "w_task": share("task"), "w_lang": share("lang"),
             "label": text}
 
 
 NON_LAYER_Y = -1  # the non-layer parameters' bar sits below layer 0
 
 
-def _non_layer_row(non_layer: Mapping[str, str]) -> dict:
-    """One row for the parameters outside the layers: name -> source label
-    (``MergePlan.global_sources()``)."""
+def _non_layer_row(non_layer: Mapping) -> dict:
+    """One row for the parameters outside the layers: name -> ``Source``
+    (``MergePlan.non_layer_sources()``; a bare model name "task"/"lang"/"base" is a copy)."""
+    sources = {n: Source.copy(s) if isinstance(s, str) else s for n, s in non_layer.items()}
     by_label: dict[str, list[str]] = {}
-    for name, lab in non_layer.items():
-        by_label.setdefault(lab, []).append(name.removesuffix(".weight"))
+    for name, src in sources.items():
+        by_label.setdefault(src.label, []).append(name.removesuffix(".weight"))
     text = "; ".join(f"{lab}: {', '.join(names)}" for lab, names in by_label.items())
     label = next(iter(by_label)) if len(by_label) == 1 else "mixed"
-    return {**_label_row(NON_LAYER_Y, label, list(non_layer.values()), text), "short": label}
+    row = _sources_row(NON_LAYER_Y, label, [(src,) for src in sources.values()], text)
+    return {**row, "short": label}
 
 
 def layer_stack_figure(rows: Sequence, title: str | None = None,
                        names: Mapping[str, str] | None = None,
-                       non_layer: Mapping[str, str] | None = None,
+                       non_layer: Mapping | None = None,
                        kind_params: Mapping[int, Mapping[str, int]] | None = None) -> go.Figure:
     """The layer stack as in the published figure: one bar per layer, layer 0 at the bottom,
     coloured by source; blended (transition) layers split by their weights.
 
     rows: ``MergePlan.layer_rows()`` or dicts {"layer", "source", "w_task", "w_lang", "label"}.
     names: display names for "task"/"lang" (e.g. the model names).
-    non_layer: ``MergePlan.global_sources()`` (name -> source label): one more bar, "non-layer",
+    non_layer: ``MergePlan.non_layer_sources()`` (name -> Source): one more bar, "non-layer",
     below layer 0 says where the embeddings, final norm and LM head come from.
     kind_params: layer -> module kind -> parameter count (``layer_kind_params``): a layer whose
     modules come from several sources is split by parameter count, not by module count.

@@ -356,7 +356,7 @@ def plan_view(session: Session, config) -> tuple[Any, str]:
     slider move."""
     from . import figures as plots
     p = merge_plan(session, config)
-    fig = plots.layer_stack_figure(p.layer_rows(), non_layer=p.global_sources(),
+    fig = plots.layer_stack_figure(p.layer_rows(), non_layer=p.non_layer_sources(),
                                    kind_params=layer_kind_params(session))
     return fig, p.summary_text()
 
