@@ -155,11 +155,12 @@ def test_the_pool_never_exceeds_its_bound_and_evicts_the_least_recent(trio, one_
         pass
     with pool.checkout(trios[1]):
         pass
-    before = {id(e) for e in pool.engines}
+    before = list(pool.engines)
     with pool.checkout(trios[2]):     # the least recently used (float32) makes room
         pass
     assert {e.trio.dtype for e in pool.engines} == {"bfloat16", "float16"}
-    assert len(before & {id(e) for e in pool.engines}) == 1
+    assert [e for e in before if e in pool.engines] == [e for e in before
+                                                        if e.trio.dtype == "bfloat16"]
 
 
 def test_queue_and_per_visitor_limits_refuse_with_clear_messages(trio, tiny, one_thread):
