@@ -98,6 +98,7 @@ def victim(url: str) -> dict:
     for _ in range(2):
         c = connect(url)
         call(c, "/pick_models", {})
+        call(c, "/build", {})
         info = c.view_api(return_format="dict", print_info=False)["named_endpoints"]["/evaluate"]
         values = {"Data": "mgsm", "Language": "sw", "Questions": 20, "Shots": 8,
                   "Max new tokens": 256}
