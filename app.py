@@ -809,6 +809,9 @@ class Page:
         config = {self.session, self.method, *sliders, self.w_task, self.w_lang, self.magnitude,
                   self.partition, self.rules, *(getattr(self, f) for f in MORE_CONFIG)}
         heavy = dict(concurrency_id="heavy", concurrency_limit=LIMITS.jobs)
+        # short jobs on the shared engines (a build, a time-limited chat) wait at most one chunk
+        # of an evaluation there (engines.dispatch), never behind the heavy slots
+        light = dict(concurrency_id="light", concurrency_limit=LIMITS.plan_jobs)
         models = {self.base, self.task, self.lang, self.session}
         self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
                             api_name="pick_models", concurrency_limit=LIMITS.jobs)
@@ -850,7 +853,7 @@ class Page:
         self.apply_btn.click(self.apply_suggestion, {self.session},
                              self.outputs("apply_suggestion"), api_name="apply_suggestion")
 
-        self.build_btn.click(self.build, config, self.outputs("build"), api_name="build", **heavy)
+        self.build_btn.click(self.build, config, self.outputs("build"), api_name="build", **light)
         saved = self.save_btn.click(self.save, config | {self.folder, self.overwrite},
                                     self.outputs("save"), api_name="save", **heavy)
         if self.access.served:
@@ -889,9 +892,9 @@ class Page:
 
         chat_inputs = {self.session, self.message, self.chat_merged, self.chat_other,
                        self.other_role, self.chat_tokens, self.chat_temperature, self.chat_penalty}
-        self.send.click(self.chat, chat_inputs, self.outputs("chat"), api_name="chat", **heavy)
+        self.send.click(self.chat, chat_inputs, self.outputs("chat"), api_name="chat", **light)
         self.message.submit(self.chat, chat_inputs, self.outputs("chat"),
-                            api_visibility="private", **heavy)
+                            api_visibility="private", **light)
         self.clear.click(lambda: ([], [], ""), None, [self.chat_merged, self.chat_other,
                                                       self.chat_md], api_visibility="private")
         self.other_role.change(lambda r: gr.update(label=r, value=[]), self.other_role,
@@ -960,7 +963,7 @@ def main(argv: list[str] | None = None):
         ensure_asset_packages(install=True)
     demo = build_demo({role: getattr(args, role) for role in wb.ROLES},
                       served=served_mode(args.host, args.share))
-    demo.queue(default_concurrency_limit=1).launch(
+    demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS.queue).launch(
         server_name=args.host, server_port=args.port, share=args.share, css=CSS)
 
 

@@ -155,11 +155,26 @@ def test_the_pool_never_exceeds_its_bound_and_evicts_the_least_recent(trio, one_
         pass
     with pool.checkout(trios[1]):
         pass
-    before = {id(e) for e in pool.engines}
+    before = list(pool.engines)
     with pool.checkout(trios[2]):     # the least recently used (float32) makes room
         pass
     assert {e.trio.dtype for e in pool.engines} == {"bfloat16", "float16"}
-    assert len(before & {id(e) for e in pool.engines}) == 1
+    assert [e for e in before if e in pool.engines] == [e for e in before
+                                                        if e.trio.dtype == "bfloat16"]
+
+
+def test_visitors_on_one_trio_share_one_engine(trio, one_thread):
+    """However many jobs on the same models at once, one engine (memory does not grow with
+    visitors); they take turns on it."""
+    pool = EnginePool(4)
+    d = Dispatcher(pool)
+    threads = [threading.Thread(target=d.run, args=(J.Job("show", trio, f"v{i}", role),))
+               for i, role in enumerate(("base", "task", "lang", "base", "task", "lang"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert pool.built == 1 and pool.peak == 1 and len(pool.engines) == 1
 
 
 def test_queue_and_per_visitor_limits_refuse_with_clear_messages(trio, tiny, one_thread):

@@ -218,10 +218,14 @@ def test_every_parsed_text_is_capped(served, built, tiny):
 def test_heavy_endpoints_have_concurrency_limits(served):
     limits = {fn.api_name: fn.concurrency_limit for fn in served.demo.fns.values() if fn.api_name}
     assert limits["plan"] == LIMITS.plan_jobs       # it runs on every keystroke
-    for name in ("pick_models", "analyze", "build", "save", "push", "evaluate", "sweep", "chat"):
+    for name in ("pick_models", "analyze", "save", "push", "evaluate", "sweep"):
         assert limits[name] == LIMITS.jobs, name
     heavy = {fn.api_name for fn in served.demo.fns.values() if fn.concurrency_id == "heavy"}
-    assert {"analyze", "build", "save", "push", "evaluate", "sweep", "chat"} <= heavy
+    assert {"analyze", "save", "push", "evaluate", "sweep"} <= heavy
+    # builds and chats wait at most one chunk on the shared engine, never behind the heavy slots
+    light = {fn.api_name for fn in served.demo.fns.values() if fn.concurrency_id == "light"}
+    assert {"build", "chat"} <= light and not light & heavy
+    assert limits["build"] == limits["chat"] == LIMITS.plan_jobs
 
 
 # --------------------------------------------------------------------------- chat history

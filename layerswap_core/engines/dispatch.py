@@ -65,9 +65,9 @@ class Visitor:
 
 class Dispatcher:
     """Runs jobs (module docstring). ``pool``: the engines of a local placement (default: a new
-    ``EnginePool`` with ``max_waiting``); ``job_seconds``: the time budget of one heavy job
-    (LAYERSWAP_MAX_JOB_SECONDS, default 1800); ``chunk_items``: items per evaluation chunk
-    (LAYERSWAP_CHUNK_ITEMS, default 4)."""
+    ``EnginePool`` with ``max_waiting``: LAYERSWAP_MAX_QUEUE, default 16); ``job_seconds``: the
+    time budget of one heavy job (LAYERSWAP_MAX_JOB_SECONDS, default 1800); ``chunk_items``:
+    items per evaluation chunk (LAYERSWAP_CHUNK_ITEMS, default 4)."""
 
     def __init__(self, pool: EnginePool | None = None, *, placement: str | None = None,
                  max_waiting: int | None = None, per_visitor: int = 1,

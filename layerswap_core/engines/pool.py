@@ -126,6 +126,13 @@ def fitting_engines(per_engine: int, free: int, margin: float = MARGIN) -> int:
     return max(1, min(MAX_DEFAULT, int(free // max(1, per_engine * margin))))
 
 
+def per_trio_from_env() -> int:
+    try:
+        return max(1, int(os.environ.get("LAYERSWAP_ENGINES_PER_TRIO", 1)))
+    except ValueError:
+        return 1
+
+
 def max_engines_from_env() -> int | None:
     value = os.environ.get("LAYERSWAP_MAX_ENGINES", "").strip()
     if not value:
@@ -153,16 +160,21 @@ class EnginePool:
     """At most ``max_engines`` engines (module docstring). ``max_engines`` None: from
     LAYERSWAP_MAX_ENGINES, else what fits (``fitting_engines``) for the first trio asked for.
     ``max_waiting``: jobs allowed to wait at once (more are refused with QueueFull).
+    ``per_trio``: engines over one trio at most (LAYERSWAP_ENGINES_PER_TRIO, default 1: jobs on
+    the same models take turns on one engine, so memory does not grow with visitors).
     ``factory(trio, progress)`` makes an engine (``Engine``; tests may count calls)."""
 
     def __init__(self, max_engines: int | None = None, max_waiting: int = 16,
-                 factory: Callable[[Trio, Progress | None], Engine] = Engine):
+                 factory: Callable[[Trio, Progress | None], Engine] = Engine,
+                 per_trio: int | None = None):
         self.max_engines = max_engines if max_engines is not None else max_engines_from_env()
+        self.per_trio = per_trio if per_trio is not None else per_trio_from_env()
         self.max_waiting = max_waiting
         self.factory = factory
         self.engines: list[Engine] = []
         self.waiting: deque[Ticket] = deque()
         self.building = 0
+        self.building_trios: list[Trio] = []
         self.peak = 0          # the most engines held (or being built) at once
         self.built = 0
         self.evicted = 0
@@ -190,9 +202,13 @@ class EnginePool:
             if t.trio in blocked:
                 continue
             idle = [e for e in self.engines if not e.busy and e.trio == t.trio]
+            same = sum(e.trio == t.trio for e in self.engines) + self.building_trios.count(t.trio)
             if idle:
                 t.engine = max(idle, key=lambda e: e.last_used)
                 t.engine.busy = True
+            elif same >= self.per_trio:
+                blocked.add(t.trio)      # wait for one of this trio's engines
+                continue
             elif len(self.engines) + self.building < (self.max_engines or 1):
                 t.build = True
             else:
@@ -206,6 +222,7 @@ class EnginePool:
                 t.build = True
             if t.build:
                 self.building += 1
+                self.building_trios.append(t.trio)
                 self.peak = max(self.peak, len(self.engines) + self.building)
             self.waiting.remove(t)
         self._cond.notify_all()
@@ -252,11 +269,13 @@ class EnginePool:
             except BaseException:
                 with self._cond:
                     self.building -= 1
+                    self.building_trios.remove(trio)
                     self._grant()
                 raise
             engine.busy = True
             with self._cond:
                 self.building -= 1
+                self.building_trios.remove(trio)
                 self.engines.append(engine)
                 self.built += 1
         try:
