@@ -730,6 +730,7 @@ class Page:
                     self.demo_n = gr.Slider(2, LIMITS.eval_questions, value=10, step=1,
                                             label="Variants per language", elem_id="demo-n")
                     self.demo_btn = gr.Button("Reproduce the demo result", elem_id="demo-btn")
+                    self.demo_cancel = gr.Button("Cancel", variant="stop", elem_id="demo-cancel")
                 self.demo_md = gr.Markdown(elem_id="demo-result")
 
     def sweep_tab(self):
@@ -864,7 +865,8 @@ class Page:
         # Cancel asks the job to stop between two steps; the job then writes its own outcome
         # (Gradio's cancels= would drop that last update and leave "Cancelling..." on screen)
         for button, line in ((self.cancel_btn, self.build_md), (self.eval_cancel, self.eval_md),
-                             (self.sweep_cancel, self.sweep_md)):
+                             (self.sweep_cancel, self.sweep_md),
+                             (self.demo_cancel, self.demo_md)):
             button.click(self.cancel_into(line), {self.session}, [line], api_visibility="private")
 
         self.eval_btn.click(self.evaluate, {self.session, self.source, self.eval_lang,

@@ -182,14 +182,6 @@ def mergekit_config(paths: dict[str, Path], num_layers: int, b: int, u: int) -> 
             f"merge_method: passthrough\nbase_model: {paths['task']}\ndtype: bfloat16\n")
 
 
-def mergekit_config(paths: dict[str, Path], num_layers: int, b: int, u: int) -> str:
-    return (f"slices:\n"
-            f"  - sources: [{{model: {paths['lang']}, layer_range: [0, {b}]}}]\n"
-            f"  - sources: [{{model: {paths['task']}, layer_range: [{b}, {num_layers - u}]}}]\n"
-            f"  - sources: [{{model: {paths['lang']}, layer_range: [{num_layers - u}, {num_layers}]}}]\n"
-            f"merge_method: passthrough\nbase_model: {paths['task']}\ndtype: bfloat16\n")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", type=float, default=1.1e9)

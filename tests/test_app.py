@@ -257,3 +257,35 @@ def test_reproduce_the_demo_result(client):
     assert md.startswith("✔") and "| layer swap (best on validation) |" in md
     assert "McNemar" in md and "2 variants per language" in md
     assert "Sweep on the validation variants (sw)" in md and "Deltas tab suggests" in md
+
+
+def test_reproduce_stops_when_cancelled(tiny):
+    """The Reproduce button's job stops at its next step when its Cancel is pressed (the page's
+    Cancel calls ``wb.cancel``), and the visitor's slot is free again afterwards."""
+    import threading
+    import time
+
+    import app
+    from layerswap_core.progress import Cancelled
+    from layerswap_core.workbench import session as wb
+
+    session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert session is not None, report.problems
+    out = {}
+
+    def run():
+        try:
+            out["result"] = app.run_demo_result(session, 2, None)
+        except Exception as e:  # noqa: BLE001 - the test looks at what came out
+            out["error"] = e
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not wb.dispatcher().running(session.id) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert wb.cancel(session)               # a job was running, and was asked to stop
+    worker.join(120)
+    assert not worker.is_alive() and "result" not in out
+    assert isinstance(out.get("error"), Cancelled)
+    assert not wb.dispatcher().running(session.id)

@@ -186,7 +186,7 @@ def test_saves_go_only_by_name_under_the_visitors_folder(served, built):
             if not k.startswith("outputs")} == before["root"]
     # another visitor can neither pick it (test_served_resources: its owner can)
     out = pick(visitor(served), "", str(mine / "good"), str(mine / "good"))
-    assert out["models_md"] == f"⚠ task expert: {REFUSED}"
+    assert out["models_md"] == f"⚠ task expert: {REFUSED}; language expert: {REFUSED}"
 
 
 def test_push_needs_the_visitors_own_sign_in(built):

@@ -390,7 +390,7 @@ def test_a_visitor_cannot_overwrite_list_or_pick_anothers_save(served, tiny):
     assert saves.own_saves(served.access.for_visitor(ns_b)) == [str(path_b)]   # listed: own
     assert str(path_a) not in json.dumps(saves.own_saves(served.access.for_visitor(ns_b)))
     out = pick(b, "", str(path_a), str(path_a))
-    assert out["models_md"] == f"⚠ task expert: {REFUSED}"
+    assert out["models_md"] == f"⚠ task expert: {REFUSED}; language expert: {REFUSED}"
     with pytest.raises(WorkbenchError, match="not available"):
         vet_reference(str(path_a), served.access.for_visitor(ns_b))
     assert pick(a, "", str(path_a), str(path_a))["models_md"].startswith("✔")   # its owner can

@@ -42,7 +42,11 @@ def scores(records) -> dict:
 
 @pytest.fixture(scope="module")
 def local_run(tiny, tmp_path_factory, one_thread):
-    """The 3x3 grid scored once on the local backend, in snake order."""
+    """The 3x3 grid scored once on the local backend, in snake order, on a fresh engine of this
+    process's pool (the counted writes start from the task expert, as a new engine does)."""
+    from layerswap_core.engines.dispatch import default
+
+    default().pool.clear()
     out = tmp_path_factory.mktemp("local")
     return run_sweep(request(tiny, out, order="snake")), out
 

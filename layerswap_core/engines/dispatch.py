@@ -199,22 +199,10 @@ class Dispatcher:
             guard = self._guard(v, self._admit(job), progress)
             if self.placement == "zerogpu":
                 guard(0.0, "waiting for the GPU")
-                source = zero_stream(job)
-                try:
-                    for item in source:
-                        guard(0.5, "streaming")
-                        yield item
-                finally:
-                    source.close()
+                yield from _relay(zero_stream(job), guard)
                 return
             with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set) as engine:
-                source = J.stream_job(engine, job, guard)
-                try:
-                    for item in source:
-                        guard(0.5, "streaming")
-                        yield item
-                finally:
-                    source.close()
+                yield from _relay(J.stream_job(engine, job, guard), guard)
 
     def describe(self) -> str:
         where = {"local": "in this process", "zerogpu": "on ZeroGPU"}[self.placement]
@@ -225,6 +213,17 @@ class Dispatcher:
 # The worker's engines: a forked worker starts with a copy of this pool (the engines `preload`
 # made in the main process at start-up) and keeps it while ZeroGPU reuses the worker.
 _ZERO_POOL = EnginePool(max_waiting=64)
+
+
+def _relay(source: Iterator, guard: Progress) -> Iterator:
+    """The items of a streaming job, each passing ``guard`` (Cancel, the time budget); the
+    source is closed however the caller stops."""
+    try:
+        for item in source:
+            guard(0.5, "streaming")
+            yield item
+    finally:
+        source.close()
 
 
 def preload(trio: Trio) -> None:
