@@ -177,6 +177,35 @@ def test_visitors_on_one_trio_share_one_engine(trio, one_thread):
     assert pool.built == 1 and pool.peak == 1 and len(pool.engines) == 1
 
 
+def test_a_short_job_waits_ahead_of_long_chunks(trio, one_thread):
+    """While one job holds the engine and two long chunks wait, a Build (short) gets the engine
+    next: it waits for at most the chunk that holds it, not for every chunk queued before it."""
+    pool = EnginePool(1)
+    order, started = [], threading.Event()
+
+    def hold():
+        with pool.checkout(trio, "holder"):
+            started.set()
+            while len(pool.waiting) < 3:      # two long chunks and the build are waiting
+                time.sleep(0.01)
+
+    def wait(name, short):
+        with pool.checkout(trio, name, short=short):
+            order.append(name)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert started.wait(120)
+    waiters = [threading.Thread(target=wait, args=(name, short)) for name, short in
+               (("chunk-1", False), ("chunk-2", False), ("build", True))]
+    for t in waiters:
+        t.start()
+        time.sleep(0.05)                      # in this order
+    for t in (holder, *waiters):
+        t.join(120)
+    assert order == ["build", "chunk-1", "chunk-2"]
+
+
 def test_queue_and_per_visitor_limits_refuse_with_clear_messages(trio, tiny, one_thread):
     pool = EnginePool(1, max_waiting=1)
     d = Dispatcher(pool)

@@ -38,6 +38,9 @@ ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
 # CPU of a machine without a GPU)
 ZERO_DEVICE = os.environ.get("LAYERSWAP_ZERO_DEVICE", "cuda")
 LIGHT = ("show",)   # job kinds a visitor may run beside their heavy job
+# short job kinds: they wait for an engine ahead of the chunks of long jobs (a Build waits for
+# at most the chunk that holds the engine)
+SHORT = ("show", "chat")
 
 
 class Busy(ValueError):
@@ -173,7 +176,8 @@ class Dispatcher:
         if self.placement == "zerogpu":
             guard(0.0, "waiting for the GPU")
             return zero_call(job)
-        with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set) as engine:
+        with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
+                                short=job.kind in SHORT) as engine:
             out = J.run_job(engine, job, guard)
             if engine.tokens_per_second:
                 self.speeds[job.trio] = engine.tokens_per_second
@@ -201,7 +205,8 @@ class Dispatcher:
                 guard(0.0, "waiting for the GPU")
                 yield from _relay(zero_stream(job), guard)
                 return
-            with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set) as engine:
+            with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
+                                    short=job.kind in SHORT) as engine:
                 yield from _relay(J.stream_job(engine, job, guard), guard)
 
     def describe(self) -> str:

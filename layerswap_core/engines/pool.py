@@ -154,6 +154,7 @@ class Ticket:
     engine: Engine | None = None
     build: bool = False
     arrived: float = field(default_factory=time.monotonic)
+    short: bool = False   # a short job (a Build, a chat turn): it waits ahead of long chunks
 
 
 class EnginePool:
@@ -237,17 +238,24 @@ class EnginePool:
 
     @contextmanager
     def checkout(self, trio: Trio, visitor: str = "", progress: Progress | None = None,
-                 cancelled: Callable[[], bool] | None = None) -> Iterator[Engine]:
+                 cancelled: Callable[[], bool] | None = None,
+                 short: bool = False) -> Iterator[Engine]:
         """An engine over ``trio`` for the block, held by nobody else until it ends. Waits (its
         position reported to ``progress``) while none is free; ``cancelled()`` true while
-        waiting raises Cancelled; QueueFull when ``max_waiting`` jobs wait already."""
+        waiting raises Cancelled; QueueFull when ``max_waiting`` jobs wait already. A ``short``
+        job queues behind other short ones but ahead of every long chunk, so it waits for at
+        most the chunk that holds the engine (and the short jobs before it)."""
         self.bound(trio)
-        ticket = Ticket(trio, visitor)
+        ticket = Ticket(trio, visitor, short=short)
         with self._cond:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"the server's queue is full ({len(self.waiting)} jobs waiting): "
                                 "try again in a minute")
-            self.waiting.append(ticket)
+            if short:
+                ahead = sum(t.short for t in self.waiting)   # short tickets stay at the front
+                self.waiting.insert(ahead, ticket)
+            else:
+                self.waiting.append(ticket)
             self._grant()
             said = None
             while ticket.engine is None and not ticket.build:
