@@ -14,7 +14,6 @@ from typing import NamedTuple
 ATTENTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv", "norm_qk")
 MLP_KINDS = ("mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")
 NORM_KINDS = ("norm_attn", "norm_attn_post", "norm_mlp", "norm_mlp_post", "norm_qk")
-GLOBAL_KINDS = ("embed", "final_norm", "lm_head")
 # The linear projections of a layer (what LoRA adapts and what adapter extraction cuts).
 PROJECTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv",
                     "mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")

@@ -333,12 +333,6 @@ def _number(name: str, value) -> float:
         raise WorkbenchError(f"{name}: expected a number, got {value!r}") from None
 
 
-def ranges_note(session: Session) -> str:
-    """The paper's validated b / u / t ranges for this depth, as a line beside the sliders."""
-    from ..merge.config import validated_ranges
-    return validated_ranges(session.num_layers).note
-
-
 def default_config(session: Session):
     from ..merge.config import MergeConfig
     return MergeConfig.default_for(session.num_layers, task=session.refs["task"],
