@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 import urllib.request
 from dataclasses import replace
@@ -18,6 +17,7 @@ import pytest
 
 from layerswap_core.workbench.served import LIMITS, REFUSED, served_mode
 from layerswap_core.checkpoints.writing import cache_dir
+from served_client import launch, pick, visitor
 
 NO_PARTITION = "none (bottom/top sliders)"
 # the Configure tab's "More" controls: non-layer blend, no preset scaling, lambdas, TIES
@@ -56,26 +56,9 @@ def served(tiny, tmp_path_factory):
         for k, v in env.items():
             mp.setenv(k, v)
         demo = app.build_demo()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-                        quiet=True)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", demo=demo, root=root,
+    yield SimpleNamespace(url=launch(demo), demo=demo, root=root,
                           out=root / "outputs", victim=victim, links=links)
     demo.close()
-
-
-def visitor(served):
-    from gradio_client import Client
-    return Client(served.url, verbose=False)
-
-
-def pick(client, base, task, lang) -> dict:
-    import app
-
-    names = [n for n in app.OUTPUTS["pick_models"] if n != "session"]
-    return dict(zip(names, client.predict(base, task, lang, api_name="/pick_models")))
 
 
 @pytest.fixture(scope="module")

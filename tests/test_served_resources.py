@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +28,7 @@ from layerswap_core.checkpoints import hub
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.served import REFUSED, Access, WorkbenchError, vet_reference
+from served_client import launch, pick, visitor
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 VISITOR_TOKEN, SERVER_TOKEN = "hf_visitor_alice_token", "hf_server_secret_token"
@@ -200,26 +200,9 @@ def served(tiny, fake_hub, tmp_path_factory):
             mp.setenv(k, v)
         demo = app.build_demo()
         access = Access.from_env(True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-                        quiet=True)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}/", demo=demo, out=root / "outputs",
+    yield SimpleNamespace(url=launch(demo), demo=demo, out=root / "outputs",
                           access=access)
     demo.close()
-
-
-def visitor(served):
-    from gradio_client import Client
-    return Client(served.url, verbose=False)
-
-
-def pick(client, base, task, lang) -> dict:
-    import app
-
-    names = [n for n in app.OUTPUTS["pick_models"] if n != "session"]
-    return dict(zip(names, client.predict(base, task, lang, api_name="/pick_models")))
 
 
 def in_words(msg: str, fake_hub) -> None:

@@ -1,0 +1,29 @@
+"""Shared by the served-mode tests: launch a built page on a free loopback port, and drive it
+as one visitor (one gradio_client session) would."""
+from __future__ import annotations
+
+import socket
+
+
+def launch(demo) -> str:
+    """Start ``demo`` on a free 127.0.0.1 port (in this process); its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                        quiet=True)
+    return f"http://127.0.0.1:{port}/"
+
+
+def visitor(served):
+    """A new visitor (a new page session) of the served app."""
+    from gradio_client import Client
+    return Client(served.url, verbose=False)
+
+
+def pick(client, base, task, lang) -> dict:
+    """The Models tab's pick, its outputs by name."""
+    import app
+
+    names = [n for n in app.OUTPUTS["pick_models"] if n != "session"]
+    return dict(zip(names, client.predict(base, task, lang, api_name="/pick_models")))
