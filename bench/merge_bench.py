@@ -14,6 +14,8 @@ child alone):
                          `mergekit-yaml` is on PATH; the bench says so when it is not
   ours default           the default layer swap: MORE WORK than a passthrough (the embeddings,
                          final norm and LM head are blended in float32, Algorithm 1)
+  ours default, 1 thread the default with its blended row blocks computed on one thread
+                         (LAYERSWAP_MERGE_THREADS=1) instead of two (merge.apply.merge_workers)
   ours transitions 2+2   the default with 2+2 blended transition layers
 in two page-cache states: "warm" (the inputs read once before each run) and "cold" (the inputs'
 pages dropped before each run with posix_fadvise(DONTNEED), after a sync). Contenders alternate
@@ -242,6 +244,9 @@ def disk_merges(root: Path, params: float, reps: int, states, mergekit, transiti
         contenders["mergekit passthrough"] = [mergekit, str(root / "mergekit.yaml"), str(out),
                                               "--lazy-unpickle"]
     contenders["ours default (more work)"] = ours({"task": task, "lang": lang})
+    # the same on one thread (row blocks computed by the writer's thread alone)
+    contenders["ours default, 1 thread"] = ["env", "LAYERSWAP_MERGE_THREADS=1", *ours(
+        {"task": task, "lang": lang})]
     if transitions and b + u + 4 <= L:
         contenders["ours transitions 2+2"] = ours({"task": task, "lang": lang,
                                                    "transition_bottom": 2, "transition_top": 2})

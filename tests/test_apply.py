@@ -62,10 +62,12 @@ def test_disk_and_live_model_give_identical_tensors(live, tiny, tmp_path, monkey
     assert any(not torch.equal(disk[n], base[n]) for n in disk)  # a merge, not the base
 
 
-def test_row_blocks_equal_the_whole_tensor_for_ties(tiny, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 3])
+def test_row_blocks_equal_the_whole_tensor_for_ties(tiny, monkeypatch, workers):
     """TIES's trim keeps the top magnitudes of the WHOLE tensor: in row blocks the threshold is
     taken once over the whole tensor, so a block trims as the whole would (a per-block top-k
-    would keep a different set)."""
+    would keep a different set). Blocks computed on several threads come back in row order with
+    the same bits."""
     readers = {r: CheckpointReader(tiny[r]) for r in ("base", "task", "lang")}
     n = "model.embed_tokens.weight"
     src = Source("ties", ("base", "task", "lang"), (1.0, 1.0), (("density", 0.1), ("lam", 1.0)))
@@ -74,12 +76,20 @@ def test_row_blocks_equal_the_whole_tensor_for_ties(tiny, monkeypatch):
     whole = methods.apply("ties", [readers[m].read(n) for m in src.models], src.weights,
                           src.kwargs())
     monkeypatch.setattr(apply, "BLOCK_BYTES", 1 << 16)
-    blocks = list(apply.source_rows(n, src, shape, fetch, torch.float32))
+    blocks = list(apply.source_rows(n, src, shape, fetch, torch.float32, workers=workers))
+    assert [r.start for r, _ in blocks[1:]] == [r.stop for r, _ in blocks[:-1]]
     assert len(blocks) > 10 and blocks[0][0].start == 0 and blocks[-1][0].stop == shape[0]
     assert torch.equal(torch.cat([v for _, v in blocks]), whole)
     per_block = torch.cat([methods.apply("ties", [fetch(m, rows) for m in src.models],
                                          src.weights, src.kwargs()) for rows, _ in blocks])
     assert not torch.equal(per_block, whole)  # what blocks without the whole threshold would give
+
+
+def test_merge_workers_follow_the_variable_and_the_device(monkeypatch):
+    monkeypatch.setenv(apply.WORKERS_ENV, "3")
+    assert apply.merge_workers("cpu") == 3 and apply.merge_workers("cuda:0") == 1
+    monkeypatch.setenv(apply.WORKERS_ENV, "not a number")
+    assert 1 <= apply.merge_workers("cpu") <= 2
 
 
 def test_read_rows_and_write_rows_round_trip(tiny, tmp_path):

@@ -14,8 +14,12 @@ blocks) for both.
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import contextlib
+import itertools
 import math
+import os
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -34,6 +38,11 @@ from .registry import Source
 # region waits for a descheduled thread); the peak RSS of the default layer swap of the 1.1B
 # synthetic: 289 MB in 1 MiB blocks, 329 MB in 4 MiB, 366 MB in 16 MiB (an import of torch: 266).
 BLOCK_BYTES = 1 << 20
+# Threads computing row blocks side by side in a disk merge on the CPU (``merge_workers``).
+# Independent single-threaded blocks do not wait on each other the way one op's parallel region
+# waits for its descheduled threads, so two workers help on an idle machine and cost little on
+# a busy one (bench/merge_bench.py --workers compares).
+WORKERS_ENV = "LAYERSWAP_MERGE_THREADS"
 # The live model (multi-threaded, sharing the process with generation) and GPUs (fewer, larger
 # kernels) compute in larger blocks.
 LARGE_BLOCK_BYTES = 64 << 20
@@ -60,9 +69,11 @@ def row_blocks(shape: Sequence[int], method: str = "linear",
 
 def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtype: torch.dtype,
                 device: str | torch.device = "cpu", outcome: str = "nothing was written",
-                block_bytes: int | None = None) -> Iterator[tuple[slice | None, torch.Tensor]]:
+                block_bytes: int | None = None,
+                workers: int = 1) -> Iterator[tuple[slice | None, torch.Tensor]]:
     """(rows, value) of the tensor ``name`` made by ``src``, block by block in row order
-    (``row_blocks`` of ``block_bytes``); ``value`` is in ``dtype`` on ``device``. MergeError
+    (``row_blocks`` of ``block_bytes``); ``value`` is in ``dtype`` on ``device``; ``workers`` > 1
+    computes blocks on that many threads (``merge_workers``). MergeError
     (``check_finite``, with ``outcome`` saying what happened to the output) if a block becomes
     inf/NaN from finite inputs; ConfigError if the blend weights are not resolved."""
     if src.method != "copy" and src.weights is None:
@@ -77,15 +88,37 @@ def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtyp
     if whole is not None and len(blocks) > 1:
         kwargs.update(whole(lambda: (inputs(rows) for rows in blocks), math.prod(shape),
                             len(src.models) - 1, **kwargs))
-    for rows in blocks:
+
+    def one(rows):
         part = inputs(rows)
         if src.method == "copy":
             value = part[0].to(dtype)
         else:
             value = methods.apply(src.method, part, src.weights, kwargs).to(dtype)
         check_finite(name, value, part, src, outcome)
-        yield rows, value
-        del part, value
+        return rows, value
+
+    if workers <= 1 or len(blocks) < 2:
+        for rows in blocks:
+            yield one(rows)
+        return
+    # blocks computed by ``workers`` threads (each single-threaded: see ``one_thread``), yielded
+    # in row order, at most 2 x workers in flight: the same bits, memory still bounded
+    with concurrent.futures.ThreadPoolExecutor(workers, initializer=torch.set_num_threads,
+                                               initargs=(1,)) as pool:
+        pending: collections.deque = collections.deque()
+        todo = iter(blocks)
+        try:
+            for rows in itertools.islice(todo, 2 * workers):
+                pending.append(pool.submit(one, rows))
+            while pending:
+                done = pending.popleft().result()
+                for rows in itertools.islice(todo, 1):
+                    pending.append(pool.submit(one, rows))
+                yield done
+        finally:
+            for f in pending:
+                f.cancel()
 
 
 @contextlib.contextmanager
@@ -101,6 +134,17 @@ def one_thread(device: str | torch.device = "cpu"):
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+def merge_workers(device: str | torch.device = "cpu") -> int:
+    """Threads for a disk merge's row blocks: ``LAYERSWAP_MERGE_THREADS`` if set, else
+    min(2, CPUs this process may use) on the CPU; 1 on a GPU (its kernels are the parallelism)."""
+    if not str(device).startswith("cpu"):
+        return 1
+    try:
+        return max(1, int(os.environ[WORKERS_ENV]))
+    except (KeyError, ValueError):
+        return max(1, min(2, len(os.sched_getaffinity(0))))
 
 
 def _finite(t: torch.Tensor) -> bool:

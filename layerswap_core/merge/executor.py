@@ -24,7 +24,7 @@ from ..checkpoints.writing import (OutputWriteError, ShardedWriter, atomic_outpu
                                    check_output_dir, parse_size)
 from ..progress import Progress, say as _say
 from . import apply
-from .apply import check_finite, magnitude_weights, one_thread, source_rows
+from .apply import check_finite, magnitude_weights, merge_workers, one_thread, source_rows
 from .config import MergeConfig
 from .errors import ConfigError, MergeError
 from .partition import Partition
@@ -165,7 +165,8 @@ def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype, dev
             writer.copy_raw(name, copied)  # bit-identical, no arithmetic
             return
     blocks = source_rows(name, src, loc.shape, lambda m, rows: readers[m].read_rows(name, rows),
-                         target, device, "nothing was written", _block_bytes(device))
+                         target, device, "nothing was written", _block_bytes(device),
+                         merge_workers(device))
     writer.write_rows(name, (value for _, value in blocks))
 
 
