@@ -22,6 +22,10 @@ from typing import Any, Callable, Iterator
 from ..progress import Progress
 from ..progress import say as _say
 from .pool import Engine, Trio
+from ..checkpoints.tokenizers import encode_prompt
+from ..evaluation.generation import chat as generate_chat, chat_prompt
+from ..evaluation.runner import run_side_by_side, summarize
+from ..merge.config import MergeConfig
 
 ROLES = ("base", "task", "lang")
 DEFAULT_TOKENS_PER_SECOND = 20.0   # before an engine has measured itself (a CPU, batch of one)
@@ -68,7 +72,6 @@ def shown(what) -> Any:
             raise JobError(f"unknown model {what!r}: one of {', '.join(ROLES)} or a merge config")
         return what
     if isinstance(what, dict):
-        from ..merge.config import MergeConfig
         return MergeConfig.from_dict(what)
     raise JobError(f"a job shows a role or a merge config, not {type(what).__name__}")
 
@@ -90,8 +93,6 @@ def _show_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
 def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     """Side-by-side evaluation (``evaluation.runner.run_side_by_side``) of the models in
     ``job.what`` ({label: role or config dict}), each shown on the engine just before its run."""
-    from ..evaluation.runner import run_side_by_side
-
     s = job.settings
     if not job.items:
         raise JobError("no items to evaluate")
@@ -136,7 +137,6 @@ def combine(job: Job, parts: list[dict]) -> dict:
         return [part["summary"][0] for part in parts]
     if job.kind != "evaluate" or len(parts) == 1:
         return parts[0]
-    from ..evaluation.runner import summarize
 
     per_model = len(parts) // len(job.what)   # chunks per model, in item order
     rows = [{"id": r["id"], "question": r["question"], "gold": r["gold"], "models": {}}
@@ -172,9 +172,6 @@ def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
                 ) -> tuple[list[dict], int]:
     """The newest turns that fit the model's context with the new message and an answer of
     ``max_new_tokens``; also how many earlier turns (question + answer) were left out."""
-    from ..checkpoints.tokenizers import encode_prompt
-    from ..evaluation.generation import chat_prompt
-
     context = context_tokens(model)
     question = {"role": "user", "content": text}
     for dropped in range(len(turns) // 2 + 1):
@@ -190,8 +187,6 @@ def _chat_job(engine: Engine, job: Job, progress: Progress | None) -> Iterator[d
     """One streamed answer: {"content" so far, "dropped" turns, "stopped" at the deadline}.
     ``settings``: turns, text, max_new_tokens, temperature, repetition_penalty, deadline (a
     ``time.monotonic()`` value: the same clock in a forked worker)."""
-    from ..evaluation.generation import chat as generate_chat
-
     s = job.settings
     show(engine, job.what, progress)
     model, tok = engine.live.model, engine.live.tokenizer

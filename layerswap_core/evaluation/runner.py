@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Sequence
 
 from . import mgsm_task
-from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
-                   load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap, normalize_number, source_label,
-                   to_ascii_digits)
+from .data import (SYMBOLIC_EVAL, Item, card_templates, gsm_symbolic_items, load_mgsm,
+                   load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
+                   normalize_number, source_label, to_ascii_digits)
 from ..checkpoints.writing import release_freed_memory
 from ..progress import Progress
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
@@ -40,6 +40,8 @@ from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWord
                         prompt_words, stop_strings, target_delimiter)
 from .prompts import has_chat_template, render_chat
 from .tasks import Extraction, Task, run_task, token_nll
+from ..checkpoints.loading import load_model
+from .generation import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
 
 
 
@@ -278,8 +280,6 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     """
     import torch
 
-    from .generation import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
-
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     pairs = [(encode_prompt(tokenizer, p), encode_continuation(tokenizer, t))
@@ -396,7 +396,6 @@ def summarize(name: str, correct: Sequence[bool], strict: Sequence[bool],
 
 def _ensure_loaded(spec, device):
     if isinstance(spec, (str, Path)):
-        from ..checkpoints.loading import load_model
         return load_model(str(spec), device=device), True
     if callable(spec):  # asked just before its run (e.g. one live model showing each role)
         spec = spec()
@@ -493,7 +492,6 @@ def contamination_warning(folder, source: str) -> str | None:
     """One line when the model card in ``folder`` says it was trained on GSM-Symbolic templates
     that are scored by an evaluation of ``source``: MGSM items (``data.mgsm_overlap``) for MGSM,
     the evaluation templates 0050-0099 for GSM-Symbolic. None when the card says nothing."""
-    from .data import SYMBOLIC_EVAL
     try:
         trained = card_templates(folder)
     except ValueError as e:

@@ -30,6 +30,7 @@ from .errors import ConfigError, MergeError
 from .partition import Partition
 from .plan import MergePlan, build_plan
 from .registry import concrete
+from ..checkpoints.loading import pick_device
 
 
 # --------------------------------------------------------------------------- inputs
@@ -83,8 +84,6 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     references actually used. An existing ``out`` is replaced only with ``overwrite``, and only
     if it is a layerswap output (or empty) unless ``force`` (see ``checkpoints.writing.check_output_dir``).
     """
-    from ..checkpoints.loading import pick_device
-
     if out is None:
         raise ValueError("no output folder given (out=... / --out DIR)")
     config = replace(config, task=str(task or config.task or "") or None,

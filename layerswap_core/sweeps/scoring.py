@@ -17,6 +17,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from ..checkpoints.loading import pick_device
+from ..evaluation.data import load_items
+from ..evaluation.runner import default_exemplars, run_side_by_side
+from ..evaluation.variants import variant_items
+from ..merge.config import MergeConfig
+
 DATA = ("mgsm", "gsm-symbolic", "demo-variants")
 METRICS = ("accuracy", "nll")
 
@@ -63,10 +69,6 @@ class EvalSettings:
 
 def load_eval_items(settings: EvalSettings) -> dict[str, tuple[list, list]]:
     """language -> (items, exemplars) the sweep scores every configuration on."""
-    from ..evaluation.data import load_items
-    from ..evaluation.runner import default_exemplars
-    from ..evaluation.variants import variant_items
-
     out = {}
     for lang in settings.langs:
         if settings.data == "demo-variants":   # chosen on validation, as the demo's sweep is
@@ -94,8 +96,6 @@ def nll_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
 def score_model(model, tokenizer, eval_items: dict, settings: EvalSettings,
                 progress=None) -> dict[str, dict]:
     """language -> the score of (model, tokenizer) on that language's items."""
-    from ..evaluation.runner import run_side_by_side
-
     nll = settings.metric == "nll"
     out = {}
     for lang, (items, exemplars) in eval_items.items():
@@ -119,7 +119,7 @@ def score_model(model, tokenizer, eval_items: dict, settings: EvalSettings,
 # --------------------------------------------------------------------------- engines
 def trio_for(refs: dict, device: str = "auto"):
     """The engine pool's key for a trio ``refs`` = {"task", "lang", "base"?} on ``device``."""
-    from ..checkpoints.loading import pick_device
+    # lazy: the engines (pool, jobs, dispatch) add 0.06-0.08 s to `layerswap`'s start (-X importtime)
     from ..engines.pool import Trio
 
     return Trio(refs["task"], refs["lang"], refs.get("base"), device=pick_device(device))
@@ -129,13 +129,14 @@ def engine_checkout(refs: dict, device: str = "auto"):
     """A checkout: ``with checkout() as engine`` lends a live model of this process's engine
     pool (``engines.dispatch.default().pool``: bounded, shared with anything else this process
     runs, kept between configurations) for one configuration."""
-    from ..engines.dispatch import default
+    # lazy: the engines (pool, jobs, dispatch) add 0.06-0.08 s to `layerswap`'s start (-X importtime)
+    from ..engines.dispatch import default as default_dispatcher
 
     trio = trio_for(refs, device)
 
     @contextmanager
     def checkout():
-        with default().pool.checkout(trio) as engine:
+        with default_dispatcher().pool.checkout(trio) as engine:
             yield engine.live
     return checkout
 
@@ -166,8 +167,6 @@ class SweepWorker:
         return f"{self.name} (pid {os.getpid()} on {socket.gethostname()})"
 
     def run(self, job: dict, progress=None) -> dict:
-        from ..merge.config import MergeConfig
-
         t0 = time.perf_counter()
         config = MergeConfig.from_dict(job["config"])
         with self.checkout() as engine:
