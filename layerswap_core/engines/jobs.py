@@ -24,7 +24,8 @@ from ..progress import say as _say
 from .pool import Engine, Trio
 from ..checkpoints.tokenizers import encode_prompt
 from ..evaluation.generation import chat as generate_chat, chat_prompt
-from ..evaluation.runner import run_side_by_side, summarize
+from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, side_by_side_task,
+                                 summarize, task_nll)
 from ..merge.config import MergeConfig
 
 ROLES = ("base", "task", "lang")
@@ -50,6 +51,8 @@ class Job:
     def generated_tokens(self) -> int:
         """Upper bound of tokens this job generates (for its duration estimate)."""
         tokens = int(self.settings.get("max_new_tokens", 0) or 0)
+        if self.kind == "nll" or self.settings.get("metric") == "nll":
+            tokens = 1   # one teacher-forced pass per item, counted as one token
         if self.kind == "chat":
             return tokens
         if "work_items" in self.settings:   # a registered kind says how many answers it makes
@@ -114,12 +117,37 @@ def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     return {"rows": res.rows, "summary": res.summary, "config": res.config}
 
 
+def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
+    """The gold NLL of ``job.items`` on the model ``job.what`` (a role or a config dict), without
+    generating (``evaluation.runner.task_nll`` over the side-by-side prompts):
+    {"summary": [{"model", "n", "mean_gold_nll"}], "nlls": one per item}."""
+    s = job.settings
+    if not job.items:
+        raise JobError("no items to score")
+    exemplars = s.get("exemplars")
+    if exemplars is None:
+        exemplars = default_exemplars(job.items, s.get("shots", 0), cot=bool(s.get("cot")))
+    task = side_by_side_task(job.items, exemplars, cot=bool(s.get("cot")),
+                             chat_template=bool(s.get("chat_template")))
+    if task.target is None:
+        raise JobError("gold NLL needs worked solutions: use GSM-Symbolic items")
+    show(engine, job.what, progress)
+    nlls = task_nll(task, engine.live.model, engine.live.tokenizer,
+                    batch_size=s.get("batch_size", 16), progress=progress)
+    label = job.what if isinstance(job.what, str) else "merged"
+    return {"summary": [{"model": label, "n": len(nlls), "mean_gold_nll": mean_nll(nlls)}],
+            "nlls": nlls}
+
+
 def split(job: Job, chunk_items: int) -> list[Job]:
     """An evaluation as chunks of one model and at most ``chunk_items`` items (same prompts,
     same exemplars and batches of that size: the outputs do not depend on the chunking when the
     batch size is the chunk size). A sweep (``what``: a list of configurations) is one
-    evaluation per configuration, of all its items. Other kinds: the job itself."""
+    evaluation per configuration, of all its items (with ``metric="nll"``: its gold NLL, no
+    generation). Other kinds: the job itself."""
     if job.kind == "sweep":
+        if job.settings.get("metric") == "nll":
+            return [replace(job, kind="nll", what=what) for what in job.what]
         return [replace(job, kind="evaluate", what={"merged": what}) for what in job.what]
     if job.kind != "evaluate" or not isinstance(job.what, dict):
         return [job]
@@ -218,7 +246,7 @@ def _chat_job(engine: Engine, job: Job, progress: Progress | None) -> Iterator[d
 
 # --------------------------------------------------------------------------- kinds
 KINDS: dict[str, Callable[[Engine, Job, Progress | None], Any]] = {
-    "show": _show_job, "evaluate": _evaluate_job}
+    "show": _show_job, "evaluate": _evaluate_job, "nll": _nll_job}
 STREAMING: dict[str, Callable[[Engine, Job, Progress | None], Iterator]] = {"chat": _chat_job}
 
 

@@ -34,7 +34,7 @@ from .data import (SYMBOLIC_EVAL, Item, card_templates, gsm_symbolic_items, load
                    load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
                    normalize_number, source_label, to_ascii_digits)
 from ..checkpoints.writing import release_freed_memory
-from ..progress import Progress
+from ..progress import Progress, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
@@ -334,6 +334,21 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     return out
 
 
+def task_nll(task: Task, model, tokenizer, *, batch_size: int = 16,
+             prompts: Sequence[str] | None = None,
+             progress: Progress | None = None) -> list[float]:
+    """The gold NLL (nats/token, ``gold_nll``) of ``task.target(item)`` after each item's prompt,
+    without generating: one forward pass per batch of ``batch_size // 2`` rows (the batches of
+    ``run_side_by_side``'s NLL pass: the same floats it reports as "gold_nll"). ``prompts``:
+    the task's prompts for this tokenizer when already built."""
+    if task.target is None:
+        raise ValueError(f"{task.name}: gold NLL needs worked solutions (GSM-Symbolic)")
+    prompts = list(prompts) if prompts is not None else task.prompts(tokenizer)
+    say(progress, 0.0, f"gold-solution NLL of {len(prompts)} items")
+    return gold_nll(model, tokenizer, prompts, [task.target(it) for it in task.items],
+                    batch_size=max(1, batch_size // 2))
+
+
 # --------------------------------------------------------------------------- running
 @dataclass
 class SideBySideResult:
@@ -384,14 +399,19 @@ class SideBySideResult:
         return "\n".join(lines)
 
 
+def mean_nll(nlls: Sequence[float] | None) -> float | None:
+    """The mean of the items' gold NLLs that were scored (None and NaN left out); None if none."""
+    good = [x for x in (nlls or []) if x is not None and not math.isnan(x)]
+    return sum(good) / len(good) if good else None
+
+
 def summarize(name: str, correct: Sequence[bool], strict: Sequence[bool],
               nlls: Sequence[float] | None = None) -> dict:
     n, k = len(correct), sum(bool(c) for c in correct)
     lo, hi = wilson_interval(k, n)
-    good = [x for x in (nlls or []) if x is not None and not math.isnan(x)]
     return {"model": name, "accuracy": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "n": n,
             "strict_accuracy": sum(bool(c) for c in strict) / n if n else 0.0,
-            "mean_gold_nll": sum(good) / len(good) if good else None}
+            "mean_gold_nll": mean_nll(nlls)}
 
 
 def _ensure_loaded(spec, device):
@@ -464,10 +484,9 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
             nlls = None
             release_freed_memory()  # generation's temporaries, before the NLL pass needs its own
             if has_solutions:
-                step(0.9, "gold-solution NLL")
-                nlls = gold_nll(model, tokenizer, run.prompts,   # the prompts, built once
-                                [task.target(it) for it in items],
-                                batch_size=max(1, batch_size // 2))
+                nlls = task_nll(task, model, tokenizer, batch_size=batch_size,
+                                prompts=run.prompts,   # the prompts, built once
+                                progress=lambda f, m: step(0.9 + 0.1 * f, m))
         finally:
             if loaded_here:
                 del model

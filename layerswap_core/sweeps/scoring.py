@@ -6,7 +6,8 @@ one from this process's engine pool (``engines.pool``), in this process or insid
 
 Scores come from the evaluation code as it is (``evaluation.runner.run_side_by_side``):
 accuracy (flexible extract) with its 95% Wilson interval, or the mean gold-solution NLL
-(teacher-forced, generation cut to one token) with a normal 95% interval over the items.
+(teacher-forced, no generation: ``evaluation.runner.task_nll``) with a normal 95% interval over
+the items.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 
 from ..checkpoints.loading import pick_device
 from ..evaluation.data import load_items
-from ..evaluation.runner import default_exemplars, run_side_by_side
+from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, side_by_side_task,
+                                 task_nll)
 from ..evaluation.variants import variant_items
 from ..merge.config import MergeConfig
 
@@ -57,8 +59,8 @@ class EvalSettings:
         d.pop("batch_size")
         d.pop("data_dir")
         d["langs"] = list(d["langs"])
-        if self.metric == "nll":
-            d["max_new_tokens"] = 1
+        if self.metric == "nll":   # as when the NLL ran after one generated token: the keys
+            d["max_new_tokens"] = 1   # of earlier results stay valid (same floats)
         return d
 
     def to_dict(self) -> dict:
@@ -96,23 +98,22 @@ def nll_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
 def score_model(model, tokenizer, eval_items: dict, settings: EvalSettings,
                 progress=None) -> dict[str, dict]:
     """language -> the score of (model, tokenizer) on that language's items."""
-    nll = settings.metric == "nll"
     out = {}
     for lang, (items, exemplars) in eval_items.items():
-        res = run_side_by_side({"merged": (model, tokenizer)}, items, exemplars=exemplars,
-                               cot=settings.cot, batch_size=settings.batch_size, with_nll=nll,
-                               max_new_tokens=1 if nll else settings.max_new_tokens,
-                               progress=progress)
-        s = res.summary[0]
-        if nll:
-            per_item = [r["models"]["merged"]["gold_nll"] for r in res.rows]
+        if settings.metric == "nll":   # teacher-forced: no generation
+            per_item = task_nll(side_by_side_task(items, exemplars, cot=settings.cot), model,
+                                tokenizer, batch_size=settings.batch_size, progress=progress)
             lo, hi = nll_interval(per_item)
-            out[lang] = {"n": s["n"], "nll": s["mean_gold_nll"], "ci_low": lo, "ci_high": hi}
-        else:
-            correct = sum(bool(r["models"]["merged"]["correct"]) for r in res.rows)
-            out[lang] = {"n": s["n"], "correct": correct, "accuracy": s["accuracy"],
-                         "ci_low": s["ci_low"], "ci_high": s["ci_high"],
-                         "strict_accuracy": s["strict_accuracy"]}
+            out[lang] = {"n": len(items), "nll": mean_nll(per_item), "ci_low": lo, "ci_high": hi}
+            continue
+        res = run_side_by_side({"merged": (model, tokenizer)}, items, exemplars=exemplars,
+                               cot=settings.cot, batch_size=settings.batch_size, with_nll=False,
+                               max_new_tokens=settings.max_new_tokens, progress=progress)
+        s = res.summary[0]
+        correct = sum(bool(r["models"]["merged"]["correct"]) for r in res.rows)
+        out[lang] = {"n": s["n"], "correct": correct, "accuracy": s["accuracy"],
+                     "ci_low": s["ci_low"], "ci_high": s["ci_high"],
+                     "strict_accuracy": s["strict_accuracy"]}
     return out
 
 

@@ -100,12 +100,11 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
     rows = []
     # one job, a chunk per configuration: the engine shows each cell in turn (another
-    # visitor's short job waits at most one cell); NLL needs one forward pass per item, so
-    # generation is cut to 1 token
+    # visitor's short job waits at most one cell); the NLL is teacher-forced, no generation
+    scoring = {"metric": "nll"} if metric == "nll" else {"max_new_tokens": 64, "with_nll": False}
     summaries = dispatcher().run(session.job(
-        "sweep", configs, items, shots=shots, max_new_tokens=1 if metric == "nll" else 64,
-        with_nll=metric == "nll", exemplars=default_exemplars(items, shots, cot=False)),
-        progress) if configs else []
+        "sweep", configs, items, shots=shots, exemplars=default_exemplars(items, shots, cot=False),
+        **scoring), progress) if configs else []
     for (iy, ix), s in zip(cells, summaries):
         scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
         if scores[iy][ix] is not None:
