@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints.compatibility import ModelSet, open_models, problems as compatibility_problems
+from ..checkpoints.compatibility import (ModelSet, checked_models, open_models,
+                                         problems as compatibility_problems)
 from ..checkpoints.loading import dense_from_adapter, describe, pick_device
 from ..checkpoints.references import DEFAULT_BASE, check_free_space, is_adapter, is_offline
 from ..engines.dispatch import ZERO_DEVICE, Dispatcher, default as default_dispatcher
@@ -39,7 +40,7 @@ from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, ca
                      check_replace, output_folder, readable_error, vet_reference)
 from ..checkpoints.reading import CheckpointReader
 from ..merge.config import MergeConfig
-from ..merge.executor import merge_to_folder, model_card, open_inputs
+from ..merge.executor import merge_to_folder, model_card
 from ..merge.plan import build_plan
 from . import figures as plots
 from .saves import push_target, reserving
@@ -156,6 +157,9 @@ class Session:
         # check_models (the models tab)
         inputs = report.models or open_models(
             {role: self.refs[role] for role in ("task", "lang", "base") if role in self.refs})
+        # the check's result as plain data: save and zip reuse it while the folders are unchanged
+        self.checked = checked_models(inputs) if report.models is not None else None
+        self.checkpoint_bytes = inputs.readers["task"].nbytes()   # what a merge writes
         self.paths = {role: str(p) for role, p in inputs.paths.items()}
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
@@ -413,23 +417,19 @@ def save(session: Session, config, folder: str, overwrite: bool = False,
     access = access or session.access
     out = output_folder(access, folder)
     check_replace(out, bool(overwrite))
-    with reserving(access, out, _checkpoint_bytes(session)):
+    with reserving(access, out, session.checkpoint_bytes):
         return _merge_into(session, config, out, bool(overwrite), progress)
-
-
-def _checkpoint_bytes(session: Session) -> int:
-    """The size of one checkpoint of the session's models (what a merge writes)."""
-    with CheckpointReader(session.paths["task"]) as reader:
-        return reader.nbytes()
 
 
 def _merge_into(session: Session, config, out: Path, overwrite: bool,
                 progress: Progress | None) -> Path:
+    """The merge streamed to ``out``, from the models as the Models tab checked them."""
     check_replace(out, overwrite)
-    check_free_space(Path(out).parent, _checkpoint_bytes(session), f"saving the merge to {out}")
+    check_free_space(Path(out).parent, session.checkpoint_bytes, f"saving the merge to {out}")
     with dispatcher().hold(session.job("save"), progress) as guard:
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],
-                               session.refs.get("base"), out, overwrite=overwrite, progress=guard)
+                               session.refs.get("base"), out, overwrite=overwrite, progress=guard,
+                               checked=session.checked)
 
 
 def hub_token() -> str | None:
@@ -471,9 +471,10 @@ def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
 
 
 def export_zip(session: Session, config, out_dir: str | None = None) -> Path:
-    """A zip with the merge config (layerswap.yaml) and a model card (README.md)."""
-    inputs = open_inputs(session.refs["task"], session.refs["lang"], session.refs.get("base"))
-    card = model_card(config, merge_plan(session, config), inputs, 0.0)
+    """A zip with the merge config (layerswap.yaml) and a model card (README.md), from the
+    session's models as the Models tab checked them (no model file is read again)."""
+    refs = {role: session.refs[role] for role in ("task", "lang", "base") if role in session.refs}
+    card = model_card(config, merge_plan(session, config), refs, 0.0)
     card = card.replace("\nMerged in 0.0 s.\n", "\n")  # not merged yet: a recipe
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="layerswap-"))
     path = out_dir / "layerswap-merge.zip"
