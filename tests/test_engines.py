@@ -71,6 +71,27 @@ def test_chunked_evaluation_equals_one_call(trio, tiny, items, one_thread):
     assert res["summary"] == whole.summary
 
 
+def test_a_sweeps_nll_is_the_one_token_paths_nll_without_generating(trio, tiny, items,
+                                                                    one_thread):
+    """A sweep job with ``metric="nll"`` (a teacher-forced "nll" chunk per configuration) gives,
+    float for float, the NLL the same sweep got by generating one token per item (before)."""
+    configs = [swap(tiny, 2, 1), swap(tiny, 0, 3)]
+    d = Dispatcher(EnginePool(1), chunk_items=4)   # an evaluation of 3 items: one chunk
+    new = J.Job("sweep", trio, "v", configs, list(items), {"shots": 0, "exemplars": [],
+                                                          "metric": "nll"})
+    assert [c.kind for c in J.split(new, 2)] == ["nll", "nll"]
+    old = J.Job("sweep", trio, "v", configs, list(items), {"shots": 0, "exemplars": [],
+                                                          "max_new_tokens": 1, "with_nll": True})
+    assert new.generated_tokens == old.generated_tokens == len(configs) * len(items)
+    got, want = d.run(new), d.run(old)
+    assert [s["mean_gold_nll"] for s in got] == [s["mean_gold_nll"] for s in want]
+    assert got[0]["mean_gold_nll"] != got[1]["mean_gold_nll"]
+    per_item = d.run(J.Job("nll", trio, "v", configs[1], list(items),
+                           {"shots": 0, "exemplars": [], "batch_size": 4}))["nlls"]
+    one_token = d.run(evaluate_job(trio, "v", {"merged": configs[1]}, items, tokens=1))
+    assert per_item == [r["models"]["merged"]["gold_nll"] for r in one_token["rows"]]
+
+
 def test_visitors_interleaved_on_one_engine_get_what_each_gets_alone(trio, tiny, items,
                                                                      one_thread):
     configs = {"v1": swap(tiny, 2, 1), "v2": swap(tiny, 0, 0), "v3": swap(tiny, 3, 2)}

@@ -272,3 +272,25 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_nll_without_generating_is_the_one_token_paths_nll(tiny_lm, one_thread):
+    """A cell's gold NLL, teacher-forced without generating (``runner.task_nll``), is float for
+    float what the side-by-side evaluation reported after generating one token (the path
+    before), per language and with its interval; one shot, so the prompts share a prefix."""
+    from layerswap_core.evaluation.runner import run_side_by_side
+    from layerswap_core.sweeps.scoring import load_eval_items, nll_interval, score_model
+
+    model, tok = tiny_lm
+    settings = EvalSettings(data="gsm-symbolic", langs=("sw", "en"), n=3, shots=1, metric="nll",
+                            batch_size=4)
+    eval_items = load_eval_items(settings)
+    got = score_model(model, tok, eval_items, settings)
+    for lang, (items, exemplars) in eval_items.items():
+        old = run_side_by_side({"merged": (model, tok)}, items, exemplars=exemplars,
+                               batch_size=4, with_nll=True, max_new_tokens=1)
+        per_item = [r["models"]["merged"]["gold_nll"] for r in old.rows]
+        assert got[lang] == {"n": 3, "nll": old.summary[0]["mean_gold_nll"],
+                             "ci_low": nll_interval(per_item)[0],
+                             "ci_high": nll_interval(per_item)[1]}
+    assert got["sw"]["nll"] != got["en"]["nll"]   # the languages' own prompts and solutions

@@ -162,6 +162,42 @@ def test_save_and_zip(session, tmp_path):
     assert again.layer_counts(8) == cfg.layer_counts(8)
 
 
+def test_zip_and_save_reuse_the_models_the_models_tab_checked(session, tiny, tmp_path):
+    """The models are resolved and checked once (Models tab): after a build, a zip reads no
+    model file again and a save no config (only the weights it merges), and the save writes
+    what a merge that resolves and checks everything writes. A folder changed since the check
+    is checked again."""
+    import os
+
+    from layerswap_core.checkpoints.reading import FILE_READS
+    from layerswap_core.merge.executor import merge_to_folder
+
+    cfg = swap(session, 2, 1)
+    wb.build(session, cfg)
+    before = FILE_READS.copy()
+    wb.export_zip(session, cfg, str(tmp_path))
+    assert FILE_READS == before
+    out = wb.save(session, cfg, str(tmp_path / "saved"))
+    assert FILE_READS["config"] == before["config"]
+    assert FILE_READS["header"] > before["header"]     # the counter counts: the weights were read
+    fresh = merge_to_folder(cfg, session.refs["task"], session.refs["lang"],
+                            session.refs.get("base"), tmp_path / "fresh")
+    assert FILE_READS["config"] > before["config"]     # resolved and checked: configs read
+
+    def files(folder):
+        return {p.name: p.read_bytes() if p.name != "README.md" else
+                p.read_text().split("\nMerged in ")[0] for p in folder.iterdir()}
+    assert files(out) == files(fresh)
+
+    lang = tmp_path / "lang"                          # a copy, changed after the check
+    shutil.copytree(tiny["lang"], lang)
+    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(lang))
+    os.utime(lang / "config.json", ns=(1, 1))
+    before = FILE_READS.copy()
+    wb.save(s, cfg, str(tmp_path / "after-change"))
+    assert FILE_READS["config"] > before["config"]
+
+
 def test_local_saves_take_paths_but_replace_only_layerswap_outputs(session, tiny, tmp_path):
     cfg = swap(session, 2, 1)
     victim = tmp_path / "victim"                      # someone's folder: never replaced

@@ -13,6 +13,8 @@ import numpy as np
 
 from ..checkpoints.architectures import ATTENTION_KINDS, MLP_KINDS
 from .deltas import DeltaStats
+from ..merge.errors import ConfigError
+from ..merge.partition import Partition
 
 
 # Knobs of the suggestion formula (see suggest_config), in units of a uniform layer's share 1/L.
@@ -172,8 +174,6 @@ def suggest_config(task_stats: DeltaStats, lang_stats: DeltaStats,
 
 def _preset_fits(name: str, num_layers: int) -> bool:
     """Whether a partition preset, in its published absolute layers, fits this depth."""
-    from ..merge.errors import ConfigError
-    from ..merge.partition import Partition
     try:
         Partition.preset(name, num_layers)
     except ConfigError:

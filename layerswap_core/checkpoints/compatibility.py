@@ -45,12 +45,59 @@ def open_models(refs: dict[str, str | os.PathLike]) -> ModelSet:
     role is the reference. ModelLoadError / CheckpointError when one cannot be read at all."""
     refs = {role: str(ref) for role, ref in refs.items()}
     paths = {role: resolve(ref) for role, ref in refs.items()}
+    return _model_set(refs, paths, {role: read_config_file(p) for role, p in paths.items()})
+
+
+def _model_set(refs: dict[str, str], paths: dict[str, Path], configs: dict[str, dict]) -> ModelSet:
     readers = {role: CheckpointReader(p) for role, p in paths.items()}
-    configs = {role: read_config_file(p) for role, p in paths.items()}
     first = next(iter(refs))
     tied = tied_embeddings(configs[first])
     names = [n for n in readers[first].names() if not (tied and n in TIED_HEADS)]
     return ModelSet(refs, paths, readers, configs, get_architecture(configs[first]), names)
+
+
+# --------------------------------------------------------------------------- checked once
+@dataclass(frozen=True)
+class CheckedModels:
+    """Models that passed ``problems``, as plain data (it pickles: a session keeps it): their
+    references, folders and configs, and a stamp of each folder (its files' names, sizes and
+    modification times: no file is read to compare it). ``reopen`` opens them again without
+    resolving, reading configs or checking, as long as no stamp changed."""
+    refs: dict[str, str]
+    paths: dict[str, str]
+    configs: dict[str, dict]
+    stamps: dict[str, tuple | None]
+
+
+def folder_stamp(folder: str | os.PathLike) -> tuple | None:
+    """(name, size, mtime_ns) of every file in ``folder``, sorted; None when it cannot be listed."""
+    try:
+        with os.scandir(folder) as entries:
+            return tuple(sorted((e.name, st.st_size, st.st_mtime_ns)
+                                for e in entries if e.is_file() for st in (e.stat(),)))
+    except OSError:
+        return None
+
+
+def checked_models(models: ModelSet) -> CheckedModels:
+    """The record of ``models`` after ``problems(models)`` found nothing."""
+    return CheckedModels(dict(models.refs), {r: str(p) for r, p in models.paths.items()},
+                         {r: dict(c) for r, c in models.configs.items()},
+                         {r: folder_stamp(p) for r, p in models.paths.items()})
+
+
+def reopen(record: CheckedModels | None, refs: dict[str, str]) -> ModelSet | None:
+    """The models ``refs`` (the first the reference) opened from ``record`` (headers only: no
+    resolving, no config read, no check); None when the record is of other models, or a folder
+    changed since (then ``open_models`` and ``problems`` again)."""
+    refs = {role: str(ref) for role, ref in refs.items()}
+    if record is None or refs != record.refs:
+        return None
+    if any(record.stamps[r] is None or folder_stamp(record.paths[r]) != record.stamps[r]
+           for r in refs):
+        return None
+    return _model_set(refs, {r: Path(record.paths[r]) for r in refs},
+                      {r: dict(record.configs[r]) for r in refs})
 
 
 def problems(models: ModelSet, *, roles=None, exact: bool = False, tokenizers: bool = True,

@@ -13,6 +13,7 @@ import math
 import mmap
 import struct
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -20,6 +21,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 INDEX_NAME = "model.safetensors.index.json"
+# Files read so far in this process, by kind ("config": config.json, "header": a safetensors
+# header): tests count them to prove that a step reads no file again.
+FILE_READS: Counter = Counter()
 
 
 class CheckpointError(ValueError):
@@ -48,6 +52,7 @@ def read_config_file(folder: Path) -> dict:
     """The one config reader: the folder's config.json as a dict; ModelLoadError naming the file
     if it is missing or unreadable (one line)."""
     p = Path(folder) / "config.json"
+    FILE_READS["config"] += 1
     if not p.exists():
         raise ModelLoadError(f"{Path(folder)}: no config.json (not a Hugging Face model folder)")
     return read_json_object(p)
@@ -86,6 +91,7 @@ class TensorLocation(NamedTuple):
 def read_header(path: Path) -> dict[str, TensorLocation]:
     """{tensor: location} of one safetensors file: the one parser of the
     format's header (8-byte little-endian length, JSON). CheckpointError if it is corrupt."""
+    FILE_READS["header"] += 1
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:

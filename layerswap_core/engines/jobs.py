@@ -22,6 +22,11 @@ from typing import Any, Callable, Iterator
 from ..progress import Progress
 from ..progress import say as _say
 from .pool import Engine, Trio
+from ..checkpoints.tokenizers import encode_prompt
+from ..evaluation.generation import chat as generate_chat, chat_prompt
+from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, side_by_side_task,
+                                 summarize, task_nll)
+from ..merge.config import MergeConfig
 
 ROLES = ("base", "task", "lang")
 DEFAULT_TOKENS_PER_SECOND = 20.0   # before an engine has measured itself (a CPU, batch of one)
@@ -46,6 +51,8 @@ class Job:
     def generated_tokens(self) -> int:
         """Upper bound of tokens this job generates (for its duration estimate)."""
         tokens = int(self.settings.get("max_new_tokens", 0) or 0)
+        if self.kind == "nll" or self.settings.get("metric") == "nll":
+            tokens = 1   # one teacher-forced pass per item, counted as one token
         if self.kind == "chat":
             return tokens
         if "work_items" in self.settings:   # a registered kind says how many answers it makes
@@ -68,7 +75,6 @@ def shown(what) -> Any:
             raise JobError(f"unknown model {what!r}: one of {', '.join(ROLES)} or a merge config")
         return what
     if isinstance(what, dict):
-        from ..merge.config import MergeConfig
         return MergeConfig.from_dict(what)
     raise JobError(f"a job shows a role or a merge config, not {type(what).__name__}")
 
@@ -90,8 +96,6 @@ def _show_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
 def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     """Side-by-side evaluation (``evaluation.runner.run_side_by_side``) of the models in
     ``job.what`` ({label: role or config dict}), each shown on the engine just before its run."""
-    from ..evaluation.runner import run_side_by_side
-
     s = job.settings
     if not job.items:
         raise JobError("no items to evaluate")
@@ -113,12 +117,37 @@ def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     return {"rows": res.rows, "summary": res.summary, "config": res.config}
 
 
+def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
+    """The gold NLL of ``job.items`` on the model ``job.what`` (a role or a config dict), without
+    generating (``evaluation.runner.task_nll`` over the side-by-side prompts):
+    {"summary": [{"model", "n", "mean_gold_nll"}], "nlls": one per item}."""
+    s = job.settings
+    if not job.items:
+        raise JobError("no items to score")
+    exemplars = s.get("exemplars")
+    if exemplars is None:
+        exemplars = default_exemplars(job.items, s.get("shots", 0), cot=bool(s.get("cot")))
+    task = side_by_side_task(job.items, exemplars, cot=bool(s.get("cot")),
+                             chat_template=bool(s.get("chat_template")))
+    if task.target is None:
+        raise JobError("gold NLL needs worked solutions: use GSM-Symbolic items")
+    show(engine, job.what, progress)
+    nlls = task_nll(task, engine.live.model, engine.live.tokenizer,
+                    batch_size=s.get("batch_size", 16), progress=progress)
+    label = job.what if isinstance(job.what, str) else "merged"
+    return {"summary": [{"model": label, "n": len(nlls), "mean_gold_nll": mean_nll(nlls)}],
+            "nlls": nlls}
+
+
 def split(job: Job, chunk_items: int) -> list[Job]:
     """An evaluation as chunks of one model and at most ``chunk_items`` items (same prompts,
     same exemplars and batches of that size: the outputs do not depend on the chunking when the
     batch size is the chunk size). A sweep (``what``: a list of configurations) is one
-    evaluation per configuration, of all its items. Other kinds: the job itself."""
+    evaluation per configuration, of all its items (with ``metric="nll"``: its gold NLL, no
+    generation). Other kinds: the job itself."""
     if job.kind == "sweep":
+        if job.settings.get("metric") == "nll":
+            return [replace(job, kind="nll", what=what) for what in job.what]
         return [replace(job, kind="evaluate", what={"merged": what}) for what in job.what]
     if job.kind != "evaluate" or not isinstance(job.what, dict):
         return [job]
@@ -136,7 +165,6 @@ def combine(job: Job, parts: list[dict]) -> dict:
         return [part["summary"][0] for part in parts]
     if job.kind != "evaluate" or len(parts) == 1:
         return parts[0]
-    from ..evaluation.runner import summarize
 
     per_model = len(parts) // len(job.what)   # chunks per model, in item order
     rows = [{"id": r["id"], "question": r["question"], "gold": r["gold"], "models": {}}
@@ -172,9 +200,6 @@ def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
                 ) -> tuple[list[dict], int]:
     """The newest turns that fit the model's context with the new message and an answer of
     ``max_new_tokens``; also how many earlier turns (question + answer) were left out."""
-    from ..checkpoints.tokenizers import encode_prompt
-    from ..evaluation.generation import chat_prompt
-
     context = context_tokens(model)
     question = {"role": "user", "content": text}
     for dropped in range(len(turns) // 2 + 1):
@@ -190,8 +215,6 @@ def _chat_job(engine: Engine, job: Job, progress: Progress | None) -> Iterator[d
     """One streamed answer: {"content" so far, "dropped" turns, "stopped" at the deadline}.
     ``settings``: turns, text, max_new_tokens, temperature, repetition_penalty, deadline (a
     ``time.monotonic()`` value: the same clock in a forked worker)."""
-    from ..evaluation.generation import chat as generate_chat
-
     s = job.settings
     show(engine, job.what, progress)
     model, tok = engine.live.model, engine.live.tokenizer
@@ -223,7 +246,7 @@ def _chat_job(engine: Engine, job: Job, progress: Progress | None) -> Iterator[d
 
 # --------------------------------------------------------------------------- kinds
 KINDS: dict[str, Callable[[Engine, Job, Progress | None], Any]] = {
-    "show": _show_job, "evaluate": _evaluate_job}
+    "show": _show_job, "evaluate": _evaluate_job, "nll": _nll_job}
 STREAMING: dict[str, Callable[[Engine, Job, Progress | None], Iterator]] = {"chat": _chat_job}
 
 

@@ -24,6 +24,9 @@ from typing import Callable, Iterator
 
 from ..progress import Cancelled, Progress
 from ..progress import say as _say
+from ..checkpoints.reading import CheckpointReader
+from ..checkpoints.references import resolve
+from ..merge.live import LiveModel, live_dtype
 
 DTYPES = ("float32", "bfloat16", "float16")
 MARGIN = 1.5          # an engine is counted as its parameters' bytes times this (activations)
@@ -69,8 +72,6 @@ class Engine:
     def __init__(self, trio: Trio, progress: Progress | None = None):
         import torch
 
-        from ..merge.live import LiveModel
-
         self.trio = trio
         dtype = getattr(torch, trio.dtype) if trio.dtype else None
         self.live = LiveModel.from_refs(trio.task, trio.lang, trio.base, device=trio.device,
@@ -94,10 +95,6 @@ class Engine:
 def engine_bytes(trio: Trio) -> int:
     """Bytes one engine over ``trio`` holds (its parameters in the live dtype), from headers."""
     import torch
-
-    from ..checkpoints.reading import CheckpointReader
-    from ..checkpoints.references import resolve
-    from ..merge.live import live_dtype
 
     with CheckpointReader(resolve(trio.task)) as reader:
         dtype = getattr(torch, trio.dtype) if trio.dtype else live_dtype(reader, trio.device)

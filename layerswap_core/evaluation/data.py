@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import mgsm_hub
+from ..checkpoints.references import is_offline
 
 MGSM_LANGS = ("bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh")
 MGSM_TO_SYMBOLIC = {"bn": "ben", "de": "deu", "en": "eng", "es": "spa", "fr": "fra", "ja": "jpn",
@@ -162,7 +163,6 @@ def local_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
 
 def mgsm_reachable(data_dir: str | os.PathLike | None = None) -> bool:
     """Whether MGSM can be read: on this machine, or downloadable (the Hub is not offline)."""
-    from ..checkpoints.references import is_offline
     try:
         return local_mgsm_dir(data_dir) is not None or not is_offline()
     except DataError:
@@ -174,7 +174,6 @@ def find_mgsm_dir(data_dir: str | os.PathLike | None = None, *, download: bool =
     """The MGSM folder: ``data_dir``, else $LAYERSWAP_MGSM_DIR, else ../shared/data/mgsm, else
     the copy downloaded into the cache; else, when ``download`` and online, it is downloaded
     from the Hub now (``mgsm_hub.download_mgsm``)."""
-    from ..checkpoints.references import is_offline
     d = local_mgsm_dir(data_dir)
     if d is not None:
         return d
@@ -226,7 +225,6 @@ def load_mgsm(lang: str, data_dir: str | os.PathLike | None = None) -> list[Item
 
 def _hub_folder(what: str) -> Path:
     """The MGSM folder downloaded from the Hub (``mgsm_hub``; fetched once, then cached)."""
-    from ..checkpoints.references import is_offline
     cached = mgsm_hub.cache_folder()
     if mgsm_hub.is_complete(cached):
         return cached

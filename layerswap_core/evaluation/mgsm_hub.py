@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from ..checkpoints.writing import cache_dir
+
 HUB_ID = "juletxara/mgsm"
 LICENCE = "CC BY-SA 4.0"
 LICENCE_NOTE = (f"MGSM (Shi et al. 2022), from the Hugging Face Hub dataset {HUB_ID}: "
@@ -32,7 +34,6 @@ class MgsmDownloadError(ValueError):
 
 def cache_folder() -> Path:
     """Where the downloaded MGSM lives: ``<layerswap cache>/data/mgsm`` (not created)."""
-    from ..checkpoints.writing import cache_dir
     return cache_dir() / "data" / "mgsm"
 
 

@@ -30,16 +30,18 @@ from pathlib import Path
 from typing import Sequence
 
 from . import mgsm_task
-from .data import (Item, card_templates, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
-                   load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap, normalize_number, source_label,
-                   to_ascii_digits)
+from .data import (SYMBOLIC_EVAL, Item, card_templates, gsm_symbolic_items, load_mgsm,
+                   load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
+                   normalize_number, source_label, to_ascii_digits)
 from ..checkpoints.writing import release_freed_memory
-from ..progress import Progress
+from ..progress import Progress, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
 from .prompts import has_chat_template, render_chat
 from .tasks import Extraction, Task, run_task, token_nll
+from ..checkpoints.loading import load_model
+from .generation import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
 
 
 
@@ -278,8 +280,6 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     """
     import torch
 
-    from .generation import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
-
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     pairs = [(encode_prompt(tokenizer, p), encode_continuation(tokenizer, t))
@@ -334,6 +334,21 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     return out
 
 
+def task_nll(task: Task, model, tokenizer, *, batch_size: int = 16,
+             prompts: Sequence[str] | None = None,
+             progress: Progress | None = None) -> list[float]:
+    """The gold NLL (nats/token, ``gold_nll``) of ``task.target(item)`` after each item's prompt,
+    without generating: one forward pass per batch of ``batch_size // 2`` rows (the batches of
+    ``run_side_by_side``'s NLL pass: the same floats it reports as "gold_nll"). ``prompts``:
+    the task's prompts for this tokenizer when already built."""
+    if task.target is None:
+        raise ValueError(f"{task.name}: gold NLL needs worked solutions (GSM-Symbolic)")
+    prompts = list(prompts) if prompts is not None else task.prompts(tokenizer)
+    say(progress, 0.0, f"gold-solution NLL of {len(prompts)} items")
+    return gold_nll(model, tokenizer, prompts, [task.target(it) for it in task.items],
+                    batch_size=max(1, batch_size // 2))
+
+
 # --------------------------------------------------------------------------- running
 @dataclass
 class SideBySideResult:
@@ -384,19 +399,23 @@ class SideBySideResult:
         return "\n".join(lines)
 
 
+def mean_nll(nlls: Sequence[float] | None) -> float | None:
+    """The mean of the items' gold NLLs that were scored (None and NaN left out); None if none."""
+    good = [x for x in (nlls or []) if x is not None and not math.isnan(x)]
+    return sum(good) / len(good) if good else None
+
+
 def summarize(name: str, correct: Sequence[bool], strict: Sequence[bool],
               nlls: Sequence[float] | None = None) -> dict:
     n, k = len(correct), sum(bool(c) for c in correct)
     lo, hi = wilson_interval(k, n)
-    good = [x for x in (nlls or []) if x is not None and not math.isnan(x)]
     return {"model": name, "accuracy": k / n if n else 0.0, "ci_low": lo, "ci_high": hi, "n": n,
             "strict_accuracy": sum(bool(c) for c in strict) / n if n else 0.0,
-            "mean_gold_nll": sum(good) / len(good) if good else None}
+            "mean_gold_nll": mean_nll(nlls)}
 
 
 def _ensure_loaded(spec, device):
     if isinstance(spec, (str, Path)):
-        from ..checkpoints.loading import load_model
         return load_model(str(spec), device=device), True
     if callable(spec):  # asked just before its run (e.g. one live model showing each role)
         spec = spec()
@@ -465,10 +484,9 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
             nlls = None
             release_freed_memory()  # generation's temporaries, before the NLL pass needs its own
             if has_solutions:
-                step(0.9, "gold-solution NLL")
-                nlls = gold_nll(model, tokenizer, run.prompts,   # the prompts, built once
-                                [task.target(it) for it in items],
-                                batch_size=max(1, batch_size // 2))
+                nlls = task_nll(task, model, tokenizer, batch_size=batch_size,
+                                prompts=run.prompts,   # the prompts, built once
+                                progress=lambda f, m: step(0.9 + 0.1 * f, m))
         finally:
             if loaded_here:
                 del model
@@ -493,7 +511,6 @@ def contamination_warning(folder, source: str) -> str | None:
     """One line when the model card in ``folder`` says it was trained on GSM-Symbolic templates
     that are scored by an evaluation of ``source``: MGSM items (``data.mgsm_overlap``) for MGSM,
     the evaluation templates 0050-0099 for GSM-Symbolic. None when the card says nothing."""
-    from .data import SYMBOLIC_EVAL
     try:
         trained = card_templates(folder)
     except ValueError as e:

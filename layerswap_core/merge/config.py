@@ -25,6 +25,7 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationError, create_
 from .errors import ConfigError
 from .partition import MODELS, REFERENCE_LAYERS, Partition, scale_layers, value_text
 from .registry import MERGE_METHODS, Knob, get_method, seal_knobs
+from .. import __version__
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -257,7 +258,6 @@ class MergeConfig:
 
     def to_yaml(self) -> str:
         import yaml
-        from .. import __version__
         return yaml.safe_dump({**self.to_dict(), "layerswap_version": __version__}, sort_keys=False)
 
     @classmethod

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import __version__
-from ..checkpoints.compatibility import ModelSet, open_models, problems
+from ..checkpoints.compatibility import CheckedModels, ModelSet, open_models, problems, reopen
 from ..checkpoints.reading import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError,
                                    CheckpointReader)
 from ..checkpoints.tokenizers import TOKENIZER_FILES
@@ -30,6 +30,7 @@ from .errors import ConfigError, MergeError
 from .partition import Partition
 from .plan import MergePlan, build_plan
 from .registry import concrete
+from ..checkpoints.loading import pick_device
 
 
 # --------------------------------------------------------------------------- inputs
@@ -37,15 +38,20 @@ Inputs = ModelSet   # the models of a merge: task (the reference), lang, base; h
 
 
 def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
-                need: set[str] | None = None) -> Inputs:
+                need: set[str] | None = None, checked: CheckedModels | None = None) -> Inputs:
     """Resolve and check the models (``checkpoints.compatibility``, the task expert as the
     reference); MergeError with every problem found (nothing is read but headers). ``need``:
-    roles whose tensors the merge reads (all given roles by default)."""
+    roles whose tensors the merge reads (all given roles by default). ``checked``: these models
+    as a caller already checked them (a session): reopened from it while their folders are
+    unchanged (``compatibility.reopen``), without resolving, reading configs or checking."""
     refs = {"task": task, "lang": lang, "base": base}
     refs = {r: str(v) for r, v in refs.items() if v is not None}
     for role in ("task", "lang"):
         if role not in refs:
             raise MergeError(f"the {role} expert is missing (give --{role})")
+    inputs = reopen(checked, refs)
+    if inputs is not None:
+        return inputs
     inputs = open_models(refs)
     found = problems(inputs, roles=need, tokenizers=tokenizer_source is None,
                      tokenizer_hint="; choose the tokenizer explicitly (tokenizer_source / "
@@ -76,15 +82,15 @@ def _ordered(names: list[str], reader: CheckpointReader) -> list[str]:
 # --------------------------------------------------------------------------- disk merge
 def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=None, *,
                     device: str = "cpu", shard_size: int | str = "2GB", overwrite: bool = False,
-                    force: bool = False, progress: Progress | None = None) -> Path:
+                    force: bool = False, progress: Progress | None = None,
+                    checked: CheckedModels | None = None) -> Path:
     """Merge into the folder ``out`` (HF format, loadable with from_pretrained); returns its path.
 
     Models default to ``config.task/lang/base``; the config saved with the output records the
     references actually used. An existing ``out`` is replaced only with ``overwrite``, and only
     if it is a layerswap output (or empty) unless ``force`` (see ``checkpoints.writing.check_output_dir``).
+    ``checked``: the models as already checked (``open_inputs``).
     """
-    from ..checkpoints.loading import pick_device
-
     if out is None:
         raise ValueError("no output folder given (out=... / --out DIR)")
     config = replace(config, task=str(task or config.task or "") or None,
@@ -96,7 +102,7 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     t0 = time.time()
     _say(progress, 0.0, "checking the models")
     inputs = open_inputs(config.task, config.lang, config.base,
-                         tokenizer_source=config.tokenizer_source)
+                         tokenizer_source=config.tokenizer_source, checked=checked)
     config = concrete(config, inputs.arch.num_layers)  # e.g. the layer counts actually used
     plan = build_plan(config, inputs.names, inputs.arch)
     check_output_dir(out, overwrite=overwrite, force=force, inputs=inputs.paths.values())
@@ -121,7 +127,8 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
                                inputs=inputs.paths.values()) as tmp:
             _write_folder(tmp, inputs, config, plan, names, out_dtype, device, max_shard,
                           lambda f, m: _say(progress, start + (1 - start) * 0.98 * f, m))
-            (tmp / "README.md").write_text(model_card(config, plan, inputs, time.time() - t0))
+            (tmp / "README.md").write_text(model_card(config, plan, inputs.refs,
+                                                      time.time() - t0))
     except OutputWriteError as e:  # disk full, read-only...: one line, nothing left written
         raise MergeError(str(e)) from e
     _say(progress, 1.0, f"merged into {out} in {time.time() - t0:.1f} s")
@@ -185,8 +192,9 @@ def _copy_side_files(inputs: Inputs, config: MergeConfig, dst: Path):
             shutil.copy2(tok_src / f, dst / f)
 
 
-def model_card(config: MergeConfig, plan: MergePlan, inputs: Inputs, seconds: float) -> str:
-    models = "\n".join(f"- **{role}**: `{ref}`" for role, ref in inputs.refs.items())
+def model_card(config: MergeConfig, plan: MergePlan, refs: dict[str, str], seconds: float) -> str:
+    """The README.md of a merge of the models ``refs`` (role -> reference, as ``Inputs.refs``)."""
+    models = "\n".join(f"- **{role}**: `{ref}`" for role, ref in refs.items())
     return f"""---
 tags: [merge, layerswap, layer-swapping]
 ---

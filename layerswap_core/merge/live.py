@@ -39,6 +39,7 @@ from .errors import ConfigError, MergeError
 from .executor import Inputs, open_inputs
 from .plan import MergePlan, build_plan
 from .registry import Source
+from ..checkpoints.loading import load_model
 
 ROLES = ("base", "task", "lang")
 # Below this many parameters a CPU live model is float32 (see the module docstring): at most
@@ -140,8 +141,6 @@ class LiveModel:
 
     def __init__(self, inputs: Inputs, *, device: str = "cpu", dtype: torch.dtype | None = None,
                  progress: Progress | None = None):
-        from ..checkpoints.loading import load_model
-
         self.inputs = inputs
         self.arch = inputs.arch
         self.device = device

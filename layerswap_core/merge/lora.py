@@ -29,6 +29,11 @@ from ..checkpoints.adapters import (ADAPTER_CONFIG, ADAPTER_WEIGHTS, PEFT_PREFIX
 from ..progress import Progress, say
 from .methods import get_method as get_tensor_method
 from .registry import concrete, linear_methods
+from ..checkpoints.architectures import PROJECTION_KINDS, get_architecture
+from ..checkpoints.reading import CheckpointReader
+from ..checkpoints.references import resolve
+from ..checkpoints.writing import atomic_output_dir
+from .plan import build_plan
 
 # --------------------------------------------------------------------------- combining
 def _coefficients(source, config) -> dict[str, float]:
@@ -44,8 +49,6 @@ def _coefficients(source, config) -> dict[str, float]:
 
 def combine_adapters(config, adapters: dict[str, LoraAdapter], arch) -> dict[str, LoraModule]:
     """The merged adapter's modules (scale 1: the coefficients and scales are folded into B)."""
-    from .plan import build_plan
-
     if config.method not in linear_methods() or config.uses_magnitude:
         raise AdapterError(f"merge method {config.method}"
                            f"{' with magnitude weights' if config.uses_magnitude else ''} is not "
@@ -102,11 +105,6 @@ def merge_adapters(config, task, lang, base, out, *, dense: bool = False, dtype=
     """
     from safetensors.torch import save_file
 
-    from ..checkpoints.architectures import get_architecture
-    from ..checkpoints.reading import CheckpointReader
-    from ..checkpoints.writing import atomic_output_dir
-    from ..checkpoints.references import resolve
-
     t0 = time.time()
     base_path = resolve(base)
     say(progress, 0.0, "reading the adapters")
@@ -146,11 +144,6 @@ def extract_adapter(base, tuned, out, *, rank: int = 16, dtype=torch.bfloat16,
     squared change (Frobenius) the rank keeps, over all modules.
     """
     from safetensors.torch import save_file
-
-    from ..checkpoints.architectures import PROJECTION_KINDS, get_architecture
-    from ..checkpoints.reading import CheckpointReader
-    from ..checkpoints.references import resolve
-    from ..checkpoints.writing import atomic_output_dir
 
     if int(rank) < 1:
         raise AdapterError(f"rank must be at least 1, got {rank}")

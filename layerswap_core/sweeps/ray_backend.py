@@ -14,6 +14,9 @@ import uuid
 from collections import deque
 from typing import Callable
 
+from .order import chunks
+from .scoring import SweepWorker
+
 MAX_ATTEMPTS = 3   # a configuration whose worker died this many times stops the sweep
 PREFIX = "layerswap-sweep-"   # actor names: PREFIX + run tag + worker number
 
@@ -54,9 +57,6 @@ def run_on_ray(jobs: list[dict], worker_args: dict, handle: Callable[[dict], Non
                address: str | None = None, workers: int = 2, gpus_per_worker: float = 0.0,
                cpus_per_worker: float = 1.0) -> None:
     """Score ``jobs`` (in order) on ``workers`` actors; ``handle(record)`` as each finishes."""
-    from .order import chunks
-    from .scoring import SweepWorker
-
     ray, started = connect(address)
     actor_cls = ray.remote(SweepWorker)
     tag = uuid.uuid4().hex[:6]

@@ -6,7 +6,8 @@ one from this process's engine pool (``engines.pool``), in this process or insid
 
 Scores come from the evaluation code as it is (``evaluation.runner.run_side_by_side``):
 accuracy (flexible extract) with its 95% Wilson interval, or the mean gold-solution NLL
-(teacher-forced, generation cut to one token) with a normal 95% interval over the items.
+(teacher-forced, no generation: ``evaluation.runner.task_nll``) with a normal 95% interval over
+the items.
 """
 from __future__ import annotations
 
@@ -16,6 +17,13 @@ import socket
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+
+from ..checkpoints.loading import pick_device
+from ..evaluation.data import load_items
+from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, side_by_side_task,
+                                 task_nll)
+from ..evaluation.variants import variant_items
+from ..merge.config import MergeConfig
 
 DATA = ("mgsm", "gsm-symbolic", "demo-variants")
 METRICS = ("accuracy", "nll")
@@ -51,8 +59,8 @@ class EvalSettings:
         d.pop("batch_size")
         d.pop("data_dir")
         d["langs"] = list(d["langs"])
-        if self.metric == "nll":
-            d["max_new_tokens"] = 1
+        if self.metric == "nll":   # as when the NLL ran after one generated token: the keys
+            d["max_new_tokens"] = 1   # of earlier results stay valid (same floats)
         return d
 
     def to_dict(self) -> dict:
@@ -63,10 +71,6 @@ class EvalSettings:
 
 def load_eval_items(settings: EvalSettings) -> dict[str, tuple[list, list]]:
     """language -> (items, exemplars) the sweep scores every configuration on."""
-    from ..evaluation.data import load_items
-    from ..evaluation.runner import default_exemplars
-    from ..evaluation.variants import variant_items
-
     out = {}
     for lang in settings.langs:
         if settings.data == "demo-variants":   # chosen on validation, as the demo's sweep is
@@ -94,32 +98,29 @@ def nll_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
 def score_model(model, tokenizer, eval_items: dict, settings: EvalSettings,
                 progress=None) -> dict[str, dict]:
     """language -> the score of (model, tokenizer) on that language's items."""
-    from ..evaluation.runner import run_side_by_side
-
-    nll = settings.metric == "nll"
     out = {}
     for lang, (items, exemplars) in eval_items.items():
-        res = run_side_by_side({"merged": (model, tokenizer)}, items, exemplars=exemplars,
-                               cot=settings.cot, batch_size=settings.batch_size, with_nll=nll,
-                               max_new_tokens=1 if nll else settings.max_new_tokens,
-                               progress=progress)
-        s = res.summary[0]
-        if nll:
-            per_item = [r["models"]["merged"]["gold_nll"] for r in res.rows]
+        if settings.metric == "nll":   # teacher-forced: no generation
+            per_item = task_nll(side_by_side_task(items, exemplars, cot=settings.cot), model,
+                                tokenizer, batch_size=settings.batch_size, progress=progress)
             lo, hi = nll_interval(per_item)
-            out[lang] = {"n": s["n"], "nll": s["mean_gold_nll"], "ci_low": lo, "ci_high": hi}
-        else:
-            correct = sum(bool(r["models"]["merged"]["correct"]) for r in res.rows)
-            out[lang] = {"n": s["n"], "correct": correct, "accuracy": s["accuracy"],
-                         "ci_low": s["ci_low"], "ci_high": s["ci_high"],
-                         "strict_accuracy": s["strict_accuracy"]}
+            out[lang] = {"n": len(items), "nll": mean_nll(per_item), "ci_low": lo, "ci_high": hi}
+            continue
+        res = run_side_by_side({"merged": (model, tokenizer)}, items, exemplars=exemplars,
+                               cot=settings.cot, batch_size=settings.batch_size, with_nll=False,
+                               max_new_tokens=settings.max_new_tokens, progress=progress)
+        s = res.summary[0]
+        correct = sum(bool(r["models"]["merged"]["correct"]) for r in res.rows)
+        out[lang] = {"n": s["n"], "correct": correct, "accuracy": s["accuracy"],
+                     "ci_low": s["ci_low"], "ci_high": s["ci_high"],
+                     "strict_accuracy": s["strict_accuracy"]}
     return out
 
 
 # --------------------------------------------------------------------------- engines
 def trio_for(refs: dict, device: str = "auto"):
     """The engine pool's key for a trio ``refs`` = {"task", "lang", "base"?} on ``device``."""
-    from ..checkpoints.loading import pick_device
+    # lazy: the engines (pool, jobs, dispatch) add 0.06-0.08 s to `layerswap`'s start (-X importtime)
     from ..engines.pool import Trio
 
     return Trio(refs["task"], refs["lang"], refs.get("base"), device=pick_device(device))
@@ -129,13 +130,14 @@ def engine_checkout(refs: dict, device: str = "auto"):
     """A checkout: ``with checkout() as engine`` lends a live model of this process's engine
     pool (``engines.dispatch.default().pool``: bounded, shared with anything else this process
     runs, kept between configurations) for one configuration."""
-    from ..engines.dispatch import default
+    # lazy: the engines (pool, jobs, dispatch) add 0.06-0.08 s to `layerswap`'s start (-X importtime)
+    from ..engines.dispatch import default as default_dispatcher
 
     trio = trio_for(refs, device)
 
     @contextmanager
     def checkout():
-        with default().pool.checkout(trio) as engine:
+        with default_dispatcher().pool.checkout(trio) as engine:
             yield engine.live
     return checkout
 
@@ -166,8 +168,6 @@ class SweepWorker:
         return f"{self.name} (pid {os.getpid()} on {socket.gethostname()})"
 
     def run(self, job: dict, progress=None) -> dict:
-        from ..merge.config import MergeConfig
-
         t0 = time.perf_counter()
         config = MergeConfig.from_dict(job["config"])
         with self.checkout() as engine:

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from ..checkpoints.embedded import DEMO_BASE, DEMO_LANG, DEMO_TASK
 from ..checkpoints.loading import load_model
+from ..merge.config import MergeConfig
+from ..merge.live import LiveModel
+from . import recipes as D
+from .sft_data import heldout_nll
 
 __all__ = ["DEMO_BASE", "DEMO_LANG", "DEMO_TASK", "DEMO_ROWS", "demo_nll_table", "heldout_sets",
            "table_markdown"]
@@ -31,7 +35,6 @@ def heldout_sets(limit: int | None = None) -> dict[str, list[dict]]:
     """The held-out chat sets (never trained on): each expert's own validation split, and the
     Swahili validation variants with their worked solutions (math in Swahili, which neither
     expert saw)."""
-    from . import recipes as D
     sets = {"math (eng validation variants)": D.math_variant_examples("eval"),
             "swahili (held-out dictionary split)": D.swahili_clean_examples("eval"),
             "swh validation variants": D.variant_rows("sw", "validation")}
@@ -47,10 +50,6 @@ def demo_nll_table(limit: int | None = None, threads: int | None = 1, rows=DEMO_
     merge (default layer counts) and the uniform soup (1:1), all in float32 on the CPU.
     ``rows``: a subset of DEMO_ROWS (e.g. to split the work over processes)."""
     import torch
-
-    from ..merge.live import LiveModel
-    from ..merge.config import MergeConfig
-    from .sft_data import heldout_nll
 
     if threads:
         torch.set_num_threads(threads)

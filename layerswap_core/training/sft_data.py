@@ -19,6 +19,7 @@ from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from ..evaluation.prompts import has_chat_template, render_chat
 from ..evaluation.tasks import IGNORE, token_nll
 from .config import TrainDataError, TrainError
+from ..checkpoints.loading import load_model
 
 
 
@@ -200,7 +201,6 @@ def mean_nll(model, encoded: list, batch_size: int = 8, pad_id: int = 0, device=
 def heldout_nll(model_or_ref, data, *, tokenizer=None, max_length: int = 512,
                 batch_size: int = 8, device: str = "cpu") -> float:
     """Mean response-token NLL of a model (reference or loaded model) on a JSONL file or rows."""
-    from ..checkpoints.loading import load_model
     if isinstance(model_or_ref, (str, Path)):
         model, tokenizer = load_model(model_or_ref, device=device)
     else:

@@ -48,6 +48,10 @@ from ..progress import Progress
 from ..progress import say as _say
 from .config import LORA_KINDS, PARTS, TrainConfig, TrainError
 from .sft_data import IGNORE, Batches, batch_nll, encode_file, mean_nll
+from ..checkpoints.architectures import get_architecture
+from ..checkpoints.loading import load_model, pick_device
+from ..checkpoints.references import resolve
+from ..merge.partition import Partition
 
 
 @dataclass
@@ -76,7 +80,6 @@ class TrainResult:
 def partition_sides(model, partition, arch, scale: bool = False) -> dict[str, set[str]]:
     """{"lang": names, "task": names} of the model's (base) parameters under ``partition``
     (a preset in the published absolute layers, or scaled to the depth with ``scale``)."""
-    from ..merge.partition import Partition
     part = Partition.from_spec(partition, arch.num_layers, scale=scale)
     sides = {"lang": set(), "task": set()}
     for name, _ in _base_parameters(model):
@@ -253,10 +256,6 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, progress: Progress | None = None):
         from accelerate import Accelerator
-
-        from ..checkpoints.architectures import get_architecture
-        from ..checkpoints.loading import load_model, pick_device
-        from ..checkpoints.references import resolve
 
         self.cfg = cfg.validate()
         self.progress = progress

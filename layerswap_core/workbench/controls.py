@@ -9,6 +9,7 @@ the model that was built.
 from __future__ import annotations
 
 from ..merge import registry
+from ..merge.config import validated_ranges
 
 LAYER_CONTROLS = ("bottom", "top", "transition_bottom", "transition_top")
 NO_PARTITION = "none (bottom/top sliders)"
@@ -65,8 +66,6 @@ def ignored_text(states: dict[str, str | None], shown: set[str] | None = None) -
 def outside_validated(counts: dict[str, int], num_layers: int) -> list[str]:
     """Phrases for the layer counts outside the paper's validated ranges (scaled to the depth
     by layerswap's own rule when it is not 32), e.g. "transition bottom 3 (validated: 0, 1, 2)"."""
-    from ..merge.config import validated_ranges
-
     r = validated_ranges(num_layers)
     allowed = {"bottom": r.bottom, "top": r.top, "transition_bottom": r.transition,
                "transition_top": r.transition}

@@ -10,12 +10,14 @@ from typing import Any
 
 from .served import Progress, WorkbenchError
 from .session import ROLE_LABELS, Session, dispatcher
+from ..analysis.deltas import auto_threshold, delta_stats
+from ..analysis.suggest import delta_story, suggest_config
+from . import figures as plots
+from .controls import outside_validated
 
 
 def analyze_deltas(session: Session, progress: Progress | None = None) -> dict[str, Any]:
     """DeltaStats of each expert against the base (computed once per session; cached on disk)."""
-    from ..analysis.deltas import delta_stats as compute
-
     if not session.has_base:
         raise WorkbenchError("the delta views need the base model (Models tab)")
     if all(role in session.stats for role in ("task", "lang")):
@@ -24,7 +26,7 @@ def analyze_deltas(session: Session, progress: Progress | None = None) -> dict[s
         for i, role in enumerate(("task", "lang")):
             if role not in session.stats:
                 guard(i / 2, f"delta statistics of the {ROLE_LABELS[role]}")
-                session.stats[role] = compute(
+                session.stats[role] = delta_stats(
                     session.paths["base"], session.paths[role], label=ROLE_LABELS[role],
                     progress=lambda f, m, i=i: guard((i + f) / 2, m))
     return session.stats
@@ -47,7 +49,6 @@ def auto_thresholds(task, lang) -> tuple[float, float]:
     One tau for both would sit between two experts whose deltas differ by orders of magnitude
     (the demo's: about 10x), so one map would be all 0% or all 100%; each expert's own tau lies
     between its quiet and its busy tensors, so both maps show where that expert changed most."""
-    from ..analysis.deltas import auto_threshold
     return auto_threshold(task), auto_threshold(lang)
 
 
@@ -71,9 +72,6 @@ def delta_views(session: Session, threshold: float | tuple[float, float] | None 
     ``log_scale`` applies to the MAV colouring only (fractions are shown as they are).
     ``matrices_only``: only the seven 2-D matrices the paper plots. Moving a threshold re-uses
     the stored statistics (no tensor reads)."""
-    from . import figures as plots
-    from ..analysis.suggest import delta_story
-
     stats = analyze_deltas(session, progress)
     task, lang = stats["task"], stats["lang"]
     if threshold is None:
@@ -113,15 +111,12 @@ def maps_note(metric: str, taus: tuple[float, float]) -> str:
 
 def suggest(session: Session):
     """analysis.Suggestion from the stored statistics (Analyze first)."""
-    from ..analysis.suggest import suggest_config
     if "task" not in session.stats or "lang" not in session.stats:
         raise WorkbenchError("analyze the deltas first (Deltas tab)")
     return suggest_config(session.stats["task"], session.stats["lang"], session.num_layers)
 
 
 def suggestion_text(s, num_layers: int | None = None) -> str:
-    from .controls import outside_validated
-
     head = (f"**Suggested configuration**: bottom {s.bottom}, top {s.top}, transitions "
             f"{s.transition_bottom}/{s.transition_top}"
             + (f", partition {s.partition}" if s.partition else ""))

@@ -12,6 +12,10 @@ from typing import Any
 
 from .served import LIMITS, Progress, WorkbenchError, bounded
 from .session import ROLE_LABELS, Session, dispatcher
+from ..evaluation.data import find_mgsm_dir, load_items, mgsm_help, mgsm_reachable
+from ..evaluation.mgsm_hub import LICENCE
+from ..evaluation.runner import SideBySideResult, default_exemplars
+from . import figures as plots
 
 
 @dataclass
@@ -28,7 +32,6 @@ def data_default() -> tuple[str, str]:
 
     MGSM when it is on this machine or can be downloaded (online); else GSM-Symbolic, which
     ships with the package, and the note says how to get MGSM."""
-    from ..evaluation.data import mgsm_help, mgsm_reachable
     if mgsm_reachable():
         return "mgsm", ""
     return "gsm-symbolic", f"GSM-Symbolic is selected because {mgsm_help()}."
@@ -40,10 +43,6 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
                    max_new_tokens: int = 64, chat_template: bool = False,
                    progress: Progress | None = None) -> EvalResult:
     """Side-by-side evaluation of the chosen models on the first ``n`` items."""
-    from . import figures as plots
-    from ..evaluation.data import load_items
-    from ..evaluation.runner import SideBySideResult, default_exemplars
-
     n = bounded("number of questions", n, 1, LIMITS.eval_questions)
     shots = bounded("shots", shots, 0, LIMITS.shots)
     max_new_tokens = bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
@@ -51,7 +50,6 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
         raise WorkbenchError("choose at least one model to evaluate")
     what = {ROLE_LABELS[r]: session.what(r) for r in roles}
     if source.lower() == "mgsm":   # on first use online: downloaded, and the page says so
-        from ..evaluation.data import find_mgsm_dir
         find_mgsm_dir(progress=lambda msg: progress and progress(0.0, msg))
     available = load_items(source, lang)
     items = available[:n]
@@ -76,7 +74,6 @@ def evaluation_note(res: EvalResult) -> str:
         else "0-shot"
     text = f"Evaluated {c['data']} {c['lang']}: {sample}, {shots}, {c['format']} answers."
     if c["data"] == "MGSM":
-        from ..evaluation.mgsm_hub import LICENCE
         text += (f" MGSM is under {LICENCE}. Gold NLL is blank: MGSM's test questions come "
                  "without worked solutions to score.")
     return text

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from ..checkpoints.references import EMBEDDED_PREFIX, is_adapter
 from ..progress import Cancelled, Progress  # noqa: F401  (Cancelled: re-exported)
+from ..checkpoints import hub
+from ..checkpoints.writing import cache_dir
 
 
 
@@ -155,8 +157,6 @@ class Access:
 
     @classmethod
     def from_env(cls, served: bool, trusted=()) -> "Access":
-        from ..checkpoints.writing import cache_dir
-
         out = Path(os.environ.get("LAYERSWAP_OUTPUT_DIR") or cache_dir() / "outputs").expanduser()
         dirs = os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
         roots = [Path(d).expanduser() for d in dirs if d.strip()]
@@ -198,7 +198,6 @@ def vet_reference(ref, access: Access = LOCAL, progress: Progress | None = None)
     if not access.served or ref in access.trusted or ref.startswith(EMBEDDED_PREFIX):
         return ref
     if HUB_ID.fullmatch(ref):
-        from ..checkpoints import hub
         return str(hub.served_fetch(ref, access.namespace or ""))
     if os.path.isabs(ref) and ref.isprintable():
         try:

@@ -27,16 +27,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..checkpoints.compatibility import ModelSet, open_models, problems as compatibility_problems
-from ..checkpoints.loading import describe, pick_device
-from ..checkpoints.references import DEFAULT_BASE, is_adapter
-from ..engines.dispatch import Dispatcher, default as default_dispatcher
-from ..engines.jobs import Job
+from ..checkpoints.compatibility import (ModelSet, checked_models, open_models,
+                                         problems as compatibility_problems)
+from ..checkpoints.loading import dense_from_adapter, describe, pick_device
+from ..checkpoints.references import DEFAULT_BASE, check_free_space, is_adapter, is_offline
+from ..engines.dispatch import ZERO_DEVICE, Dispatcher, default as default_dispatcher
+from ..engines.jobs import Job, show
 from ..engines.pool import Trio
 from ..merge import registry
 from ..progress import say as _say
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, capped,
                      check_replace, output_folder, readable_error, vet_reference)
+from ..checkpoints.reading import CheckpointReader
+from ..merge.config import MergeConfig
+from ..merge.executor import merge_to_folder, model_card
+from ..merge.plan import build_plan
+from . import figures as plots
+from .saves import push_target, reserving
 
 
 ROLES = ("base", "task", "lang")
@@ -95,7 +102,6 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
             try:
                 ref = vet_reference(name, access, progress)
                 if role in ("task", "lang") and is_adapter(ref):   # merged into the base once
-                    from ..checkpoints.loading import dense_from_adapter
                     ref = str(dense_from_adapter(ref, refs.get("base"), progress))
             except ValueError as e:
                 raise WorkbenchError(f"{label}: {readable_error(e)}") from e
@@ -151,6 +157,9 @@ class Session:
         # check_models (the models tab)
         inputs = report.models or open_models(
             {role: self.refs[role] for role in ("task", "lang", "base") if role in self.refs})
+        # the check's result as plain data: save and zip reuse it while the folders are unchanged
+        self.checked = checked_models(inputs) if report.models is not None else None
+        self.checkpoint_bytes = inputs.readers["task"].nbytes()   # what a merge writes
         self.paths = {role: str(p) for role, p in inputs.paths.items()}
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
@@ -168,7 +177,6 @@ class Session:
     @property
     def trio(self) -> Trio:
         """The engine this session's jobs run on (shared with every visitor on these models)."""
-        from ..engines.dispatch import ZERO_DEVICE
         zero = dispatcher().placement == "zerogpu"
         return Trio(self.refs["task"], self.refs["lang"], self.refs.get("base"),
                     device=ZERO_DEVICE if zero else self.device)
@@ -203,8 +211,6 @@ def cancel(session: Session | None) -> bool:
 def showing(session: Session, role: str, progress: Progress | None = None):
     """(model, tokenizer) of an engine showing ``role`` for the block, held by nobody else
     meanwhile (in this process: the local placement). For scripts and tests."""
-    from ..engines.jobs import show
-
     d = dispatcher()
     what = session.what(role)
     with d.pool.checkout(session.trio, session.id, progress) as engine:
@@ -299,8 +305,6 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
     """A validated MergeConfig from the Configure tab's controls (labels as shown there);
     ``knobs``: the other number knobs of the registered methods by name (lambda_task,
     ties_density, ...: ``registry.KNOBS``)."""
-    from ..merge.config import MergeConfig
-
     custom_rules = capped("custom rules", custom_rules, LIMITS.rules_chars)
     method_id = METHOD_LABELS.get(method, method)
     part: Any = None
@@ -334,21 +338,18 @@ def _number(name: str, value) -> float:
 
 
 def default_config(session: Session):
-    from ..merge.config import MergeConfig
     return MergeConfig.default_for(session.num_layers, task=session.refs["task"],
                                    lang=session.refs["lang"], base=session.refs.get("base"))
 
 
 def merge_plan(session: Session, config):
     """The ``MergePlan`` of ``config`` over the session's models (pure data: no tensors read)."""
-    from ..merge.plan import build_plan
     return build_plan(config, session.param_names, session.arch)
 
 
 def plan_view(session: Session, config) -> tuple[Any, str]:
     """(layer-stack figure, plan summary text) for a config. Reads no tensors: runs on every
     slider move."""
-    from . import figures as plots
     p = merge_plan(session, config)
     fig = plots.layer_stack_figure(p.layer_rows(), non_layer=p.non_layer_sources(),
                                    kind_params=layer_kind_params(session))
@@ -359,8 +360,6 @@ def layer_kind_params(session: Session) -> dict[int, dict[str, int]]:
     """layer -> module kind -> parameter count, from the task expert's headers (computed once
     per session): the layer diagram splits a mixed layer by parameters."""
     if session.kind_params is None:
-        from ..checkpoints.reading import CheckpointReader
-
         out: dict[int, dict[str, int]] = {}
         with CheckpointReader(session.paths["task"]) as reader:
             for name in session.param_names:
@@ -377,7 +376,6 @@ def plan_cells_figure(session: Session, config, over: str | None = None,
     """Source of every (layer, module) cell; ``over`` = "task"/"lang" draws the plan over that
     expert's delta heatmap (Analyze first) at threshold ``tau`` (default: the one last drawn on
     the Deltas tab). Reads no tensors."""
-    from . import figures as plots
     p = merge_plan(session, config)
     stats = None
     if over is not None:
@@ -416,39 +414,26 @@ def save(session: Session, config, folder: str, overwrite: bool = False,
     in the visitor's folder under the output root when serving visitors (``access``: theirs,
     ``Access.for_visitor``), within the save quotas (``saves.reserving``); any folder locally
     (``output_folder``)."""
-    from .saves import reserving
-
     access = access or session.access
     out = output_folder(access, folder)
     check_replace(out, bool(overwrite))
-    with reserving(access, out, _checkpoint_bytes(session)):
+    with reserving(access, out, session.checkpoint_bytes):
         return _merge_into(session, config, out, bool(overwrite), progress)
-
-
-def _checkpoint_bytes(session: Session) -> int:
-    """The size of one checkpoint of the session's models (what a merge writes)."""
-    from ..checkpoints.reading import CheckpointReader
-
-    with CheckpointReader(session.paths["task"]) as reader:
-        return reader.nbytes()
 
 
 def _merge_into(session: Session, config, out: Path, overwrite: bool,
                 progress: Progress | None) -> Path:
-    from ..merge.executor import merge_to_folder
-
-    from ..checkpoints.references import check_free_space
-
+    """The merge streamed to ``out``, from the models as the Models tab checked them."""
     check_replace(out, overwrite)
-    check_free_space(Path(out).parent, _checkpoint_bytes(session), f"saving the merge to {out}")
+    check_free_space(Path(out).parent, session.checkpoint_bytes, f"saving the merge to {out}")
     with dispatcher().hold(session.job("save"), progress) as guard:
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],
-                               session.refs.get("base"), out, overwrite=overwrite, progress=guard)
+                               session.refs.get("base"), out, overwrite=overwrite, progress=guard,
+                               checked=session.checked)
 
 
 def hub_token() -> str | None:
     """A Hugging Face token from the environment, when the Hub may be used at all."""
-    from ..checkpoints.references import is_offline
     if is_offline():
         return None
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
@@ -462,8 +447,6 @@ def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
     into their own namespace (``saves.push_target``), never the server's token."""
     repo_id = capped("repo id", repo_id, LIMITS.ref_chars).strip()
     if session.access.served:
-        from ..checkpoints.references import is_offline
-        from .saves import push_target
         repo_id = push_target(repo_id, visitor_token, visitor)
         token = None if is_offline() else visitor_token
     else:
@@ -488,11 +471,10 @@ def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
 
 
 def export_zip(session: Session, config, out_dir: str | None = None) -> Path:
-    """A zip with the merge config (layerswap.yaml) and a model card (README.md)."""
-    from ..merge.executor import model_card, open_inputs
-
-    inputs = open_inputs(session.refs["task"], session.refs["lang"], session.refs.get("base"))
-    card = model_card(config, merge_plan(session, config), inputs, 0.0)
+    """A zip with the merge config (layerswap.yaml) and a model card (README.md), from the
+    session's models as the Models tab checked them (no model file is read again)."""
+    refs = {role: session.refs[role] for role in ("task", "lang", "base") if role in session.refs}
+    card = model_card(config, merge_plan(session, config), refs, 0.0)
     card = card.replace("\nMerged in 0.0 s.\n", "\n")  # not merged yet: a recipe
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="layerswap-"))
     path = out_dir / "layerswap-merge.zip"

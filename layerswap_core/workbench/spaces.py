@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..checkpoints.loading import ZERO_GPU
+from ..checkpoints.loading import ZERO_GPU, pick_device
 from ..engines import dispatch
 from ..engines.pool import Trio
 
@@ -37,7 +37,6 @@ def start(refs: dict[str, str]) -> str:
         dispatch.preload(trio)
         pool = dispatch._ZERO_POOL
     else:
-        from ..checkpoints.loading import pick_device
         trio = Trio(refs["task"], refs["lang"], refs.get("base"), device=pick_device())
         pool = d.pool
     try:

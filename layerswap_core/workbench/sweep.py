@@ -8,6 +8,10 @@ from typing import Any
 
 from .served import LIMITS, Progress, WorkbenchError, bounded, capped
 from .session import Session, dispatcher
+from ..evaluation.data import load_items
+from ..evaluation.runner import default_exemplars
+from ..merge.partition import ConfigError, parse_layers
+from . import figures as plots
 
 
 @dataclass
@@ -42,8 +46,6 @@ def parse_values(text: str, name: str, hi: int) -> list[int]:
     Each item is read by the merge's one layer parser (``partition.parse_layers`` over ``hi + 1``
     values: bounds checked before any range is built, so 'first 3' and 'all' work too);
     ``:STEP`` then keeps every STEP-th value of that item."""
-    from ..merge.partition import ConfigError, parse_layers
-
     out: set[int] = set()
     for part in capped(name, text, LIMITS.values_chars).split(","):
         part = part.strip()
@@ -70,11 +72,6 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
                progress: Progress | None = None) -> SweepResult:
     """Score a grid of configurations on a small fixed item set by in-memory recomposition."""
     from dataclasses import replace
-
-    from . import figures as plots
-    from ..evaluation.data import load_items
-    from ..evaluation.runner import default_exemplars
-    from ..merge.partition import ConfigError
 
     if metric not in ("nll", "accuracy"):
         raise WorkbenchError(f"sweep score: 'nll' or 'accuracy', got {metric!r}")
@@ -103,12 +100,11 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
     rows = []
     # one job, a chunk per configuration: the engine shows each cell in turn (another
-    # visitor's short job waits at most one cell); NLL needs one forward pass per item, so
-    # generation is cut to 1 token
+    # visitor's short job waits at most one cell); the NLL is teacher-forced, no generation
+    scoring = {"metric": "nll"} if metric == "nll" else {"max_new_tokens": 64, "with_nll": False}
     summaries = dispatcher().run(session.job(
-        "sweep", configs, items, shots=shots, max_new_tokens=1 if metric == "nll" else 64,
-        with_nll=metric == "nll", exemplars=default_exemplars(items, shots, cot=False)),
-        progress) if configs else []
+        "sweep", configs, items, shots=shots, exemplars=default_exemplars(items, shots, cot=False),
+        **scoring), progress) if configs else []
     for (iy, ix), s in zip(cells, summaries):
         scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
         if scores[iy][ix] is not None:
