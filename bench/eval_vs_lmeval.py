@@ -100,9 +100,28 @@ def lm_eval_outputs(out_dir: Path) -> list[str]:
     files = sorted(out_dir.rglob("samples_*.jsonl"))
     if not files:
         return []
-    rows = [json.loads(line) for line in files[-1].read_text(encoding="utf-8").splitlines()]
-    rows.sort(key=lambda r: r["doc_id"])
-    return [r["resps"][0][0] for r in rows]
+    by_doc: dict[int, str] = {}
+    for line in files[-1].read_text(encoding="utf-8").splitlines():
+        # one row per document AND filter (strict, flexible): the raw generation is the same
+        r = json.loads(line)
+        raw = r["resps"][0][0]
+        if by_doc.setdefault(r["doc_id"], raw) != raw:
+            raise SystemExit(f"lm_eval logged two generations for document {r['doc_id']}")
+    return [by_doc[k] for k in sorted(by_doc)]
+
+
+def compare_outputs(reference: list[str], ours: list[str], label: str) -> int:
+    """How many generations are identical, item by item (exact strings); the differing pairs
+    are printed. A different number of items is an error (the comparison would be meaningless)."""
+    if len(reference) != len(ours):
+        raise SystemExit(f"{label}: lm_eval gave {len(reference)} generations, ours {len(ours)}")
+    same = 0
+    for i, (x, y) in enumerate(zip(reference, ours)):
+        if x == y:
+            same += 1
+        else:
+            print(f"  {label} item {i} differs: lm_eval {x!r} / ours {y!r}")
+    return same
 
 
 def our_outputs(path: Path) -> list[str]:
@@ -168,7 +187,7 @@ def main():
                         times[name].append(r)
                         outputs[name] = (lm_eval_outputs(tmp / "lm_eval_out") if name == "lm_eval"
                                          else our_outputs(tmp / "ours.json"))
-                same = sum(x.strip() == y.strip() for x, y in zip(outputs["lm_eval"], outputs["ours"]))
+                same = compare_outputs(outputs["lm_eval"], outputs["ours"], f"{lang} {mode}")
                 med = {k: statistics.median(r["wall_s"] for r in v) for k, v in times.items()}
                 cpu = {k: statistics.median(r["cpu_s"] for r in v) for k, v in times.items()}
                 print(f"{lang} {mode:<6} n={a.n} {a.shots}-shot batch {a.batch_size}: "
