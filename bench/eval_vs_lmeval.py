@@ -20,8 +20,11 @@ expensive functions by cumulative and by own time).
 Targets (issue #30): ours >= 3x faster than lm_eval on chain-of-thought and >= 2x on direct
 answers, at identical outputs. The load of the machine (/proc/loadavg) is printed before and after.
 
-This is a first version (skeleton): the in-process comparison (``run_lm_eval`` against
-``run_side_by_side`` in one process) that issue #30 also asks for is not written yet.
+``--where inproc`` (run by default after the whole-process runs) loads the model once in this
+process and alternates lm-eval's ``simple_evaluate`` on its HF wrapper
+(``evaluation.lmeval.run_lm_eval``, batch B) with our runner (``runner.run_side_by_side``,
+batch B) on it: the evaluation alone, without start-up and loading; wall and CPU seconds
+(``time.process_time``) and the outputs compared item by item as above.
 """
 from __future__ import annotations
 
@@ -100,9 +103,28 @@ def lm_eval_outputs(out_dir: Path) -> list[str]:
     files = sorted(out_dir.rglob("samples_*.jsonl"))
     if not files:
         return []
-    rows = [json.loads(line) for line in files[-1].read_text(encoding="utf-8").splitlines()]
-    rows.sort(key=lambda r: r["doc_id"])
-    return [r["resps"][0][0] for r in rows]
+    by_doc: dict[int, str] = {}
+    for line in files[-1].read_text(encoding="utf-8").splitlines():
+        # one row per document AND filter (strict, flexible): the raw generation is the same
+        r = json.loads(line)
+        raw = r["resps"][0][0]
+        if by_doc.setdefault(r["doc_id"], raw) != raw:
+            raise SystemExit(f"lm_eval logged two generations for document {r['doc_id']}")
+    return [by_doc[k] for k in sorted(by_doc)]
+
+
+def compare_outputs(reference: list[str], ours: list[str], label: str) -> int:
+    """How many generations are identical, item by item (exact strings); the differing pairs
+    are printed. A different number of items is an error (the comparison would be meaningless)."""
+    if len(reference) != len(ours):
+        raise SystemExit(f"{label}: lm_eval gave {len(reference)} generations, ours {len(ours)}")
+    same = 0
+    for i, (x, y) in enumerate(zip(reference, ours)):
+        if x == y:
+            same += 1
+        else:
+            print(f"  {label} item {i} differs: lm_eval {x!r} / ours {y!r}")
+    return same
 
 
 def our_outputs(path: Path) -> list[str]:
@@ -110,11 +132,110 @@ def our_outputs(path: Path) -> list[str]:
     return [next(iter(r["models"].values()))["output"] for r in rows]
 
 
+def summary_line(label: str, times: dict[str, list[dict]], same: int, n_items: int) -> str:
+    """One result line: min/median wall of each contender, the ratios of medians, identical."""
+    med = {k: statistics.median(r["wall_s"] for r in v) for k, v in times.items()}
+    cpu = {k: statistics.median(r["cpu_s"] for r in v) for k, v in times.items()}
+    return (f"{label}: lm_eval {min(r['wall_s'] for r in times['lm_eval']):.1f}/"
+            f"{med['lm_eval']:.1f} s (min/median), ours "
+            f"{min(r['wall_s'] for r in times['ours']):.1f}/{med['ours']:.1f} s; "
+            f"lm_eval/ours wall {med['lm_eval'] / med['ours']:.2f}x, CPU "
+            f"{cpu['lm_eval'] / max(cpu['ours'], 1e-9):.2f}x; outputs identical {same}/{n_items}; "
+            f"load {loadavg()}")
+
+
+def whole_process(a, folder, lm_eval_bin: str, tmp: Path, lang: str, cot: bool) -> None:
+    """Each contender as the command users run, alternating; wall and CPU of the child."""
+    mode = "cot" if cot else "direct"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": str(ROOT)}
+    task, max_tokens = write_task(tmp / f"task-{lang}-{mode}", lang, cot, a.n, a.shots, a.data_dir)
+    cmds = {
+        "lm_eval": [lm_eval_bin, "--model", "hf", "--model_args",
+                    f"pretrained={folder},dtype=float32", "--tasks", task,
+                    "--include_path", str(tmp / f"task-{lang}-{mode}"),
+                    "--num_fewshot", str(a.shots), "--batch_size", str(a.batch_size),
+                    "--device", "cpu", "--log_samples", "--output_path",
+                    str(tmp / "lm_eval_out")],
+        "ours": [sys.executable, "-m", "layerswap_core.cli", "eval", "--model",
+                 str(folder), "--data", "mgsm", "--lang", lang, "--n", str(a.n),
+                 "--shots", str(a.shots), *(["--cot"] if cot else []),
+                 "--batch-size", str(a.batch_size), "--max-new-tokens",
+                 str(max_tokens), "--device", "cpu", "--out", str(tmp / "ours.json"),
+                 *(["--data-dir", a.data_dir] if a.data_dir else [])],
+    }
+    times: dict[str, list[dict]] = {k: [] for k in cmds}
+    outputs: dict[str, list[str]] = {}
+    for rep in range(a.reps):
+        order = list(cmds) if rep % 2 == 0 else list(cmds)[::-1]   # alternate
+        for name in order:
+            shutil.rmtree(tmp / "lm_eval_out", ignore_errors=True)
+            cpu0 = cpu_children()
+            r = run_measured(cmds[name], env)
+            r["cpu_s"] = cpu_children() - cpu0
+            if r["rc"] != 0:
+                print(f"{lang} {mode}: {name} failed ({r['rc']}):\n{r['stderr'][-1500:]}")
+                raise SystemExit(1)
+            times[name].append(r)
+            outputs[name] = (lm_eval_outputs(tmp / "lm_eval_out") if name == "lm_eval"
+                             else our_outputs(tmp / "ours.json"))
+    same = compare_outputs(outputs["lm_eval"], outputs["ours"], f"{lang} {mode}")
+    print(summary_line(f"whole process {lang} {mode:<6} n={a.n} {a.shots}-shot batch "
+                       f"{a.batch_size}", times, same, len(outputs["ours"])), flush=True)
+    if a.profile and lang == a.langs[0] and cot == (a.modes[0] == "cot"):
+        profile_ours(cmds["ours"][3:], env)
+
+
+def in_process(a, folder, lang: str, cot: bool, model_and_tokenizer) -> None:
+    """lm-eval's ``simple_evaluate`` on its HF wrapper (``evaluation.lmeval.run_lm_eval``)
+    against our runner (``runner.run_side_by_side``), the same loaded model, alternating:
+    the evaluation itself, without start-up and loading."""
+    from layerswap_core.evaluation.data import load_mgsm
+    from layerswap_core.evaluation.lmeval import run_lm_eval
+    from layerswap_core.evaluation.runner import default_exemplars, run_side_by_side
+
+    mode = "cot" if cot else "direct"
+    items = load_mgsm(lang, a.data_dir)[:a.n]
+    exemplars = default_exemplars(items, a.shots, cot=cot, data_dir=a.data_dir)
+    max_tokens = 256 if cot else 32
+    model, tok = model_and_tokenizer
+
+    def lm_eval_run() -> list[str]:
+        out = run_lm_eval(model, tok, lang, items=items, exemplars=exemplars, cot=cot,
+                          batch_size=a.batch_size, max_gen_toks=max_tokens)
+        by_doc = {s["doc_id"]: s["resps"][0][0] for s in out["samples"]}   # a row per filter
+        return [by_doc[k] for k in sorted(by_doc)]
+
+    def ours_run() -> list[str]:
+        res = run_side_by_side({"model": (model, tok)}, items, exemplars=exemplars, cot=cot,
+                               max_new_tokens=max_tokens, batch_size=a.batch_size,
+                               with_nll=False)
+        return [r["models"]["model"]["output"] for r in res.rows]
+
+    runs = {"lm_eval": lm_eval_run, "ours": ours_run}
+    times: dict[str, list[dict]] = {k: [] for k in runs}
+    outputs: dict[str, list[str]] = {}
+    for rep in range(a.reps):
+        order = list(runs) if rep % 2 == 0 else list(runs)[::-1]
+        for name in order:
+            t0, c0 = time.perf_counter(), time.process_time()
+            outputs[name] = runs[name]()
+            times[name].append({"wall_s": time.perf_counter() - t0,
+                                "cpu_s": time.process_time() - c0})
+    same = compare_outputs(outputs["lm_eval"], outputs["ours"], f"{lang} {mode} in process")
+    print(summary_line(f"in process    {lang} {mode:<6} n={a.n} {a.shots}-shot batch "
+                       f"{a.batch_size}", times, same, len(outputs["ours"])), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model reference (default: the embedded base)")
     ap.add_argument("--langs", nargs="+", default=["sw", "en"])
     ap.add_argument("--modes", nargs="+", default=["direct", "cot"], choices=["direct", "cot"])
+    ap.add_argument("--where", nargs="+", default=["whole", "inproc"],
+                    choices=["whole", "inproc"],
+                    help="whole: each tool's own command in its own process; inproc: both on "
+                         "one model loaded once in this process")
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--shots", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2)
@@ -129,57 +250,20 @@ def main():
         raise SystemExit("lm_eval is not installed (pip install lm-eval): nothing to compare")
     folder = resolve(a.model or DEFAULT_BASE)
     print(f"model {folder}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-          f"load average before: {loadavg()}", flush=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONPATH": str(ROOT)}
+          f"{os.cpu_count()} CPUs; load average before: {loadavg()}", flush=True)
+    loaded = None
+    if "inproc" in a.where:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        from layerswap_core.checkpoints.loading import load_model
+        loaded = load_model(str(folder), device="cpu")
     with tempfile.TemporaryDirectory(prefix="layerswap-eval-vs-lmeval-") as tmp:
-        tmp = Path(tmp)
         for lang in a.langs:
             for mode in a.modes:
-                cot = mode == "cot"
-                task, max_tokens = write_task(tmp / f"task-{lang}-{mode}", lang, cot, a.n,
-                                              a.shots, a.data_dir)
-                cmds = {
-                    "lm_eval": [lm_eval_bin, "--model", "hf", "--model_args",
-                                f"pretrained={folder},dtype=float32", "--tasks", task,
-                                "--include_path", str(tmp / f"task-{lang}-{mode}"),
-                                "--num_fewshot", str(a.shots), "--batch_size", str(a.batch_size),
-                                "--device", "cpu", "--log_samples", "--output_path",
-                                str(tmp / "lm_eval_out")],
-                    "ours": [sys.executable, "-m", "layerswap_core.cli", "eval", "--model",
-                             str(folder), "--data", "mgsm", "--lang", lang, "--n", str(a.n),
-                             "--shots", str(a.shots), *(["--cot"] if cot else []),
-                             "--batch-size", str(a.batch_size), "--max-new-tokens",
-                             str(max_tokens), "--device", "cpu", "--out", str(tmp / "ours.json"),
-                             *(["--data-dir", a.data_dir] if a.data_dir else [])],
-                }
-                times: dict[str, list[dict]] = {k: [] for k in cmds}
-                outputs: dict[str, list[str]] = {}
-                for rep in range(a.reps):
-                    order = list(cmds) if rep % 2 == 0 else list(cmds)[::-1]   # alternate
-                    for name in order:
-                        shutil.rmtree(tmp / "lm_eval_out", ignore_errors=True)
-                        cpu0 = cpu_children()
-                        r = run_measured(cmds[name], env)
-                        r["cpu_s"] = cpu_children() - cpu0
-                        if r["rc"] != 0:
-                            print(f"{lang} {mode}: {name} failed ({r['rc']}):\n{r['stderr'][-1500:]}")
-                            raise SystemExit(1)
-                        times[name].append(r)
-                        outputs[name] = (lm_eval_outputs(tmp / "lm_eval_out") if name == "lm_eval"
-                                         else our_outputs(tmp / "ours.json"))
-                same = sum(x.strip() == y.strip() for x, y in zip(outputs["lm_eval"], outputs["ours"]))
-                med = {k: statistics.median(r["wall_s"] for r in v) for k, v in times.items()}
-                cpu = {k: statistics.median(r["cpu_s"] for r in v) for k, v in times.items()}
-                print(f"{lang} {mode:<6} n={a.n} {a.shots}-shot batch {a.batch_size}: "
-                      f"lm_eval {min(r['wall_s'] for r in times['lm_eval']):.1f}/"
-                      f"{med['lm_eval']:.1f} s (min/median), ours "
-                      f"{min(r['wall_s'] for r in times['ours']):.1f}/{med['ours']:.1f} s; "
-                      f"lm_eval/ours wall {med['lm_eval'] / med['ours']:.2f}x, CPU "
-                      f"{cpu['lm_eval'] / max(cpu['ours'], 1e-9):.2f}x; outputs identical "
-                      f"{same}/{len(outputs['ours'])}", flush=True)
-                if a.profile and lang == a.langs[0] and mode == a.modes[0]:
-                    profile_ours(cmds["ours"][3:], env)
+                if "whole" in a.where:
+                    whole_process(a, folder, lm_eval_bin, Path(tmp), lang, mode == "cot")
+                if loaded is not None:
+                    in_process(a, folder, lang, mode == "cot", loaded)
     print(f"load average after: {loadavg()}")
 
 
