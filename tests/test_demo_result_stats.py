@@ -174,3 +174,37 @@ def test_the_reproduce_path_gives_the_shipped_values(one_thread):
                 if not model.startswith(BEST):
                     assert values == pytest.approx(shipped[it["id"]]["nll"][q][model],
                                                    abs=2e-3), (q, model)
+
+
+def test_the_readme_states_the_shipped_headline():
+    """README.md's demo lines carry the shipped headline figure (the default swap minus the math
+    expert after the Swahili question) and its n, as the bench computed them."""
+    from layerswap_core.workbench.demo import DEFAULT, measured_demo_result
+
+    res = measured_demo_result()
+    (row,) = [r for r in res["paired"] if (r["model"], r["vs"], r["question"], r["target"])
+              == (DEFAULT, "math expert", "sw", "solution")]
+    readme = (ROOT / "README.md").read_text()
+    line = readme[readme.index("**What the demo shows"):].split("\n\n", 1)[0]
+    assert f"{row['mean_difference']:+.3f} nats/token" in line
+    assert f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]" in line and f"n = {res['n']}" in line
+
+
+def test_the_reading_chart_draws_each_difference_with_its_interval():
+    from layerswap_core.workbench.figures import reading_chart
+
+    rng = np.random.default_rng(5)
+    models = ["math expert", "swap", "swap, base outer"]
+    items = [{"nll": {"sw": {m: list(rng.normal(2 + i, 0.1, 2)) for i, m in enumerate(models)},
+                      "en": {m: list(rng.normal(1 + i, 0.1, 2)) for i, m in enumerate(models[:2])}}}
+             for _ in range(30)]
+    rows = D.summarize(items, [("swap", "math expert"), ("swap, base outer", "math expert")],
+                       ["sw", "en"], resamples=500)["paired"]
+    fig = reading_chart(rows, "math expert", models[1:], {"sw": "Swahili q", "en": "English q"})
+    sw, en = fig.data
+    assert (sw.name, list(sw.x), list(en.x)) == ("Swahili q", models[1:], ["swap"])
+    r = next(r for r in rows if (r["model"], r["question"], r["target"]) == ("swap", "sw",
+                                                                              "solution"))
+    assert sw.y[0] == pytest.approx(r["mean_difference"]) and 0.9 < sw.y[0] < 1.1
+    assert sw.y[0] + sw.error_y.array[0] == pytest.approx(r["ci_high"])
+    assert sw.y[0] - sw.error_y.arrayminus[0] == pytest.approx(r["ci_low"])
