@@ -166,7 +166,7 @@ def answer_tokens(tokenizer, target_ids: Sequence[int], answer: str) -> int:
 
 
 def reading_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str],
-                answers: Sequence[str], *, token_budget: int = 6144,
+                answers: Sequence[str], *, token_budget: int = 2048,
                 progress: Progress | None = None) -> list[tuple[float, float]]:
     """Per item, (mean NLL per token of the whole target, mean NLL per token of its answer
     tokens) after its prompt, teacher forced. Items are batched by length (left-padded, at most
