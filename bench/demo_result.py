@@ -9,11 +9,13 @@ accuracy on ``--accuracy-n`` of the items (secondary).
                                 [--docs docs/demo.md] [--threads 1] [--dtype bfloat16]
                                 [--base REF --task REF --lang REF]
     python bench/demo_result.py --from-json assets/experts/demo_result.json --docs docs/demo.md
+                                [--add-accuracy N --json OUT.json]
 
 Prints the headline sentence and the tables, then writes the JSON (every per-item value and
 every statistic; ``assets/experts/demo_result.json`` is this file for the shipped experts) and,
 with ``--docs``, rewrites the block between ``<!-- demo-result -->`` and ``<!-- /demo-result
--->`` of that file with them (``--from-json``: from a stored result, nothing rerun). Cached
+-->`` of that file with them (``--from-json``: from a stored result, nothing rerun but, with
+``--add-accuracy N``, the accuracy column on N of its items, same swaps). Cached
 models are used where present (embedded experts are built once).
 """
 from __future__ import annotations
@@ -32,7 +34,8 @@ def main(argv=None) -> int:
 
     from layerswap_core.checkpoints.loading import cpu_has_bf16
     from layerswap_core.training.demo_experts import DEMO_BASE, DEMO_LANG, DEMO_TASK
-    from layerswap_core.workbench.demo import measured_demo_result, reproduce_demo_result
+    from layerswap_core.workbench.demo import (add_accuracy, measured_demo_result,
+                                               reproduce_demo_result)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=264, help="eval variants (264: all of them)")
@@ -51,39 +54,47 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the result here")
     p.add_argument("--docs", help="rewrite the result block of this markdown file")
     p.add_argument("--from-json", help="a stored result to print (and --docs), nothing rerun")
+    p.add_argument("--add-accuracy", type=int, metavar="N",
+                   help="with --from-json: measure the accuracy column on N of its items")
     a = p.parse_args(argv)
-    if a.from_json:
-        res = measured_demo_result(a.from_json)
-        if res is None:
-            print(f"{a.from_json}: not a demo result (version 2)", file=sys.stderr)
-            return 1
-        print(docs_block(res))
-        if a.docs:
-            write_docs(Path(a.docs), docs_block(res))
-        return 0
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.dtype == "bfloat16" and cpu_has_bf16() is False:
         print("note: this CPU has no bfloat16 instructions: bf16 runs several times slower here "
               "than float32", file=sys.stderr)
+    dtype = getattr(torch, a.dtype) if a.dtype else None
+    refs = {"base": a.base, "task": a.task, "lang": a.lang}
     t0 = time.time()
-    res = reproduce_demo_result({"base": a.base, "task": a.task, "lang": a.lang}, n=a.n,
-                                n_validation=a.n_validation, accuracy_n=a.accuracy_n,
-                                max_new_tokens=a.max_new_tokens,
-                                dtype=getattr(torch, a.dtype) if a.dtype else None,
-                                progress=lambda f, m: print(
-                                    f"[{f:4.0%} {time.time() - t0:5.0f} s] {m}", file=sys.stderr,
-                                    flush=True))
+
+    def progress(f, m):
+        print(f"[{f:4.0%} {time.time() - t0:5.0f} s] {m}", file=sys.stderr, flush=True)
+
+    if a.from_json:
+        res = measured_demo_result(a.from_json)
+        if res is None:
+            print(f"{a.from_json}: not a demo result (version 2)", file=sys.stderr)
+            return 1
+        if a.add_accuracy:
+            res = add_accuracy(res, refs, a.add_accuracy, a.max_new_tokens, dtype=dtype,
+                               progress=progress)
+    else:
+        res = reproduce_demo_result(refs, n=a.n, n_validation=a.n_validation,
+                                    accuracy_n=a.accuracy_n, max_new_tokens=a.max_new_tokens,
+                                    dtype=dtype, progress=progress)
     print(docs_block(res))
     if a.json:
-        out = Path(a.json)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps({k: v for k, v in res.items() if k != "markdown"}, indent=1,
-                                  ensure_ascii=False) + "\n")
-        tmp.replace(out)
+        write_json(Path(a.json), res)
     if a.docs:
         write_docs(Path(a.docs), docs_block(res))
     return 0
+
+
+def write_json(out: Path, res: dict) -> None:
+    """The result without its rendered markdown, written whole (a temporary file renamed)."""
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps({k: v for k, v in res.items() if k != "markdown"}, indent=1,
+                              ensure_ascii=False) + "\n")
+    tmp.replace(out)
 
 
 START, END = "<!-- demo-result -->", "<!-- /demo-result -->"

@@ -70,11 +70,15 @@ def test_reading_nll_is_the_runner_gold_nll_and_its_answer_tokens(tiny_lm):
 def test_the_demo_result_runs_end_to_end_on_a_tiny_trio(tiny):
     """The bench's code path on tiny models: every model on the same paired items, both
     questions, the swap chosen on validation, the controls present, statistics from the items."""
-    from layerswap_core.workbench.demo import BEST, DEFAULT, REVERTED, reproduce_demo_result
+    from layerswap_core.workbench.demo import (BEST, DEFAULT, REVERTED, add_accuracy,
+                                               reproduce_demo_result)
 
     refs = {k: str(tiny[k]) for k in ("base", "task", "lang")}
-    res = reproduce_demo_result(refs, n=3, n_validation=2, accuracy_n=2, max_new_tokens=2,
-                                resamples=500)
+    res = reproduce_demo_result(refs, n=3, n_validation=2, max_new_tokens=2, resamples=500)
+    assert res["accuracy"] is None and not any("accuracy" in it for it in res["items"])
+    before = [dict(it["nll"]["sw"]) for it in res["items"]]
+    res = add_accuracy(res, refs, 2, max_new_tokens=2)   # the bench's --add-accuracy
+    assert [it["nll"]["sw"] for it in res["items"]] == before
     assert set(res["models"]) == {"base", "math expert", "language expert", DEFAULT, BEST,
                                   "uniform soup", DEFAULT + REVERTED, BEST + REVERTED}
     assert len(res["items"]) == 3 and res["n_validation"] == 2
@@ -92,6 +96,10 @@ def test_the_demo_result_runs_end_to_end_on_a_tiny_trio(tiny):
                                                           for r in res["sweep"]}
     assert res["accuracy"]["n"] == 2 and len(res["accuracy"]["summaries"]) == 2 * 6
     assert sum("accuracy" in it for it in res["items"]) == 2
+    for s in res["accuracy"]["summaries"]:
+        marks = [it["accuracy"][s["lang"]][s["model"]] for it in res["items"] if "accuracy" in it]
+        assert s["correct"] == sum(m["correct"] for m in marks) and all(
+            isinstance(m["output"], str) for m in marks)
     assert "| layer swap (default) |" in res["markdown"] and "sign p" in res["markdown"]
     assert isinstance(res["suggestion"]["bottom"], int)
 

@@ -101,8 +101,7 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
     ``n_validation``: validation items of the sweep. ``dtype``: the live model's (default:
     ``merge.live.live_dtype``). ``live``: a ``LiveModel`` over these refs to use (an engine's);
     default: one made here."""
-    from ..evaluation.demo_result import (paired, reading_nll, reading_target, score,
-                                          summarize)
+    from ..evaluation.demo_result import reading_nll, reading_target, summarize
     from ..evaluation.prompts import render_chat
     from ..evaluation.variants import variant_items
     from ..merge.config import MergeConfig
@@ -172,27 +171,9 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
                 r["nll"].setdefault(q, {})[name] = [v[0], v[1]]
     accuracy = None
     if accuracy_n:
-        acc_items = {q: spread(ev[q], accuracy_n) for q in QUESTIONS}
-        at = {it.id: r for it, r in zip(ev["en"], records)}
-        summaries, tests = [], []
-        for q in QUESTIONS:
-            scores = []
-            for name, what in shows.items():
-                if REVERTED in name:
-                    continue
-                say(progress, done[0] / work, f"accuracy: {name}, {len(acc_items[q])} {q} items")
-                live.show(what)
-                s = score(name, live.model, tok, acc_items[q], max_new_tokens=max_new_tokens)
-                done[0] += 8 * len(acc_items[q])
-                scores.append(s)
-                summaries.append(s.summary())
-                for it, out, ok in zip(acc_items[q], s.outputs, s.correct):
-                    at[it.id].setdefault("accuracy", {}).setdefault(q, {})[name] = {
-                        "output": out, "correct": ok}
-            for swap in (DEFAULT, BEST):
-                tests += paired(scores, swap, list(EXPERTS))
-        accuracy = {"n": accuracy_n, "max_new_tokens": max_new_tokens,
-                    "summaries": summaries, "comparisons": tests}
+        accuracy = run_accuracy(live, shows, ev, records, accuracy_n, max_new_tokens,
+                                lambda m: say(progress, done[0] / work, m),
+                                lambda k: done.__setitem__(0, done[0] + 8 * k))
     pairs = comparisons(list(shows))
     stats = summarize(records, pairs, list(QUESTIONS), resamples=resamples, seed=seed)
     res = {"version": 2, "n": len(records), "n_validation": len(val["sw"]),
@@ -203,6 +184,70 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
            "suggestion": suggestion(refs) if has_base else None, "accuracy": accuracy,
            "dtype": str(live.dtype).removeprefix("torch."),
            "seconds": round(time.time() - t0, 1)}
+    res["markdown"] = result_markdown(res)
+    return res
+
+
+def run_accuracy(live, shows: dict, ev: dict, records: list[dict], accuracy_n: int,
+                 max_new_tokens: int, tell=None, advance=None) -> dict:
+    """Greedy accuracy (secondary) of every model but the base-outer-layers controls on
+    ``accuracy_n`` of the eval items (spread), per question language: per-item outputs and
+    correctness into ``records``, and the summaries with McNemar tests of each swap against each
+    expert. ``tell(message)`` before each model, ``advance(items)`` after it."""
+    from ..evaluation.demo_result import paired, score
+
+    acc_items = {q: spread(ev[q], accuracy_n) for q in QUESTIONS}
+    at = {r["id"]: r for r in records}
+    summaries, tests = [], []
+    for q in QUESTIONS:
+        scores = []
+        for name, what in shows.items():
+            if REVERTED in name:
+                continue
+            if tell:
+                tell(f"accuracy: {name}, {len(acc_items[q])} {q} items")
+            live.show(what)
+            s = score(name, live.model, live.tokenizer, acc_items[q],
+                      max_new_tokens=max_new_tokens)
+            if advance:
+                advance(len(acc_items[q]))
+            scores.append(s)
+            summaries.append(s.summary())
+            for it, out, ok in zip(acc_items[q], s.outputs, s.correct):
+                at[it.id].setdefault("accuracy", {}).setdefault(q, {})[name] = {
+                    "output": out, "correct": ok}
+        for swap in (DEFAULT, BEST):
+            tests += paired(scores, swap, list(EXPERTS))
+    return {"n": len(acc_items["sw"]), "max_new_tokens": max_new_tokens,
+            "summaries": summaries, "comparisons": tests}
+
+
+def add_accuracy(res: dict, refs: dict, accuracy_n: int, max_new_tokens: int = 192,
+                 dtype=None, progress: Progress | None = None) -> dict:
+    """A stored result with the accuracy column (re)measured: the same items, the same default
+    and chosen swaps (``res["default"]``, ``res["best"]``), nothing else rerun."""
+    from ..evaluation.variants import variant_items
+    from ..merge.config import MergeConfig
+    from ..merge.live import LiveModel
+
+    t0 = time.time()
+    live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
+    common = dict(task=refs["task"], lang=refs["lang"], base=refs.get("base"))
+    shows = {"base": "base", "math expert": "task", "language expert": "lang",
+             DEFAULT: MergeConfig(**res["default"], **common),
+             BEST: MergeConfig(**res["best"], **common), SOUP: MergeConfig(method="soup", **common)}
+    if not refs.get("base"):
+        shows.pop("base")
+    ids = [r["id"] for r in res["items"]]
+    ev = {}
+    for q in QUESTIONS:
+        by_id = {it.id: it for it in variant_items(q, "eval")}
+        ev[q] = [by_id[i] for i in ids]
+    for r in res["items"]:
+        r.pop("accuracy", None)
+    res["accuracy"] = run_accuracy(live, shows, ev, res["items"], accuracy_n, max_new_tokens,
+                                   lambda m: say(progress, 0.0, m))
+    res["seconds"] = round(res["seconds"] + time.time() - t0, 1)
     res["markdown"] = result_markdown(res)
     return res
 
