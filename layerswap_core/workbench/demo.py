@@ -336,9 +336,9 @@ def measured_markdown() -> str:
     if res is None:
         return "No measured demo result is shipped with this install."
     acc = res.get("accuracy")
-    return (f"**Measured** with `python bench/demo_result.py --n {res['n']}"
-            + (f" --accuracy-n {acc['n']}" if acc else "")
-            + f"` ({res['seconds'] / 60:.0f} min on a shared 2-core CPU, {res['dtype']}). "
+    return (f"**Measured** with `python bench/demo_result.py --n {res['n']} --n-validation "
+            f"{res['n_validation']}`" + (f" (accuracy on {acc['n']} of the items)" if acc else "")
+            + f", {res['seconds'] / 60:.0f} min on a shared 2-core CPU, {res['dtype']}. "
             + headline(res) + "\n\nMean NLL (nats/token, lower is better) of the English "
             "worked solution, and of its answer tokens, after each question; 95% bootstrap "
             f"intervals ({res['resamples']} resamples, seed {res['seed']}):\n\n"
