@@ -123,8 +123,8 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
     val, ev = sets("validation", n_validation), sets("eval", n)
     sweeps = [(b, u) for b, u in SWEEP if b + u < L]
     n_passes = 2 * (6 - (not has_base)) + 2 * has_base   # (model, question) pairs measured
-    work = len(sweeps) * len(val["sw"]) + n_passes * len(ev["sw"]) \
-        + 8 * accuracy_n * 12   # a greedy answer (6 models, 2 languages) costs about 8 teacher-forced passes
+    # in teacher-forced passes; a greedy answer (6 models, 2 languages) costs about 8 of them
+    work = len(sweeps) * len(val["sw"]) + n_passes * len(ev["sw"]) + 8 * accuracy_n * 12
     done = [0]
 
     def measure(items_q: dict, q: str, label: str) -> list[tuple[float, float]]:
