@@ -51,7 +51,7 @@ def shoot(url: str, out: Path, chat_tokens: int, tabs=("deltas", "evaluate", "ch
                                                                   timeout=600_000)
         if "evaluate" in tabs:
             page.get_by_role("tab", name="Evaluate").click()
-            expect(page.locator("#demo-measured")).to_be_visible(timeout=30_000)
+            expect(page.locator("#demo-story")).to_be_visible(timeout=30_000)
             snap("evaluate")
         if "chat" in tabs:
             page.get_by_role("tab", name="Chat").click()

@@ -253,10 +253,11 @@ def test_a_question_reads_in_full():
 
 def test_reproduce_the_demo_result(client):
     """The Evaluate tab's button: the demo table for the models picked (here the tiny trio)."""
-    (md,) = [client.predict(2, api_name="/demo_result")]
+    md, plot = client.predict(2, api_name="/demo_result")
     assert md.startswith("✔") and "| layer swap (best on validation) |" in md
-    assert "McNemar" in md and "2 variants per language" in md
-    assert "Sweep on the validation variants (sw)" in md and "Deltas tab suggests" in md
+    assert "sign p" in md and "2 held-out variants" in md and "minus the math expert" in md
+    assert "Sweep on 1 validation variants" in md and "Deltas tab suggests" in md
+    assert plot is not None
 
 
 def test_reproduce_stops_when_cancelled(tiny):

@@ -130,27 +130,6 @@ def test_mcnemar_and_answer_extraction():
     assert extract("so 3 and then 12.") == "12" and extract("no number") is None
 
 
-def test_the_demo_result_runs_end_to_end_on_a_tiny_trio(tiny):
-    """The bench's code path on tiny models: every model scored on the same paired items, the
-    swap chosen on validation, comparisons for both swaps against both experts."""
-    from layerswap_core.workbench.demo import reproduce_demo_result
-
-    refs = {k: str(tiny[k]) for k in ("base", "task", "lang")}
-    res = reproduce_demo_result(refs, n=3, n_validation=2, max_new_tokens=2)
-    names = {s["model"] for s in res["summaries"]}
-    assert names == {"base", "math expert", "language expert", "layer swap (default)",
-                     "uniform soup", "layer swap (best on validation)"}
-    assert all(s["n"] == 3 and 0 <= s["ci_low"] <= s["accuracy"] <= s["ci_high"] <= 1
-               for s in res["summaries"])
-    assert len(res["comparisons"]) == 2 * 2 * 2 and all(0 <= c["p_value"] <= 1
-                                                        for c in res["comparisons"])
-    assert (res["best"]["bottom"], res["best"]["top"]) in {(r["bottom"], r["top"])
-                                                           for r in res["sweep"]}
-    assert "| layer swap (default) |" in res["markdown"] and "McNemar" in res["markdown"]
-    sug = res["suggestion"]   # the Deltas tab's suggestion, reported beside the sweep's choice
-    assert isinstance(sug["bottom"], int) and sug["story"].endswith(".")
-
-
 def test_a_spread_sample_covers_every_template():
     from layerswap_core.evaluation.variants import variant_items
     from layerswap_core.workbench.demo import spread
@@ -160,31 +139,3 @@ def test_a_spread_sample_covers_every_template():
     assert {template(it) for it in spread(items, 66)} == {template(it) for it in items}
     assert len(spread(items, 66)) == 66 == len({it.id for it in spread(items, 66)})
     assert spread(items, 10 ** 6) == items and spread(items, 5)[0] == items[0]
-
-
-def test_the_shipped_demo_result_is_consistent_and_is_the_readme_table():
-    """The measured result shipped with the demo experts: every figure follows from its counts,
-    the best swap is the sweep's best on validation, and docs/demo.md shows exactly its table."""
-    from pathlib import Path
-
-    from layerswap_core.evaluation.demo_result import mcnemar_p
-    from layerswap_core.evaluation.runner import wilson_interval
-    from layerswap_core.workbench.demo import best_of, measured_demo_result
-
-    res = measured_demo_result()
-    assert res is not None and res["n"] >= 200 and set(res["langs"]) >= {"sw", "en"}
-    cell = {}
-    for s in res["summaries"]:
-        assert s["n"] == res["n"] and s["accuracy"] == pytest.approx(s["correct"] / s["n"])
-        assert (s["ci_low"], s["ci_high"]) == pytest.approx(wilson_interval(s["correct"], s["n"]))
-        cell[s["model"], s["lang"]] = s
-    for c in res["comparisons"]:
-        a, b = cell[c["model"], c["lang"]], cell[c["vs"], c["lang"]]
-        assert a["correct"] - b["correct"] == c["only_model"] - c["only_vs"]
-        both = a["correct"] - c["only_model"]
-        pairs_a = [True] * c["only_model"] + [False] * c["only_vs"] + [True] * both
-        pairs_b = [False] * c["only_model"] + [True] * c["only_vs"] + [True] * both
-        assert c["p_value"] == pytest.approx(mcnemar_p(pairs_a, pairs_b))
-    assert res["best"] == {k: best_of(res["sweep"])[k] for k in ("bottom", "top")}
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "demo.md").read_text()
-    assert res["markdown"] in readme

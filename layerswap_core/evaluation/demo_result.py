@@ -1,6 +1,14 @@
 """Scoring models on the demo's held-out variants, with paired comparisons.
 
-A task record (``demo_task``, scored by ``tasks.run_task`` like the side-by-side evaluation).
+The headline is graded and per item (``reading_nll``): the teacher-forced NLL of the *English*
+worked solution (``reading_target``: the solution, then ``#### N``) after the item's question in
+the math expert's chat format, over the whole target and over its answer-bearing tokens (the
+final number after ``####``), with the one NLL ``tasks.token_nll``. Each model's per-item values
+are compared pairwise (``paired_stats``: the exact sign test, a paired t test and a bootstrap
+95% interval of the mean per-item difference, fixed seed); ``summarize`` recomputes every such
+figure from the per-item values alone (the stored result is checked that way).
+
+Accuracy (secondary) is a task record (``demo_task``, scored by ``tasks.run_task`` like the side-by-side evaluation).
 The prompt is the math expert's training format: the question as the only user turn, rendered
 by ``prompts.render_chat`` (the chat template, or the trainer's plain lines); greedy decoding
 with the GSM8K calculator (``evaluation.calculator``: the result of each ``<<expr=`` note is
@@ -16,11 +24,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+import torch
+
+from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from ..progress import Progress, say
 from .data import Item, normalize_number
 from .prompts import render_chat
 from .runner import wilson_interval
-from .tasks import Extraction, Task, run_task
+from .tasks import Extraction, Task, run_task, token_nll
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -134,4 +146,213 @@ def markdown_table(summaries: Sequence[dict], comparisons: Sequence[dict] = ()) 
                       "only the second right | p |", "|---|---|---:|---:|---:|"]
         lines += [f"| {c['model']} vs {c['vs']} | {c['lang']} | {c['only_model']} | "
                   f"{c['only_vs']} | {c['p_value']:.3g} |" for c in comparisons]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the graded measure
+def reading_target(item: Item) -> str:
+    """The gold continuation of the reading measure: the item's worked solution and its final
+    line, exactly as the math expert was trained to write them."""
+    return f"{item.solution}\n#### {item.answer}"
+
+
+def answer_tokens(tokenizer, target_ids: Sequence[int], answer: str) -> int:
+    """How many of the target's last tokens carry the final answer: the fewest whose text
+    contains ``answer`` (the target is tokenized whole, as in training)."""
+    for k in range(1, len(target_ids) + 1):
+        if answer in tokenizer.decode(list(target_ids[-k:])):
+            return k
+    return len(target_ids)
+
+
+def reading_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str],
+                answers: Sequence[str], *, token_budget: int = 2048,
+                progress: Progress | None = None) -> list[tuple[float, float]]:
+    """Per item, (mean NLL per token of the whole target, mean NLL per token of its answer
+    tokens) after its prompt, teacher forced. Items are batched by length (left-padded, at most
+    ``token_budget`` tokens a batch, one forward pass each); only target positions get logits."""
+    pairs = [(encode_prompt(tokenizer, p), encode_continuation(tokenizer, t))
+             for p, t in zip(prompts, targets)]
+    n_answer = [answer_tokens(tokenizer, t, a) for (_, t), a in zip(pairs, answers)]
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+    batches, batch = [], []
+    for i in order:
+        width = len(pairs[i][0]) + len(pairs[i][1])
+        if batch and (len(batch) + 1) * width > token_budget:
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        batches.append(batch)
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    out: list[tuple[float, float]] = [(math.nan, math.nan)] * len(pairs)
+    done = 0
+    with torch.inference_mode():
+        for idx in batches:
+            say(progress, done / max(1, len(pairs)), f"{done}/{len(pairs)} items")
+            seqs = [pairs[i][0] + pairs[i][1] for i in idx]
+            width = max(map(len, seqs))
+            ids = torch.full((len(idx), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(idx), width), dtype=torch.long)
+            for row, s in enumerate(seqs):
+                ids[row, width - len(s):] = torch.tensor(s)
+                mask[row, width - len(s):] = 1
+            keep = max(len(pairs[i][1]) for i in idx) + 1
+            inputs = dict(input_ids=ids.to(device), attention_mask=mask.to(device),
+                          position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(device),
+                          use_cache=False)
+            try:
+                logits = model(**inputs, logits_to_keep=keep).logits
+            except TypeError:  # a model class without logits_to_keep
+                logits = model(**inputs).logits[:, -keep:]
+            for row, i in enumerate(idx):
+                t = torch.tensor(pairs[i][1], device=logits.device)
+                pred = logits[row, keep - 1 - len(t):keep - 1]
+                k = n_answer[i]
+                out[i] = (float(token_nll(pred, t)) / len(t),
+                          float(token_nll(pred[-k:], t[-k:])) / k)
+            done += len(idx)
+    say(progress, 1.0, f"{len(pairs)} items")
+    return out
+
+
+def student_t_p(t: float, df: int) -> float:
+    """Two-sided p-value of Student's t with ``df`` degrees of freedom (the regularized
+    incomplete beta function I_x(df/2, 1/2), x = df / (df + t^2), by its continued fraction)."""
+    if df <= 0 or math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 0.0
+    x, a, b = df / (df + t * t), df / 2, 0.5
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):   # the continued fraction converges on the other side
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    return _betainc(a, b, x)
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """I_x(a, b) by Lentz's continued fraction (valid for x < (a + 1) / (a + b + 2))."""
+    if x <= 0.0:
+        return 0.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-14:
+            break
+    return front * (f - 1.0)
+
+
+def bootstrap_ci(values: Sequence[float], *, resamples: int = 10_000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (``resamples`` resamples with
+    replacement, numpy's generator seeded with ``seed``: the same interval every run)."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return (math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(resamples, len(v)))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def paired_stats(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_000,
+                 seed: int = 0) -> dict:
+    """``a`` against ``b`` item by item (lower is better for an NLL): n, the mean per-item
+    difference a - b with its bootstrap 95% interval, the items where ``a`` is lower / higher,
+    the exact sign-test p, the paired t and its two-sided p."""
+    if len(a) != len(b):
+        raise ValueError("paired comparison of different item lists")
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    n = len(d)
+    lower, higher = int((d < 0).sum()), int((d > 0).sum())
+    mean = float(d.mean()) if n else math.nan
+    sd = float(d.std(ddof=1)) if n > 1 else math.nan
+    t = mean / (sd / math.sqrt(n)) if n > 1 and sd > 0 else math.nan
+    lo, hi = bootstrap_ci(d, resamples=resamples, seed=seed)
+    return {"n": n, "mean_difference": mean, "ci_low": lo, "ci_high": hi, "lower": lower,
+            "higher": higher, "sign_p": sign_test_p(lower, higher), "t": t,
+            "t_p": student_t_p(t, n - 1) if not math.isnan(t) else math.nan}
+
+
+TARGETS = ("solution", "answer")   # the two NLLs stored per item: [whole target, answer tokens]
+
+
+def summarize(items: Sequence[dict], comparisons: Sequence[tuple[str, str]],
+              questions: Sequence[str], *, resamples: int = 10_000, seed: int = 0) -> dict:
+    """Every statistic of the demo result from its per-item values alone: ``means`` (per
+    question, target and model: the mean NLL and its bootstrap 95% interval) and ``paired``
+    (per question and target, each (model, vs) of ``comparisons``: ``paired_stats``).
+    ``items``: the result's per-item records, ``item["nll"][question][model] = [solution,
+    answer]``."""
+    means, rows = [], []
+    for q in questions:
+        models = list(items[0]["nll"][q]) if items else []
+        for ti, target in enumerate(TARGETS):
+            col = {m: [it["nll"][q][m][ti] for it in items] for m in models}
+            for m in models:
+                lo, hi = bootstrap_ci(col[m], resamples=resamples, seed=seed)
+                means.append({"question": q, "target": target, "model": m,
+                              "mean": float(np.mean(col[m])), "ci_low": lo, "ci_high": hi})
+            for m, vs in comparisons:
+                if m in col and vs in col:
+                    rows.append({"question": q, "target": target, "model": m, "vs": vs,
+                                 **paired_stats(col[m], col[vs], resamples=resamples, seed=seed)})
+    return {"means": means, "paired": rows}
+
+
+def _p(p: float) -> str:
+    return "n/a" if p is None or math.isnan(p) else (f"{p:.2g}" if p >= 1e-4 else "<1e-4")
+
+
+def reading_table(means: Sequence[dict], questions: dict[str, str],
+                  accuracy: Sequence[dict] = ()) -> str:
+    """Mean NLL per model (rows) for each question and target (columns), 95% intervals; the
+    greedy accuracy beside it where it was run."""
+    cols = [(q, t) for q in questions for t in TARGETS]
+    cell = {(m["model"], m["question"], m["target"]): m for m in means}
+    models = list(dict.fromkeys(m["model"] for m in means))
+    acc = {(s["model"], s["lang"]): s for s in accuracy}
+    acc_langs = list(dict.fromkeys(s["lang"] for s in accuracy))
+    head = [f"{questions[q]}: {'solution' if t == 'solution' else 'answer tokens'}"
+            for q, t in cols] + [f"accuracy ({lang})" for lang in acc_langs]
+    lines = ["| model | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    for m in models:
+        cells = []
+        for q, t in cols:
+            c = cell.get((m, q, t))
+            cells.append("" if c is None else f"{c['mean']:.3f} [{c['ci_low']:.3f}, "
+                                              f"{c['ci_high']:.3f}]")
+        for lang in acc_langs:
+            s = acc.get((m, lang))
+            cells.append("" if s is None else f"{s['correct']}/{s['n']}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_table(rows: Sequence[dict], questions: dict[str, str]) -> str:
+    """The paired comparisons: mean per-item difference (negative: the first model gives the
+    gold lower NLL) with its bootstrap 95% interval, items lower / higher, sign-test and t p."""
+    lines = ["| first vs second | question | target | mean difference [95% CI] | first lower "
+             "/ higher | sign p | t p |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} vs {r['vs']} | {questions.get(r['question'], r['question'])}"
+                     f" | {r['target']} | {r['mean_difference']:+.4f} [{r['ci_low']:+.4f}, "
+                     f"{r['ci_high']:+.4f}] | {r['lower']}/{r['higher']} | {_p(r['sign_p'])} | "
+                     f"{_p(r['t_p'])} |")
     return "\n".join(lines)

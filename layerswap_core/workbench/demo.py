@@ -1,13 +1,23 @@
 """The demo result: base, math expert, language expert, layer swaps and a uniform soup on the
-held-out GSM-Symbolic variants (``evaluation.variants``), with paired comparisons.
+held-out GSM-Symbolic variants (``evaluation.variants``), per item, with paired statistics.
 
-One live model shows every model in turn. The best layer swap of a small sweep is chosen on the
-``validation`` variants (Swahili), never on the ``eval`` variants it is then measured on.
-``bench/demo_result.py`` and the app's "Reproduce the demo result" button both call
-``reproduce_demo_result``.
+The headline is graded (``evaluation.demo_result.reading_nll``): per held-out eval item, the NLL
+of the English worked solution (and of its answer tokens) after the *Swahili* question, for
+every model. Beside it, two controls: the same measure after the *English* question (what the
+models do without any Swahili to read), and each layer swap with its outer layers taken from the
+*base* instead of the language expert ("outer layers from the base": does the language expert's
+bottom/top add anything the base's do not?). Greedy accuracy is a secondary column, on
+``accuracy_n`` of the items (0: not run).
+
+One live model shows every model in turn (``merge.live``). The best layer swap of a small sweep
+is chosen on the ``validation`` variants (lowest mean NLL of the same measure), never on the
+``eval`` items it is then measured on. ``bench/demo_result.py`` and the app's "Reproduce the demo
+result" button both call ``reproduce_demo_result``; the shipped result stores every per-item
+value, and ``evaluation.demo_result.summarize`` recomputes its statistics from them.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -16,16 +26,11 @@ from ..engines.jobs import register_kind
 from ..progress import Progress, say
 
 SWEEP = ((2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top) layer counts tried
-DEMO_LANGS = ("sw", "en")
+QUESTIONS = {"sw": "Swahili question", "en": "English question (control)"}
 RESULT_FILE = "demo_result.json"   # the measured result, shipped beside the demo experts
-
-
-def _configs(live, refs: dict) -> dict:
-    from ..merge.config import MergeConfig
-
-    common = dict(task=refs["task"], lang=refs["lang"], base=refs.get("base"))
-    return {"layer swap (default)": MergeConfig.default_for(live.arch.num_layers, **common),
-            "uniform soup": MergeConfig(method="soup", **common)}
+DEFAULT, BEST, SOUP = "layer swap (default)", "layer swap (best on validation)", "uniform soup"
+EXPERTS = ("math expert", "language expert")
+REVERTED = " with the base's outer layers"   # control (b): suffix of a swap's name
 
 
 def spread(items: list, n: int) -> list:
@@ -37,8 +42,8 @@ def spread(items: list, n: int) -> list:
 
 
 def best_of(sweep: list[dict]) -> dict:
-    """The sweep's best row: highest validation accuracy, the smaller swap on ties."""
-    return max(sweep, key=lambda r: (r["accuracy"], -r["bottom"] - r["top"]))
+    """The sweep's best row: lowest mean validation NLL, the smaller swap on ties."""
+    return min(sweep, key=lambda r: (r["nll"], r["bottom"] + r["top"]))
 
 
 def suggestion(refs: dict) -> dict:
@@ -53,88 +58,270 @@ def suggestion(refs: dict) -> dict:
     return {**s.merge_config_kwargs(), "story": delta_story(task, lang)}
 
 
-def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validation: int = 66,
-                          progress: Progress | None = None, max_new_tokens: int = 192,
-                          dtype=None, live=None) -> dict:
-    """The demo table as data: ``summaries`` (per model and language: n, correct, accuracy,
-    95% interval), ``comparisons`` (each layer swap vs each expert, McNemar), the ``sweep`` on
-    the validation set and the chosen configuration, ``markdown`` and ``seconds``. ``dtype``:
-    the live model's (default: ``merge.live.live_dtype``, float32 for a small model on a CPU).
-    ``live``: a ``LiveModel`` over these refs to use (an engine's); default: one made here."""
-    from ..evaluation.demo_result import markdown_table, paired, score, score_models
+def outer_from_base(live, config):
+    """The plan of a layer swap with the base's layers where the language expert's would be
+    (control (b): the swap's precondition)."""
+    from ..merge.registry import Source
+
+    plan = live.plan_for(config)
+    lang, base = Source.copy("lang"), Source.copy("base")
+    sources = {n: base if s == lang and live.arch.classify(n).layer is not None else s
+               for n, s in plan.sources.items()}
+    return dataclasses.replace(plan, sources=sources)
+
+
+def comparisons(models: list[str]) -> list[tuple[str, str]]:
+    """(model, vs) pairs reported: each merge against each expert and the soup; each
+    base-outer-layers control against its swap and the math expert."""
+    pairs = []
+    for m in (DEFAULT, BEST, SOUP):
+        pairs += [(m, vs) for vs in (*EXPERTS, SOUP) if vs != m]
+    for m in (DEFAULT, BEST):
+        pairs += [(m + REVERTED, m), (m + REVERTED, "math expert")]
+    return [(a, b) for a, b in pairs if a in models and b in models]
+
+
+def _item_record(item) -> dict:
+    from ..evaluation.variants import SPLIT_SEEDS
+
+    _, split, template, k = item.id.split("-")
+    return {"id": item.id, "template": int(template), "seed": SPLIT_SEEDS[split] + int(template),
+            "variant": int(k), "gold": item.answer, "nll": {}}
+
+
+def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
+                          accuracy_n: int = 0, progress: Progress | None = None,
+                          max_new_tokens: int = 192, dtype=None, live=None,
+                          resamples: int = 10_000, seed: int = 0) -> dict:
+    """The demo result as data (module docstring): ``items`` (per eval item: id, template,
+    seed, variant, gold; ``nll[question][model] = [solution, answer]``; outputs and correctness
+    where accuracy ran), ``means`` and ``paired`` (``summarize``), the validation ``sweep`` and
+    the ``best`` swap, ``accuracy`` (None, or per-model summaries and McNemar tests),
+    ``markdown`` and ``seconds``. ``n``: eval items (spread over the templates);
+    ``n_validation``: validation items of the sweep. ``dtype``: the live model's (default:
+    ``merge.live.live_dtype``). ``live``: a ``LiveModel`` over these refs to use (an engine's);
+    default: one made here."""
+    from ..evaluation.demo_result import reading_nll, reading_target, summarize
+    from ..evaluation.prompts import render_chat
+    from ..evaluation.variants import variant_items
+    from ..merge.config import MergeConfig
+
+    t0 = time.time()
+    if live is None:
+        from ..merge.live import LiveModel
+        live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
+    has_base = bool(refs.get("base"))
+    L = live.arch.num_layers
+    common = dict(task=refs["task"], lang=refs["lang"], base=refs.get("base"))
+    tok = live.tokenizer
+
+    def sets(split: str, k: int):
+        by = {q: spread(variant_items(q, split), k) for q in ("sw", "en")}
+        assert [i.id for i in by["sw"]] == [i.id for i in by["en"]], "unpaired variant sets"
+        return by
+
+    val, ev = sets("validation", n_validation), sets("eval", n)
+    sweeps = [(b, u) for b, u in SWEEP if b + u < L]
+    n_passes = 2 * (6 - (not has_base)) + 2 * has_base   # (model, question) pairs measured
+    # in teacher-forced passes; a greedy answer (6 models, 2 languages) costs about 8 of them
+    work = len(sweeps) * len(val["sw"]) + n_passes * len(ev["sw"]) + 8 * accuracy_n * 12
+    done = [0]
+
+    def measure(items_q: dict, q: str, label: str) -> list[tuple[float, float]]:
+        en = items_q["en"]
+        prompts = [render_chat(tok, it.question) for it in items_q[q]]
+        k = len(prompts)
+        res = reading_nll(live.model, tok, prompts, [reading_target(it) for it in en],
+                          [it.answer for it in en], progress=lambda f, m: say(
+                              progress, (done[0] + f * k) / work, f"{label}: {m}"))
+        done[0] += k
+        return res
+
+    # the sweep, on validation items: the headline measure (Swahili question), solution NLL
+    sweep = []
+    for b, u in sweeps:
+        live.show(MergeConfig(bottom=b, top=u, **common))
+        vals = [v[0] for v in measure(val, "sw", f"sweep on validation: bottom {b}, top {u}")]
+        sweep.append({"bottom": b, "top": u, "n": len(vals), "nll": sum(vals) / len(vals)})
+    best = best_of(sweep)
+    default = MergeConfig.default_for(L, **common)
+    chosen = MergeConfig(bottom=best["bottom"], top=best["top"], **common)
+    shows = {"base": "base", "math expert": "task", "language expert": "lang", DEFAULT: default,
+             BEST: chosen, SOUP: MergeConfig(method="soup", **common)}
+    if has_base:
+        shows[DEFAULT + REVERTED] = ("reverted", default)
+        shows[BEST + REVERTED] = ("reverted", chosen)
+    else:
+        shows.pop("base")
+    same = (best["bottom"], best["top"]) == (default.bottom, default.top)
+    records = [_item_record(it) for it in ev["en"]]
+    for name, what in shows.items():
+        for q in QUESTIONS:
+            if REVERTED in name and q != "sw":   # control (b) is of the headline measure only
+                continue
+            if same and name.startswith(BEST):   # the same model as the default swap
+                for r in records:
+                    r["nll"][q][name] = r["nll"][q][name.replace(BEST, DEFAULT)]
+                continue
+            if isinstance(what, tuple):
+                live.apply_plan(outer_from_base(live, what[1]), name)
+            else:
+                live.show(what)
+            for r, v in zip(records, measure(ev, q, f"{name}, {QUESTIONS[q]}")):
+                r["nll"].setdefault(q, {})[name] = [v[0], v[1]]
+    accuracy = None
+    if accuracy_n:
+        accuracy = run_accuracy(live, shows, ev, records, accuracy_n, max_new_tokens,
+                                lambda m: say(progress, done[0] / work, m),
+                                lambda k: done.__setitem__(0, done[0] + 8 * k))
+    pairs = comparisons(list(shows))
+    stats = summarize(records, pairs, list(QUESTIONS), resamples=resamples, seed=seed)
+    res = {"version": 2, "n": len(records), "n_validation": len(val["sw"]),
+           "questions": QUESTIONS, "models": list(shows), "comparisons": pairs,
+           "resamples": resamples, "seed": seed, "items": records, **stats,
+           "sweep": sweep, "best": {"bottom": best["bottom"], "top": best["top"]},
+           "default": {"bottom": default.bottom, "top": default.top},
+           "suggestion": suggestion(refs) if has_base else None, "accuracy": accuracy,
+           "dtype": str(live.dtype).removeprefix("torch."),
+           "seconds": round(time.time() - t0, 1)}
+    res["markdown"] = result_markdown(res)
+    return res
+
+
+def run_accuracy(live, shows: dict, ev: dict, records: list[dict], accuracy_n: int,
+                 max_new_tokens: int, tell=None, advance=None) -> dict:
+    """Greedy accuracy (secondary) of every model but the base-outer-layers controls on
+    ``accuracy_n`` of the eval items (spread), per question language: per-item outputs and
+    correctness into ``records``, and the summaries with McNemar tests of each swap against each
+    expert. ``tell(message)`` before each model, ``advance(items)`` after it."""
+    from ..evaluation.demo_result import paired, score
+
+    acc_items = {q: spread(ev[q], accuracy_n) for q in QUESTIONS}
+    at = {r["id"]: r for r in records}
+    summaries, tests = [], []
+    for q in QUESTIONS:
+        scores = []
+        for name, what in shows.items():
+            if REVERTED in name:
+                continue
+            if tell:
+                tell(f"accuracy: {name}, {len(acc_items[q])} {q} items")
+            live.show(what)
+            s = score(name, live.model, live.tokenizer, acc_items[q],
+                      max_new_tokens=max_new_tokens)
+            if advance:
+                advance(len(acc_items[q]))
+            scores.append(s)
+            summaries.append(s.summary())
+            for it, out, ok in zip(acc_items[q], s.outputs, s.correct):
+                at[it.id].setdefault("accuracy", {}).setdefault(q, {})[name] = {
+                    "output": out, "correct": ok}
+        for swap in (DEFAULT, BEST):
+            tests += paired(scores, swap, list(EXPERTS))
+    return {"n": len(acc_items["sw"]), "max_new_tokens": max_new_tokens,
+            "summaries": summaries, "comparisons": tests}
+
+
+def add_accuracy(res: dict, refs: dict, accuracy_n: int, max_new_tokens: int = 192,
+                 dtype=None, progress: Progress | None = None) -> dict:
+    """A stored result with the accuracy column (re)measured: the same items, the same default
+    and chosen swaps (``res["default"]``, ``res["best"]``), nothing else rerun."""
     from ..evaluation.variants import variant_items
     from ..merge.config import MergeConfig
     from ..merge.live import LiveModel
 
     t0 = time.time()
-    if live is None:
-        live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
-    configs = _configs(live, refs)
-
-    def shown(what):
-        def get():
-            live.show(what)
-            return live.model, live.tokenizer
-        return get
-
-    # the sweep, on validation variants in the first language
-    val = spread(variant_items(langs[0], "validation"), n_validation)
-    sweep = []
-    for i, (b, u) in enumerate(SWEEP):
-        if b + u >= live.arch.num_layers:
-            continue
-        say(progress, 0.3 * i / len(SWEEP), f"sweep on validation: bottom {b}, top {u}")
-        cfg = MergeConfig(bottom=b, top=u, task=refs["task"], lang=refs["lang"],
-                          base=refs.get("base"))
-        live.show(cfg)
-        s = score(f"b={b} u={u}", live.model, live.tokenizer, val, max_new_tokens=max_new_tokens)
-        sweep.append({"bottom": b, "top": u, **s.summary()})
-    best = best_of(sweep)
-    configs["layer swap (best on validation)"] = MergeConfig(
-        bottom=best["bottom"], top=best["top"], task=refs["task"], lang=refs["lang"],
-        base=refs.get("base"))
-    models = {"base": shown("base"), "math expert": shown("task"),
-              "language expert": shown("lang"),
-              **{name: shown(cfg) for name, cfg in configs.items()}}
+    live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
+    common = dict(task=refs["task"], lang=refs["lang"], base=refs.get("base"))
+    shows = {"base": "base", "math expert": "task", "language expert": "lang",
+             DEFAULT: MergeConfig(**res["default"], **common),
+             BEST: MergeConfig(**res["best"], **common), SOUP: MergeConfig(method="soup", **common)}
     if not refs.get("base"):
-        models.pop("base")
-    summaries, comparisons = [], []
-    for j, lang in enumerate(langs):
-        items = spread(variant_items(lang, "eval"), n)
-        scores = score_models(models, items, max_new_tokens=max_new_tokens, progress=lambda f, m, j=j:
-                              say(progress, 0.3 + 0.7 * (j + f) / len(langs), m))
-        summaries += [s.summary() for s in scores]
-        for swap in ("layer swap (default)", "layer swap (best on validation)"):
-            comparisons += paired(scores, swap, ["math expert", "language expert"])
-    return {"summaries": summaries, "comparisons": comparisons, "sweep": sweep,
-            "best": {"bottom": best["bottom"], "top": best["top"]},
-            "suggestion": suggestion(refs) if refs.get("base") else None,
-            "markdown": markdown_table(summaries, comparisons), "n": n, "langs": list(langs),
-            "dtype": str(live.dtype).removeprefix("torch."), "max_new_tokens": max_new_tokens,
-            "seconds": round(time.time() - t0, 1)}
+        shows.pop("base")
+    ids = [r["id"] for r in res["items"]]
+    ev = {}
+    for q in QUESTIONS:
+        by_id = {it.id: it for it in variant_items(q, "eval")}
+        ev[q] = [by_id[i] for i in ids]
+    for r in res["items"]:
+        r.pop("accuracy", None)
+    res["accuracy"] = run_accuracy(live, shows, ev, res["items"], accuracy_n, max_new_tokens,
+                                   lambda m: say(progress, 0.0, m))
+    res["seconds"] = round(res["seconds"] + time.time() - t0, 1)
+    res["markdown"] = result_markdown(res)
+    return res
+
+
+def result_markdown(res: dict) -> str:
+    """The headline table (mean NLL per model, both questions), then the paired comparisons of
+    the headline measure and its controls."""
+    from ..evaluation.demo_result import markdown_table, paired_table, reading_table
+
+    acc = res.get("accuracy") or {}
+    text = reading_table(res["means"], res["questions"], acc.get("summaries", ()))
+    text += "\n\n" + paired_table(res["paired"], res["questions"])
+    if acc:
+        text += "\n\nAccuracy (secondary; greedy, GSM8K calculator, first-listed " \
+                f"{acc['n']} items spread over the templates):\n\n" + \
+                markdown_table(acc["summaries"], acc["comparisons"])
+    return text
 
 
 def measured_demo_result(path: str | Path | None = None) -> dict | None:
-    """The shipped measurement (``bench/demo_result.py --json``), with its markdown table
-    rebuilt from the counts; None when none is shipped."""
-    from ..evaluation.demo_result import markdown_table
+    """The shipped measurement (``bench/demo_result.py --json``), with its markdown tables
+    rebuilt from the stored statistics; None when none is shipped (or an older format)."""
     from ..checkpoints.embedded import ASSETS
 
     p = Path(path) if path else ASSETS / RESULT_FILE
     if not p.is_file():
         return None
     res = json.loads(p.read_text())
-    res["markdown"] = markdown_table(res["summaries"], res["comparisons"])
+    if res.get("version") != 2:
+        return None
+    res["comparisons"] = [tuple(c) for c in res["comparisons"]]
+    res["markdown"] = result_markdown(res)
     return res
+
+
+def _row(res: dict, model: str, vs: str, question: str = "sw", target: str = "solution"):
+    return next((r for r in res["paired"] if (r["model"], r["vs"], r["question"], r["target"])
+                 == (model, vs, question, target)), None)
+
+
+def _said(r: dict | None) -> str:
+    return "" if r is None else (
+        f"{r['mean_difference']:+.3f} (95% CI {r['ci_low']:+.3f} to {r['ci_high']:+.3f}; lower "
+        f"on {r['lower']} of {r['n']} items, sign test p = {r['sign_p']:.2g})")
+
+
+def headline(res: dict) -> str:
+    """The one sentence of what the result shows, with its measured numbers, whichever way they
+    go: the default swap against the math expert on the headline measure, then the two
+    controls."""
+    main = _row(res, DEFAULT, "math expert")
+    if main is None:
+        return ""
+    d = res["default"]
+    text = (f"On {res['n']} held-out variants, the default layer swap (bottom {d['bottom']}, top "
+            f"{d['top']}) minus the math expert, in mean NLL per token of the English worked "
+            f"solution after the Swahili question: {_said(main)}")
+    en = _row(res, DEFAULT, "math expert", "en")
+    if en:
+        text += f"; the same after the English question (control): {_said(en)}"
+    rev = _row(res, DEFAULT + REVERTED, DEFAULT)
+    if rev:
+        text += (f"; the swap with the base's outer layers instead of the language expert's, "
+                 f"minus the swap: {_said(rev)}")
+    return text + " (negative: lower NLL, the better reading)."
 
 
 def sweep_markdown(res: dict) -> str:
     """The sweep on the validation variants and the suggestion of the delta analysis, in words."""
-    rows = " · ".join(f"b={r['bottom']} u={r['top']}: {r['correct']}/{r['n']}"
-                      for r in res["sweep"])
+    rows = " · ".join(f"b={r['bottom']} u={r['top']}: {r['nll']:.4f}" for r in res["sweep"])
     best = res["best"]
-    text = (f"Sweep on the validation variants ({res['sweep'][0]['lang']}): {rows}; best "
-            f"bottom {best['bottom']}, top {best['top']}.")
+    text = (f"Sweep on {res['n_validation']} validation variants (mean NLL of the English "
+            f"solution after the Swahili question; never the eval items): {rows}; best bottom "
+            f"{best['bottom']}, top {best['top']}.")
     s = res.get("suggestion")
     if s:
         text += (f" The Deltas tab suggests bottom {s['bottom']}, top {s['top']}, transitions "
@@ -148,17 +335,49 @@ def measured_markdown() -> str:
     res = measured_demo_result()
     if res is None:
         return "No measured demo result is shipped with this install."
-    minutes = res["seconds"] / 60
-    dtype = f" --dtype {res['dtype']}" if res.get("dtype") else ""
-    return (f"**Measured** with `python bench/demo_result.py --n {res['n']}{dtype}` "
-            f"({minutes:.0f} min on a 2-core CPU): accuracy on {res['n']} held-out variants per language, 95% "
-            f"Wilson intervals, then exact McNemar tests of each swap against each expert.\n\n"
+    acc = res.get("accuracy")
+    return (f"**Measured** with `python bench/demo_result.py --n {res['n']} --n-validation "
+            f"{res['n_validation']}`" + (f" (accuracy on {acc['n']} of the items)" if acc else "")
+            + f", {res['seconds'] / 60:.0f} min on a shared 2-core CPU, {res['dtype']}. "
+            + headline(res) + "\n\nMean NLL (nats/token, lower is better) of the English "
+            "worked solution, and of its answer tokens, after each question; 95% bootstrap "
+            f"intervals ({res['resamples']} resamples, seed {res['seed']}):\n\n"
             + res["markdown"] + "\n\n" + sweep_markdown(res))
+
+
+def result_chart(res: dict):
+    """The headline chart: each model's mean per-item NLL difference against the math expert,
+    with 95% intervals, after the Swahili question and after the English one (control a); the
+    swaps with the base's outer layers are bars of their own (control b)."""
+    from .figures import reading_chart
+
+    models = [m for m in res["models"] if m != "math expert"]
+    return reading_chart(res["paired"] + _vs_math(res), "math expert", models,
+                         res["questions"], title=f"English solution NLL minus the math expert's, "
+                         f"per item ({res['n']} held-out variants; 95% bootstrap intervals)")
+
+
+def _vs_math(res: dict) -> list[dict]:
+    """Rows against the math expert for the models ``comparisons`` does not pair with it (base,
+    language expert), computed from the items."""
+    from ..evaluation.demo_result import summarize
+
+    have = {(r["model"], r["vs"]) for r in res["paired"]}
+    extra = [(m, "math expert") for m in res["models"]
+             if m != "math expert" and (m, "math expert") not in have]
+    return summarize(res["items"], extra, list(res["questions"]), resamples=res["resamples"],
+                     seed=res["seed"])["paired"] if extra else []
+
+
+def measured_chart():
+    """``result_chart`` of the shipped result; None when none is shipped."""
+    res = measured_demo_result()
+    return None if res is None else result_chart(res)
 
 
 def _demo_result_job(engine, job, progress=None) -> dict:
     """The "demo_result" job kind: ``reproduce_demo_result`` on the job's engine (settings: n,
-    n_validation, max_new_tokens)."""
+    n_validation, accuracy_n, max_new_tokens)."""
     settings = {k: v for k, v in job.settings.items() if k != "work_items"}
     return reproduce_demo_result(job.trio.refs, live=engine.live, progress=progress, **settings)
 
