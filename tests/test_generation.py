@@ -86,7 +86,7 @@ def test_chat_uses_template(tiny_lm):
 
 
 def test_shared_prefix_is_computed_once_and_changes_nothing(tiny_lm):
-    from layerswap_core.evaluation.generation import common_prefix_len
+    from layerswap_core.evaluation.prefill import common_prefix_len
 
     model, tok = tiny_lm
     shots = "Swali: Juma ana maembe 3 na ananunua 4 zaidi. Ana maembe mangapi?\nAnswer:7\n\n" * 3
@@ -165,7 +165,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
     Mistral's sliding-window cache the padded fallback) gives transformers' own greedy text.
     The real SmolLM2 (Llama) is sensitive to any slip in positions or cache layout; tiny random
     models cover the other cache shapes."""
-    from layerswap_core.evaluation.generation import _plain_cache_ok
+    from layerswap_core.evaluation.prefill import _plain_cache_ok
     from layerswap_core.checkpoints.loading import load_model
     from layerswap_core.testing import make_tiny_model
 
@@ -183,7 +183,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
 
 
 def test_prefill_groups_cover_rows_and_bound_padding():
-    from layerswap_core.evaluation.generation import prefill_groups
+    from layerswap_core.evaluation.prefill import prefill_groups
 
     lengths = [130, 59, 0, 94, 62, 205, 99, 90, 130, 210, 105, 121, 1, 136, 121, 126, 120, 210]
     groups = prefill_groups(lengths, slack=0.125, max_tokens=600)
@@ -199,7 +199,7 @@ def test_prefill_groups_cover_rows_and_bound_padding():
 def test_growing_cache_layer_matches_concatenation():
     import torch
 
-    from layerswap_core.evaluation.generation import _growing_layer_class
+    from layerswap_core.evaluation.prefill import _growing_layer_class
 
     grow = _growing_layer_class()
     torch.manual_seed(0)

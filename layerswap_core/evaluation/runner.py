@@ -278,7 +278,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     """
     import torch
 
-    from .generation import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
+    from .prefill import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
 
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
