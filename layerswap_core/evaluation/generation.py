@@ -1,15 +1,15 @@
 """Text generation: batched greedy decoding for evaluation, streaming and chat for the UI.
 
 Batched generation (``generate``) is built for few-shot evaluation, where reading the prompts
-costs more than writing short answers: prompts that start alike are batched together, their
-shared prefix is run once (``shared_prefix``), the rest of each prompt in groups of similar
-length on top of it (``group_passes``, little compute on padding), and the pieces are
-assembled into one batch KV cache that grows in place while all rows decode greedily
-(``_greedy_decode``: rows that finish leave the batch; models whose generation_config asks for
-more than an argmax decode through transformers' ``generate``); each output is cut at its
-first stop string. The text equals transformers' own one-prompt-at-a-time greedy output
+costs more than writing short answers: the prompt pass (``prefill``) runs the few-shot prefix
+that prompts share once and the rest of each prompt in groups of similar length on top of it,
+into one batch KV cache that grows in place. Rows then decode greedily together
+(``_refill_decode``): a row that finishes hands its place in the batch to the next prompt, so
+ragged answers (chain-of-thought) keep the batch full instead of waiting for the longest one;
+once no prompt is left, finished rows leave the batch. Models whose generation_config asks for
+more than an argmax decode through transformers' ``generate``. Each output is cut at its first
+stop string. The text equals transformers' own one-prompt-at-a-time greedy output
 (tests/test_generation.py checks it).
-``runner.gold_nll`` uses the same prefix sharing and grouping.
 """
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ class _Slots:
         from transformers import DynamicCache
 
         grow = _growing_layer_class()
-        self.capacity = max(self.capacity, length + self.room)
+        self.capacity = max(self.capacity, length + 1)
         bufs = [(k.new_zeros((n, k.shape[1], self.capacity, k.shape[3])),
                  v.new_zeros((n, v.shape[1], self.capacity, v.shape[3]))) for k, v in like]
         for (K, V), (pk, pv) in zip(bufs, self.prefix_kv):
@@ -273,7 +273,8 @@ def _prefix_groups(order: Sequence[int], encoded: Sequence[Sequence[int]]) -> li
 def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int, n_prefix: int,
                    prefix_kv, pad: int, device, max_new_tokens: int, eos: set[int],
                    stop: Sequence[str], calculator=None,
-                   on_finish: Callable[[int], None] | None = None) -> list[list[int]] | None:
+                   on_finish: Callable[[int], None] | None = None,
+                   capacity: int | None = None) -> list[list[int]] | None:
     """Greedy tokens of each row (prompts sharing their first ``n_prefix`` tokens, whose KV is
     ``prefix_kv``), decoded ``n_slots`` at a time with continuous refilling: a row that
     finishes hands its place in the batch to the next prompt (its own tokens run on top of the
@@ -281,6 +282,8 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
     and a long answer no longer holds a whole batch of finished rows; once no prompt is left,
     finished rows leave the batch. Each row's tokens equal its own greedy decoding (argmax of
     the same positions and keys); None when this model's cache cannot be laid out this way.
+    ``capacity``: cache columns allocated at first (default: room for the longest prompt and
+    twice ``max_new_tokens``); a full cache is compacted (``_Slots.relayout``).
     """
     stop = [s for s in stop if s]
     tail = _stop_tail(stop)
@@ -289,8 +292,9 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
     queue = list(range(len(rows)))[::-1]              # pop() -> next row, in the given order
     first = [queue.pop() for _ in range(min(n_slots, len(rows)))]
     longest = max(len(o) for o in own)
-    slots = _Slots(n_prefix, prefix_kv, n_prefix + longest + 2 * max_new_tokens + 2,
-                   room=max_new_tokens + 2)
+    if capacity is None:
+        capacity = n_prefix + longest + 2 * max_new_tokens + 2
+    slots = _Slots(n_prefix, prefix_kv, capacity, room=max_new_tokens + 2)
     if not slots.admit(model, list(range(len(first))), [own[i] for i in first], pad, device,
                        len(first)):
         return None
