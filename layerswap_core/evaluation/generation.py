@@ -285,6 +285,8 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
     ``capacity``: cache columns allocated at first (default: room for the longest prompt and
     twice ``max_new_tokens``); a full cache is compacted (``_Slots.relayout``).
     """
+    if max_new_tokens < 1:
+        return [[] for _ in rows]
     stop = [s for s in stop if s]
     tail = _stop_tail(stop)
     fwd = _forward_kwargs(model)
@@ -298,7 +300,7 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
     if not slots.admit(model, list(range(len(first))), [own[i] for i in first], pad, device,
                        len(first)):
         return None
-    live = first                                     # batch position -> row
+    live = list(first)                               # batch position -> row
     cur = torch.tensor([rows[i][-1] for i in first], device=device)
     out: list[list[int]] = [[] for _ in rows]
     done: set[int] = set()
