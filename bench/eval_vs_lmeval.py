@@ -24,7 +24,9 @@ answers, at identical outputs. The load of the machine (/proc/loadavg) is printe
 process and alternates lm-eval's ``simple_evaluate`` on its HF wrapper
 (``evaluation.lmeval.run_lm_eval``, batch B) with our runner (``runner.run_side_by_side``,
 batch B) on it: the evaluation alone, without start-up and loading; wall and CPU seconds
-(``time.process_time``) and the outputs compared item by item as above.
+(``time.process_time``) and the outputs compared item by item as above. ``--where ablation``
+runs ours alone with its features turned off one by one (``generate(refill=False,
+share_prefix=False, split_prefill=False)``): what each buys, outputs compared with all on.
 """
 from __future__ import annotations
 
@@ -227,15 +229,55 @@ def in_process(a, folder, lang: str, cot: bool, model_and_tokenizer) -> None:
                        f"{a.batch_size}", times, same, len(outputs["ours"])), flush=True)
 
 
+ABLATIONS = {   # generate() switches, each turning off one more of our features
+    "all on": {},
+    "no refill": {"refill": False},
+    "no refill, no shared prefix": {"refill": False, "share_prefix": False},
+    "padded batch (no split prompt pass)": {"refill": False, "share_prefix": False,
+                                            "split_prefill": False},
+}
+
+
+def ablation(a, lang: str, cot: bool, model_and_tokenizer) -> None:
+    """What each of our features buys: ``generate`` on the task's prompts with the features
+    turned off one by one (alternating order), min/median wall, outputs against all on."""
+    from layerswap_core.evaluation.data import load_mgsm
+    from layerswap_core.evaluation.generation import generate
+    from layerswap_core.evaluation.runner import default_exemplars, side_by_side_task
+
+    model, tok = model_and_tokenizer
+    items = load_mgsm(lang, a.data_dir)[:a.n]
+    task = side_by_side_task(items, default_exemplars(items, a.shots, cot=cot,
+                                                      data_dir=a.data_dir), cot=cot)
+    prompts = task.prompts(tok)
+    times: dict[str, list[float]] = {k: [] for k in ABLATIONS}
+    texts: dict[str, list[str]] = {}
+    for rep in range(a.reps):
+        for name in (list(ABLATIONS) if rep % 2 == 0 else list(ABLATIONS)[::-1]):
+            t0 = time.perf_counter()
+            gens = generate(model, tok, prompts, max_new_tokens=task.max_new_tokens,
+                            stop=task.stop, batch_size=a.batch_size, **ABLATIONS[name])
+            times[name].append(time.perf_counter() - t0)
+            texts[name] = [g.text for g in gens]
+    base = statistics.median(times["all on"])
+    for name, ts in times.items():
+        same = sum(x == y for x, y in zip(texts[name], texts["all on"]))
+        print(f"  ablation {lang} {'cot' if cot else 'direct'} n={a.n}: {name:<36} "
+              f"{min(ts):.1f}/{statistics.median(ts):.1f} s (x{statistics.median(ts) / base:.2f} "
+              f"of all on); outputs as all on {same}/{len(prompts)}; load {loadavg()}",
+              flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model reference (default: the embedded base)")
     ap.add_argument("--langs", nargs="+", default=["sw", "en"])
     ap.add_argument("--modes", nargs="+", default=["direct", "cot"], choices=["direct", "cot"])
     ap.add_argument("--where", nargs="+", default=["whole", "inproc"],
-                    choices=["whole", "inproc"],
+                    choices=["whole", "inproc", "ablation"],
                     help="whole: each tool's own command in its own process; inproc: both on "
-                         "one model loaded once in this process")
+                         "one model loaded once in this process; ablation: ours with its "
+                         "features turned off one by one (generate's switches)")
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--shots", type=int, default=2)
     ap.add_argument("--reps", type=int, default=2)
@@ -252,7 +294,7 @@ def main():
     print(f"model {folder}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
           f"{os.cpu_count()} CPUs; load average before: {loadavg()}", flush=True)
     loaded = None
-    if "inproc" in a.where:
+    if "inproc" in a.where or "ablation" in a.where:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         from layerswap_core.checkpoints.loading import load_model
@@ -262,8 +304,10 @@ def main():
             for mode in a.modes:
                 if "whole" in a.where:
                     whole_process(a, folder, lm_eval_bin, Path(tmp), lang, mode == "cot")
-                if loaded is not None:
+                if "inproc" in a.where:
                     in_process(a, folder, lang, mode == "cot", loaded)
+                if "ablation" in a.where:
+                    ablation(a, lang, mode == "cot", loaded)
     print(f"load average after: {loadavg()}")
 
 

@@ -86,7 +86,7 @@ def test_chat_uses_template(tiny_lm):
 
 
 def test_shared_prefix_is_computed_once_and_changes_nothing(tiny_lm):
-    from layerswap_core.evaluation.generation import common_prefix_len
+    from layerswap_core.evaluation.prefill import common_prefix_len
 
     model, tok = tiny_lm
     shots = "Swali: Juma ana maembe 3 na ananunua 4 zaidi. Ana maembe mangapi?\nAnswer:7\n\n" * 3
@@ -165,7 +165,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
     Mistral's sliding-window cache the padded fallback) gives transformers' own greedy text.
     The real SmolLM2 (Llama) is sensitive to any slip in positions or cache layout; tiny random
     models cover the other cache shapes."""
-    from layerswap_core.evaluation.generation import _plain_cache_ok
+    from layerswap_core.evaluation.prefill import _plain_cache_ok
     from layerswap_core.checkpoints.loading import load_model
     from layerswap_core.testing import make_tiny_model
 
@@ -183,7 +183,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
 
 
 def test_prefill_groups_cover_rows_and_bound_padding():
-    from layerswap_core.evaluation.generation import prefill_groups
+    from layerswap_core.evaluation.prefill import prefill_groups
 
     lengths = [130, 59, 0, 94, 62, 205, 99, 90, 130, 210, 105, 121, 1, 136, 121, 126, 120, 210]
     groups = prefill_groups(lengths, slack=0.125, max_tokens=600)
@@ -199,7 +199,7 @@ def test_prefill_groups_cover_rows_and_bound_padding():
 def test_growing_cache_layer_matches_concatenation():
     import torch
 
-    from layerswap_core.evaluation.generation import _growing_layer_class
+    from layerswap_core.evaluation.prefill import _growing_layer_class
 
     grow = _growing_layer_class()
     torch.manual_seed(0)
@@ -260,3 +260,67 @@ def test_generation_config_beyond_argmax_goes_through_transformers(tiny):
     got = generate(model, tok, PROMPTS[:3], max_new_tokens=12, batch_size=3)
     assert [g.text for g in got] == [_hf_greedy(model, tok, p, 12) for p in PROMPTS[:3]]
     assert [g.text for g in got] != [g.text for g in plain]
+
+
+def test_refilled_batch_equals_one_by_one_token_for_token(embedded_base):
+    """More prompts than batch places, ragged stops: a row that finishes hands its place to the
+    next prompt (its prompt run on top of the shared prefix, written into the cache at the
+    current column). Every output equals the prompt decoded alone, token for token, and the
+    batch stays full while prompts are waiting (fewer decoding steps than batch after batch)."""
+    from layerswap_core.checkpoints.loading import load_model
+
+    model, tok = load_model(embedded_base)
+    prompts = FEW_SHOT + [p + " 7 and then" for p in FEW_SHOT[:3]]
+    stop = ["."]
+    sizes = []
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kw: sizes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        refilled = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=3)
+        steps_refilled = [rows for rows, width in sizes if width == 1]
+        sizes.clear()
+        batches = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=3,
+                           refill=False)
+        steps_batches = [rows for rows, width in sizes if width == 1]
+    finally:
+        hook.remove()
+    alone = [generate(model, tok, [p], max_new_tokens=12, stop=stop, refill=False)[0]
+             for p in prompts]
+    assert len({g.num_tokens for g in alone}) > 2                        # ragged lengths
+    assert refilled == alone and batches == alone    # text, token counts, stopped: all equal
+    assert [g.text for g in refilled] == [cut_at_stop(_hf_greedy(model, tok, p, 12), stop)[0]
+                                          for p in prompts]
+    assert len(steps_refilled) < len(steps_batches)
+    assert steps_refilled[0] == 3 and steps_refilled.count(3) > len(steps_refilled) // 2
+
+
+def test_refill_relayout_keeps_rows(embedded_base, monkeypatch):
+    """A longer prompt arriving after shorter ones (the cache is laid out again to make room)
+    and a cache that fills up (compacted) change no output."""
+    import torch
+
+    from layerswap_core.checkpoints.loading import load_model
+    from layerswap_core.evaluation import generation
+    from layerswap_core.evaluation.prefill import _kv, shared_prefix
+
+    model, tok = load_model(embedded_base)
+    prompts = [FEW_SHOT[1], FEW_SHOT[3], FEW_SHOT[0], FEW_SHOT[2]]      # shortest first
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert len(rows[2]) > max(len(rows[0]), len(rows[1])) + 10   # > max_new_tokens
+    layouts = []
+    relayout = generation._Slots.relayout
+    monkeypatch.setattr(generation._Slots, "relayout",
+                        lambda self, n: (layouts.append(n), relayout(self, n))[1])
+    alone = [generate(model, tok, [p], max_new_tokens=10, stop=["."], refill=False)[0]
+             for p in prompts]
+    n_prefix, cache = shared_prefix(model, rows, "cpu")
+    for capacity in (None, 1):                 # 1: the cache is full at once and compacted
+        layouts.clear()
+        with torch.inference_mode():
+            got = generation._refill_decode(
+                model, tok, rows, 2, n_prefix, _kv(cache), tok.eos_token_id, "cpu", 10,
+                set(generation._eos_ids(model, tok)), ["."], capacity=capacity)
+        assert layouts                          # laid out again at least once
+        assert [len(t) for t in got] == [g.num_tokens for g in alone]
+        assert [generation.cut_at_stop(tok.decode(t, skip_special_tokens=True), ["."])[0]
+                for t in got] == [g.text for g in alone]

@@ -1,19 +1,18 @@
 """Text generation: batched greedy decoding for evaluation, streaming and chat for the UI.
 
 Batched generation (``generate``) is built for few-shot evaluation, where reading the prompts
-costs more than writing short answers: prompts that start alike are batched together, their
-shared prefix is run once (``shared_prefix``), the rest of each prompt in groups of similar
-length on top of it (``group_passes``, little compute on padding), and the pieces are
-assembled into one batch KV cache that grows in place while all rows decode greedily
-(``_greedy_decode``: rows that finish leave the batch; models whose generation_config asks for
-more than an argmax decode through transformers' ``generate``); each output is cut at its
-first stop string. The text equals transformers' own one-prompt-at-a-time greedy output
+costs more than writing short answers: the prompt pass (``prefill``) runs the few-shot prefix
+that prompts share once and the rest of each prompt in groups of similar length on top of it,
+into one batch KV cache that grows in place. Rows then decode greedily together
+(``_refill_decode``): a row that finishes hands its place in the batch to the next prompt, so
+ragged answers (chain-of-thought) keep the batch full instead of waiting for the longest one;
+once no prompt is left, finished rows leave the batch. Models whose generation_config asks for
+more than an argmax decode through transformers' ``generate``. Each output is cut at its first
+stop string. The text equals transformers' own one-prompt-at-a-time greedy output
 (tests/test_generation.py checks it).
-``runner.gold_nll`` uses the same prefix sharing and grouping.
 """
 from __future__ import annotations
 
-import functools
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -97,250 +96,8 @@ def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
     return kw
 
 
-MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass
-
-
-def batch_order(seqs: Sequence[Sequence[int]]) -> list[int]:
-    """Indices of ``seqs`` in batching order: those that start alike together (so a batch
-    shares its few-shot prefix), longest first."""
-    return sorted(range(len(seqs)), key=lambda i: (tuple(seqs[i][:MIN_SHARED_PREFIX]), -len(seqs[i])))
-
-
-def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
-    """Length of the token prefix all sequences share."""
-    if not seqs:
-        return 0
-    n = min(len(s) for s in seqs)
-    first = seqs[0]
-    for k in range(n):
-        if any(s[k] != first[k] for s in seqs):
-            return k
-    return n
-
-
-def _forward_kwargs(model) -> dict:
-    """``logits_to_keep=1`` where the model takes it: prompt passes need no logits but the last."""
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-
-
-def _plain_cache_ok(model) -> bool:
-    """Whether this model's KV cache is a plain per-layer [batch, heads, seq, dim] store.
-
-    Only then can caches be assembled row by row (sliding-window and hybrid caches cannot).
-    """
-    import inspect
-
-    try:
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        if "position_ids" not in inspect.signature(model.forward).parameters:
-            return False
-        cache = DynamicCache(config=model.config)
-        return all(type(layer) is DynamicLayer for layer in cache.layers)
-    except (ImportError, TypeError, ValueError, AttributeError):
-        return False
-
-
-def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """(keys, values) per layer of a plain dynamic cache, else None."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:
-        return None
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
-        return None
-    return [(layer.keys, layer.values) for layer in layers]
-
-
-def _prefix_cache(model, prefix: list[int], device):
-    """KV cache of the shared prefix (batch 1), or None if this model's cache cannot be reused."""
-    try:
-        out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True,
-                    **_forward_kwargs(model))
-        cache = out.past_key_values
-        if cache is None or not hasattr(cache, "batch_repeat_interleave"):
-            return None
-        return cache
-    except (TypeError, ValueError, NotImplementedError, AttributeError):
-        return None
-
-
-@functools.cache
-def _growing_layer_class():
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        """A plain KV cache layer that appends in place into spare capacity.
-
-        ``DynamicLayer`` concatenates on every step, copying the whole batch cache each time;
-        with 16 rows of a few hundred tokens that copy costs more than the attention. Here
-        ``keys``/``values`` are views of larger buffers; anything that replaces them (crop,
-        beam reordering) is picked up and re-buffered on the next update.
-        """
-
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
-            super().__init__()
-            self._kbuf, self._vbuf = keys, values
-            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
-            self.dtype, self.device = keys.dtype, keys.device
-            self.is_initialized = True
-
-        def _rebuffer(self, capacity: int) -> None:
-            length = self.keys.shape[-2]
-            for name in ("keys", "values"):
-                old = getattr(self, name)
-                buf = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
-                buf[:, :, :length] = old
-                setattr(self, "_kbuf" if name == "keys" else "_vbuf", buf)
-                setattr(self, name, buf[:, :, :length])
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            """Keep only these rows (decoding drops finished ones), spare room included."""
-            length = self.keys.shape[-2]
-            self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
-            self.keys, self.values = self._kbuf[:, :, :length], self._vbuf[:, :, :length]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            length, n = self.keys.shape[-2], key_states.shape[-2]
-            if (self.keys.data_ptr() != self._kbuf.data_ptr()
-                    or self.keys.shape[0] != self._kbuf.shape[0]
-                    or length + n > self._kbuf.shape[-2]):
-                self._rebuffer(2 * (length + n))
-            self._kbuf[:, :, length:length + n] = key_states
-            self._vbuf[:, :, length:length + n] = value_states
-            self.keys = self._kbuf[:, :, :length + n]
-            self.values = self._vbuf[:, :, :length + n]
-            return self.keys, self.values
-
-    return GrowingLayer
-
-
-PREFILL_SLACK = 0.125      # padding a prompt-pass group may waste, as a share of its real tokens
-PREFILL_MAX_TOKENS = 4096  # tokens (rows x width) in one prompt-pass group
-
-
-def prefill_groups(lengths: Sequence[int], slack: float = PREFILL_SLACK,
-                   max_tokens: int = PREFILL_MAX_TOKENS) -> list[list[int]]:
-    """Indices of ``lengths`` (> 0 only) grouped so each group pads to its longest row
-    wasting at most ``slack`` of its tokens, and holds at most ``max_tokens`` padded tokens."""
-    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
-    groups: list[list[int]] = []
-    total = 0
-    for i in order:
-        n = lengths[i]   # ascending: n is the widest of the group it joins
-        if groups:
-            g = groups[-1]
-            padded = (len(g) + 1) * n
-            if padded <= (1 + slack) * (total + n) and padded <= max_tokens:
-                g.append(i)
-                total += n
-                continue
-        groups.append([i])
-        total = n
-    return groups
-
-
-def shared_prefix(model, rows: Sequence[Sequence[int]], device, min_own: int = 1):
-    """(length, KV cache) of the token prefix all ``rows`` share, leaving each row at least
-    ``min_own`` tokens of its own; (0, None) when there is none worth a pass or the model's
-    cache cannot be reused."""
-    if len(rows) < 2:
-        return 0, None
-    n = min(common_prefix_len(rows), min(len(r) for r in rows) - min_own)
-    if n < MIN_SHARED_PREFIX:
-        return 0, None
-    cache = _prefix_cache(model, list(rows[0][:n]), device)
-    return (n, cache) if cache is not None else (0, None)
-
-
-def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv, pad: int,
-                 device, keep: Callable[[list[int]], int] | None = None):
-    """Run sequences that continue a shared prefix, in groups of similar length.
-
-    ``seqs`` are the tokens after the prefix (empty ones are skipped); ``prefix_kv`` the
-    prefix's (keys, values) per layer (``_kv``), or [] with no prefix. Each group is laid out
-    right-aligned, [padding | tokens], on top of the prefix, with positions counted from
-    ``n_prefix``. ``keep(members)`` says how many last positions need logits (default 1).
-    Yields (members, group width, model output); the output's cache holds the group's keys
-    and values after the prefix's.
-    """
-    from transformers import DynamicCache
-
-    fwd = _forward_kwargs(model)
-    for members in prefill_groups([len(s) for s in seqs]):
-        gw = max(len(seqs[b]) for b in members)
-        ids = torch.full((len(members), gw), pad, dtype=torch.long)
-        mask = torch.zeros((len(members), n_prefix + gw), dtype=torch.long)
-        mask[:, :n_prefix] = 1
-        pos = torch.zeros((len(members), gw), dtype=torch.long)
-        for j, b in enumerate(members):
-            n = len(seqs[b])
-            ids[j, gw - n:] = torch.tensor(list(seqs[b]))
-            mask[j, n_prefix + gw - n:] = 1
-            pos[j, gw - n:] = torch.arange(n_prefix, n_prefix + n)
-        past = DynamicCache(ddp_cache_data=[(k.expand(len(members), -1, -1, -1),
-                                             v.expand(len(members), -1, -1, -1))
-                                            for k, v in prefix_kv]) if prefix_kv else DynamicCache()
-        kw = dict(fwd)
-        if keep is not None and kw:
-            kw["logits_to_keep"] = keep(members)
-        out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                    position_ids=pos.to(device), past_key_values=past, use_cache=True, **kw)
-        yield members, gw, out
-
-
-def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
-             device, room: int = 0):
-    """KV cache of every row but its last token, laid out as [prefix | padding | own tokens].
-
-    Rows are run in groups of similar length (``group_passes``) on top of the shared prefix,
-    so the prompt pass wastes little compute on padding; the caches are then assembled into
-    one batch whose last column ``generate`` runs first, with ``room`` spare columns for the
-    tokens to come. Returns None when the model's cache is not a plain one (the caller then
-    lets ``generate`` do a padded pass).
-    """
-    from transformers import DynamicCache
-
-    prefix_kv = _kv(prefix) if prefix is not None else []
-    if prefix_kv is None:
-        return None
-    own = [r[n_prefix:len(r) - 1] for r in rows]     # tokens each row needs before generation
-    span = width - 1                                   # cache length: all columns but the last
-    assembled: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def place(kv_group, members, group_width):
-        if not assembled:    # allocate the batch cache, shaped like this model's layers
-            for k, v in kv_group:
-                assembled.append((k.new_zeros((len(rows), k.shape[1], span + room, k.shape[3])),
-                                  v.new_zeros((len(rows), v.shape[1], span + room, v.shape[3]))))
-        end = n_prefix + group_width
-        for (k, v), (K, V) in zip(kv_group, assembled):
-            for j, b in enumerate(members):
-                n = len(own[b])
-                K[b, :, span - n:span] = k[j, :, end - n:end]
-                V[b, :, span - n:span] = v[j, :, end - n:end]
-
-    for members, gw, out in group_passes(model, own, n_prefix, prefix_kv, pad, device):
-        kv = _kv(out.past_key_values)
-        if kv is None:
-            return None
-        place(kv, members, gw)
-    if not assembled:                # no row has tokens before its last one
-        if not prefix_kv:
-            return None
-        place(prefix_kv, [], 0)
-    for (K, V), pk in zip(assembled, prefix_kv):
-        K[:, :, :n_prefix] = pk[0]
-        V[:, :, :n_prefix] = pk[1]
-    grow = _growing_layer_class()
-    cache = DynamicCache()
-    cache.layers = [grow(K, V, span) for K, V in assembled]
-    return cache
+from .prefill import (MIN_SHARED_PREFIX, _forward_kwargs, _growing_layer_class, _kv, _plain_cache_ok, _prefill,
+                      batch_order, group_passes, shared_prefix)
 
 
 # generation_config fields that change what greedy decoding picks, with their neutral values:
@@ -414,21 +171,205 @@ def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tenso
     return out
 
 
+class _Slots:
+    """The decoding batch of ``_refill_decode``: ``n`` rows of one KV cache (``GrowingLayer``s),
+    every row laid out as [shared prefix | padding | own prompt tokens | generated], right-aligned
+    at the cache's length ``L``; ``mask`` has one more column, the current token's."""
+
+    def __init__(self, n_prefix: int, prefix_kv, capacity: int, room: int):
+        self.n_prefix, self.prefix_kv, self.capacity, self.room = n_prefix, prefix_kv, capacity, room
+        self.cache = None
+        self.mask: torch.Tensor | None = None
+        self.L = 0
+
+    def _allocate(self, like, n: int, length: int) -> None:
+        from transformers import DynamicCache
+
+        grow = _growing_layer_class()
+        self.capacity = max(self.capacity, length + 1)
+        bufs = [(k.new_zeros((n, k.shape[1], self.capacity, k.shape[3])),
+                 v.new_zeros((n, v.shape[1], self.capacity, v.shape[3]))) for k, v in like]
+        for (K, V), (pk, pv) in zip(bufs, self.prefix_kv):
+            K[:, :, :self.n_prefix] = pk[0]
+            V[:, :, :self.n_prefix] = pv[0]
+        self.cache = DynamicCache()
+        self.cache.layers = [grow(K, V, length) for K, V in bufs]
+        self.L = length
+        self.mask = torch.zeros((n, length + 1), dtype=torch.long, device=bufs[0][0].device)
+        self.mask[:, :self.n_prefix] = 1
+
+    def relayout(self, length: int) -> None:
+        """Move every row's own columns so they end at column ``length`` (to make room for a
+        longer prompt, or to compact the cache once it is full); the values do not change."""
+        from transformers import DynamicCache
+
+        grow = _growing_layer_class()
+        own = self.mask[:, self.n_prefix:self.L].sum(-1).tolist()
+        self.capacity = max(self.capacity, length + self.room)
+        layers = []
+        for layer in self.cache.layers:
+            K, V = layer.keys, layer.values
+            K2 = K.new_zeros((K.shape[0], K.shape[1], self.capacity, K.shape[3]))
+            V2 = V.new_zeros((V.shape[0], V.shape[1], self.capacity, V.shape[3]))
+            K2[:, :, :self.n_prefix], V2[:, :, :self.n_prefix] = K[:, :, :self.n_prefix], \
+                V[:, :, :self.n_prefix]
+            for b, e in enumerate(own):
+                if e:
+                    K2[b, :, length - e:length] = K[b, :, self.L - e:self.L]
+                    V2[b, :, length - e:length] = V[b, :, self.L - e:self.L]
+            layers.append(grow(K2, V2, length))
+        self.cache = DynamicCache()
+        self.cache.layers = layers
+        mask = self.mask.new_zeros((self.mask.shape[0], length + 1))
+        mask[:, :self.n_prefix] = 1
+        for b, e in enumerate(own):
+            mask[b, length - e:] = 1
+        self.mask, self.L = mask, length
+
+    def admit(self, model, slots: Sequence[int], own: Sequence[Sequence[int]], pad: int, device,
+              n: int) -> bool:
+        """Put rows with these own prompt tokens (all but their last) into these batch slots
+        (``n`` slots in all), their KV from passes on top of the shared prefix. False when
+        this model's cache cannot be assembled."""
+        need = self.n_prefix + max((len(o) for o in own), default=0)
+        if self.cache is not None and need > self.L:
+            self.relayout(need)
+        for members, gw, out in group_passes(model, own, self.n_prefix, self.prefix_kv, pad,
+                                             device):
+            kv = _kv(out.past_key_values)
+            if kv is None:
+                return False
+            if self.cache is None:
+                self._allocate(kv, n, need)
+            end = self.n_prefix + gw
+            for (k, v), layer in zip(kv, self.cache.layers):
+                for j, b in enumerate(members):
+                    m = len(own[b])
+                    layer.keys[slots[b], :, self.L - m:self.L] = k[j, :, end - m:end]
+                    layer.values[slots[b], :, self.L - m:self.L] = v[j, :, end - m:end]
+        if self.cache is None:
+            if not self.prefix_kv:
+                return False        # nothing to attend to before the first tokens: no layout
+            self._allocate(self.prefix_kv, n, need)
+        for b, slot in enumerate(slots):
+            self.mask[slot] = 0
+            self.mask[slot, :self.n_prefix] = 1
+            self.mask[slot, self.L - len(own[b]):] = 1
+        return True
+
+
+def _prefix_groups(order: Sequence[int], encoded: Sequence[Sequence[int]]) -> list[list[int]]:
+    """``order`` (``batch_order``) cut into runs of prompts that start alike (their first
+    ``MIN_SHARED_PREFIX`` tokens), each decoded as one refilled batch over its shared prefix."""
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and encoded[groups[-1][0]][:MIN_SHARED_PREFIX] == encoded[i][:MIN_SHARED_PREFIX]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int, n_prefix: int,
+                   prefix_kv, pad: int, device, max_new_tokens: int, eos: set[int],
+                   stop: Sequence[str], calculator=None,
+                   on_finish: Callable[[int], None] | None = None,
+                   capacity: int | None = None) -> list[list[int]] | None:
+    """Greedy tokens of each row (prompts sharing their first ``n_prefix`` tokens, whose KV is
+    ``prefix_kv``), decoded ``n_slots`` at a time with continuous refilling: a row that
+    finishes hands its place in the batch to the next prompt (its own tokens run on top of the
+    shared prefix and written into the cache at the current column), so the batch stays full
+    and a long answer no longer holds a whole batch of finished rows; once no prompt is left,
+    finished rows leave the batch. Each row's tokens equal its own greedy decoding (argmax of
+    the same positions and keys); None when this model's cache cannot be laid out this way.
+    ``capacity``: cache columns allocated at first (default: room for the longest prompt and
+    twice ``max_new_tokens``); a full cache is compacted (``_Slots.relayout``).
+    """
+    if max_new_tokens < 1:
+        return [[] for _ in rows]
+    stop = [s for s in stop if s]
+    tail = _stop_tail(stop)
+    fwd = _forward_kwargs(model)
+    own = [list(r[n_prefix:len(r) - 1]) for r in rows]
+    queue = list(range(len(rows)))[::-1]              # pop() -> next row, in the given order
+    first = [queue.pop() for _ in range(min(n_slots, len(rows)))]
+    longest = max(len(o) for o in own)
+    if capacity is None:
+        capacity = n_prefix + longest + 2 * max_new_tokens + 2
+    slots = _Slots(n_prefix, prefix_kv, capacity, room=max_new_tokens + 2)
+    if not slots.admit(model, list(range(len(first))), [own[i] for i in first], pad, device,
+                       len(first)):
+        return None
+    live = list(first)                               # batch position -> row
+    cur = torch.tensor([rows[i][-1] for i in first], device=device)
+    out: list[list[int]] = [[] for _ in rows]
+    done: set[int] = set()
+    while live:
+        if slots.L + 1 > slots.capacity:             # full: compact every row to the right
+            slots.relayout(n_prefix + max(int(x) for x in
+                                          slots.mask[:, n_prefix:slots.L].sum(-1).tolist()))
+        pos = slots.mask.sum(-1, keepdim=True) - 1
+        logits = model(input_ids=cur[:, None], attention_mask=slots.mask, position_ids=pos,
+                       past_key_values=slots.cache, use_cache=True, **fwd).logits[:, -1]
+        slots.L += 1
+        picks = logits.float().argmax(-1).tolist()
+        finished = []
+        for j, row in enumerate(live):
+            if row in done:
+                finished.append(j)
+                continue
+            forced = calculator.next_token(out[row]) if calculator is not None else None
+            t = picks[j] = forced if forced is not None else picks[j]
+            out[row].append(t)
+            if t in eos or len(out[row]) >= max_new_tokens or (stop and any(
+                    s in tokenizer.decode(out[row][-tail:], skip_special_tokens=False)
+                    for s in stop)):
+                done.add(row)
+                finished.append(j)
+                if on_finish is not None:
+                    on_finish(len(done))
+        slots.mask = torch.cat([slots.mask, slots.mask.new_ones((slots.mask.shape[0], 1))], 1)
+        cur = torch.tensor(picks, device=device)
+        if len(finished) == len(live) and not queue:
+            break
+        if queue and finished:                       # refill the finished rows' places
+            take = finished[:len(queue)]
+            new = [queue.pop() for _ in take]
+            if not slots.admit(model, take, [own[i] for i in new], pad, device, len(live)):
+                return None
+            for j, i in zip(take, new):
+                live[j] = i
+                cur[j] = rows[i][-1]
+            finished = finished[len(take):]
+        if finished and not queue and len(finished) >= DROP_FINISHED * len(live):
+            gone = set(finished)
+            keep = [j for j in range(len(live)) if j not in gone]
+            idx = torch.tensor(keep, device=device)
+            slots.cache.batch_select_indices(idx)
+            slots.mask, cur = slots.mask[idx], cur[idx]
+            live = [live[j] for j in keep]
+    return out
+
+
 @torch.inference_mode()
 def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 256,
              stop: Sequence[str] = (), batch_size: int = 16, share_prefix: bool = True,
-             split_prefill: bool = True, calculator: bool = False,
+             split_prefill: bool = True, refill: bool = True, calculator: bool = False,
              progress: Progress | None = None) -> list[Generation]:
     """Greedy continuations of ``prompts`` (in order), ``batch_size`` at a time.
 
     Prompts are grouped by how they start, then sorted by length, so a batch holds similar
     prompts. Rows are laid out as [shared prefix | padding | own tokens] with the padding
-    masked, so positions stay contiguous, and decoded together; finished rows leave the batch.
+    masked, so positions stay contiguous, and decoded together. With ``refill`` (plain caches
+    and plain argmax decoding) the batch is refilled as it goes: a row that finishes hands its
+    place to the next prompt, so a long answer does not keep ``batch_size - 1`` finished rows
+    waiting (``_refill_decode``); without it, or once no prompt is left, finished rows leave the
+    batch.
 
     The prompt pass dominates evaluation on CPU, so it avoids wasted work: with
     ``share_prefix`` a batch's common token prefix (the few-shot exemplars) is run once, and
     with ``split_prefill`` the rows' own tokens are run in groups of similar length on top of
-    it instead of one batch padded to the longest row. Either may be turned off (for
+    it instead of one batch padded to the longest row. Each may be turned off (for
     comparison; the text is the same); models whose KV cache is not a plain per-layer store
     (sliding-window, hybrid) use a padded batch. With ``calculator`` the result of every
     ``<<expr=`` note is filled in (``evaluation.calculator``).
@@ -446,8 +387,38 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     encoded = [encode_prompt(tokenizer, p) or [start_id] for p in prompts]
     order = batch_order(encoded)
     results: list[Generation | None] = [None] * len(prompts)
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
+    answered = 0
+
+    def finish(i: int, new: list[int], end: int) -> None:
+        n_eos = next((k + 1 for k, t in enumerate(new) if t in eos), None)
+        n_tok = min(end, n_eos) if n_eos is not None else end
+        ended_by_eos = n_eos is not None and n_eos == n_tok
+        text, found = cut_at_stop(tokenizer.decode(new[:n_tok], skip_special_tokens=True), stop)
+        results[i] = Generation(text, n_tok, bool(found or ended_by_eos))
+
+    def answered_now(k: int) -> None:
+        if progress is not None:
+            progress(k / len(order), f"{k} of {len(order)} items answered")
+
+    pending = order
+    if refill and split_prefill and own_loop:
+        pending = []
+        for group in _prefix_groups(order, encoded):
+            rows = [encoded[i] for i in group]
+            n_prefix, cache = shared_prefix(model, rows, device) if share_prefix else (0, None)
+            prefix_kv = _kv(cache) if cache is not None else []
+            base = answered
+            new_tokens = None if prefix_kv is None else _refill_decode(
+                model, tokenizer, rows, batch_size, n_prefix, prefix_kv, pad, device,
+                max_new_tokens, eos, stop, calc, on_finish=lambda k: answered_now(base + k))
+            if new_tokens is None:
+                pending += group
+                continue
+            for i, new in zip(group, new_tokens):
+                finish(i, new, len(new))
+            answered += len(group)
+    for start in range(0, len(pending), batch_size):
+        idx = pending[start:start + batch_size]
         rows = [encoded[i] for i in idx]
         width = max(len(r) for r in rows)
         # keep >= 1 own token per row: generation starts from a fresh forward pass
@@ -482,16 +453,9 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
             # padded, possibly with the EOS id, while the other rows go on
             ends = [stopped_at.get(row, len(new)) for row, new in enumerate(new_tokens)]
         for row, i in enumerate(idx):
-            new = new_tokens[row]
-            n_eos = next((k + 1 for k, t in enumerate(new) if t in eos), None)
-            n_tok = min(ends[row], n_eos) if n_eos is not None else ends[row]
-            ended_by_eos = n_eos is not None and n_eos == n_tok
-            text = tokenizer.decode(new[:n_tok], skip_special_tokens=True)
-            text, found = cut_at_stop(text, stop)
-            results[i] = Generation(text, n_tok, bool(found or ended_by_eos))
-        if progress is not None:
-            done = min(start + batch_size, len(order))
-            progress(done / len(order), f"{done} of {len(order)} items answered")
+            finish(i, new_tokens[row], ends[row])
+        answered += len(idx)
+        answered_now(answered)
     return results  # type: ignore[return-value]
 
 

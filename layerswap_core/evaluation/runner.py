@@ -41,7 +41,7 @@ from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWord
 from .prompts import has_chat_template, render_chat
 from .tasks import Extraction, Task, run_task, token_nll
 from ..checkpoints.loading import load_model
-from .generation import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
+from .prefill import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
 
 
 

@@ -1,0 +1,259 @@
+"""The prompt pass of batched evaluation, shared by ``generation.generate`` and
+``runner.gold_nll``: prompts that start alike are batched together (``batch_order``), their
+shared prefix (the few-shot exemplars) is run once (``shared_prefix``), the rest of each prompt
+in groups of similar length on top of it (``group_passes``, little compute on padding), and the
+pieces are assembled into one batch KV cache that grows in place (``GrowingLayer``,
+``assemble_prefill``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import torch
+
+
+MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass
+
+
+def batch_order(seqs: Sequence[Sequence[int]]) -> list[int]:
+    """Indices of ``seqs`` in batching order: those that start alike together (so a batch
+    shares its few-shot prefix), longest first."""
+    return sorted(range(len(seqs)), key=lambda i: (tuple(seqs[i][:MIN_SHARED_PREFIX]), -len(seqs[i])))
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix all sequences share."""
+    if not seqs:
+        return 0
+    n = min(len(s) for s in seqs)
+    first = seqs[0]
+    for k in range(n):
+        if any(s[k] != first[k] for s in seqs):
+            return k
+    return n
+
+
+def _forward_kwargs(model) -> dict:
+    """``logits_to_keep=1`` where the model takes it: prompt passes need no logits but the last."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+
+
+def _plain_cache_ok(model) -> bool:
+    """Whether this model's KV cache is a plain per-layer [batch, heads, seq, dim] store.
+
+    Only then can caches be assembled row by row (sliding-window and hybrid caches cannot).
+    """
+    import inspect
+
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        if "position_ids" not in inspect.signature(model.forward).parameters:
+            return False
+        cache = DynamicCache(config=model.config)
+        return all(type(layer) is DynamicLayer for layer in cache.layers)
+    except (ImportError, TypeError, ValueError, AttributeError):
+        return False
+
+
+def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """(keys, values) per layer of a plain dynamic cache, else None."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
+
+
+def _prefix_cache(model, prefix: list[int], device):
+    """KV cache of the shared prefix (batch 1), or None if this model's cache cannot be reused."""
+    try:
+        out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True,
+                    **_forward_kwargs(model))
+        cache = out.past_key_values
+        if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+            return None
+        return cache
+    except (TypeError, ValueError, NotImplementedError, AttributeError):
+        return None
+
+
+@functools.cache
+def _growing_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A plain KV cache layer that appends in place into spare capacity.
+
+        ``DynamicLayer`` concatenates on every step, copying the whole batch cache each time;
+        with 16 rows of a few hundred tokens that copy costs more than the attention. Here
+        ``keys``/``values`` are views of larger buffers; anything that replaces them (crop,
+        beam reordering) is picked up and re-buffered on the next update.
+        """
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+            super().__init__()
+            self._kbuf, self._vbuf = keys, values
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+            self.dtype, self.device = keys.dtype, keys.device
+            self.is_initialized = True
+
+        def _rebuffer(self, capacity: int) -> None:
+            length = self.keys.shape[-2]
+            for name in ("keys", "values"):
+                old = getattr(self, name)
+                buf = old.new_empty((*old.shape[:2], capacity, old.shape[3]))
+                buf[:, :, :length] = old
+                setattr(self, "_kbuf" if name == "keys" else "_vbuf", buf)
+                setattr(self, name, buf[:, :, :length])
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            """Keep only these rows (decoding drops finished ones), spare room included."""
+            length = self.keys.shape[-2]
+            self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+            self.keys, self.values = self._kbuf[:, :, :length], self._vbuf[:, :, :length]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            length, n = self.keys.shape[-2], key_states.shape[-2]
+            if (self.keys.data_ptr() != self._kbuf.data_ptr()
+                    or self.keys.shape[0] != self._kbuf.shape[0]
+                    or length + n > self._kbuf.shape[-2]):
+                self._rebuffer(2 * (length + n))
+            self._kbuf[:, :, length:length + n] = key_states
+            self._vbuf[:, :, length:length + n] = value_states
+            self.keys = self._kbuf[:, :, :length + n]
+            self.values = self._vbuf[:, :, :length + n]
+            return self.keys, self.values
+
+    return GrowingLayer
+
+
+PREFILL_SLACK = 0.125      # padding a prompt-pass group may waste, as a share of its real tokens
+PREFILL_MAX_TOKENS = 4096  # tokens (rows x width) in one prompt-pass group
+
+
+def prefill_groups(lengths: Sequence[int], slack: float = PREFILL_SLACK,
+                   max_tokens: int = PREFILL_MAX_TOKENS) -> list[list[int]]:
+    """Indices of ``lengths`` (> 0 only) grouped so each group pads to its longest row
+    wasting at most ``slack`` of its tokens, and holds at most ``max_tokens`` padded tokens."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    total = 0
+    for i in order:
+        n = lengths[i]   # ascending: n is the widest of the group it joins
+        if groups:
+            g = groups[-1]
+            padded = (len(g) + 1) * n
+            if padded <= (1 + slack) * (total + n) and padded <= max_tokens:
+                g.append(i)
+                total += n
+                continue
+        groups.append([i])
+        total = n
+    return groups
+
+
+def shared_prefix(model, rows: Sequence[Sequence[int]], device, min_own: int = 1):
+    """(length, KV cache) of the token prefix all ``rows`` share, leaving each row at least
+    ``min_own`` tokens of its own; (0, None) when there is none worth a pass or the model's
+    cache cannot be reused."""
+    if len(rows) < 2:
+        return 0, None
+    n = min(common_prefix_len(rows), min(len(r) for r in rows) - min_own)
+    if n < MIN_SHARED_PREFIX:
+        return 0, None
+    cache = _prefix_cache(model, list(rows[0][:n]), device)
+    return (n, cache) if cache is not None else (0, None)
+
+
+def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv, pad: int,
+                 device, keep: Callable[[list[int]], int] | None = None):
+    """Run sequences that continue a shared prefix, in groups of similar length.
+
+    ``seqs`` are the tokens after the prefix (empty ones are skipped); ``prefix_kv`` the
+    prefix's (keys, values) per layer (``_kv``), or [] with no prefix. Each group is laid out
+    right-aligned, [padding | tokens], on top of the prefix, with positions counted from
+    ``n_prefix``. ``keep(members)`` says how many last positions need logits (default 1).
+    Yields (members, group width, model output); the output's cache holds the group's keys
+    and values after the prefix's.
+    """
+    from transformers import DynamicCache
+
+    fwd = _forward_kwargs(model)
+    for members in prefill_groups([len(s) for s in seqs]):
+        gw = max(len(seqs[b]) for b in members)
+        ids = torch.full((len(members), gw), pad, dtype=torch.long)
+        mask = torch.zeros((len(members), n_prefix + gw), dtype=torch.long)
+        mask[:, :n_prefix] = 1
+        pos = torch.zeros((len(members), gw), dtype=torch.long)
+        for j, b in enumerate(members):
+            n = len(seqs[b])
+            ids[j, gw - n:] = torch.tensor(list(seqs[b]))
+            mask[j, n_prefix + gw - n:] = 1
+            pos[j, gw - n:] = torch.arange(n_prefix, n_prefix + n)
+        past = DynamicCache(ddp_cache_data=[(k.expand(len(members), -1, -1, -1),
+                                             v.expand(len(members), -1, -1, -1))
+                                            for k, v in prefix_kv]) if prefix_kv else DynamicCache()
+        kw = dict(fwd)
+        if keep is not None and kw:
+            kw["logits_to_keep"] = keep(members)
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                    position_ids=pos.to(device), past_key_values=past, use_cache=True, **kw)
+        yield members, gw, out
+
+
+def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
+             device, room: int = 0):
+    """KV cache of every row but its last token, laid out as [prefix | padding | own tokens].
+
+    Rows are run in groups of similar length (``group_passes``) on top of the shared prefix,
+    so the prompt pass wastes little compute on padding; the caches are then assembled into
+    one batch whose last column ``generate`` runs first, with ``room`` spare columns for the
+    tokens to come. Returns None when the model's cache is not a plain one (the caller then
+    lets ``generate`` do a padded pass).
+    """
+    from transformers import DynamicCache
+
+    prefix_kv = _kv(prefix) if prefix is not None else []
+    if prefix_kv is None:
+        return None
+    own = [r[n_prefix:len(r) - 1] for r in rows]     # tokens each row needs before generation
+    span = width - 1                                   # cache length: all columns but the last
+    assembled: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def place(kv_group, members, group_width):
+        if not assembled:    # allocate the batch cache, shaped like this model's layers
+            for k, v in kv_group:
+                assembled.append((k.new_zeros((len(rows), k.shape[1], span + room, k.shape[3])),
+                                  v.new_zeros((len(rows), v.shape[1], span + room, v.shape[3]))))
+        end = n_prefix + group_width
+        for (k, v), (K, V) in zip(kv_group, assembled):
+            for j, b in enumerate(members):
+                n = len(own[b])
+                K[b, :, span - n:span] = k[j, :, end - n:end]
+                V[b, :, span - n:span] = v[j, :, end - n:end]
+
+    for members, gw, out in group_passes(model, own, n_prefix, prefix_kv, pad, device):
+        kv = _kv(out.past_key_values)
+        if kv is None:
+            return None
+        place(kv, members, gw)
+    if not assembled:                # no row has tokens before its last one
+        if not prefix_kv:
+            return None
+        place(prefix_kv, [], 0)
+    for (K, V), pk in zip(assembled, prefix_kv):
+        K[:, :, :n_prefix] = pk[0]
+        V[:, :, :n_prefix] = pk[1]
+    grow = _growing_layer_class()
+    cache = DynamicCache()
+    cache.layers = [grow(K, V, span) for K, V in assembled]
+    return cache
