@@ -25,6 +25,7 @@ import gradio as gr
 import pandas as pd
 
 from layerswap_core.merge import registry
+from layerswap_core.progress import with_eta
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
@@ -152,7 +153,9 @@ def item_markdown(headers, values) -> str:
 
 
 def gr_progress(progress: gr.Progress):
-    return lambda frac, msg: progress(frac, desc=msg)
+    """Gradio's bar for a library ``progress``: what the job does now and the time left at the
+    speed measured during this run (``progress.with_eta``)."""
+    return with_eta(lambda frac, msg: progress(frac, desc=msg))
 
 
 # --------------------------------------------------------------------------- model work
