@@ -73,7 +73,10 @@ CHAT_EXPECTATIONS = (
     "an expert (Compare with).")
 EXPERT_CHOICES = [wb.DEMO_REFS["task"], wb.DEMO_REFS["lang"]]
 LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
-CSS = ".status p { margin: 0; } footer { display: none !important; }"
+CSS = (".status p { margin: 0; } footer { display: none !important; } "
+       # a long job's bar and what it does now are drawn over its status line: room for both
+       "#models-status, #demo-result { min-height: 6em; } "
+       ".progress-level-inner { padding: 0 5em; }")   # clear of the elapsed time on its right
 
 SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
 # The registered methods' number knobs beyond the blend weights (one row of gr.Number per method)
@@ -524,7 +527,8 @@ class Page:
                     elem_classes="status")
         if self.oauth:  # served on a Space with hf_oauth: saves and pushes under your account
             gr.LoginButton()
-        self.status = gr.Markdown("Loading the embedded demo...", elem_id="status",
+        self.status = gr.Markdown("Loading the models (progress on the Models tab)...",
+                                  elem_id="status",
                                   elem_classes="status")
         # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
         self.session = gr.State(None, time_to_live=LIMITS.session_seconds,
@@ -817,9 +821,13 @@ class Page:
         # of an evaluation there (engines.dispatch), never behind the heavy slots
         light = dict(concurrency_id="light", concurrency_limit=LIMITS.plan_jobs)
         models = {self.base, self.task, self.lang, self.session}
+        # the bar (a first use converts the embedded models) on the Models tab's empty status,
+        # never over the top line's text
         self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
-                            api_name="pick_models", concurrency_limit=LIMITS.jobs)
-        demo.load(self.pick_models, models, self.outputs("pick_models"), api_visibility="private")
+                            api_name="pick_models", concurrency_limit=LIMITS.jobs,
+                            show_progress_on=[self.models_md])
+        demo.load(self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
+                  show_progress_on=[self.models_md])
         # served: the visitor's own saves in the model lists; downloads' progress; cleanup
         own = [self.base, self.task, self.lang]
         if self.access.served:
