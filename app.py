@@ -729,9 +729,11 @@ class Page:
                             "variants) and a uniform soup, on the same held-out variants in "
                             "Swahili and English, with exact McNemar tests of each swap against "
                             "each expert. The button reruns it for the models picked on a "
-                            "sample (10 variants per language: about 6 minutes on a 2-core "
-                            "CPU); `python bench/demo_result.py` runs the full 200 per "
-                            "language.")
+                            "sample: N variants per language (Swahili, English) x 6 models, "
+                            "after a sweep on up to 20 validation variants; its bar says what "
+                            "it scores now and the time left at the speed measured so far, and "
+                            "Cancel stops it. `python bench/demo_result.py` runs the full 200 "
+                            "per language.")
                 gr.Markdown(measured_markdown(), elem_id="demo-measured")
                 with gr.Row():
                     self.demo_n = gr.Slider(2, LIMITS.eval_questions, value=10, step=1,

@@ -87,7 +87,10 @@ def reproduce_demo_result(refs: dict, n: int = 200, langs=DEMO_LANGS, n_validati
         cfg = MergeConfig(bottom=b, top=u, task=refs["task"], lang=refs["lang"],
                           base=refs.get("base"))
         live.show(cfg)
-        s = score(f"b={b} u={u}", live.model, live.tokenizer, val, max_new_tokens=max_new_tokens)
+        s = score(f"b={b} u={u}", live.model, live.tokenizer, val, max_new_tokens=max_new_tokens,
+                  progress=lambda f, m, i=i, b=b, u=u: say(   # Cancel between tokens
+                      progress, 0.3 * (i + f) / len(SWEEP),
+                      f"sweep on validation: bottom {b}, top {u}: {m}"))
         sweep.append({"bottom": b, "top": u, **s.summary()})
     best = best_of(sweep)
     configs["layer swap (best on validation)"] = MergeConfig(
