@@ -121,3 +121,49 @@ def test_reproduce_shows_progress_and_cancel_stops_it(demo_page):
             expect(page.locator("#demo-result")).not_to_contain_text("Cancelling")
         finally:
             browser.close()
+
+
+def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, one_thread):
+    """A fresh cache: the page is up before anything is converted; the Models tab's bar names
+    the conversion's steps and tensors, moves, gives a measured time left, and its text, bar
+    and elapsed time overlap neither each other nor the top line; then the demo opens."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from app import open_chromium, serve_locally
+    from layerswap_core.workbench import session as wb
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    demo, url = serve_locally(dict(wb.DEMO_REFS))
+    try:
+        assert not (tmp_path / "cache" / "embedded").exists() or not any(
+            (tmp_path / "cache" / "embedded").iterdir())   # nothing converted before the page
+        with sync_playwright() as pw:
+            browser = open_chromium(pw)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            try:
+                page.goto(url)
+                inner = page.locator("#models-status .progress-level-inner")
+                seen, t0 = [], time.monotonic()
+                while time.monotonic() - t0 < 600:
+                    text = inner.inner_text() if inner.count() else ""
+                    if text and text not in seen:
+                        seen.append(text)
+                        boxes = page.evaluate(BOXES, [TRACKER.format(sel="#models-status"),
+                                                      "#status"])
+                        assert not overlapping(boxes), (text, overlapping(boxes))
+                    if "Compatible" in page.locator("#models-status").inner_text():
+                        break
+                    page.wait_for_timeout(1000)
+                expect(page.locator("#models-status")).to_contain_text("Compatible")
+            finally:
+                browser.close()
+    finally:
+        demo.close()
+    steps = [t for t in seen if "converting the embedded SmolLM2" in t]
+    assert any("step 1 of 5" in t for t in steps) and any("step 4 of 5" in t for t in steps)
+    assert any("of 272)" in t for t in steps)                # tensors counted
+    assert any(" left" in t for t in steps), steps          # a measured time left
+    percents = [float(t.rsplit("- ", 1)[1].rstrip("%")) for t in steps if t.endswith("%")]
+    assert percents and max(percents) > 50 and percents[0] < max(percents), percents
+    assert any("building embedded:smollm2-math-en" in t for t in seen)
