@@ -142,7 +142,9 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
             browser = open_chromium(pw)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             try:
-                page.goto(url)
+                # the page's first load starts the conversion, which competes with serving
+                # the page's scripts on a busy CPU
+                page.goto(url, timeout=180_000)
                 inner = page.locator("#models-status .progress-level-inner")
                 seen, t0 = [], time.monotonic()
                 while time.monotonic() - t0 < 600:

@@ -69,3 +69,16 @@ def test_a_new_phase_starts_a_new_measurement():
                                                                       "about 3 h 10 min left")])
 def test_left_text(seconds, words):
     assert left_text(seconds) == words
+
+
+def test_a_download_says_its_time_left_from_its_bytes_per_second():
+    from layerswap_core.checkpoints.hub import Download
+
+    now = [0.0]
+    d = Download("owner/model", state="downloading", total=10 ** 9,
+                 rate=Rate(clock=lambda: now[0]))
+    assert "left" not in d.line()                        # nothing measured yet
+    for t, done in ((4.0, 10 ** 8), (8.0, 2 * 10 ** 8)):  # 25 MB/s: 800 MB in 32 s
+        now[0], d.done = t, done
+        line = d.line()
+    assert "20%" in line and "about 30 s left" in line, line
