@@ -30,6 +30,13 @@ BOXES = """(sels) => sels.flatMap(sel => Array.from(document.querySelectorAll(se
     .filter(b => b.w > 0 && b.h > 0)"""
 
 
+def shoot(page, name: str) -> None:
+    """A screenshot of the page into $LAYERSWAP_SCREENSHOTS (docs/screenshots), when set."""
+    folder = os.environ.get("LAYERSWAP_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=os.path.join(folder, f"{name}.png"), full_page=True)
+
+
 def _skip_reason() -> str | None:
     if sync_playwright is None:
         return "the Python package playwright is not installed (pip install -r requirements-dev.txt)"
@@ -100,6 +107,7 @@ def test_reproduce_shows_progress_and_cancel_stops_it(demo_page):
             text = inner.inner_text()
             assert "bottom" in text and "%" in text, text
             assert not overlapping(page.evaluate(BOXES, [TRACKER.format(sel="#demo-result")]))
+            shoot(page, "reproduce-progress")
             busy = cpu_share(pid)
             # the job is working: the measurement tells work from idle (on a CPU shared with
             # other work a generating job still gets well over the idle bound below)
@@ -145,16 +153,21 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
                 # the page's first load starts the conversion, which competes with serving
                 # the page's scripts on a busy CPU
                 page.goto(url, timeout=180_000)
-                inner = page.locator("#models-status .progress-level-inner")
-                seen, t0 = [], time.monotonic()
-                while time.monotonic() - t0 < 600:
-                    text = inner.inner_text() if inner.count() else ""
+                expect(page.locator("#models-status")).to_be_attached(timeout=180_000)
+                seen, t0, shot = [], time.monotonic(), False
+                while time.monotonic() - t0 < 900:
+                    text, status = page.evaluate("""() => [
+                        document.querySelector('#models-status .progress-level-inner'),
+                        document.querySelector('#models-status')]
+                        .map(e => e ? e.innerText.trim() : '')""")
                     if text and text not in seen:
                         seen.append(text)
                         boxes = page.evaluate(BOXES, [TRACKER.format(sel="#models-status"),
                                                       "#status"])
                         assert not overlapping(boxes), (text, overlapping(boxes))
-                    if "Compatible" in page.locator("#models-status").inner_text():
+                        if "step 3 of 5" in text and " left" in text and not shot:
+                            shot = shoot(page, "cold-start") or True
+                    if "Compatible" in status:
                         break
                     page.wait_for_timeout(1000)
                 expect(page.locator("#models-status")).to_contain_text("Compatible")
