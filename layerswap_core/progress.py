@@ -48,7 +48,8 @@ class Rate:
     yet (less than ``min_seconds`` since the start, or nothing done).
 
     The amount must grow: when it falls by more than ``restart`` of the total (a new phase
-    starting from 0) the measurement starts again; a smaller step back is ignored. ``clock`` is ``time.monotonic`` (a recorded clock in tests).
+    starting from 0) the measurement starts again; a smaller step back is ignored. ``clock`` is
+    ``time.monotonic`` (a recorded clock in tests).
     """
 
     def __init__(self, total: float = 1.0, *, window: float = 60.0, min_seconds: float = 3.0,

@@ -189,7 +189,7 @@ def _save_dequantized(gguf: Path, out: Path, name_or_path: str,
     config._name_or_path = name_or_path
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = _gguf_state_dict(gguf, model, step)
-    if state is None:   # names this reader does not know: transformers' loader (no per-tensor steps)
+    if state is None:   # names this reader does not know: transformers' loader (not per tensor)
         step(3, 0.0, " (all at once)")
         qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                       dtype=torch.float32)
