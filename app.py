@@ -25,6 +25,7 @@ import gradio as gr
 import pandas as pd
 
 from layerswap_core.merge import registry
+from layerswap_core.progress import with_eta
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
@@ -73,7 +74,10 @@ CHAT_EXPECTATIONS = (
     "an expert (Compare with).")
 EXPERT_CHOICES = [wb.DEMO_REFS["task"], wb.DEMO_REFS["lang"]]
 LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
-CSS = ".status p { margin: 0; } footer { display: none !important; }"
+CSS = (".status p { margin: 0; } footer { display: none !important; } "
+       # a long job's bar and what it does now are drawn over its status line: room for both
+       "#models-status, #demo-result { min-height: 6em; } "
+       ".progress-level-inner { padding: 0 5em; }")   # clear of the elapsed time on its right
 
 SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
 # The registered methods' number knobs beyond the blend weights (one row of gr.Number per method)
@@ -153,7 +157,9 @@ def item_markdown(headers, values) -> str:
 
 
 def gr_progress(progress: gr.Progress):
-    return lambda frac, msg: progress(frac, desc=msg)
+    """Gradio's bar for a library ``progress``: what the job does now and the time left at the
+    speed measured during this run (``progress.with_eta``)."""
+    return with_eta(lambda frac, msg: progress(frac, desc=msg))
 
 
 # --------------------------------------------------------------------------- model work
@@ -538,7 +544,8 @@ class Page:
                     elem_classes="status")
         if self.oauth:  # served on a Space with hf_oauth: saves and pushes under your account
             gr.LoginButton()
-        self.status = gr.Markdown("Loading the embedded demo...", elem_id="status",
+        self.status = gr.Markdown("Loading the models (progress on the Models tab)...",
+                                  elem_id="status",
                                   elem_classes="status")
         # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
         self.session = gr.State(None, time_to_live=LIMITS.session_seconds,
@@ -828,9 +835,13 @@ class Page:
         # of an evaluation there (engines.dispatch), never behind the heavy slots
         light = dict(concurrency_id="light", concurrency_limit=LIMITS.plan_jobs)
         models = {self.base, self.task, self.lang, self.session}
+        # the bar (a first use converts the embedded models) on the Models tab's empty status,
+        # never over the top line's text
         self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
-                            api_name="pick_models", concurrency_limit=LIMITS.jobs)
-        demo.load(self.pick_models, models, self.outputs("pick_models"), api_visibility="private")
+                            api_name="pick_models", concurrency_limit=LIMITS.jobs,
+                            show_progress_on=[self.models_md])
+        demo.load(self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
+                  show_progress_on=[self.models_md])
         # served: the visitor's own saves in the model lists; downloads' progress; cleanup
         own = [self.base, self.task, self.lang]
         if self.access.served:

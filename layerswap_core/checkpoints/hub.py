@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..progress import Progress, say
+from ..progress import Progress, Rate, say
 from .references import ModelLoadError, check_folder, check_free_space, is_offline
 from .writing import cache_dir
 
@@ -114,6 +114,7 @@ class Download:
     cancel: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
     thread: threading.Thread | None = None
+    rate: Rate = field(default_factory=Rate)   # the bytes' speed so far -> the time left
 
     @property
     def running(self) -> bool:
@@ -125,9 +126,10 @@ class Download:
             return f"{self.repo_id}: asking the Hub for its files..."
         if self.state == "downloading":
             pct = 100 * self.done / self.total if self.total else 0
+            left = self.rate.left(self.done / self.total) if self.total else ""
             return (f"{self.repo_id}: downloading in the background, {pct:.0f}% "
-                    f"({_gb(self.done)} of {_gb(self.total or 0)}); press Check again when it "
-                    "is done")
+                    f"({_gb(self.done)} of {_gb(self.total or 0)}{', ' + left if left else ''})"
+                    "; press Check again when it is done")
         if self.state == "done":
             return f"{self.repo_id}: downloaded; press Check to use it"
         if self.state == "cancelled":

@@ -110,7 +110,8 @@ def score_models(models: dict[str, Callable[[], tuple]], items: Sequence[Item], 
     for i, (name, get) in enumerate(models.items()):
         say(progress, i / len(models), f"{name}: {len(items)} {items[0].lang} variants")
         model, tok = get()
-        out.append(score(name, model, tok, items, **kw))
+        out.append(score(name, model, tok, items, **kw, progress=lambda f, m, i=i, name=name: say(
+            progress, (i + f) / len(models), f"{name}: {m}")))   # Cancel between tokens
     return out
 
 

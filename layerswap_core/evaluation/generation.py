@@ -126,13 +126,14 @@ DROP_FINISHED = 0.25   # drop finished rows from the batch once they are this sh
 
 def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tensor,
                    max_new_tokens: int, eos: set[int], stop: Sequence[str],
-                   calculator=None) -> list[list[int]]:
+                   calculator=None, each_token=None) -> list[list[int]]:
     """Greedy tokens of each row (up to and including the EOS or the token that completed a
     stop string), from a cache holding all but the last column of ``ids``.
 
     The same argmax as transformers' greedy ``generate``, but rows that have finished leave
     the batch (once they are a quarter of it), so ragged outputs (chain-of-thought) stop
-    paying for the longest one.
+    paying for the longest one. ``each_token(k)`` is called after the k-th token (a progress
+    report: Cancel stops a long batch between two tokens).
     """
     stop = [s for s in stop if s]
     tail = _stop_tail(stop)
@@ -141,7 +142,9 @@ def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tenso
     live = list(range(ids.shape[0]))      # batch position -> row
     done: set[int] = set()
     cur, mask = ids[:, -1:], mask
-    for _ in range(max_new_tokens):
+    for k in range(max_new_tokens):
+        if each_token is not None and k:
+            each_token(k)
         pos = mask.sum(-1, keepdim=True) - 1
         logits = model(input_ids=cur, attention_mask=mask, position_ids=pos,
                        past_key_values=cache, use_cache=True, **fwd).logits[:, -1]
@@ -434,8 +437,13 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
         filled = _prefill(model, rows, n_prefix, cache, width, pad, device,
                           room=max_new_tokens + 1) if split_prefill else None
         if filled is not None and own_loop:
+            def each_token(k, start=start, n=len(idx)):   # every 8 tokens: progress, Cancel
+                if progress is not None and k % 8 == 0:
+                    progress((start + n * k / max_new_tokens) / len(order),
+                             f"{start} of {len(order)} items answered (token {k})")
             new_tokens = _greedy_decode(model, tokenizer, filled, ids.to(device),
-                                        mask.to(device), max_new_tokens, eos, stop, calc)
+                                        mask.to(device), max_new_tokens, eos, stop, calc,
+                                        each_token)
             ends = [len(new) for new in new_tokens]
         else:
             kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width, calculator=calc)

@@ -107,7 +107,9 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
                 raise WorkbenchError(f"{label}: {readable_error(e)}") from e
             _say(progress, i / (len(names) + 1), f"reading {label} {name}")
             try:
-                info = describe(ref, progress=lambda _, m: _say(progress, i / (len(names) + 1), m))
+                # a first use builds the model (a conversion, an adapter applied): its own bar
+                info = describe(ref, progress=lambda f, m: _say(
+                    progress, f, f"{label} ({i + 1} of {len(names)}): {m}"))
             except Exception as e:  # noqa: BLE001 - any unreadable model becomes one message
                 raise WorkbenchError(f"{label} {name!r}: {readable_error(e)}") from e
         except WorkbenchError as e:   # the others are still read: their rows stay valid

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 
+from ..checkpoints.embedded import unbuilt
 from ..checkpoints.loading import ZERO_GPU, pick_device
 from ..engines import dispatch
 from ..engines.pool import Trio
@@ -39,6 +40,8 @@ def start(refs: dict[str, str]) -> str:
     else:
         trio = Trio(refs["task"], refs["lang"], refs.get("base"), device=pick_device())
         pool = d.pool
+    if unbuilt(trio.task):   # built on the page's first load instead, with its progress bar
+        return d.describe()
     try:
         n = pool.bound(trio)
     except Exception:  # noqa: BLE001 - a model that cannot be read is reported on pick

@@ -1,0 +1,84 @@
+"""Time-left estimates from the speed measured during the run (``progress.Rate``,
+``progress.with_eta``), checked on the progress a real evaluation of a tiny model reports."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from layerswap_core.progress import Rate, left_text, with_eta
+
+
+@pytest.fixture(scope="module")
+def evaluation_trace(tiny, tiny_lm, one_thread):
+    """(times, fractions, messages, end): every progress report of a real side-by-side
+    evaluation of two tiny models, with the monotonic time it came at and the time it ended."""
+    from layerswap_core.evaluation import runner as ev
+    from layerswap_core.evaluation.data import load_items
+
+    items = load_items("gsm-symbolic", "en", 12)
+    trace = []
+    ev.run_side_by_side({"base": tiny_lm, "task": str(tiny["task"])}, items, shots=0,
+                        max_new_tokens=12, batch_size=1,
+                        progress=lambda f, m: trace.append((time.monotonic(), f, m)))
+    end = time.monotonic()
+    times, fractions, messages = zip(*trace)
+    return times, fractions, messages, end
+
+
+def test_the_estimate_follows_the_measured_speed(evaluation_trace):
+    times, fractions, _, end = evaluation_trace
+    assert len(times) >= 10 and fractions[-1] > 0.8, fractions
+    rate = Rate(min_seconds=0.0)
+    checked = 0
+    for t, f in zip(times, fractions):
+        left = rate.update(f, t)
+        if 0.3 <= f <= 0.8 and left is not None:
+            true_left = end - t
+            # the run's own speed predicts its end within a factor of 2.5 (a shared CPU)
+            assert true_left / 2.5 <= left <= true_left * 2.5, (f, left, true_left)
+            checked += 1
+    assert checked >= 2
+
+
+def test_messages_say_what_is_left_only_once_measured(evaluation_trace):
+    times, fractions, messages, _ = evaluation_trace
+    clock = iter(times)
+    shown = []
+    report = with_eta(lambda f, m: shown.append(m), clock=lambda: next(clock), min_seconds=0.0)
+    for f, m in zip(fractions, messages):
+        report(f, m)
+    assert shown[0] == messages[0]                      # nothing measured yet: no estimate
+    later = [s for s, f in zip(shown, fractions) if 0.2 < f < 1.0]
+    assert later and all(" left" in s and s.startswith(m) for s, m in
+                         zip(later, [m for m, f in zip(messages, fractions) if 0.2 < f < 1.0]))
+
+
+def test_a_new_phase_starts_a_new_measurement():
+    # a slow phase (0 -> 1 in 100 s), then a fast one from 0 again (half of it in 1 s)
+    rate = Rate(min_seconds=0.0)
+    for t in range(0, 101, 10):
+        rate.update(t / 100, float(t))
+    assert rate.update(0.0, 101.0) is None              # fallen: measured afresh
+    assert rate.update(0.5, 102.0) == pytest.approx(1.0)
+    assert rate.update(0.49, 103.0) == pytest.approx(2.0)   # a small step back: no restart
+
+
+@pytest.mark.parametrize("seconds,words", [(3, "about 5 s left"), (42, "about 40 s left"),
+                                           (150, "about 2 min left"), (3 * 3600 + 600,
+                                                                      "about 3 h 10 min left")])
+def test_left_text(seconds, words):
+    assert left_text(seconds) == words
+
+
+def test_a_download_says_its_time_left_from_its_bytes_per_second():
+    from layerswap_core.checkpoints.hub import Download
+
+    now = [0.0]
+    d = Download("owner/model", state="downloading", total=10 ** 9,
+                 rate=Rate(clock=lambda: now[0]))
+    assert "left" not in d.line()                        # nothing measured yet
+    for t, done in ((4.0, 10 ** 8), (8.0, 2 * 10 ** 8)):  # 25 MB/s: 800 MB in 32 s
+        now[0], d.done = t, done
+        line = d.line()
+    assert "20%" in line and "about 30 s left" in line, line
