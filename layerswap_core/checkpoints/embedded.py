@@ -334,10 +334,11 @@ DEMO_BASE = DEFAULT_BASE
 DEMO_TASK = EMBEDDED_PREFIX + MATH_EXPERT      # the demo's task (math) expert
 DEMO_LANG = EMBEDDED_PREFIX + SWAHILI_EXPERT   # the demo's language (Swahili) expert
 DESCRIPTIONS = {
-    MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA (English worked solutions of GSM-Symbolic "
-                 "variants, train seeds)",
-    SWAHILI_EXPERT: "SmolLM2-135M-Instruct, full SFT on Swahili dictionary exercises and non-"
-                    "evaluated problem statements (no math), shipped as an extracted LoRA",
+    MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA on the middle layers 6-27 only (partial "
+                 "training; English worked solutions of the training templates' variants)",
+    SWAHILI_EXPERT: "SmolLM2-135M-Instruct + Swahili reading LoRA on the outer layers 0-5 and "
+                    "28-29 only (partial training; question translations of non-evaluated "
+                    "templates, dictionary and numerals; no worked math)",
 }
 for _name, _description in DESCRIPTIONS.items():
     register_expert(_name, _description, ASSETS / _name, embedded_name(DEMO_BASE))

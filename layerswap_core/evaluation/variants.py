@@ -1,10 +1,21 @@
 """Held-out GSM-Symbolic *variants* for the demo: new numbers and names per template, in three
-disjoint seed sets.
+disjoint sets, split by template and by seed.
 
 MGSM is out of reach for 100-300M models, so the embedded demo is measured on variants of
 GSM-Symbolic templates (the PyPI package ``multilingual-gsm-symbolic==0.5.5`` generates them
 with its own template engine): the math expert trains on English variants of the ``train`` seed
 set, configurations are chosen on ``validation``, and the headline is measured on ``eval``.
+
+Templates are split, not just seeds (``split_templates``): the usable templates (``templates()``,
+66), in numeric order, alternate between ``EVAL`` (the 1st, 3rd, 5th, ...: 33, a fixed rule
+chosen before any model was scored) and ``TRAINING`` (the others). ``train`` and ``validation``
+draw from the training templates (validation = other seeds of the templates the math expert
+trains on: it chooses configurations, it is not a test of unseen templates), ``eval`` from the
+evaluated templates only. The language expert's data uses only non-evaluated templates
+(``LANGUAGE``: the training templates and ``UNUSED``, the templates set aside below). No
+evaluated variant shares its numbers (the sorted tuple of the numbers in its English question)
+with a variant of ``train`` or ``validation`` or with an original statement of a language-data
+template: such a variant is dropped (``training_numbers``).
 
 The templates (``TEMPLATES``, fixed here, chosen before any model was scored):
 * 0000-0099 validated in English and Swahili (0030, 0045, 0094 are not validated in Swahili;
@@ -20,7 +31,8 @@ The templates (``TEMPLATES``, fixed here, chosen before any model was scored):
 
 Seeds: split ``s`` of template ``t`` draws its variants with seed ``SPLIT_SEEDS[s] + t``.
 Disjointness: a variant whose English question text already appeared in an earlier split
-(train, then validation, then eval) is dropped, in every language, deterministically.
+(train, then validation, then eval) is dropped, in every language, deterministically; so is an
+evaluated variant whose numbers a training item has (above).
 
 The package's engine takes minutes for these sets on a small CPU (its constraint search: about
 105 s for the Swahili validation set, 70 s more for the eval set, measured on a 2-core CPU), so
@@ -35,6 +47,8 @@ import functools
 import gzip
 import importlib.metadata
 import json
+import re
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -47,7 +61,7 @@ CANDIDATES = range(0, 100)
 NOT_VALIDATED = frozenset({30, 45, 94})          # in Swahili (package 0.5.5)
 SLOW_TEMPLATES = frozenset({3, 7, 9, 11, 17, 40, 52, 74, 76, 82, 99})
 UNPAIRED_TEMPLATES = frozenset({19, 26})
-PER_TEMPLATE = {"train": 8, "validation": 2, "eval": 4}   # variants drawn per template
+PER_TEMPLATE = {"train": 8, "validation": 2, "eval": 8}   # variants drawn per template
 VARIANTS_FILE = Path(__file__).resolve().parent.parent / "resources" / "demo_variants.json.gz"
 PACKAGE = "multilingual-gsm-symbolic"
 
@@ -56,6 +70,53 @@ def templates() -> tuple[int, ...]:
     """The demo's template numbers (see the module docstring)."""
     excluded = NOT_VALIDATED | SLOW_TEMPLATES | UNPAIRED_TEMPLATES | mgsm_overlap_templates()
     return tuple(t for t in CANDIDATES if t not in excluded)
+
+
+def split_templates(split: str) -> tuple[int, ...]:
+    """The templates a split draws from: ``eval`` the evaluated ones (every other usable
+    template, starting with the first), ``train`` and ``validation`` the others."""
+    usable = templates()
+    return usable[0::2] if split == "eval" else usable[1::2]
+
+
+def unused_templates() -> tuple[int, ...]:
+    """Templates validated in Swahili, not MGSM items, not usable for variants (slow or
+    unpaired): only their original statements serve, as language data."""
+    skip = set(templates()) | mgsm_overlap_templates() | NOT_VALIDATED
+    return tuple(i for i in CANDIDATES if i not in skip)
+
+
+def language_templates() -> tuple[int, ...]:
+    """Templates whose questions (never solutions) the language expert may read: every
+    non-evaluated template that is not an MGSM item (the training templates and the unused)."""
+    return tuple(sorted(split_templates("train") + unused_templates()))
+
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def numbers_of(question: str) -> tuple[str, ...]:
+    """The sorted tuple of the numbers written in a question (digits; ``1,200`` -> ``1200``)."""
+    return tuple(sorted(n.replace(",", "") for n in _NUMBER.findall(question)))
+
+
+def original_question(lang: str, template: int) -> str:
+    """The template's own statement (its TOML ``question``) in ``lang``."""
+    with (symbolic_root() / lang / "symbolic" / f"{template:04d}.toml").open("rb") as f:
+        return tomllib.load(f)["question"].strip()
+
+
+@functools.lru_cache(maxsize=1)
+def training_numbers() -> frozenset[tuple[str, ...]]:
+    """The number tuples of every item a demo expert may train on or be chosen with: the
+    ``train`` and ``validation`` variants and the original statements of the language-data
+    templates (English)."""
+    out = set()
+    for split in ("train", "validation"):
+        for t in split_templates(split):
+            out |= {numbers_of(_rows("eng", t, split)[i][0]) for i in _paired(t, split)}
+    out |= {numbers_of(original_question("eng", t)) for t in language_templates()}
+    return frozenset(out)
 
 
 def _answer(text: str) -> tuple[str, str]:
@@ -106,13 +167,19 @@ def _file_stamp() -> dict:
 @functools.lru_cache(maxsize=1)
 def _shipped() -> dict[str, tuple[tuple[str, str, str], ...]]:
     """The shipped variants by ``_key``; empty when the file is missing or was made with
-    another package version, other seeds or other counts."""
+    another package version; a split's rows are left out when they were drawn with another
+    seed or count than this split's."""
     if not VARIANTS_FILE.is_file():
         return {}
     data = json.loads(gzip.decompress(VARIANTS_FILE.read_bytes()))
-    if data.get("stamp") != _file_stamp():
+    stamp, now = data.get("stamp") or {}, _file_stamp()
+    if stamp.get("package") != now["package"]:
         return {}
-    return {k: tuple(tuple(r) for r in rows) for k, rows in data["rows"].items()}
+    fresh = {s for s in SPLITS
+             if (stamp.get("split_seeds") or {}).get(s) == now["split_seeds"][s]
+             and (stamp.get("per_template") or {}).get(s) == now["per_template"][s]}
+    return {k: tuple(tuple(r) for r in rows) for k, rows in data["rows"].items()
+            if k.split("/")[1] in fresh}
 
 
 def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path:
@@ -120,7 +187,7 @@ def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path
     and write them, gzipped JSON with a fixed timestamp (the same bytes every time), to
     ``path``; ``progress(fraction, message)``."""
     rows = {}
-    jobs = [(lang, split, t) for lang in LANGS for split in SPLITS for t in templates()]
+    jobs = [(lang, split, t) for lang in LANGS for split in SPLITS for t in split_templates(split)]
     for i, (lang, split, t) in enumerate(jobs):
         if progress and i % 20 == 0:
             progress(i / len(jobs), f"{lang} {split} template {t:04d}")
@@ -136,20 +203,24 @@ def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path
     tmp.replace(path)
     _shipped.cache_clear()
     _paired.cache_clear()
+    training_numbers.cache_clear()
     return path
 
 
 @functools.lru_cache(maxsize=None)
 def _paired(template: int, split: str) -> tuple[int, ...]:
     """Indices of the template's variants in ``split`` that survive disjointness (by English
-    question text against the earlier splits and within the split)."""
+    question text against the earlier splits of the same template and within the split; for
+    ``eval``, also by numbers against every training item: ``training_numbers``)."""
     seen = set()
     for s in SPLITS[:SPLITS.index(split)]:
-        earlier = _rows("eng", template, s)
-        seen |= {earlier[i][0] for i in _paired(template, s)}
+        if template in split_templates(s):
+            earlier = _rows("eng", template, s)
+            seen |= {earlier[i][0] for i in _paired(template, s)}
+    banned = training_numbers() if split == "eval" else frozenset()
     keep = []
     for i, (q, _, _) in enumerate(_rows("eng", template, split)):
-        if q not in seen:
+        if q not in seen and numbers_of(q) not in banned:
             seen.add(q)
             keep.append(i)
     return tuple(keep)
@@ -159,14 +230,16 @@ def variant_items(lang: str, split: str = "eval", templates_: tuple[int, ...] | 
                   ) -> list[Item]:
     """The ``split`` set of variants in ``lang`` ("eng", "swh"; or "en", "sw") as Items, in
     template order then variant order: the same problems, in the same order, in every language
-    of ``LANGS``. ``id`` = ``variant-<split>-<template>-<k>`` (equal across languages)."""
+    of ``LANGS``. ``id`` = ``variant-<split>-<template>-<k>`` (equal across languages).
+    ``templates_``: draw only from these of the split's templates (``split_templates``)."""
     code = {"en": "eng", "sw": "swh"}.get(lang, lang)
     if code not in LANGS:
         raise DataError(f"demo variants exist in {', '.join(LANGS)}, not {lang!r}")
     if split not in SPLITS:
         raise DataError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
     out = []
-    for t in templates_ or templates():
+    own = split_templates(split)
+    for t in own if templates_ is None else [t for t in templates_ if t in own]:
         rows = _rows(code, t, split)
         for k in _paired(t, split):
             question, solution, gold = rows[k]

@@ -3,15 +3,21 @@
 The experts themselves are data rows of the embedded-model registry (``checkpoints.embedded``),
 shipped as PEFT LoRA adapters:
 
-* ``embedded:smollm2-math-en``  -- math expert: a LoRA (rank 32) trained on English worked
-                                   solutions of the ``train`` seed set of GSM-Symbolic variants
+* ``embedded:smollm2-math-en``  -- math expert: a LoRA (rank 32) on the middle layers 6-27 only
+                                   (partial training, ``--mode partial_lora --partition C
+                                   --train-part task``), trained on English worked solutions of
+                                   the ``train`` seed set of the training templates' variants
                                    (recipe ``math-variants``);
-* ``embedded:smollm2-swahili``  -- Swahili language expert: a full fine-tune on FreeDict
-                                   Swahili<->English word exercises and the Swahili statements of
-                                   13 templates that are neither evaluated nor MGSM items (recipe
-                                   ``swahili-clean``; no worked math), shipped as the rank-16
-                                   adapter ``layerswap extract-lora`` extracted from it.
+* ``embedded:smollm2-swahili``  -- Swahili language expert: a LoRA (rank 64) on the outer layers
+                                   0-5 and 28-29 only (``--train-part lang``: the complement),
+                                   trained on Swahili<->English problem statements (never
+                                   solutions) of non-evaluated templates, FreeDict exercises and
+                                   Swahili numerals (recipe ``swahili-reading``), the checkpoint
+                                   chosen by the reading proxy (Swahili -> English statements of
+                                   held-out templates).
 
+Partial training on complementary layers is the follow-up paper's method: the layer swap then
+composes two changes that never overlap.
 The adapters ship in ``assets/experts/<name>/`` (bf16, with a card giving the exact commands and
 why each expert took its form). On first use each is applied to the embedded base
 (``adapters.apply_adapter``: streamed, bit-identical to PEFT's merge_and_unload) and cached as a
@@ -32,11 +38,12 @@ __all__ = ["DEMO_BASE", "DEMO_LANG", "DEMO_TASK", "DEMO_ROWS", "demo_nll_table",
 
 # --------------------------------------------------------------------------- held-out measurements
 def heldout_sets(limit: int | None = None) -> dict[str, list[dict]]:
-    """The held-out chat sets (never trained on): each expert's own validation split, and the
+    """The held-out chat sets (never trained on, never evaluated): each expert's own validation
+    split (the language expert's: its reading proxy), and the
     Swahili validation variants with their worked solutions (math in Swahili, which neither
     expert saw)."""
     sets = {"math (eng validation variants)": D.math_variant_examples("eval"),
-            "swahili (held-out dictionary split)": D.swahili_clean_examples("eval"),
+            "swahili reading proxy (held-out templates)": D.reading_examples("eval"),
             "swh validation variants": D.variant_rows("sw", "validation")}
     return {k: v[:limit] for k, v in sets.items()}
 

@@ -10,10 +10,13 @@ Two recipes, both deterministic (fixed seeds, fixed template lists):
                  word-translation exercises from the FreeDict Swahili<->English dictionaries
                  (Debian packages dict-freedict-swh-eng and dict-freedict-eng-swh).
 
-Two more recipes are for the next demo experts, measured on held-out variants
-(``evaluation.variants``): ``math-variants`` (English worked solutions of the variants' train
-seed set) and ``swahili-clean`` (Swahili statements of templates that are not evaluated, and the
-dictionaries; no worked math, no statement of an evaluated template).
+Three more recipes are for the demo experts measured on held-out variants
+(``evaluation.variants``, split by template: the evaluated templates are in no recipe):
+``math-variants`` (English worked solutions of the train seed set of the training templates),
+``swahili-reading`` (the partial-training language expert's data: Swahili<->English problem
+*statements*, never solutions, of non-evaluated templates, the dictionaries and Swahili
+numerals; its ``eval`` split is the reading proxy, Swahili -> English statements of held-out
+templates) and ``swahili-clean`` (the previous language expert's: dictionaries and 13 statements).
 
 Neither recipe trains on a template that is an MGSM test item (11 of 0000-0049 are: the
 templates were built from GSM8K test problems, MGSM is the first 250 of those translated; see
@@ -240,8 +243,109 @@ def swahili_clean_examples(split: str = "train", seed: int = SEED) -> list[dict]
     return rows
 
 
+# --------------------------------------------------------------------------- reading recipe
+# The partial-training language expert's data (``swahili-reading``): reading, not math. Problem
+# *statements* (never solutions) of non-evaluated templates as translation pairs in both
+# directions, the FreeDict exercises and Swahili numerals. Its held-out split is the reading
+# proxy: Swahili -> English translation of the statements of ``proxy_templates()``, templates
+# the recipe never trains on (nor are they evaluated).
+SWH_TO_ENG_PROMPT = "Tafsiri swali hili kwa Kiingereza (usilitatue):\n\n"  # "...into English"
+NUMERAL_WORDS_PROMPT = "Andika namba hii kwa maneno ya Kiswahili: "
+NUMERAL_DIGITS_PROMPT = "Andika namba hii kwa tarakimu: "
+NUMERALS = 240           # numeral exercises (half each way)
+_ONES = ("sifuri", "moja", "mbili", "tatu", "nne", "tano", "sita", "saba", "nane", "tisa")
+_TENS = ("", "kumi", "ishirini", "thelathini", "arobaini", "hamsini", "sitini", "sabini",
+         "themanini", "tisini")
+
+
+def swahili_number(n: int) -> str:
+    """A number 0..999,999 in Swahili words (``345`` -> ``mia tatu arobaini na tano``)."""
+    if not 0 <= n < 1_000_000:
+        raise ValueError(f"{n} is outside 0..999999")
+    if n < 10:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + (f" na {_ONES[n % 10]}" if n % 10 else "")
+    if n < 1000:
+        rest = n % 100
+        head = f"mia {_ONES[n // 100]}"
+        return head if not rest else f"{head} na {_ONES[rest]}" if rest < 10 else \
+            f"{head} {swahili_number(rest)}"
+    rest = n % 1000
+    head = f"elfu {swahili_number(n // 1000)}"
+    return head if not rest else f"{head} na {_ONES[rest]}" if rest < 10 else \
+        f"{head} {swahili_number(rest)}"
+
+
+def numeral_rows(count: int = NUMERALS, seed: int = SEED) -> list[dict]:
+    """Swahili numeral exercises, digits -> words and words -> digits, on numbers drawn from a
+    fixed mix of sizes (0-20, 21-100, 101-1,000, 1,001-100,000)."""
+    rng = random.Random(seed + 17)
+    rows = []
+    for k in range(count):
+        lo, hi = ((0, 20), (21, 100), (101, 1000), (1001, 100_000))[k % 4]
+        n = rng.randint(lo, hi)
+        if k % 2:
+            rows.append(chat_row(NUMERAL_DIGITS_PROMPT + swahili_number(n), str(n),
+                                 "numerals words->digits"))
+        else:
+            rows.append(chat_row(NUMERAL_WORDS_PROMPT + str(n), swahili_number(n),
+                                 "numerals digits->words"))
+    return rows
+
+
+def proxy_templates() -> tuple[int, ...]:
+    """The reading proxy's templates: every fourth training template (never in the reading
+    recipe's training split, never evaluated)."""
+    from ..evaluation.variants import split_templates
+
+    return split_templates("train")[::4]
+
+
+def reading_templates() -> tuple[int, ...]:
+    """Templates whose statements the reading recipe trains on: the language-data templates
+    (``evaluation.variants.language_templates``) less the proxy's."""
+    from ..evaluation.variants import language_templates
+
+    return tuple(t for t in language_templates() if t not in proxy_templates())
+
+
+def statement_pairs(templates: tuple[int, ...], splits=("train",)) -> list[tuple[str, str, str]]:
+    """(English, Swahili, source) problem statements of templates: the variants of ``splits``
+    where the template has variants, else its original statement."""
+    from ..evaluation.variants import original_question, split_templates, variant_items
+
+    out = []
+    for split in splits:
+        own = [t for t in templates if t in split_templates(split)]
+        en, sw = variant_items("en", split, own), variant_items("sw", split, own)
+        out += [(a.question, b.question, a.id) for a, b in zip(en, sw, strict=True)]
+    varied = set(split_templates("train"))
+    out += [(original_question("eng", t), original_question("swh", t), f"original {t:04d}")
+            for t in templates if t not in varied]
+    return out
+
+
+def reading_examples(split: str = "train", seed: int = SEED) -> list[dict]:
+    """``train``: statement translations both ways (questions only, no solution), FreeDict
+    exercises and numerals; ``eval``: the reading proxy, Swahili -> English statements of the
+    held-out ``proxy_templates()`` (their train and validation variants)."""
+    if split != "train":
+        return [chat_row(SWH_TO_ENG_PROMPT + sw, en, f"proxy swh->eng {src}")
+                for en, sw, src in statement_pairs(proxy_templates(), ("train", "validation"))]
+    rows = []
+    for en, sw, src in statement_pairs(reading_templates()):
+        rows.append(chat_row(SWH_TO_ENG_PROMPT + sw, en, f"statement swh->eng {src}"))
+        rows.append(chat_row(SWH_TRANSLATE_PROMPT + en, sw, f"statement eng->swh {src}"))
+    rng = random.Random(seed)
+    rows += _dictionary_rows("train", rng) + numeral_rows(seed=seed)
+    rng.shuffle(rows)
+    return rows
+
+
 RECIPES = {"math": math_examples, "swahili": swahili_examples,   # the first demo experts' data
-           "math-variants": math_variant_examples, "swahili-clean": swahili_clean_examples}
+           "math-variants": math_variant_examples, "swahili-clean": swahili_clean_examples,
+           "swahili-reading": reading_examples}
 
 
 def card_front_matter(split: str = "train") -> str:

