@@ -187,8 +187,8 @@ def demo_story() -> str:
     return (f"**What the demo shows at 135M.** {shown} The chart: each model against the math "
             "expert, item by item, after the Swahili question and (control) after the English "
             "one; the swaps with the *base's* outer layers are the second control. Accuracy "
-            "cannot show the effect here (every model solves 0-2% of Swahili variants): the "
-            "paper's gain (+2.9 points in Swahili over the math expert) is a 7-8B result; run "
+            "is not the measure at this scale (a 3-point gain needs about 1,000 paired items "
+            "and a base that already reads the language): the paper's gain (+2.9 points in Swahili over the math expert) is a 7-8B result; run "
             "it on your own experts on a GPU (`docs/demo.md`, *Your own experts on a GPU*).")
 
 
