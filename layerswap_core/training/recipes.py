@@ -41,6 +41,8 @@ import warnings
 from pathlib import Path
 
 from ..evaluation.data import CARD_TEMPLATES_KEY, mgsm_overlap_templates
+from ..evaluation.variants import (NOT_VALIDATED, language_templates, original_question,
+    split_templates, templates, variant_items)
 
 # Training templates: 0000-0049 minus the MGSM items among them.
 TRAIN_TEMPLATES = tuple(i for i in range(0, 50) if i not in mgsm_overlap_templates())
@@ -213,7 +215,6 @@ def math_variant_examples(split: str = "train", seed: int = SEED) -> list[dict]:
 def variant_rows(lang: str, split: str) -> list[dict]:
     """The variants of a split in ``lang`` as (question -> worked solution ending ``#### N``)
     chats, in the variants' order."""
-    from ..evaluation.variants import variant_items
 
     return [chat_row(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
             for i in variant_items(lang, split)]
@@ -222,7 +223,6 @@ def variant_rows(lang: str, split: str) -> list[dict]:
 def statement_templates() -> tuple[int, ...]:
     """Templates whose Swahili problem statements the clean language recipe may use: validated
     in Swahili, not MGSM items, and not evaluated (``evaluation.variants.templates``)."""
-    from ..evaluation.variants import NOT_VALIDATED, templates
 
     skip = set(templates()) | mgsm_overlap_templates() | NOT_VALIDATED
     return tuple(i for i in range(100) if i not in skip)
@@ -297,7 +297,6 @@ def numeral_rows(count: int = NUMERALS, seed: int = SEED) -> list[dict]:
 def proxy_templates() -> tuple[int, ...]:
     """The reading proxy's templates: every fourth training template (never in the reading
     recipe's training split, never evaluated)."""
-    from ..evaluation.variants import split_templates
 
     return split_templates("train")[::4]
 
@@ -305,7 +304,6 @@ def proxy_templates() -> tuple[int, ...]:
 def reading_templates() -> tuple[int, ...]:
     """Templates whose statements the reading recipe trains on: the language-data templates
     (``evaluation.variants.language_templates``) less the proxy's."""
-    from ..evaluation.variants import language_templates
 
     return tuple(t for t in language_templates() if t not in proxy_templates())
 
@@ -313,7 +311,6 @@ def reading_templates() -> tuple[int, ...]:
 def statement_pairs(templates: tuple[int, ...], splits=("train",)) -> list[tuple[str, str, str]]:
     """(English, Swahili, source) problem statements of templates: the variants of ``splits``
     where the template has variants, else its original statement."""
-    from ..evaluation.variants import original_question, split_templates, variant_items
 
     out = []
     for split in splits:

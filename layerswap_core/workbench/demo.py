@@ -24,6 +24,17 @@ from pathlib import Path
 
 from ..engines.jobs import register_kind
 from ..progress import Progress, say
+from ..analysis.deltas import delta_stats
+from ..analysis.suggest import delta_story, suggest_config
+from ..checkpoints.embedded import ASSETS
+from ..evaluation.demo_result import (markdown_table, paired, paired_table, reading_nll,
+                                       reading_table, reading_target, score, summarize)
+from ..evaluation.prompts import render_chat
+from ..evaluation.variants import SPLIT_SEEDS, variant_items
+from ..merge.config import MergeConfig
+from ..merge.live import LiveModel
+from ..merge.registry import Source
+from .figures import reading_chart
 
 SWEEP = ((2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top) layer counts tried
 QUESTIONS = {"sw": "Swahili question", "en": "English question (control)"}
@@ -49,8 +60,6 @@ def best_of(sweep: list[dict]) -> dict:
 def suggestion(refs: dict) -> dict:
     """What the Deltas tab suggests for these experts (``analysis.suggest_config``) and its
     one-sentence story, to report beside the sweep's choice."""
-    from ..analysis.deltas import delta_stats
-    from ..analysis.suggest import delta_story, suggest_config
 
     task = delta_stats(refs["base"], refs["task"], label="math expert")
     lang = delta_stats(refs["base"], refs["lang"], label="language expert")
@@ -61,7 +70,6 @@ def suggestion(refs: dict) -> dict:
 def outer_from_base(live, config):
     """The plan of a layer swap with the base's layers where the language expert's would be
     (control (b): the swap's precondition)."""
-    from ..merge.registry import Source
 
     plan = live.plan_for(config)
     lang, base = Source.copy("lang"), Source.copy("base")
@@ -82,7 +90,6 @@ def comparisons(models: list[str]) -> list[tuple[str, str]]:
 
 
 def _item_record(item) -> dict:
-    from ..evaluation.variants import SPLIT_SEEDS
 
     _, split, template, k = item.id.split("-")
     return {"id": item.id, "template": int(template), "seed": SPLIT_SEEDS[split] + int(template),
@@ -101,14 +108,9 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
     ``n_validation``: validation items of the sweep. ``dtype``: the live model's (default:
     ``merge.live.live_dtype``). ``live``: a ``LiveModel`` over these refs to use (an engine's);
     default: one made here."""
-    from ..evaluation.demo_result import reading_nll, reading_target, summarize
-    from ..evaluation.prompts import render_chat
-    from ..evaluation.variants import variant_items
-    from ..merge.config import MergeConfig
 
     t0 = time.time()
     if live is None:
-        from ..merge.live import LiveModel
         live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
     has_base = bool(refs.get("base"))
     L = live.arch.num_layers
@@ -194,7 +196,6 @@ def run_accuracy(live, shows: dict, ev: dict, records: list[dict], accuracy_n: i
     ``accuracy_n`` of the eval items (spread), per question language: per-item outputs and
     correctness into ``records``, and the summaries with McNemar tests of each swap against each
     expert. ``tell(message)`` before each model, ``advance(items)`` after it."""
-    from ..evaluation.demo_result import paired, score
 
     acc_items = {q: spread(ev[q], accuracy_n) for q in QUESTIONS}
     at = {r["id"]: r for r in records}
@@ -226,9 +227,6 @@ def add_accuracy(res: dict, refs: dict, accuracy_n: int, max_new_tokens: int = 1
                  dtype=None, progress: Progress | None = None) -> dict:
     """A stored result with the accuracy column (re)measured: the same items, the same default
     and chosen swaps (``res["default"]``, ``res["best"]``), nothing else rerun."""
-    from ..evaluation.variants import variant_items
-    from ..merge.config import MergeConfig
-    from ..merge.live import LiveModel
 
     t0 = time.time()
     live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
@@ -255,7 +253,6 @@ def add_accuracy(res: dict, refs: dict, accuracy_n: int, max_new_tokens: int = 1
 def result_markdown(res: dict) -> str:
     """The headline table (mean NLL per model, both questions), then the paired comparisons of
     the headline measure and its controls."""
-    from ..evaluation.demo_result import markdown_table, paired_table, reading_table
 
     acc = res.get("accuracy") or {}
     text = reading_table(res["means"], res["questions"], acc.get("summaries", ()))
@@ -270,7 +267,6 @@ def result_markdown(res: dict) -> str:
 def measured_demo_result(path: str | Path | None = None) -> dict | None:
     """The shipped measurement (``bench/demo_result.py --json``), with its markdown tables
     rebuilt from the stored statistics; None when none is shipped (or an older format)."""
-    from ..checkpoints.embedded import ASSETS
 
     p = Path(path) if path else ASSETS / RESULT_FILE
     if not p.is_file():
@@ -349,7 +345,6 @@ def result_chart(res: dict):
     """The headline chart: each model's mean per-item NLL difference against the math expert,
     with 95% intervals, after the Swahili question and after the English one (control a); the
     swaps with the base's outer layers are bars of their own (control b)."""
-    from .figures import reading_chart
 
     models = [m for m in res["models"] if m != "math expert"]
     return reading_chart(res["paired"] + _vs_math(res), "math expert", models,
@@ -360,7 +355,6 @@ def result_chart(res: dict):
 def _vs_math(res: dict) -> list[dict]:
     """Rows against the math expert for the models ``comparisons`` does not pair with it (base,
     language expert), computed from the items."""
-    from ..evaluation.demo_result import summarize
 
     have = {(r["model"], r["vs"]) for r in res["paired"]}
     extra = [(m, "math expert") for m in res["models"]
