@@ -284,11 +284,12 @@ def paired_stats(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_
     lower, higher = int((d < 0).sum()), int((d > 0).sum())
     mean = float(d.mean()) if n else math.nan
     sd = float(d.std(ddof=1)) if n > 1 else math.nan
-    t = mean / (sd / math.sqrt(n)) if n > 1 and sd > 0 else math.nan
+    # undefined (None, JSON null) when every difference is the same, e.g. two identical models
+    t = mean / (sd / math.sqrt(n)) if n > 1 and sd > 0 else None
     lo, hi = bootstrap_ci(d, resamples=resamples, seed=seed)
     return {"n": n, "mean_difference": mean, "ci_low": lo, "ci_high": hi, "lower": lower,
             "higher": higher, "sign_p": sign_test_p(lower, higher), "t": t,
-            "t_p": student_t_p(t, n - 1) if not math.isnan(t) else math.nan}
+            "t_p": student_t_p(t, n - 1) if t is not None else None}
 
 
 TARGETS = ("solution", "answer")   # the two NLLs stored per item: [whole target, answer tokens]
