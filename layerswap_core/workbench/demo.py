@@ -308,7 +308,18 @@ def headline(res: dict) -> str:
     if rev:
         text += (f"; the swap with the base's outer layers instead of the language expert's, "
                  f"minus the swap: {_said(rev)}")
-    return text + " (negative: lower NLL, the better reading)."
+    b = res.get("best") or {}
+    best_sw, best_en = _row(res, BEST, "math expert"), _row(res, BEST, "math expert", "en")
+    if best_sw and (b.get("bottom"), b.get("top")) != (d["bottom"], d["top"]):
+        text += (f". The swap chosen on the validation variants (bottom {b['bottom']}, top "
+                 f"{b['top']}) minus the math expert: {_said(best_sw)} after the Swahili question"
+                 + (f", {_said(best_en)} after the English one" if best_en else ""))
+    text += ". Negative: a lower NLL, the better reading."
+    same = _row(res, DEFAULT + REVERTED, "math expert")
+    if same and same["lower"] == same["higher"] == 0:
+        text += (" With these experts a swap with the base's outer layers is the math expert "
+                 "itself (the math expert's outer layers are the base's).")
+    return text
 
 
 def sweep_markdown(res: dict) -> str:
