@@ -21,8 +21,8 @@ from .session import Session, dispatcher
 # Swahili: held-out *validation* variants of the demo's templates (evaluation.variants; never the
 # eval set), the kind of problem the demo is measured on. Bengali: shown only with a Bengali expert.
 CHAT_EXAMPLES = {
-    "sw": ["Kuna 21 wasichana katika shamba. Ikiwa kuna mara mbili ya idadi ya wavulana katika "
-           "shamba, ni watoto wangapi wako katika shamba?",
+    "sw": ["Chupa cha limoni ni 7 oz za limoni. Baraka ananywa 4 michupa za limoni. Ikiwa "
+           "limoni ina 5 kalori kwa kila oz, alikula kalori ngapi?",
            "Faraji ana miaka 22. Baada ya saba miaka, dada yake Sarah atakuwa na umri mara tano "
            "kama Faraji sasa. Sarah ana umri gani sasa?",
            "Keki ina 72 huduma. Ikiwa Asha anaweza kula 3 huduma kwa siku huku Nyota anaweza kula "
@@ -33,8 +33,8 @@ CHAT_EXAMPLES = {
 # The same validation variants in English (the math expert's language; the numbers are paired
 # item by item, the names are the English template's): the control a visitor can compare with.
 ENGLISH_TWINS = {
-    "sw": ["There are 21 girls in the field. If there are twice the number of boys in the field, "
-           "how many kids are in the field?",
+    "sw": ["A bottle of lemonade is 7 ozs of lemonade. Chris drinks 4 bottles of lemonade. If "
+           "lemonade has 5 calories per oz how many calories did he consume?",
            "Bob is 22 years old. In seven years his sister Sarah will be five times as old as Bob "
            "is now. How old is Sarah right now?",
            "A cake has 72 servings. If Ashley can eat 3 servings a day while Lily can eat thrice "
