@@ -172,12 +172,18 @@ def test_the_reproduce_path_gives_the_shipped_values(one_thread):
     """The Reproduce button's job on the shipped experts, 2 items: the per-item NLLs of every
     model the sweep does not choose are the shipped ones."""
     from layerswap_core.training.demo_experts import DEMO_BASE, DEMO_LANG, DEMO_TASK
-    from layerswap_core.workbench.demo import BEST, measured_demo_result, reproduce_demo_result
+    from layerswap_core.workbench.demo import (BEST, DEFAULT, REVERTED, measured_demo_result,
+                                               reproduce_demo_result)
 
     shipped = {it["id"]: it for it in measured_demo_result()["items"]}
     res = reproduce_demo_result({"base": DEMO_BASE, "task": DEMO_TASK, "lang": DEMO_LANG},
                                 n=2, n_validation=1, resamples=200)
     assert len(res["items"]) == 2
+    # the math expert's outer layers are the base's (partial training), so the default swap
+    # with the base's outer layers has the math expert's weights: measured once, copied
+    assert res["same_weights"].get(DEFAULT + REVERTED) == "math expert", res["same_weights"]
+    for it in res["items"]:
+        assert it["nll"]["sw"][DEFAULT + REVERTED] == it["nll"]["sw"]["math expert"]
     for it in res["items"]:
         assert it["id"] in shipped
         for q, row in it["nll"].items():
@@ -219,3 +225,24 @@ def test_the_reading_chart_draws_each_difference_with_its_interval():
     assert sw.y[0] == pytest.approx(r["mean_difference"]) and 0.9 < sw.y[0] < 1.1
     assert sw.y[0] + sw.error_y.array[0] == pytest.approx(r["ci_high"])
     assert sw.y[0] - sw.error_y.arrayminus[0] == pytest.approx(r["ci_low"])
+
+
+def test_equal_weights_have_equal_fingerprints_and_any_change_shows(tiny, one_thread):
+    """``weights_fingerprint`` of the live model: showing the same model twice gives the same
+    digest (so the demo measures it once); another model, or one element changed, does not."""
+    import torch
+
+    from layerswap_core.merge.live import LiveModel
+    from layerswap_core.workbench.demo import weights_fingerprint
+
+    live = LiveModel.from_refs(str(tiny["task"]), str(tiny["lang"]), str(tiny["base"]))
+    live.show("task")
+    first = weights_fingerprint(live.model)
+    live.show("lang")
+    other = weights_fingerprint(live.model)
+    live.show("task")
+    assert weights_fingerprint(live.model) == first != other
+    with torch.no_grad():
+        p = next(live.model.parameters())
+        p.view(-1)[0] += 1e-3
+    assert weights_fingerprint(live.model) != first
