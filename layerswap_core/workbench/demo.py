@@ -262,8 +262,10 @@ def add_accuracy(res: dict, refs: dict, accuracy_n: int, max_new_tokens: int = 1
         ev[q] = [by_id[i] for i in ids]
     for r in res["items"]:
         r.pop("accuracy", None)
+    done, total = [0], len(QUESTIONS) * len(shows) * min(accuracy_n, len(ids))
     res["accuracy"] = run_accuracy(live, shows, ev, res["items"], accuracy_n, max_new_tokens,
-                                   lambda m: say(progress, 0.0, m))
+                                   lambda m: say(progress, done[0] / max(1, total), m),
+                                   lambda k: done.__setitem__(0, done[0] + k))
     res["seconds"] = round(res["seconds"] + time.time() - t0, 1)
     res["markdown"] = result_markdown(res)
     return res
