@@ -246,3 +246,17 @@ def test_equal_weights_have_equal_fingerprints_and_any_change_shows(tiny, one_th
         p = next(live.model.parameters())
         p.view(-1)[0] += 1e-3
     assert weights_fingerprint(live.model) != first
+
+
+def test_the_page_chart_draws_the_merges_of_the_shipped_result_against_the_math_expert():
+    """The Reproduce accordion's chart of the shipped result: one bar per merge and control
+    (base and language expert, far off, stay in the tables), at the stored paired differences."""
+    from layerswap_core.workbench.demo import BEST, measured_demo_result, result_chart
+
+    res = measured_demo_result()
+    sw, en = result_chart(res).data
+    assert "base" not in sw.x and "language expert" not in sw.x and BEST in sw.x
+    assert len(sw.x) == len(res["models"]) - 3 and len(en.x) == 3   # controls (b): sw only
+    row = next(r for r in res["paired"] if (r["model"], r["vs"], r["question"], r["target"])
+               == (BEST, "math expert", "sw", "solution"))
+    assert sw.y[list(sw.x).index(BEST)] == pytest.approx(row["mean_difference"])
