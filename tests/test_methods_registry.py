@@ -3,10 +3,11 @@ the CLI, the workbench and the LoRA path; MergeConfig's fields declared by the k
 from __future__ import annotations
 
 import pytest
+import torch
 
 from layerswap_core.cli import build_parser
 from layerswap_core.cli.merge import config_from_args
-from layerswap_core.merge import registry
+from layerswap_core.merge import methods, registry
 from layerswap_core.merge.config import FIELDS, MergeConfig
 from layerswap_core.merge.errors import ConfigError
 from layerswap_core.merge.plan import build_plan
@@ -171,3 +172,17 @@ def test_layer_swap_records_its_concrete_layer_counts_through_its_method():
     assert registry.concrete(MergeConfig(partition="A"), 16).bottom is None
     soup = MergeConfig(method="soup")
     assert registry.concrete(soup, 16) is soup
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_blend_computes_in_place_on_copies_never_on_its_inputs(dtype):
+    """``linear`` works in place on float32 copies: float32 inputs (mapped files, the live
+    model's own tensors) stay as they were, and the values are the textbook weighted average
+    (w_a * a + w_b * b) / (w_a + w_b) in float32, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(64, 48, generator=g).to(dtype) for _ in range(2))
+    a0, b0 = a.clone(), b.clone()
+    out = methods.apply("linear", [a, b], [0.37, 0.63])
+    assert torch.equal(a, a0) and torch.equal(b, b0)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, (0.37 * a0.float() + 0.63 * b0.float()) / 1.0)
