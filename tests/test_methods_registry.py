@@ -186,3 +186,14 @@ def test_linear_blend_computes_in_place_on_copies_never_on_its_inputs(dtype):
     assert torch.equal(a, a0) and torch.equal(b, b0)
     assert out.dtype == torch.float32
     assert torch.equal(out, (0.37 * a0.float() + 0.63 * b0.float()) / 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_task_arithmetic_leaves_its_inputs_and_matches_the_formula(dtype):
+    g = torch.Generator().manual_seed(4)
+    base, t1, t2 = (torch.randn(40, 24, generator=g).to(dtype) for _ in range(3))
+    kept = [x.clone() for x in (base, t1, t2)]
+    out = methods.apply("task_arithmetic", [base, t1, t2], [0.6, 1.3])
+    assert all(torch.equal(x, k) for x, k in zip((base, t1, t2), kept))
+    b = kept[0].float()
+    assert torch.equal(out, b + 0.6 * (kept[1].float() - b) + 1.3 * (kept[2].float() - b))

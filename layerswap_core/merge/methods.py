@@ -122,7 +122,7 @@ def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -
     base, experts = tensors[0].float(), tensors[1:]
     out = base.clone()
     for t, lam in zip(experts, weights):
-        out += float(lam) * (t.float() - base)
+        out += t.to(torch.float32, copy=True).sub_(base).mul_(float(lam))   # lam * (t - base)
     return out
 
 
