@@ -166,9 +166,10 @@ def run_evaluate(session, args: tuple, progress) -> EvalResult:
 
 
 def run_demo_result(session, n: int, progress) -> dict:
-    """The demo result's graded measure on ``n`` held-out items (no accuracy column): 14
-    teacher-forced passes per item and 6 per validation item, each counted as 8 generated
-    tokens for the job's estimate."""
+    """The demo result's graded measure on ``n`` held-out items (no accuracy column): at most
+    14 teacher-forced passes per item (a model with the weights of one already measured is
+    copied, not run) and 6 per validation item, each counted as 8 generated tokens for the
+    job's estimate."""
     n_validation = max(1, min(n // 2, 11))
     job = session.job("demo_result", n=n, n_validation=n_validation, accuracy_n=0,
                       max_new_tokens=8, work_items=14 * n + 6 * n_validation)
