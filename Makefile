@@ -18,6 +18,6 @@ run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python app.py
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra --durations=15
 
 .PHONY: install run test
