@@ -260,3 +260,30 @@ def test_the_page_chart_draws_the_merges_of_the_shipped_result_against_the_math_
     row = next(r for r in res["paired"] if (r["model"], r["vs"], r["question"], r["target"])
                == (BEST, "math expert", "sw", "solution"))
     assert sw.y[list(sw.x).index(BEST)] == pytest.approx(row["mean_difference"])
+
+
+def test_accuracy_scores_a_model_with_repeated_weights_once(tiny, one_thread):
+    """``run_accuracy`` with ``same_weights``: the chosen swap, bit-equal to the default one, is
+    copied (never shown or decoded again); every other model is shown once per language."""
+    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.merge.config import MergeConfig
+    from layerswap_core.merge.live import LiveModel
+    from layerswap_core.workbench.demo import (BEST, DEFAULT, QUESTIONS, _item_record,
+                                               model_shows, run_accuracy)
+
+    refs = {r: str(tiny[r]) for r in ("task", "lang")}
+    live = LiveModel.from_refs(refs["task"], refs["lang"])
+    swap = MergeConfig(bottom=2, top=1, **refs)
+    shows = model_shows(dict(refs, base=None), swap, swap)
+    assert "base" not in shows and BEST in shows
+    ev = {q: variant_items(q, "eval")[:2] for q in QUESTIONS}
+    records = [_item_record(it) for it in ev["en"]]
+    shown = []
+    show = live.show
+    live.show = lambda what, *a, **k: (shown.append(what), show(what, *a, **k))[1]
+    acc = run_accuracy(live, shows, ev, records, 2, 2, same_weights={BEST: DEFAULT})
+    assert len(shown) == len(QUESTIONS) * (len(shows) - 1)
+    for r in records:
+        for q in QUESTIONS:
+            assert r["accuracy"][q][BEST] == r["accuracy"][q][DEFAULT]
+    assert {s["model"] for s in acc["summaries"]} == set(shows)

@@ -30,8 +30,9 @@ from ..progress import Progress, say
 from ..analysis.deltas import delta_stats
 from ..analysis.suggest import delta_story, suggest_config
 from ..checkpoints.embedded import ASSETS
-from ..evaluation.demo_result import (markdown_table, paired, paired_table, reading_nll,
-                                       reading_table, reading_target, score, summarize)
+from ..evaluation.demo_result import (Scores, markdown_table, paired, paired_table,
+                                       reading_nll, reading_table, reading_target, score,
+                                       summarize)
 from ..evaluation.prompts import render_chat
 from ..evaluation.variants import SPLIT_SEEDS, variant_items
 from ..merge.config import MergeConfig
@@ -161,13 +162,7 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
     best = best_of(sweep)
     default = MergeConfig.default_for(L, **common)
     chosen = MergeConfig(bottom=best["bottom"], top=best["top"], **common)
-    shows = {"base": "base", "math expert": "task", "language expert": "lang", DEFAULT: default,
-             BEST: chosen, SOUP: MergeConfig(method="soup", **common)}
-    if has_base:
-        shows[DEFAULT + REVERTED] = ("reverted", default)
-        shows[BEST + REVERTED] = ("reverted", chosen)
-    else:
-        shows.pop("base")
+    shows = model_shows(common, default, chosen, controls=has_base)
     records = [_item_record(it) for it in ev["en"]]
     seen: dict[str, str] = {}            # weights digest -> the first model shown with them
     same_weights: dict[str, str] = {}    # model -> an earlier model with bit-equal weights
@@ -193,7 +188,7 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
     if accuracy_n:
         accuracy = run_accuracy(live, shows, ev, records, accuracy_n, max_new_tokens,
                                 lambda m: say(progress, done[0] / work, m),
-                                lambda k: done.__setitem__(0, done[0] + 8 * k))
+                                lambda k: done.__setitem__(0, done[0] + 8 * k), same_weights)
     pairs = comparisons(list(shows))
     stats = summarize(records, pairs, list(QUESTIONS), resamples=resamples, seed=seed)
     res = {"version": 2, "n": len(records), "n_validation": len(val["sw"]),
@@ -209,12 +204,29 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
     return res
 
 
+def model_shows(common: dict, default: MergeConfig, chosen: MergeConfig, *,
+                controls: bool = False) -> dict:
+    """The models of the demo result, name -> what the live model shows (a role, a merge
+    config, or ("reverted", config) for a swap with the base's outer layers, the ``controls``);
+    without a base, no base row and no controls."""
+    shows = {"base": "base", "math expert": "task", "language expert": "lang", DEFAULT: default,
+             BEST: chosen, SOUP: MergeConfig(method="soup", **common)}
+    if not common.get("base"):
+        shows.pop("base")
+    elif controls:
+        shows[DEFAULT + REVERTED] = ("reverted", default)
+        shows[BEST + REVERTED] = ("reverted", chosen)
+    return shows
+
+
 def run_accuracy(live, shows: dict, ev: dict, records: list[dict], accuracy_n: int,
-                 max_new_tokens: int, tell=None, advance=None) -> dict:
+                 max_new_tokens: int, tell=None, advance=None,
+                 same_weights: dict | None = None) -> dict:
     """Greedy accuracy (secondary) of every model but the base-outer-layers controls on
     ``accuracy_n`` of the eval items (spread), per question language: per-item outputs and
     correctness into ``records``, and the summaries with McNemar tests of each swap against each
-    expert. ``tell(message)`` before each model, ``advance(items)`` after it."""
+    expert. ``tell(message)`` before each model, ``advance(items)`` after it. A model of
+    ``same_weights`` (model -> an earlier one with bit-equal weights) is scored by copying."""
 
     acc_items = {q: spread(ev[q], accuracy_n) for q in QUESTIONS}
     at = {r["id"]: r for r in records}
@@ -226,9 +238,13 @@ def run_accuracy(live, shows: dict, ev: dict, records: list[dict], accuracy_n: i
                 continue
             if tell:
                 tell(f"accuracy: {name}, {len(acc_items[q])} {q} items")
-            live.show(what)
-            s = score(name, live.model, live.tokenizer, acc_items[q],
-                      max_new_tokens=max_new_tokens)
+            twin = next((t for t in scores if t.model == (same_weights or {}).get(name)), None)
+            if twin is not None:   # the same function: scored once
+                s = Scores(name, twin.lang, list(twin.correct), list(twin.outputs))
+            else:
+                live.show(what)
+                s = score(name, live.model, live.tokenizer, acc_items[q],
+                          max_new_tokens=max_new_tokens)
             if advance:
                 advance(len(acc_items[q]))
             scores.append(s)
@@ -250,11 +266,8 @@ def add_accuracy(res: dict, refs: dict, accuracy_n: int, max_new_tokens: int = 1
     t0 = time.time()
     live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
     common = dict(task=refs["task"], lang=refs["lang"], base=refs.get("base"))
-    shows = {"base": "base", "math expert": "task", "language expert": "lang",
-             DEFAULT: MergeConfig(**res["default"], **common),
-             BEST: MergeConfig(**res["best"], **common), SOUP: MergeConfig(method="soup", **common)}
-    if not refs.get("base"):
-        shows.pop("base")
+    shows = model_shows(common, MergeConfig(**res["default"], **common),
+                        MergeConfig(**res["best"], **common))
     ids = [r["id"] for r in res["items"]]
     ev = {}
     for q in QUESTIONS:
@@ -265,7 +278,8 @@ def add_accuracy(res: dict, refs: dict, accuracy_n: int, max_new_tokens: int = 1
     done, total = [0], len(QUESTIONS) * len(shows) * min(accuracy_n, len(ids))
     res["accuracy"] = run_accuracy(live, shows, ev, res["items"], accuracy_n, max_new_tokens,
                                    lambda m: say(progress, done[0] / max(1, total), m),
-                                   lambda k: done.__setitem__(0, done[0] + k))
+                                   lambda k: done.__setitem__(0, done[0] + k),
+                                   res.get("same_weights"))
     res["seconds"] = round(res["seconds"] + time.time() - t0, 1)
     res["markdown"] = result_markdown(res)
     return res
