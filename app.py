@@ -124,6 +124,9 @@ def warn(exc: BaseException) -> str:
     return f"⚠ {msg}"
 
 
+CANCELLING = "■ Cancelling after the current step..."
+
+
 def guarded(line: str):
     """Callback decorator: on error the Page's component ``line`` shows one readable line (and
     a toast); every other output keeps its value."""
@@ -434,15 +437,23 @@ class Page:
         return ("■ Cancelled: " + ", ".join(names)) if names else "Nothing is downloading."
 
     def cancel_into(self, line):
-        """A Cancel button's callback: the job stops at its next step and then says so itself
-        on ``line``."""
-        def cancel(v):
-            session = v[self.session]
-            if not wb.cancel(session):
+        """A Cancel button's two callbacks. The first only writes the note on ``line``; the
+        second, started by the page once that note is on screen, asks the job to stop. The job's
+        own outcome is produced after that request, so it always lands after the note: a job
+        told to stop while the note was still on its way could otherwise finish first and
+        leave "Cancelling..." on screen for good."""
+        def note(v):
+            if not wb.running(v[self.session]):
                 gr.Info("Nothing is running.")
                 return gr.skip()
-            return {line: "■ Cancelling after the current step..."}
-        return cancel
+            return {line: CANCELLING}
+
+        def cancel(v):
+            if wb.cancel(v[self.session]) or not str(v[line] or "").startswith(CANCELLING):
+                return gr.skip()
+            # the job ended on its own between the note and the request
+            return {line: "■ Nothing to cancel: the job had already finished."}
+        return note, cancel
 
     # ---- evaluate tab
     @guarded("eval_md")
@@ -885,11 +896,14 @@ class Page:
                             self.outputs("push"), api_name="push", **heavy)
         self.zip_btn.click(self.download, config, self.outputs("download"), api_name="download")
         # Cancel asks the job to stop between two steps; the job then writes its own outcome
-        # (Gradio's cancels= would drop that last update and leave "Cancelling..." on screen)
+        # (Gradio's cancels= would drop that last update and leave "Cancelling..." on screen);
+        # the note goes first, the request after it (cancel_into)
         for button, line in ((self.cancel_btn, self.build_md), (self.eval_cancel, self.eval_md),
                              (self.sweep_cancel, self.sweep_md),
                              (self.demo_cancel, self.demo_md)):
-            button.click(self.cancel_into(line), {self.session}, [line], api_visibility="private")
+            note, cancel = self.cancel_into(line)
+            button.click(note, {self.session}, [line], api_visibility="private").then(
+                cancel, {self.session, line}, [line], api_visibility="private")
 
         self.eval_btn.click(self.evaluate, {self.session, self.source, self.eval_lang,
                                             self.n_items, self.shots, self.cot, self.roles,

@@ -209,6 +209,11 @@ def cancel(session: Session | None) -> bool:
     return session is not None and dispatcher().cancel(session.id)
 
 
+def running(session: Session | None) -> bool:
+    """Whether a job of this session's visitor runs now (nothing is asked of it)."""
+    return session is not None and dispatcher().running(session.id)
+
+
 @contextmanager
 def showing(session: Session, role: str, progress: Progress | None = None):
     """(model, tokenizer) of an engine showing ``role`` for the block, held by nobody else
