@@ -28,13 +28,37 @@ def tiny(tmp_path_factory, embedded_base):
     return tiny_family(tmp_path_factory.mktemp("tiny"))
 
 
+_CORES: list[int] = []   # torch's own thread count, before the suite sets one
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_threads():
+    """torch on one thread in the test process: on a shared 2-core machine OpenMP threads of
+    tiny models spin against other processes (the browser, a server, up to 20x slower)."""
+    import torch
+    _CORES.append(torch.get_num_threads())
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(_CORES[0])
+
+
 @pytest.fixture(scope="module")
 def one_thread():
-    """torch on one thread for this module: on a shared 2-core machine OpenMP threads of tiny
-    models spin against other processes (up to 20x slower)."""
+    """One torch thread for this module, whatever an earlier test left."""
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def all_threads():
+    """Every core for one test that runs a real model alone (nothing else computes meanwhile);
+    one thread again after it."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(_CORES[0], 1))
     yield
     torch.set_num_threads(before)
 

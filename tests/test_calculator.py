@@ -44,7 +44,8 @@ def test_calculator_forces_the_result_token_by_token(embedded_base):
 
 
 @pytest.mark.slow
-def test_the_demo_math_expert_writes_notes_and_the_calculator_gets_them_right(embedded_base):
+def test_the_demo_math_expert_writes_notes_and_the_calculator_gets_them_right(embedded_base,
+                                                                           all_threads):
     """The shipped math expert writes GSM8K notes on held-out validation variants; with the
     calculator every note it closes holds the right result, and its answers are at least as
     often right as without it."""
@@ -56,7 +57,6 @@ def test_the_demo_math_expert_writes_notes_and_the_calculator_gets_them_right(em
     from layerswap_core.training.demo_experts import DEMO_TASK
     from layerswap_core.workbench.demo import spread
 
-    torch.set_num_threads(1)
     model, tok = load_model(DEMO_TASK, dtype=torch.float32)
     items = spread(variant_items("en", "validation"), 8)
     with_calc = score("math", model, tok, items, max_new_tokens=160)

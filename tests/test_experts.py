@@ -85,13 +85,11 @@ def test_shipped_adapters_are_small_and_documented():
 @pytest.mark.slow
 @pytest.mark.parametrize("ref", [experts.DEMO_TASK,
                                  pytest.param(experts.DEMO_LANG, marks=NEEDS_FREEDICT)])
-def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_base, tmp_path, ref):
-    import torch
-
+def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_base, tmp_path, ref,
+                                                                     all_threads):
     from layerswap_core.checkpoints.adapters import apply_adapter
     from layerswap_core.training.sft_data import heldout_nll
 
-    torch.set_num_threads(1)
     rows = (D.math_variant_examples("eval")[:12] if ref == experts.DEMO_TASK
             else D.reading_examples("eval")[:24])  # the reading proxy (held-out templates)
     base, tok = loading.load_model(embedded_base)
