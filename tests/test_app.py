@@ -290,3 +290,46 @@ def test_reproduce_stops_when_cancelled(tiny):
     assert not worker.is_alive() and "result" not in out
     assert isinstance(out.get("error"), Cancelled)
     assert not wb.dispatcher().running(session.id)
+
+
+def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
+    """A Cancel button's first callback only writes the note; the job is asked to stop by the
+    second one, which the page starts once the note is on screen, so the job's outcome always
+    lands after the note (official CI once saw the note land last and stay there). Once the job
+    has ended, a note left on screen is replaced."""
+    import threading
+    import time
+
+    import app
+    from layerswap_core.progress import Cancelled
+    from layerswap_core.workbench import session as wb
+
+    session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert session is not None, report.problems
+    page = object.__new__(app.Page)   # the callbacks only read the page's component keys
+    page.session = "session"
+    note, cancel = page.cancel_into("line")
+    assert note({"session": session}).get("__type__") == "update"   # nothing runs: no note
+    out = {}
+
+    def run():
+        try:
+            out["result"] = app.run_demo_result(session, 2, None)
+        except Exception as e:  # noqa: BLE001 - the test looks at what came out
+            out["error"] = e
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while not wb.running(session) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert note({"session": session}) == {"line": app.CANCELLING}
+    time.sleep(0.3)   # the tiny job takes seconds
+    assert worker.is_alive() and wb.running(session)   # the note alone stops nothing
+    assert cancel({"session": session, "line": app.CANCELLING}).get("__type__") == "update"
+    worker.join(120)
+    assert not worker.is_alive() and isinstance(out.get("error"), Cancelled)
+    # the job ended on its own before the request: a note still showing is replaced ...
+    assert "Nothing to cancel" in cancel({"session": session, "line": app.CANCELLING})["line"]
+    # ... and the job's own outcome is left alone
+    assert cancel({"session": session, "line": "✔ Done"}).get("__type__") == "update"
