@@ -260,56 +260,16 @@ def test_reproduce_the_demo_result(client):
     assert plot is not None
 
 
-def test_reproduce_stops_when_cancelled(tiny):
-    """The Reproduce button's job stops at its next step when its Cancel is pressed (the page's
-    Cancel calls ``wb.cancel``), and the visitor's slot is free again afterwards."""
+def reproduce_running(tiny):
+    """(session, worker thread, its outcome dict) once the tiny trio's Reproduce job runs."""
     import threading
     import time
 
     import app
-    from layerswap_core.progress import Cancelled
     from layerswap_core.workbench import session as wb
 
     session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert session is not None, report.problems
-    out = {}
-
-    def run():
-        try:
-            out["result"] = app.run_demo_result(session, 2, None)
-        except Exception as e:  # noqa: BLE001 - the test looks at what came out
-            out["error"] = e
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    deadline = time.monotonic() + 60
-    while not wb.dispatcher().running(session.id) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert wb.cancel(session)               # a job was running, and was asked to stop
-    worker.join(120)
-    assert not worker.is_alive() and "result" not in out
-    assert isinstance(out.get("error"), Cancelled)
-    assert not wb.dispatcher().running(session.id)
-
-
-def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
-    """A Cancel button's first callback only writes the note; the job is asked to stop by the
-    second one, which the page starts once the note is on screen, so the job's outcome always
-    lands after the note (official CI once saw the note land last and stay there). Once the job
-    has ended, a note left on screen is replaced."""
-    import threading
-    import time
-
-    import app
-    from layerswap_core.progress import Cancelled
-    from layerswap_core.workbench import session as wb
-
-    session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
-    assert session is not None, report.problems
-    page = object.__new__(app.Page)   # the callbacks only read the page's component keys
-    page.session = "session"
-    note, cancel = page.cancel_into("line")
-    assert note({"session": session}).get("__type__") == "update"   # nothing runs: no note
     out = {}
 
     def run():
@@ -323,6 +283,39 @@ def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
     deadline = time.monotonic() + 60
     while not wb.running(session) and time.monotonic() < deadline:
         time.sleep(0.02)
+    return session, worker, out
+
+
+def test_reproduce_stops_when_cancelled(tiny):
+    """The Reproduce button's job stops at its next step when its Cancel is pressed (the page's
+    Cancel calls ``wb.cancel``), and the visitor's slot is free again afterwards."""
+    from layerswap_core.progress import Cancelled
+    from layerswap_core.workbench import session as wb
+
+    session, worker, out = reproduce_running(tiny)
+    assert wb.cancel(session)               # a job was running, and was asked to stop
+    worker.join(120)
+    assert not worker.is_alive() and "result" not in out
+    assert isinstance(out.get("error"), Cancelled)
+    assert not wb.dispatcher().running(session.id)
+
+
+def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
+    """A Cancel button's first callback only writes the note; the job is asked to stop by the
+    second one, which the page starts once the note is on screen, so the job's outcome always
+    lands after the note (official CI once saw the note land last and stay there). Once the job
+    has ended, a note left on screen is replaced."""
+    import time
+
+    import app
+    from layerswap_core.progress import Cancelled
+    from layerswap_core.workbench import session as wb
+
+    page = object.__new__(app.Page)   # the callbacks only read the page's component keys
+    page.session = "session"
+    note, cancel = page.cancel_into("line")
+    assert note({"session": None}).get("__type__") == "update"   # nothing runs: no note
+    session, worker, out = reproduce_running(tiny)
     assert note({"session": session}) == {"line": app.CANCELLING}
     time.sleep(0.3)   # the tiny job takes seconds
     assert worker.is_alive() and wb.running(session)   # the note alone stops nothing
