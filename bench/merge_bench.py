@@ -11,7 +11,8 @@ child alone):
                          the language expert: single-source tensors only, the same work as
   mergekit passthrough   the same swap as a mergekit passthrough config (mergekit takes non-layer
                          tensors from the first slice's model, the language expert): only if
-                         `mergekit-yaml` is on PATH; the bench says so when it is not
+                         mergekit-yaml is beside this Python or on PATH (requirements-dev.txt
+                         pins it); the bench says so when it is not
   ours default           the default layer swap: MORE WORK than a passthrough (the embeddings,
                          final norm and LM head are blended in float32, Algorithm 1)
   ours default, 1 thread the default with its blended row blocks computed on one thread
@@ -48,6 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from layerswap_core.testing import mergekit_yaml  # noqa: E402 - after the path
 
 CHILD = """
 import json, sys, time
@@ -199,10 +201,10 @@ def main():
     if not a.live_only:
         root = a.keep or Path(tempfile.mkdtemp(prefix="layerswap-merge-bench-", dir="/tmp"))
         try:
-            mergekit = shutil.which("mergekit-yaml")
+            mergekit = mergekit_yaml()
             if not mergekit:
-                print("mergekit: not installed (mergekit-yaml not on PATH): its row is skipped; "
-                      "install it in another environment to compare (pip install mergekit)")
+                print("mergekit: not installed (no mergekit-yaml beside this Python nor on PATH): its "
+                      "row is skipped; `make install` installs it (requirements-dev.txt)")
             disk_merges(root / "synthetic", a.params, a.reps, ("warm", "cold"), mergekit)
             if a.vocab8b:
                 report_8b(disk_merges(root / "vocab8b", 0, max(2, a.reps - 1), ("warm",),

@@ -6,6 +6,7 @@ which layers and module kinds each expert changed.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -113,3 +114,11 @@ def tiny_family(root: str | Path, num_layers: int = 8, **kw) -> dict[str, Path]:
                        layer_scale={**{l: 0.3 for l in range(L // 4)},
                                     **{l: 0.3 for l in range(L - L // 8, L)}}, global_scale=0.05)
     return {"base": base, "task": task, "lang": lang}
+
+
+def mergekit_yaml() -> str | None:
+    """mergekit's command in this environment (beside this Python first: ``make test`` runs the
+    venv's Python without putting its bin folder on PATH), else on PATH; None without mergekit.
+    requirements-dev.txt pins it for the cross-checks and the merge bench."""
+    beside = Path(sys.executable).with_name("mergekit-yaml")
+    return str(beside) if beside.exists() else shutil.which("mergekit-yaml")

@@ -17,6 +17,7 @@ from layerswap_core.cli import main
 from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.plan import build_plan
+from layerswap_core.testing import mergekit_yaml
 
 L = 8  # layers of the tiny fixture
 
@@ -184,14 +185,15 @@ def test_ties_tie_case_in_a_merge_and_against_mergekit(tiny, tmp_path):
     kept = d.abs() >= d.abs().reshape(-1).sort(descending=True).values[int(density * d.numel()) - 1]
     # every sum is exactly 0 -> positive elected: the positive one of (d, -d) where kept
     assert torch.equal(got[n], d.abs() * kept)
-    if shutil.which("mergekit-yaml") is None:
+    mergekit = mergekit_yaml()
+    if mergekit is None:
         pytest.skip("mergekit is not installed (cross-check skipped)")
     (tmp_path / "mk.yaml").write_text(
         f"merge_method: ties\nbase_model: {trio['base']}\ndtype: float32\n"
         "parameters: {normalize: true}\nmodels:\n"
         f"  - model: {trio['task']}\n    parameters: {{weight: 1.0, density: {density}}}\n"
         f"  - model: {trio['lang']}\n    parameters: {{weight: 1.0, density: {density}}}\n")
-    subprocess.run(["mergekit-yaml", str(tmp_path / "mk.yaml"), str(tmp_path / "mk")], check=True,
+    subprocess.run([mergekit, str(tmp_path / "mk.yaml"), str(tmp_path / "mk")], check=True,
                    capture_output=True)
     theirs = tensors(tmp_path / "mk")
     assert torch.equal(theirs[n], got[n])
