@@ -178,6 +178,17 @@ def _tab(page, name):
     page.get_by_role("tab", name=name).click()
 
 
+def fill_kept(page, box, text):
+    """Type ``text`` into ``box`` until it stays: a tab shown for the first time may apply the
+    session's own value (e.g. the sweep grid of the model's depth) just after it appears."""
+    for _ in range(20):
+        box.fill(text)
+        page.wait_for_timeout(250)
+        if box.input_value() == text:
+            return
+    raise AssertionError(f"the box kept replacing {text!r} (now {box.input_value()!r})")
+
+
 def _truth(page, url):
     status = page.locator("#status")
     page.goto(url)
@@ -209,12 +220,13 @@ def _truth(page, url):
 
     # Cancel: the note is replaced by the job's own outcome when it ends
     _tab(page, "Sweep")
-    page.locator("#sweep-xs textarea").fill("0-4")
-    page.locator("#sweep-ys textarea").fill("0-2")
-    page.locator("#sweep-n input[type=number]").fill("8")
+    # 25 cells of 8 questions: seconds of work on the tiny models, so Cancel lands mid-job
+    fill_kept(page, page.locator("#sweep-xs textarea"), "0-4")
+    fill_kept(page, page.locator("#sweep-ys textarea"), "0-4")
+    fill_kept(page, page.locator("#sweep-n input[type=number]"), "8")
     page.locator("#sweep-btn").click()
     sweep_status = page.locator("#sweep-status")
-    page.wait_for_timeout(1500)
+    expect(sweep_status).to_contain_text("%", timeout=60_000)   # the job runs
     page.locator("#sweep-cancel").click()
     expect(sweep_status).to_contain_text("Cancelled", timeout=120_000)
     expect(sweep_status).not_to_contain_text("Cancelling")
