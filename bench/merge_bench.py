@@ -49,7 +49,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from layerswap_core.testing import mergekit_yaml  # noqa: E402 - after the path
+
+
+def mergekit_yaml() -> str | None:
+    """``layerswap_core.testing.mergekit_yaml`` without its import: this process forks the
+    contenders, and a child's peak RSS starts at its parent's (torch would add about 200 MiB)."""
+    beside = Path(sys.executable).with_name("mergekit-yaml")
+    return str(beside) if beside.exists() else shutil.which("mergekit-yaml")
+
 
 CHILD = """
 import json, sys, time

@@ -25,3 +25,18 @@ def test_bench_script_help(script):
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "usage:" in out.stdout
+
+
+def test_the_merge_bench_forks_its_contenders_from_a_small_process():
+    """A forked contender's peak RSS starts at its parent's: the merge bench's own process must
+    not import torch (a run that did reported 287 MiB for `cp -r`), and it still finds mergekit
+    the way the tests do."""
+    code = ("import sys; sys.argv = ['merge_bench']; sys.path.insert(0, 'bench'); "
+            "import merge_bench; from layerswap_core import testing; "
+            "print(merge_bench.mergekit_yaml() == testing.mergekit_yaml())")
+    probe = ("import sys; sys.argv = ['merge_bench']; sys.path.insert(0, 'bench'); "
+             "import merge_bench; print('torch' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = [subprocess.run([sys.executable, "-c", c], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300) for c in (probe, code)]
+    assert [r.stdout.strip() for r in run] == ["False", "True"], [r.stderr[-500:] for r in run]
