@@ -54,8 +54,9 @@ def one_thread():
 
 @pytest.fixture
 def all_threads():
-    """Every core for one test that runs a real model alone (nothing else computes meanwhile);
-    one thread again after it."""
+    """Every core for one test that runs large teacher-forced batches of a real model alone
+    (big matrix products, few synchronisations); one thread again after it. Not for generation:
+    its many small steps on two threads ran 5x slower than on one while the CPU was shared."""
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(max(_CORES[0], 1))

@@ -44,8 +44,7 @@ def test_calculator_forces_the_result_token_by_token(embedded_base):
 
 
 @pytest.mark.slow
-def test_the_demo_math_expert_writes_notes_and_the_calculator_gets_them_right(embedded_base,
-                                                                           all_threads):
+def test_the_demo_math_expert_writes_notes_and_the_calculator_gets_them_right(embedded_base):
     """The shipped math expert writes GSM8K notes on held-out validation variants; with the
     calculator every note it closes holds the right result, and its answers are at least as
     often right as without it."""
