@@ -162,7 +162,7 @@ def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
     best = best_of(sweep)
     default = MergeConfig.default_for(L, **common)
     chosen = MergeConfig(bottom=best["bottom"], top=best["top"], **common)
-    shows = model_shows(common, default, chosen, controls=has_base)
+    shows = model_shows(common, default, chosen, controls=True)   # none without a base
     records = [_item_record(it) for it in ev["en"]]
     seen: dict[str, str] = {}            # weights digest -> the first model shown with them
     same_weights: dict[str, str] = {}    # model -> an earlier model with bit-equal weights
