@@ -236,7 +236,8 @@ def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
         hook = model.register_forward_pre_hook(
             lambda mod, args, kw: sizes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
         try:
-            got = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=6)
+            got = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=6,
+                           lookahead=0)   # every pass one token wide, to count the rows
         finally:
             hook.remove()
         steps = [rows for rows, width in sizes if width == 1]
@@ -276,7 +277,8 @@ def test_refilled_batch_equals_one_by_one_token_for_token(embedded_base):
     hook = model.register_forward_pre_hook(
         lambda mod, args, kw: sizes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
     try:
-        refilled = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=3)
+        refilled = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=3,
+                            lookahead=0)
         steps_refilled = [rows for rows, width in sizes if width == 1]
         sizes.clear()
         batches = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=3,
@@ -324,3 +326,103 @@ def test_refill_relayout_keeps_rows(embedded_base, monkeypatch):
         assert [len(t) for t in got] == [g.num_tokens for g in alone]
         assert [generation.cut_at_stop(tok.decode(t, skip_special_tokens=True), ["."])[0]
                 for t in got] == [g.text for g in alone]
+
+
+def test_drafter_drafts_what_followed_and_continues_loops():
+    from layerswap_core.evaluation.generation import _Drafter, _pass_width
+
+    d = _Drafter([5, 6, 7, 8, 9, 5, 6])
+    assert d.draft(3) == [7, 8, 9]          # what followed "5 6" before
+    assert d.draft(0) == []
+    loop = _Drafter([1, 2, 3, 4, 3, 4])
+    assert loop.draft(5) == [3, 4, 3, 4, 3]  # its own loop, continued past the end
+    assert _Drafter([1, 2, 3]).draft(4) == []  # nothing seen before
+    before = loop.rate
+    loop.record(4, 4)
+    assert loop.rate > before
+    for _ in range(3):
+        loop.record(4, 0)
+    assert loop.rate < before
+    # rows whose drafts hold are fed wide passes, rows whose drafts fail one token at a time
+    assert _pass_width([[1] * 16] * 4, [0.95] * 4) > 8
+    assert _pass_width([[1] * 16] * 16, [0.05] * 16) == 1
+    assert _pass_width([[], [], []], [0.9] * 3) == 1
+
+
+def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkeypatch):
+    """Drafted tokens (what followed the same tokens earlier) are verified in one pass and kept
+    where they equal the argmax: every output equals the prompt decoded alone, token for token,
+    with fewer passes than tokens, more prompts than places (refilled rows), and a cache that
+    fills up with the holes of rejected drafts (compacted)."""
+    import torch
+
+    from layerswap_core.checkpoints.loading import load_model
+    from layerswap_core.evaluation import generation
+    from layerswap_core.evaluation.prefill import _kv, shared_prefix
+
+    model, tok = load_model(embedded_base)
+    prompts = FEW_SHOT + ["Count: 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,",
+                          "Question: Repeat after me: the cat sat on the mat. The cat sat on"]
+    n = 20
+    alone = [generate(model, tok, [p], max_new_tokens=n, lookahead=0)[0] for p in prompts]
+    assert [g.text for g in alone] == [_hf_greedy(model, tok, p, n) for p in prompts]
+    widths = []
+    hook = model.register_forward_pre_hook(
+        lambda mod, args, kw: widths.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        got = generate(model, tok, prompts, max_new_tokens=n, batch_size=3)
+    finally:
+        hook.remove()
+    assert got == alone
+    decoding = [w for rows, w in widths if rows <= 3 and w <= generation.LOOKAHEAD + 1]
+    assert max(decoding) > 1                                 # drafts were fed
+    assert sum(g.num_tokens for g in got) > 2 * len(decoding)
+
+    rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts[:4]]
+    n_prefix, cache = shared_prefix(model, rows, "cpu")
+    layouts = []
+    relayout = generation._Slots.relayout
+    monkeypatch.setattr(generation._Slots, "relayout",
+                        lambda self, k: (layouts.append(k), relayout(self, k))[1])
+    with torch.inference_mode():
+        tokens = generation._refill_decode(
+            model, tok, rows, 2, n_prefix, _kv(cache), tok.eos_token_id, "cpu", n,
+            set(generation._eos_ids(model, tok)), [], capacity=1, lookahead=8)
+    assert layouts
+    assert [tok.decode(t, skip_special_tokens=True) for t in tokens] == [
+        g.text for g in alone[:4]]
+
+
+def test_packed_attention_equals_sdpa_and_changes_nothing_outside(embedded_base):
+    """Query heads folded onto their shared key/value head give sdpa's attention (SmolLM2 has
+    3 query heads per key/value head) within ``packed_attention``, and outside it the switched
+    model computes exactly what it did before."""
+    import torch
+
+    from layerswap_core.checkpoints.loading import load_model
+    from layerswap_core.evaluation import attention
+
+    model, tok = load_model(embedded_base)
+    assert model.config.num_attention_heads > model.config.num_key_value_heads
+    ids = torch.tensor([tok(FEW_SHOT[0], add_special_tokens=False)["input_ids"][:24]] * 2)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0                                            # a left-padded row
+    calls = []
+    with torch.inference_mode():
+        before = model(input_ids=ids, attention_mask=mask).logits
+        with attention.packed_attention(model):
+            assert model.config._attn_implementation == attention.NAME
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            torch.nn.functional.scaled_dot_product_attention = \
+                lambda q, *a, **k: (calls.append(tuple(q.shape)), sdpa(q, *a, **k))[1]
+            try:
+                packed = model(input_ids=ids, attention_mask=mask).logits
+            finally:
+                torch.nn.functional.scaled_dot_product_attention = sdpa
+        after = model(input_ids=ids, attention_mask=mask).logits
+    groups = model.config.num_attention_heads // model.config.num_key_value_heads
+    assert calls and all(c[1] == model.config.num_key_value_heads and c[2] == 24 * groups
+                         for c in calls)                        # folded, never repeated
+    assert torch.equal(after, before)
+    assert torch.allclose(packed[:, 5:], before[:, 5:], atol=1e-4, rtol=1e-4)
+    assert torch.equal(packed[:, 5:].argmax(-1), before[:, 5:].argmax(-1))

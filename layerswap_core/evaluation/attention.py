@@ -1,0 +1,85 @@
+"""Attention for decoding several tokens at once over a long cache, without copying it.
+
+Models with grouped-query attention (several query heads per key/value head, as SmolLM2 and
+Llama 3) attend through transformers' ``sdpa`` function, which repeats every key and value head
+for its query heads (``repeat_kv``) whenever more than one new token comes with a mask: a copy
+of the whole KV cache per layer and pass. That is the case of verifying drafted tokens
+(``generation._refill_decode``) and of prompt passes on top of a shared prefix. ``packed_sdpa``
+instead folds the query heads that share a key/value head into one longer query block (the
+mask repeated for each), so the cache is read once and never copied. It only does so inside
+``packed_attention`` (``generation._refill_decode``'s passes); everywhere else, and for
+anything it does not handle, it hands the call to transformers' own ``sdpa``. The arithmetic is
+the same softmax(QK^T)V per query row.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+
+import torch
+
+NAME = "layerswap_sdpa"
+_local = threading.local()     # .on: packed attention asked for in this thread
+
+
+def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
+                scaling=None, is_causal=None, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    q_len = query.shape[2]
+    if (not getattr(_local, "on", False) or groups <= 1 or q_len <= 1 or attention_mask is None or attention_mask.dim() != 4
+            or attention_mask.shape[1] != 1 or dropout or kwargs.get("position_bias") is not None
+            or kwargs.get("softcap") is not None or kwargs.get("cache") is not None
+            or key.shape[1] * groups != query.shape[1]):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    b, h, _, d = query.shape
+    kv_heads = key.shape[1]
+    q = query.reshape(b, kv_heads, groups * q_len, d)          # heads of one group, one block
+    mask = attention_mask.expand(b, groups, q_len, attention_mask.shape[-1]).reshape(
+        b, 1, groups * q_len, attention_mask.shape[-1])
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask,
+                                                           scale=scaling)
+    return out.reshape(b, h, q_len, d).transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def _register() -> bool:
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return False
+    AttentionInterface.register(NAME, packed_sdpa)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return True
+
+
+def _switch(model) -> bool:
+    """Route a model that attends with transformers' ``sdpa`` through ``packed_sdpa``, which
+    hands every call to ``sdpa`` unchanged outside ``packed_attention``; True if it now does."""
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current == NAME:
+        return True
+    if current != "sdpa" or not _register():
+        return False
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, AttributeError, TypeError, ImportError):
+        return False
+    return getattr(model.config, "_attn_implementation", None) == NAME
+
+
+@contextlib.contextmanager
+def packed_attention(model):
+    """Within this block (this thread only), ``model``'s multi-token passes with a mask attend
+    through ``packed_sdpa``; outside it nothing changes, bit for bit."""
+    before = getattr(_local, "on", False)
+    _local.on = _switch(model) or before
+    try:
+        yield
+    finally:
+        _local.on = before
