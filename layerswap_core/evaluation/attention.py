@@ -7,7 +7,7 @@ of the whole KV cache per layer and pass. That is the case of verifying drafted 
 (``generation._refill_decode``) and of prompt passes on top of a shared prefix. ``packed_sdpa``
 instead folds the query heads that share a key/value head into one longer query block (the
 mask repeated for each), so the cache is read once and never copied. It only does so inside
-``packed_attention`` (``generation._refill_decode``'s passes); everywhere else, and for
+``packed_attention`` (``generation._refill_decode``'s passes, ``prefill.group_passes``); everywhere else, and for
 anything it does not handle, it hands the call to transformers' own ``sdpa``. The arithmetic is
 the same softmax(QK^T)V per query row.
 """
