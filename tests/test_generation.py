@@ -393,7 +393,7 @@ def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkey
         g.text for g in alone[:4]]
 
 
-def test_packed_attention_equals_sdpa_and_changes_nothing_outside(embedded_base):
+def test_packed_attention_equals_sdpa_and_changes_nothing_outside(embedded_base, monkeypatch):
     """Query heads folded onto their shared key/value head give sdpa's attention (SmolLM2 has
     3 query heads per key/value head) within ``packed_attention``, and outside it the switched
     model computes exactly what it did before."""
@@ -412,13 +412,11 @@ def test_packed_attention_equals_sdpa_and_changes_nothing_outside(embedded_base)
         before = model(input_ids=ids, attention_mask=mask).logits
         with attention.packed_attention(model):
             assert model.config._attn_implementation == attention.NAME
-            sdpa = torch.nn.functional.scaled_dot_product_attention
-            torch.nn.functional.scaled_dot_product_attention = \
-                lambda q, *a, **k: (calls.append(tuple(q.shape)), sdpa(q, *a, **k))[1]
-            try:
+            sdpa = torch.nn.functional.scaled_dot_product_attention   # the real one, watched
+            with monkeypatch.context() as m:
+                m.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                          lambda q, *a, **k: (calls.append(tuple(q.shape)), sdpa(q, *a, **k))[1])
                 packed = model(input_ids=ids, attention_mask=mask).logits
-            finally:
-                torch.nn.functional.scaled_dot_product_attention = sdpa
         after = model(input_ids=ids, attention_mask=mask).logits
     groups = model.config.num_attention_heads // model.config.num_key_value_heads
     assert calls and all(c[1] == model.config.num_key_value_heads and c[2] == 24 * groups

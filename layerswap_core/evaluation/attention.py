@@ -7,9 +7,9 @@ of the whole KV cache per layer and pass. That is the case of verifying drafted 
 (``generation._refill_decode``) and of prompt passes on top of a shared prefix. ``packed_sdpa``
 instead folds the query heads that share a key/value head into one longer query block (the
 mask repeated for each), so the cache is read once and never copied. It only does so inside
-``packed_attention`` (``generation._refill_decode``'s passes, ``prefill.group_passes``); everywhere else, and for
-anything it does not handle, it hands the call to transformers' own ``sdpa``. The arithmetic is
-the same softmax(QK^T)V per query row.
+``packed_attention`` (``generation._refill_decode``'s passes, ``prefill.group_passes``);
+everywhere else, and for anything it does not handle, it hands the call to transformers' own
+``sdpa``. The arithmetic is the same softmax(QK^T)V per query row.
 """
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
 
     groups = getattr(module, "num_key_value_groups", 1)
     q_len = query.shape[2]
-    if (not getattr(_local, "on", False) or groups <= 1 or q_len <= 1 or attention_mask is None or attention_mask.dim() != 4
-            or attention_mask.shape[1] != 1 or dropout or kwargs.get("position_bias") is not None
-            or kwargs.get("softcap") is not None or kwargs.get("cache") is not None
-            or key.shape[1] * groups != query.shape[1]):
+    if (not getattr(_local, "on", False) or groups <= 1 or q_len <= 1
+            or attention_mask is None or attention_mask.dim() != 4
+            or attention_mask.shape[1] != 1 or dropout
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+            or kwargs.get("cache") is not None or key.shape[1] * groups != query.shape[1]):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     b, h, _, d = query.shape

@@ -6,9 +6,11 @@ that prompts share once and the rest of each prompt in groups of similar length 
 into one batch KV cache that grows in place. Rows then decode greedily together
 (``_refill_decode``): a row that finishes hands its place in the batch to the next prompt, so
 ragged answers (chain-of-thought) keep the batch full instead of waiting for the longest one;
-once no prompt is left, finished rows leave the batch. Models whose generation_config asks for
-more than an argmax decode through transformers' ``generate``. Each output is cut at its first
-stop string. The text equals transformers' own one-prompt-at-a-time greedy output
+once no prompt is left, finished rows leave the batch. Each pass also verifies drafted tokens
+(what followed the same tokens earlier in the row: ``_Drafter``), so text that repeats costs
+fewer passes; the tokens kept are those of plain greedy decoding. Models whose
+generation_config asks for more than an argmax decode through transformers' ``generate``.
+Each output is cut at its first stop string. The text equals transformers' own one-prompt-at-a-time greedy output
 (tests/test_generation.py checks it).
 """
 from __future__ import annotations
