@@ -114,3 +114,59 @@ def test_read_rows_and_write_rows_round_trip(tiny, tmp_path):
     with pytest.raises(ValueError, match="pieces of"):
         w.write_rows(n, pieces[:2])
     w.close()
+
+
+def test_copy_runs_join_neighbours_and_keep_the_source_alignment(tmp_path):
+    """Tensors that follow each other in one source file are copied by one kernel call, at an
+    offset that agrees with the source's modulo ALIGN (the header is padded); a new group starts
+    a new shard; any write order gives the same file, readable by safetensors."""
+    from safetensors.torch import save_file
+
+    src = {"a": torch.randn(3, 5), "b": torch.arange(10, dtype=torch.float32),
+           "c": torch.randn(4).to(torch.bfloat16), "d": torch.randn(2, 2)}
+    (tmp_path / "src").mkdir()
+    save_file(src, tmp_path / "src" / "model.safetensors")
+    reader = CheckpointReader(tmp_path / "src")
+    locs = {n: reader.location(n) for n in src}
+    order = sorted(src, key=lambda n: locs[n].offset)
+    first, second, last = order[0], order[1], order[-1]
+    out = tmp_path / "out"
+    out.mkdir()
+    w = ShardedWriter(out, "1GB")
+    for n in order:
+        group = "later" if n == last else "first"
+        w.declare(n, src[n].shape, src[n].dtype,
+                  copied_from=None if n == order[2] else locs[n].offset, group=group)
+    w.write(last, src[last])   # before the others: every tensor has its place
+    w.write(order[2], src[order[2]])
+    calls = []
+    w.copy_runs([(first, locs[first]), (second, locs[second])],
+                on_bytes=lambda k, name: calls.append((k, name)))
+    assert calls == [(locs[first].nbytes + locs[second].nbytes, first)]   # one call for both
+    w.finish()
+    w.close()
+    shards = sorted(out.glob("*.safetensors"))
+    assert len(shards) == 2   # the group changed before the last tensor
+    got = load_file(shards[0]) | load_file(shards[1])
+    assert set(got) == set(src) and all(torch.equal(got[n], src[n]) for n in src)
+    placed = CheckpointReader(out).location(first)
+    assert placed.offset % ShardedWriter.ALIGN == locs[first].offset % ShardedWriter.ALIGN
+    assert CheckpointReader(out).location(last).offset < ShardedWriter.ALIGN   # no copy: no pad
+
+
+def test_a_failing_copy_stops_the_merge_and_leaves_nothing(tiny, tmp_path, monkeypatch):
+    """The copy lane runs on its own thread: a disk that fills up under it reaches the caller as
+    the merge's one-line error, and no output folder is left."""
+    import errno
+
+    from layerswap_core.checkpoints import writing
+    from layerswap_core.merge.errors import MergeError
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(writing, "_copy_range", full)
+    cfg = MergeConfig(task=str(tiny["task"]), lang=str(tiny["lang"]), bottom=1, top=1)
+    with pytest.raises(MergeError, match="disk full") as e:
+        merge_to_folder(cfg, out=tmp_path / "m")
+    assert "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -137,25 +138,89 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
 
 def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePlan, names: list[str],
                   out_dtype, device, max_shard: int, progress: Progress):
-    """The tensors (sharded), the side files and layerswap.yaml of a merge, into ``tmp``."""
+    """The tensors (sharded), the side files and layerswap.yaml of a merge, into ``tmp``.
+
+    Two lanes side by side: a thread copies the single-source tensors file-to-file (in the
+    kernel, contiguous tensors as one range) while this thread computes the blends in row
+    blocks; each writes to its tensors' own places in the shards. A copy costs the kernel's
+    time, a blend the CPU's, so on two cores the merge takes about the longer of the two
+    instead of their sum (bench/merge_bench.py). Errors and cancellation in either lane stop
+    both; nothing is left (the caller's temporary folder)."""
     readers = inputs.readers
     writer = ShardedWriter(tmp, max_shard, metadata={"layerswap": __version__})
+    copies, blends = [], []
     for n in names:
         loc = readers["task"].location(n)
-        writer.declare(n, loc.shape, out_dtype or ST_TO_DTYPE[loc.dtype])
+        target = out_dtype or ST_TO_DTYPE[loc.dtype]
+        src = plan.sources[n]
+        copied = readers[src.model].location(n) if src.method == "copy" else None
+        if copied is not None and copied.dtype == DTYPE_TO_ST[target]:
+            writer.declare(n, loc.shape, target, copied_from=copied.offset, group=loc.path)
+            copies.append((n, copied))  # bit-identical, no arithmetic
+        else:
+            writer.declare(n, loc.shape, target, group=loc.path)
+            blends.append(n)
     total = sum(readers["task"].location(n).nbytes for n in names) or 1
-    done = 0
+    lane = _CopyLane(writer, copies)
     try:
+        lane.start()
+        done = 0
         with one_thread(device):
-            for n in names:
+            for n in blends:
+                lane.check()
                 _write_tensor(writer, n, plan.sources[n], readers, out_dtype, device)
                 done += readers["task"].location(n).nbytes
-                progress(done / total, n)
+                progress((done + lane.copied) / total, n)
+        while lane.wait(0.25):
+            progress((done + lane.copied) / total, lane.current)
+        lane.check()
         writer.finish()
     finally:
+        lane.stop()
         writer.close()
     _copy_side_files(inputs, config, tmp)
     (tmp / "layerswap.yaml").write_text(config.to_yaml())
+
+
+class _CopyLane:
+    """The single-source tensors of a merge, copied by a thread (``ShardedWriter.copy_runs``).
+    ``copied``/``current``: its progress; ``check`` raises its error in the caller's thread;
+    ``stop`` asks it to end after its current call and waits for it."""
+
+    def __init__(self, writer: ShardedWriter, items: list):
+        self.items, self.copied, self.current, self.error = items, 0, "", None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(writer,), daemon=True,
+                                        name="layerswap-copy")
+
+    def _run(self, writer: ShardedWriter):
+        def moved(k, name):
+            self.copied += k
+            self.current = name
+        try:
+            writer.copy_runs(self.items, self._stop, moved)
+        except BaseException as e:  # noqa: BLE001 - raised again in the merging thread
+            self.error = e
+
+    def start(self):
+        if self.items:
+            self._thread.start()
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the copies; True while they are still running."""
+        if self._thread.is_alive():
+            self._thread.join(seconds)
+        self.check()
+        return self._thread.is_alive()
+
+    def check(self):
+        if self.error is not None:
+            raise self.error
+
+    def stop(self):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def _block_bytes(device) -> int:
@@ -164,13 +229,9 @@ def _block_bytes(device) -> int:
 
 
 def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype, device):
+    """One tensor that is not a plain copy: a blend, or a copy cast to another dtype."""
     loc = readers["task"].location(name)
     target = out_dtype or ST_TO_DTYPE[loc.dtype]
-    if src.method == "copy":
-        copied = readers[src.model].location(name)
-        if copied.dtype == DTYPE_TO_ST[target]:
-            writer.copy_raw(name, copied)  # bit-identical, no arithmetic
-            return
     blocks = source_rows(name, src, loc.shape, lambda m, rows: readers[m].read_rows(name, rows),
                          target, device, "nothing was written", _block_bytes(device),
                          merge_workers(device))
