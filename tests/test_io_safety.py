@@ -283,23 +283,22 @@ def test_stale_partials_of_dead_processes_are_removed(tiny, tmp_path):
 
 
 # --------------------------------------------------------------------------- 11: disk full, read-only
-def _full_device_on_second_shard(parent: Path):
-    """Progress hook: once the first shard is written, the next shard's file is /dev/full (the
-    writer opens it and the kernel answers ENOSPC, as a full disk does)."""
-    def progress(fraction, msg):
-        for part in parent.glob(".*.partial-*"):
-            first = sorted(part.glob("model-00001-of-*.safetensors"))
-            nxt = part / first[0].name.replace("00001-of", "00002-of") if first else None
-            if nxt is not None and not nxt.exists():
-                nxt.symlink_to("/dev/full")
-    return progress
+def test_disk_full_is_one_line_and_leaves_nothing(tiny, tmp_path, capsys, monkeypatch):
+    """The second shard's file is /dev/full when the writer opens it (the kernel answers
+    ENOSPC, as a full disk does), whichever lane (copies or blends) writes there first."""
+    from layerswap_core.checkpoints.writing import ShardedWriter
 
+    opened = ShardedWriter._fd
 
-def test_disk_full_is_one_line_and_leaves_nothing(tiny, tmp_path, capsys):
+    def full_second_shard(self, k):
+        if k == 1 and k not in self._fds:
+            (self.out_dir / self.shard_name(k)).symlink_to("/dev/full")
+        return opened(self, k)
+    monkeypatch.setattr(ShardedWriter, "_fd", full_second_shard)
     out = tmp_path / "m"
     with pytest.raises(MergeError, match="disk full while writing .*nothing was written") as e:
         merge_to_folder(MergeConfig(), task=tiny["task"], lang=tiny["lang"], out=out,
-                        shard_size="1MB", progress=_full_device_on_second_shard(tmp_path))
+                        shard_size="1MB")
     assert "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
 
