@@ -67,6 +67,8 @@ class ShardedWriter:
     # where the source file changes (``declare``'s ``group``), and calls end on the source's
     # ALIGN boundaries.
     ALIGN = 2 << 20
+    # Shards copying less than this are not padded (up to 2 MiB of spaces would not pay there).
+    PAD_MIN = 64 << 20
 
     def __init__(self, out_dir: str | Path, max_shard_bytes: int | str = "2GB", metadata: dict | None = None):
         self.out_dir = Path(out_dir)
@@ -134,7 +136,9 @@ class ShardedWriter:
             raw = json.dumps(header, separators=(",", ":")).encode()
             raw += b" " * (-len(raw) % 8)  # the format aligns the data start to 8 bytes
             first = next((n for n in names if n in self._align), None)
-            if first is not None:  # pad: the first copied tensor at its source offset mod ALIGN
+            copied = sum(self._nbytes(n) for n in names if n in self._align)
+            if first is not None and copied >= self.PAD_MIN:
+                # pad: the first copied tensor at its source offset mod ALIGN
                 pad = (self._align[first] - 8 - len(raw) - header[first]["data_offsets"][0]) \
                     % self.ALIGN
                 if pad % 8 == 0:
