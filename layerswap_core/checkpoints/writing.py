@@ -54,7 +54,7 @@ class ShardedWriter:
     Kept although ``huggingface_hub.save_torch_state_dict`` writes the same layout: that one
     needs the whole state dict in memory, this one holds at most one row block of a tensor
     (``write_rows``; see docs/performance.md for the measured peak) and copies unchanged tensors
-    file-to-file (``copy_raw``/``copy_runs``, bit-identical, in the kernel).
+    file-to-file (``copy_runs``, bit-identical, in the kernel).
     """
 
     # one kernel copy call moves at most this much (a stop request waits for one call at most)
@@ -212,13 +212,10 @@ class ShardedWriter:
                              f"{list(shape)} {dtype} ({n} bytes)")
         self._done(name, n)
 
-    def copy_raw(self, name: str, loc: TensorLocation):
-        """Copy a tensor's bytes file-to-file (bit-identical; same shape and dtype required)."""
-        self.copy_runs([(name, loc)])
-
     def copy_runs(self, items: list[tuple[str, TensorLocation]], stop: threading.Event | None = None,
                   on_bytes=None):
-        """``copy_raw`` of each (name, source location), in the kernel; tensors that follow each
+        """Copy each (name, source location)'s bytes file-to-file, in the kernel (bit-identical;
+        the declared shape and dtype must match the source's); tensors that follow each
         other both in one source file and in one shard are copied as one range (one call per
         256 MiB instead of one or more per tensor: measured 0.50 against 0.66 s for a 1 GB
         shard of 84 tensors). ``stop`` (an Event) is checked between calls: when set, the copy

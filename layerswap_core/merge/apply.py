@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -123,9 +124,7 @@ def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtyp
                 f.cancel()
 
 
-_ROOMY = []
-
-
+@functools.cache
 def roomy_heap(nbytes: int = 16 << 20):
     """Let the C heap keep a few row blocks' worth of freed memory (once per process).
 
@@ -138,9 +137,7 @@ def roomy_heap(nbytes: int = 16 << 20):
     freeing ``nbytes`` once moves the trim threshold to 2 x ``nbytes``, process-wide, and costs
     nothing else (allocations up to ``nbytes`` then come from the heap). Elsewhere (no glibc)
     it does nothing useful and nothing harmful."""
-    if not _ROOMY:
-        _ROOMY.append(nbytes)
-        torch.empty(nbytes, dtype=torch.uint8)   # mapped, then freed at once
+    torch.empty(nbytes, dtype=torch.uint8)   # mapped, then freed at once
 
 
 @contextlib.contextmanager
