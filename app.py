@@ -73,7 +73,8 @@ LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
 CSS = (".status p { margin: 0; } footer { display: none !important; } "
        # a long job's bar and what it does now are drawn over its status line: room for both
        "#models-status, #demo-result { min-height: 6em; } "
-       ".progress-level-inner { padding: 0 5em; }")   # clear of the elapsed time on its right
+       # what a job does now, centred over its bar, wraps before the elapsed time on its right
+       ".progress-level-inner { max-width: calc(100% - 12em); text-align: center; }")
 
 SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
 # The registered methods' number knobs beyond the blend weights (one row of gr.Number per method)
