@@ -11,7 +11,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 @pytest.fixture(scope="session")
 def embedded_base():
-    """Folder of the embedded SmolLM2 (converted into the cache on first use, ~30 s once)."""
+    """Folder of the embedded SmolLM2 (converted into the cache on first use, ~10 s once)."""
     from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
     return resolve(DEFAULT_BASE)
 

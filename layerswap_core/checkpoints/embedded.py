@@ -418,7 +418,7 @@ def demo_adapter_dir(name: str) -> Path:
 # --------------------------------------------------------------------------- building
 def unbuilt(ref: str) -> bool:
     """Whether ``ref`` is an embedded model (or an expert over one) not built into the cache
-    yet: its first use converts it (a minute or two on a CPU), best where a bar shows it."""
+    yet: its first use converts it (10-30 s on a 2-core CPU), best where a bar shows it."""
     name = embedded_name(ref) if str(ref).startswith(EMBEDDED_PREFIX) else None
     emb = EMBEDDED.get(name) if name else None
     if emb is None:
