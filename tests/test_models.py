@@ -318,6 +318,39 @@ def test_one_device_picker_for_the_app_and_the_library(monkeypatch):
             loading.pick_device()
 
 
+def test_one_gguf_parse_per_conversion_gives_what_gguf_itself_reads():
+    """Inside a conversion every GGUFReader of one file is the same reader, over a plain array
+    (not numpy's slow memmap subclass), with the fields and tensor bytes gguf's own reader
+    gives; transformers' metadata parse runs once; afterwards, or after an error, both
+    functions are gguf's and transformers' own again."""
+    import gguf
+    import numpy as np
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    path = embedded.smollm2_gguf_path()
+    own_reader, own_parse = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint
+    plain = gguf.GGUFReader(path)
+    with embedded._gguf_read_once():
+        first, again = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
+        assert first is again and type(first.data) is np.ndarray
+        assert list(first.fields) == list(plain.fields)
+        for key, field in plain.fields.items():
+            assert all(np.array_equal(a, b) for a, b in zip(field.parts, first.fields[key].parts))
+        assert [(t.name, t.tensor_type) for t in first.tensors] == \
+            [(t.name, t.tensor_type) for t in plain.tensors]
+        assert all(np.array_equal(a.data, b.data) for a, b in zip(first.tensors, plain.tensors))
+        meta = gguf_utils.load_gguf_checkpoint(path, return_tensors=False)
+        meta["config"]["num_hidden_layers"] = -1      # a caller changing its copy
+        later = gguf_utils.load_gguf_checkpoint(path)
+        assert later["config"]["num_hidden_layers"] == 30
+        assert later["tokenizer"] is meta["tokenizer"]   # parsed once, not again
+    assert (gguf.GGUFReader, gguf_utils.load_gguf_checkpoint) == (own_reader, own_parse)
+    with pytest.raises(RuntimeError):
+        with embedded._gguf_read_once():
+            raise RuntimeError("a failed conversion")
+    assert (gguf.GGUFReader, gguf_utils.load_gguf_checkpoint) == (own_reader, own_parse)
+
+
 @pytest.mark.slow
 def test_gguf_converter_rebuilds_the_embedded_default_identically(embedded_base, tmp_path, monkeypatch):
     """The converter the embedded models share (GGUF -> transformers -> bf16 safetensors) gives,
