@@ -165,7 +165,7 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
                         boxes = page.evaluate(BOXES, [TRACKER.format(sel="#models-status"),
                                                       "#status"])
                         assert not overlapping(boxes), (text, overlapping(boxes))
-                        if "step 3 of 5" in text and " left" in text and not shot:
+                        if "step 4 of 5" in text and " left" in text and not shot:
                             shot = shoot(page, "cold-start") or True
                     if "Compatible" in status:
                         break
