@@ -134,7 +134,7 @@ def test_missing_gemma_packages_give_one_readable_line(monkeypatch):
 @pytest.mark.slow
 @needs_gemma
 def test_embedded_gemma3_converts_once_and_knows_its_facts():
-    """First use converts the GGUF (~25-35 s, 540 MB in the cache); then it is read from the cache."""
+    """First use converts the GGUF (~25-35 s, 540 MB in the cache); later uses read the cache."""
     folder = models.resolve("embedded:gemma3-270m")
     assert GEMMA_NOTICE in (folder / "NOTICE").read_text()
     assert GEMMA_NOTICE in (folder / "README.md").read_text()

@@ -159,23 +159,22 @@ def _gguf_read_once():
         def data(self, value):
             self._plain = np.asarray(value)   # a plain view of the map: no copy
 
-    readers: dict[tuple[str, str], PlainReader] = {}
-    parsed: dict[str, dict] = {}
+    done: dict[tuple, object] = {}     # (what, file, ...) -> its one result
+
+    def once(key: tuple, make):
+        if key not in done:
+            done[key] = make()
+        return done[key]
 
     def read(path, mode="r"):
-        key = (str(Path(path).resolve()), mode)
-        if key not in readers:
-            readers[key] = PlainReader(path, mode)
-        return readers[key]
+        return once(("reader", str(Path(path).resolve()), mode), lambda: PlainReader(path, mode))
 
     def checkpoint(path, return_tensors=False, **kw):
         if return_tensors or kw:
             return real_checkpoint(path, return_tensors, **kw)
-        key = str(Path(path).resolve())
-        if key not in parsed:
-            parsed[key] = real_checkpoint(path, False)
+        parsed = once(("parse", str(Path(path).resolve())), lambda: real_checkpoint(path, False))
         # transformers reads only "config" from this parse; a copy, in case a caller changes it
-        return {**parsed[key], "config": copy.deepcopy(parsed[key]["config"])}
+        return {**parsed, "config": copy.deepcopy(parsed["config"])}
 
     with _CONVERTING:
         real, real_checkpoint = gguf.GGUFReader, gguf_utils.load_gguf_checkpoint
@@ -252,7 +251,7 @@ def _save_dequantized(gguf: Path, out: Path, name_or_path: str,
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         state = _gguf_state_dict(gguf, model, step)
-        if state is None:   # names this reader does not know: transformers' loader (not per tensor)
+        if state is None:   # names this reader does not know: transformers' loader, at once
             step(3, 0.0, " (all at once)")
             qmodel = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                           dtype=torch.float32)
