@@ -425,3 +425,59 @@ def test_packed_attention_equals_sdpa_and_changes_nothing_outside(embedded_base,
     assert torch.equal(after, before)
     assert torch.allclose(packed[:, 5:], before[:, 5:], atol=1e-4, rtol=1e-4)
     assert torch.equal(packed[:, 5:].argmax(-1), before[:, 5:].argmax(-1))
+
+
+def test_split_head_gives_the_same_logits_and_changes_nothing_outside(embedded_base,
+                                                                      monkeypatch):
+    """Within ``split_head`` the embedded model's output layer computes its logits a block of
+    vocabulary rows at a time, and they equal the whole product bit for bit (the shapes of
+    decoding passes: a few rows of one to a few tokens); outside it, and in another thread,
+    the layer runs ``nn.Linear``'s own product (compared within the same thread: a new thread
+    may run another number of threads, and the kernel's sums with them); copies and pickles of
+    the model keep working."""
+    import copy
+    import io
+    import threading
+
+    import torch
+
+    from layerswap_core.checkpoints.loading import load_model
+    from layerswap_core.evaluation import head as head_mod
+
+    model, tok = load_model(embedded_base)
+    lm_head = model.get_output_embeddings()
+    assert lm_head.weight.shape[0] >= 2 * head_mod.BLOCK
+    ids = torch.tensor([tok(FEW_SHOT[0], add_special_tokens=False)["input_ids"][:40]] * 2)
+    products = []
+    linear = torch.nn.functional.linear
+    with torch.inference_mode():
+        hidden = model.model(input_ids=ids).last_hidden_state            # [2, 40, hidden]
+        whole = {rows: lm_head(hidden.reshape(-1, hidden.shape[-1])[:rows]) for rows in
+                 (1, 3, 16, 32, 80)}
+        with monkeypatch.context() as m:
+            m.setattr(torch.nn.functional, "linear",
+                      lambda x, w, b=None: (products.append(w.shape[0]), linear(x, w, b))[1])
+            with head_mod.split_head(model):
+                assert type(lm_head) is head_mod.SplitLinear
+                split = {rows: lm_head(hidden.reshape(-1, hidden.shape[-1])[:rows])
+                         for rows in whole}
+                split_3d = lm_head(hidden[:, -5:])
+                other = []
+                t = threading.Thread(target=lambda: other.append(
+                    (lm_head(hidden[:, -5:]), linear(hidden[:, -5:], lm_head.weight))))
+                t.start()
+                t.join()
+            n_split = len(products)
+            after = lm_head(hidden[:, -5:])
+    assert all(torch.equal(split[r], whole[r]) for r in whole)
+    assert torch.equal(split_3d, whole[80].reshape(2, 40, -1)[:, -5:])
+    blocks = -(-lm_head.weight.shape[0] // head_mod.BLOCK)
+    assert n_split == blocks * (len(whole) + 1) + 1      # the other thread: one whole product
+    assert products[-1] == lm_head.weight.shape[0]       # outside the block: one whole product
+    assert torch.equal(*other[0]) and torch.equal(after, split_3d)
+    twin = copy.deepcopy(model)
+    assert type(twin.get_output_embeddings()) is head_mod.SplitLinear
+    buf = io.BytesIO()
+    torch.save(lm_head, buf)
+    buf.seek(0)
+    assert type(torch.load(buf, weights_only=False)) is head_mod.SplitLinear

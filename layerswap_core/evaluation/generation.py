@@ -25,6 +25,7 @@ from ..checkpoints.tokenizers import encode_prompt
 from ..progress import Progress
 from .attention import packed_attention
 from .calculator import Calculator
+from .head import split_head
 from .prompts import chat_stop, render_chat
 
 
@@ -429,7 +430,7 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
         kw = dict(fwd)
         if q > 1 and kw:
             kw["logits_to_keep"] = q
-        with packed_attention(model):
+        with packed_attention(model), split_head(model):
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos,
                            past_key_values=slots.cache, use_cache=True, **kw).logits[:, -q:]
         picks = logits.float().argmax(-1).tolist()
@@ -579,9 +580,10 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
                 if progress is not None and k % 8 == 0:
                     progress((start + n * k / max_new_tokens) / len(order),
                              f"{start} of {len(order)} items answered (token {k})")
-            new_tokens = _greedy_decode(model, tokenizer, filled, ids.to(device),
-                                        mask.to(device), max_new_tokens, eos, stop, calc,
-                                        each_token)
+            with split_head(model):
+                new_tokens = _greedy_decode(model, tokenizer, filled, ids.to(device),
+                                            mask.to(device), max_new_tokens, eos, stop, calc,
+                                            each_token)
             ends = [len(new) for new in new_tokens]
         else:
             kw = _greedy_kwargs(model, tokenizer, max_new_tokens, stop, width, calculator=calc)
@@ -590,7 +592,9 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
             elif cache is not None:
                 cache.batch_repeat_interleave(len(idx))
                 kw["past_key_values"] = cache
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kw)
+            with split_head(model):
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                     **kw)
             stopper = next((c for c in kw["stopping_criteria"] if isinstance(c, _StopOnStrings)),
                            None)
             stopped_at = stopper.stopped_at if stopper is not None else {}
@@ -660,7 +664,7 @@ def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
 
     def run():
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), split_head(model):
                 model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), streamer=streamer,
                                **kw)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer below

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from .attention import packed_attention
+from .head import split_head
 
 
 MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass
@@ -207,7 +208,7 @@ def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv,
         kw = dict(fwd)
         if keep is not None and kw:
             kw["logits_to_keep"] = keep(members)
-        with packed_attention(model):
+        with packed_attention(model), split_head(model):
             out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
                         position_ids=pos.to(device), past_key_values=past, use_cache=True, **kw)
         yield members, gw, out
