@@ -319,8 +319,7 @@ def test_quotas_refuse_before_anything_is_written(tiny, tmp_path, monkeypatch):
     out = tmp_path / "outputs"
     s, a = served_session(tiny, out, "session-a")
     cfg = wb.default_config(s)
-    with CheckpointReader(s.paths["task"]) as reader:
-        n = reader.nbytes()
+    n = s.checkpoint_bytes                       # what a save reserves (test below)
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", str(1.5 * n / 1e9))
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB", str(2.5 * n / 1e9))
     assert wb.save(s, cfg, "one") == out / "session-a" / "one"
@@ -345,6 +344,33 @@ def test_quotas_refuse_before_anything_is_written(tiny, tmp_path, monkeypatch):
     os.utime(out / "session-b" / "one", (old, old))
     wb.save(s, cfg, "fresh", access=a.for_visitor("session-e"))
     assert not (out / "session-b" / "one").exists() and (out / "session-c" / "one").exists()
+
+
+def test_a_save_reserves_all_it_writes_and_little_more(tiny, tmp_path, monkeypatch):
+    """The reservation covers every file of the saved folder (tensors, headers and their
+    padding, tokenizer, config, card), not only the task model's weight files, in the layouts
+    a save can take: one shard, and many shards (a small shard cap)."""
+    from layerswap_core.checkpoints.compatibility import open_models
+    from layerswap_core.merge.executor import CARD_ROOM, merge_to_folder, most_output_bytes
+    from layerswap_core.workbench.saves import folder_bytes
+
+    s, _ = served_session(tiny, tmp_path / "outputs", "session-a")
+    with CheckpointReader(s.paths["task"]) as reader:
+        weights = reader.nbytes()
+    saved = wb.save(s, wb.default_config(s), "one")
+    written = folder_bytes(saved)
+    side = sum(f.stat().st_size for f in saved.iterdir() if f.suffix != ".safetensors")
+    assert side > 0.05 * written                  # the tiny models' tokenizer: not negligible
+    assert weights < written <= s.checkpoint_bytes
+    shards = len(list(saved.glob("*.safetensors")))
+    assert s.checkpoint_bytes - written <= CARD_ROOM + 2 * (shards + 1) * ((2 << 20) + 264) \
+        + 256 * len(s.param_names)
+    inputs = open_models({r: s.paths[r] for r in ("task", "lang", "base")})
+    cap = weights // 40
+    small = merge_to_folder(wb.default_config(s), s.paths["task"], s.paths["lang"],
+                            s.paths["base"], tmp_path / "sharded", shard_size=cap)
+    assert len(list(small.glob("*.safetensors"))) >= 4
+    assert folder_bytes(small) <= most_output_bytes(inputs, shard_size=cap)
 
 
 def test_locally_no_quota_applies(tiny, tmp_path, monkeypatch):

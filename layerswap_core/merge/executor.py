@@ -260,6 +260,29 @@ def _copy_side_files(inputs: Inputs, config: MergeConfig, dst: Path):
             shutil.copy2(tok_src / f, dst / f)
 
 
+CARD_ROOM = 1 << 20      # README.md (the model card), layerswap.yaml and the shard index
+
+
+def most_output_bytes(inputs: Inputs, shard_size: int | str = "2GB") -> int:
+    """At most the bytes ``merge_to_folder`` writes for these models, in the task model's
+    dtypes (what a save quota reserves): the tensors; one header per shard, padded by up to
+    ``ShardedWriter.ALIGN``, and a new shard at each of the task model's files and at the
+    size cap; config.json and generation_config.json; the largest of the models' tokenizer
+    files (any of them may be the tokenizer source); the card, layerswap.yaml and the index
+    (``CARD_ROOM``). A ``dtype`` other than the model's changes the tensors' bytes: not here."""
+    task = inputs.readers["task"]
+    tensors = sum(task.location(n).nbytes for n in inputs.names)
+    shards = len({task.shard(n) for n in inputs.names}) + tensors // parse_size(shard_size) + 1
+    headers = shards * (ShardedWriter.ALIGN + 8 + 256) + sum(len(n) + 128 for n in inputs.names)
+    task_dir = inputs.paths["task"]
+    side = len(json.dumps(inputs.configs["task"], indent=2)) + 64
+    if (task_dir / "generation_config.json").is_file():
+        side += (task_dir / "generation_config.json").stat().st_size
+    side += max(sum((folder / f).stat().st_size for f in TOKENIZER_FILES
+                    if (folder / f).is_file()) for folder in inputs.paths.values())
+    return tensors + headers + side + CARD_ROOM
+
+
 def model_card(config: MergeConfig, plan: MergePlan, refs: dict[str, str], seconds: float) -> str:
     """The README.md of a merge of the models ``refs`` (role -> reference, as ``Inputs.refs``)."""
     models = "\n".join(f"- **{role}**: `{ref}`" for role, ref in refs.items())
@@ -293,4 +316,4 @@ Merged in {seconds:.1f} s.
 
 
 __all__ = ["MergeConfig", "MergePlan", "Partition", "MergeError", "CheckpointError", "merge_to_folder",
-           "plan_for", "check_finite", "open_inputs", "model_card"]
+           "most_output_bytes", "plan_for", "check_finite", "open_inputs", "model_card"]

@@ -40,7 +40,7 @@ from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, ca
                      check_replace, output_folder, readable_error, vet_reference)
 from ..checkpoints.reading import CheckpointReader
 from ..merge.config import MergeConfig
-from ..merge.executor import merge_to_folder, model_card
+from ..merge.executor import merge_to_folder, model_card, most_output_bytes
 from ..merge.plan import build_plan
 from . import figures as plots
 from .saves import push_target, reserving
@@ -161,7 +161,7 @@ class Session:
             {role: self.refs[role] for role in ("task", "lang", "base") if role in self.refs})
         # the check's result as plain data: save and zip reuse it while the folders are unchanged
         self.checked = checked_models(inputs) if report.models is not None else None
-        self.checkpoint_bytes = inputs.readers["task"].nbytes()   # what a merge writes
+        self.checkpoint_bytes = most_output_bytes(inputs)   # what a merge writes, at most
         self.paths = {role: str(p) for role, p in inputs.paths.items()}
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
