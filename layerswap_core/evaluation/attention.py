@@ -75,12 +75,18 @@ def _switch(model) -> bool:
 
 
 @contextlib.contextmanager
-def packed_attention(model):
-    """Within this block (this thread only), ``model``'s multi-token passes with a mask attend
-    through ``packed_sdpa``; outside it nothing changes, bit for bit."""
-    before = getattr(_local, "on", False)
-    _local.on = _switch(model) or before
+def thread_switch(local: threading.local, on: bool):
+    """Within this block, in this thread, ``local.on`` is true if ``on`` or if it already was;
+    as it was after."""
+    before = getattr(local, "on", False)
+    local.on = on or before
     try:
         yield
     finally:
-        _local.on = before
+        local.on = before
+
+
+def packed_attention(model):
+    """Within this block (this thread only), ``model``'s multi-token passes with a mask attend
+    through ``packed_sdpa``; outside it nothing changes, bit for bit."""
+    return thread_switch(_local, _switch(model))

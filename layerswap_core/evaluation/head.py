@@ -18,10 +18,11 @@ already the fast way.
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 
 import torch
+
+from .attention import thread_switch
 
 BLOCK = 2048            # vocabulary rows per product
 _local = threading.local()   # .on: split products asked for in this thread
@@ -57,13 +58,7 @@ def _switch(model) -> bool:
     return True
 
 
-@contextlib.contextmanager
 def split_head(model):
     """Within this block (this thread only), ``model``'s output layer on the CPU computes its
     logits ``BLOCK`` vocabulary rows at a time; outside it nothing changes."""
-    before = getattr(_local, "on", False)
-    _local.on = _switch(model) or before
-    try:
-        yield
-    finally:
-        _local.on = before
+    return thread_switch(_local, _switch(model))
