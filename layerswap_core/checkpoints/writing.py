@@ -105,6 +105,17 @@ class ShardedWriter:
             self._align[name] = copied_from
         self._group[name] = group
 
+    @classmethod
+    def most_bytes(cls, nbytes: dict[str, int], groups: int, max_shard_bytes: int | str = "2GB"
+                   ) -> int:
+        """At most the bytes of the shards holding tensors ``{name: bytes}`` in ``groups``
+        groups (``declare``): the tensors, and a header per shard (its entries, the metadata
+        and up to ``ALIGN`` of padding), a new shard starting at each group and at the cap."""
+        tensors = sum(nbytes.values())
+        shards = groups + tensors // parse_size(max_shard_bytes) + 1
+        return (tensors + shards * (cls.ALIGN + 8 + 256)
+                + sum(len(name) + 128 for name in nbytes))
+
     def _nbytes(self, name: str) -> int:
         shape, dtype = self._layout[name]
         n = 1

@@ -265,22 +265,20 @@ CARD_ROOM = 1 << 20      # README.md (the model card), layerswap.yaml and the sh
 
 def most_output_bytes(inputs: Inputs, shard_size: int | str = "2GB") -> int:
     """At most the bytes ``merge_to_folder`` writes for these models, in the task model's
-    dtypes (what a save quota reserves): the tensors; one header per shard, padded by up to
-    ``ShardedWriter.ALIGN``, and a new shard at each of the task model's files and at the
-    size cap; config.json and generation_config.json; the largest of the models' tokenizer
-    files (any of them may be the tokenizer source); the card, layerswap.yaml and the index
-    (``CARD_ROOM``). A ``dtype`` other than the model's changes the tensors' bytes: not here."""
+    dtypes (what a save quota reserves): the shards (``ShardedWriter.most_bytes``, grouped by
+    the task model's files as ``_write_folder`` declares them); config.json and
+    generation_config.json; the largest of the models' tokenizer files (any of them may be the
+    tokenizer source); the card, layerswap.yaml and the index (``CARD_ROOM``). A ``dtype`` other than the model's changes the tensors' bytes: not here."""
     task = inputs.readers["task"]
-    tensors = sum(task.location(n).nbytes for n in inputs.names)
-    shards = len({task.shard(n) for n in inputs.names}) + tensors // parse_size(shard_size) + 1
-    headers = shards * (ShardedWriter.ALIGN + 8 + 256) + sum(len(n) + 128 for n in inputs.names)
+    shards = ShardedWriter.most_bytes({n: task.location(n).nbytes for n in inputs.names},
+                                      len({task.shard(n) for n in inputs.names}), shard_size)
     task_dir = inputs.paths["task"]
     side = len(json.dumps(inputs.configs["task"], indent=2)) + 64
     if (task_dir / "generation_config.json").is_file():
         side += (task_dir / "generation_config.json").stat().st_size
     side += max(sum((folder / f).stat().st_size for f in TOKENIZER_FILES
                     if (folder / f).is_file()) for folder in inputs.paths.values())
-    return tensors + headers + side + CARD_ROOM
+    return shards + side + CARD_ROOM
 
 
 def model_card(config: MergeConfig, plan: MergePlan, refs: dict[str, str], seconds: float) -> str:
