@@ -154,6 +154,15 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
                 # the page's scripts on a busy CPU
                 page.goto(url, timeout=180_000)
                 expect(page.locator("#models-status")).to_be_attached(timeout=180_000)
+                # every text the bar shows, however briefly (a step can pass between two polls)
+                page.evaluate("""() => { window.__seen = [];
+                    new MutationObserver(() => {
+                        const e = document.querySelector('#models-status .progress-level-inner');
+                        const t = e ? e.innerText.trim() : '';
+                        if (t && window.__seen[window.__seen.length - 1] !== t)
+                            window.__seen.push(t);
+                    }).observe(document.body, {subtree: true, childList: true,
+                                               characterData: true}); }""")
                 seen, t0, shot = [], time.monotonic(), False
                 while time.monotonic() - t0 < 900:
                     text, status = page.evaluate("""() => [
@@ -171,6 +180,7 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
                         break
                     page.wait_for_timeout(1000)
                 expect(page.locator("#models-status")).to_contain_text("Compatible")
+                seen += [t for t in page.evaluate("window.__seen") if t not in seen]
             finally:
                 browser.close()
     finally:
