@@ -13,6 +13,7 @@ tests turn the Hub on (the suite runs with HF_HUB_OFFLINE=1) for themselves only
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 import json
 import os
 import threading
@@ -371,6 +372,13 @@ def test_a_save_reserves_all_it_writes_and_little_more(tiny, tmp_path, monkeypat
                             s.paths["base"], tmp_path / "sharded", shard_size=cap)
     assert len(list(small.glob("*.safetensors"))) >= 4
     assert folder_bytes(small) <= most_output_bytes(inputs, shard_size=cap)
+    # another output dtype than the task model's (float32) changes every tensor's bytes; the
+    # save reserves for the dtype it writes, as closely as for the model's own
+    half = wb.save(s, replace(wb.default_config(s), dtype="bfloat16"), "half")
+    with CheckpointReader(half) as reader:
+        assert {reader.dtype(n) for n in reader.names()} == {"BF16"}
+    assert folder_bytes(half) <= s.save_bytes["bfloat16"] <= s.checkpoint_bytes - 0.45 * weights
+    assert s.save_bytes["bfloat16"] - folder_bytes(half) <= s.checkpoint_bytes - written + 4096
 
 
 def test_locally_no_quota_applies(tiny, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ The in-memory counterpart (the app's model) is ``live.LiveModel``.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import threading
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 from .. import __version__
 from ..checkpoints.compatibility import CheckedModels, ModelSet, open_models, problems, reopen
 from ..checkpoints.reading import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError,
-                                   CheckpointReader)
+                                   CheckpointReader, dtype_size)
 from ..checkpoints.tokenizers import TOKENIZER_FILES
 from ..checkpoints.writing import (OutputWriteError, ShardedWriter, atomic_output_dir,
                                    check_output_dir, parse_size)
@@ -263,15 +264,20 @@ def _copy_side_files(inputs: Inputs, config: MergeConfig, dst: Path):
 CARD_ROOM = 1 << 20      # README.md (the model card), layerswap.yaml and the shard index
 
 
-def most_output_bytes(inputs: Inputs, shard_size: int | str = "2GB") -> int:
-    """At most the bytes ``merge_to_folder`` writes for these models, in the task model's
-    dtypes (what a save quota reserves): the shards (``ShardedWriter.most_bytes``, grouped by
-    the task model's files as ``_write_folder`` declares them); config.json and
-    generation_config.json; the largest of the models' tokenizer files (any of them may be the
-    tokenizer source); the card, layerswap.yaml and the index (``CARD_ROOM``). A ``dtype`` other than the model's changes the tensors' bytes: not here."""
+def most_output_bytes(inputs: Inputs, shard_size: int | str = "2GB", dtype: str | None = None
+                      ) -> int:
+    """At most the bytes ``merge_to_folder`` writes for these models (what a save quota
+    reserves): the shards (``ShardedWriter.most_bytes``, grouped by the task model's files as
+    ``_write_folder`` declares them), every tensor in ``dtype`` (a ``MergeConfig.dtype``; None:
+    the task model's own dtypes); config.json and generation_config.json; the largest of the
+    models' tokenizer files (any of them may be the tokenizer source); the card, layerswap.yaml
+    and the index (``CARD_ROOM``)."""
     task = inputs.readers["task"]
-    shards = ShardedWriter.most_bytes({n: task.location(n).nbytes for n in inputs.names},
-                                      len({task.shard(n) for n in inputs.names}), shard_size)
+    size = dtype_size(TORCH_DTYPES[dtype]) if dtype else None
+    locations = {n: task.location(n) for n in inputs.names}
+    shards = ShardedWriter.most_bytes(
+        {n: math.prod(loc.shape) * size if size else loc.nbytes for n, loc in locations.items()},
+        len({task.shard(n) for n in inputs.names}), shard_size)
     task_dir = inputs.paths["task"]
     side = len(json.dumps(inputs.configs["task"], indent=2)) + 64
     if (task_dir / "generation_config.json").is_file():

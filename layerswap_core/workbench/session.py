@@ -39,7 +39,7 @@ from ..progress import say as _say
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, capped,
                      check_replace, output_folder, readable_error, vet_reference)
 from ..checkpoints.reading import CheckpointReader
-from ..merge.config import MergeConfig
+from ..merge.config import DTYPES, MergeConfig
 from ..merge.executor import merge_to_folder, model_card, most_output_bytes
 from ..merge.plan import build_plan
 from . import figures as plots
@@ -161,7 +161,9 @@ class Session:
             {role: self.refs[role] for role in ("task", "lang", "base") if role in self.refs})
         # the check's result as plain data: save and zip reuse it while the folders are unchanged
         self.checked = checked_models(inputs) if report.models is not None else None
-        self.checkpoint_bytes = most_output_bytes(inputs)   # what a merge writes, at most
+        # what a save writes at most, by output dtype (None: the task model's own)
+        self.save_bytes = {d: most_output_bytes(inputs, dtype=d) for d in (None, *DTYPES)}
+        self.checkpoint_bytes = self.save_bytes[None]
         self.paths = {role: str(p) for role, p in inputs.paths.items()}
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
@@ -424,15 +426,17 @@ def save(session: Session, config, folder: str, overwrite: bool = False,
     access = access or session.access
     out = output_folder(access, folder)
     check_replace(out, bool(overwrite))
-    with reserving(access, out, session.checkpoint_bytes):
-        return _merge_into(session, config, out, bool(overwrite), progress)
+    need = session.save_bytes[config.dtype]
+    with reserving(access, out, need):
+        return _merge_into(session, config, out, bool(overwrite), progress, need)
 
 
 def _merge_into(session: Session, config, out: Path, overwrite: bool,
-                progress: Progress | None) -> Path:
-    """The merge streamed to ``out``, from the models as the Models tab checked them."""
+                progress: Progress | None, need: int) -> Path:
+    """The merge streamed to ``out`` (at most ``need`` bytes), from the models as the Models
+    tab checked them."""
     check_replace(out, overwrite)
-    check_free_space(Path(out).parent, session.checkpoint_bytes, f"saving the merge to {out}")
+    check_free_space(Path(out).parent, need, f"saving the merge to {out}")
     with dispatcher().hold(session.job("save"), progress) as guard:
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],
                                session.refs.get("base"), out, overwrite=overwrite, progress=guard,
@@ -468,7 +472,7 @@ def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
     guard = progress or (lambda f, m: None)
     with tempfile.TemporaryDirectory(prefix="layerswap-push-") as tmp:
         out = _merge_into(session, config, Path(tmp) / "merged", False,
-                          progress=lambda f, m: guard(0.8 * f, m))
+                          lambda f, m: guard(0.8 * f, m), session.save_bytes[config.dtype])
         guard(0.8, f"uploading to {repo_id}")
         api = HfApi(token=token)
         api.create_repo(repo_id, private=bool(private), exist_ok=True)
