@@ -163,7 +163,6 @@ class Session:
         self.checked = checked_models(inputs) if report.models is not None else None
         # what a save writes at most, by output dtype (None: the task model's own)
         self.save_bytes = {d: most_output_bytes(inputs, dtype=d) for d in (None, *DTYPES)}
-        self.checkpoint_bytes = self.save_bytes[None]
         self.paths = {role: str(p) for role, p in inputs.paths.items()}
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
@@ -173,6 +172,11 @@ class Session:
         self.tau: float | None = None       # the threshold of the delta views last drawn
         self.stats: dict[str, Any] = {}     # role -> DeltaStats (base vs that expert)
         self.built_config = None            # MergeConfig of the last build (shown on demand)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """What a save in the task model's own dtypes writes, at most."""
+        return self.save_bytes[None]
 
     @property
     def has_base(self) -> bool:
