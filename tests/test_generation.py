@@ -367,17 +367,31 @@ def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkey
     alone = [generate(model, tok, [p], max_new_tokens=n, lookahead=0)[0] for p in prompts]
     # (the other prompts' one-by-one text is checked against transformers above)
     assert [g.text for g in alone[-2:]] == [_hf_greedy(model, tok, p, n) for p in prompts[-2:]]
-    widths = []
-    hook = model.register_forward_pre_hook(
-        lambda mod, args, kw: widths.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    widths, passes, steps = [], [], []
+
+    def seen(mod, args, kw):
+        widths.append(tuple(kw["input_ids"].shape))
+        layers = getattr(kw.get("past_key_values"), "layers", None)
+        if layers and hasattr(layers[0], "_kbuf"):       # a decoding pass of the refilled batch
+            passes.append(kw["input_ids"].shape[1])
+
+    hook = model.register_forward_pre_hook(seen, with_kwargs=True)
+    advance = generation._Slots.advance
+    monkeypatch.setattr(generation._Slots, "advance",
+                        lambda self, k: (steps.append(k), advance(self, k))[1])
     try:
         got = generate(model, tok, prompts, max_new_tokens=n, batch_size=3)
     finally:
         hook.remove()
+        monkeypatch.undo()
     assert got == alone
     decoding = [w for rows, w in widths if rows <= 3 and w <= generation.LOOKAHEAD + 1]
     assert max(decoding) > 1                                 # drafts were fed
     assert sum(g.num_tokens for g in got) > 2 * len(decoding)
+    # the cache grows by the drafts some row kept, not by every pass's width: the columns of
+    # drafts no row kept are written over by the next pass (and the outputs above are equal)
+    assert len(steps) == len(passes) and sum(steps) < sum(passes)
+    assert all(1 <= k <= w for k, w in zip(steps, passes))
 
     rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts[:2]]   # one prefix
     n_prefix, cache = shared_prefix(model, rows, "cpu")

@@ -119,9 +119,19 @@ def _growing_layer_class():
                 setattr(self, name, buf[:, :, :length])
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            """Keep only these rows (decoding drops finished ones), spare room included."""
+            """Keep only these rows (decoding drops finished ones), spare room included. Rows
+            kept in their order move up in place (their filled columns only), else are copied."""
             length = self.keys.shape[-2]
-            self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+            keep = indices.tolist()
+            if (all(a < b for a, b in zip(keep, keep[1:])) and keep and keep[0] >= 0
+                    and self.keys.data_ptr() == self._kbuf.data_ptr()):
+                for i, j in enumerate(keep):
+                    if i != j:
+                        self._kbuf[i, :, :length] = self._kbuf[j, :, :length]
+                        self._vbuf[i, :, :length] = self._vbuf[j, :, :length]
+                self._kbuf, self._vbuf = self._kbuf[:len(keep)], self._vbuf[:len(keep)]
+            else:
+                self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
             self.keys, self.values = self._kbuf[:, :, :length], self._vbuf[:, :, :length]
 
         def update(self, key_states, value_states, *args, **kwargs):
