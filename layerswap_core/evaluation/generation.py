@@ -127,8 +127,8 @@ def _plain_greedy_ok(model) -> bool:
 
 DROP_FINISHED = 0.25   # drop finished rows from the batch once they are this share of it
 # (``_refill_decode`` drops them at once when no prompt is left: with drafts a finished row
-# costs the pass's whole width; English CoT n=32, alternating 4 runs each, 2026-11-26:
-# 54.9 s against 57.5 s, medians, outputs identical)
+# costs the pass's whole width. English CoT n=32, alternating 4 runs each, 2026-11-26:
+# 54.9 s against 57.5 s, medians, outputs identical; within this machine's run-to-run spread)
 
 
 def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tensor,
