@@ -126,9 +126,6 @@ def _plain_greedy_ok(model) -> bool:
 
 
 DROP_FINISHED = 0.25   # drop finished rows from the batch once they are this share of it
-# (``_refill_decode`` drops them at once when no prompt is left: with drafts a finished row
-# costs the pass's whole width. English CoT n=32, alternating 4 runs each, 2026-11-26:
-# 54.9 s against 57.5 s, medians, outputs identical; within this machine's run-to-run spread)
 
 
 def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tensor,
@@ -197,16 +194,11 @@ class _Slots:
 
         grow = _growing_layer_class()
         self.capacity = max(self.capacity, length + 1)
-        # columns past ``length`` are written by a pass before anything attends to them; the
-        # padding before each row's own columns is attended (masked), so it must be finite
-        bufs = [(k.new_empty((n, k.shape[1], self.capacity, k.shape[3])),
-                 v.new_empty((n, v.shape[1], self.capacity, v.shape[3]))) for k, v in like]
+        bufs = [(k.new_zeros((n, k.shape[1], self.capacity, k.shape[3])),
+                 v.new_zeros((n, v.shape[1], self.capacity, v.shape[3]))) for k, v in like]
         for (K, V), (pk, pv) in zip(bufs, self.prefix_kv):
             K[:, :, :self.n_prefix] = pk[0]
             V[:, :, :self.n_prefix] = pv[0]
-        for K, V in bufs:
-            K[:, :, self.n_prefix:length] = 0
-            V[:, :, self.n_prefix:length] = 0
         self.cache = DynamicCache()
         self.cache.layers = [grow(K, V, length) for K, V in bufs]
         self.L = length
@@ -239,7 +231,9 @@ class _Slots:
                 V2 = V.new_empty((V.shape[0], V.shape[1], self.capacity, V.shape[3]))
                 K2[:, :, :self.n_prefix], V2[:, :, :self.n_prefix] = K[:, :, :self.n_prefix], \
                     V[:, :, :self.n_prefix]
-            K2[:, :, self.n_prefix:length] = 0                     # padding (as ``_allocate``)
+            # the padding before each row's own columns is attended (masked): it must be finite;
+            # columns past ``length`` are written by a pass before anything attends to them
+            K2[:, :, self.n_prefix:length] = 0
             V2[:, :, self.n_prefix:length] = 0
             for b, c in enumerate(cols):
                 if len(c):
@@ -510,6 +504,9 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
                 live[j] = i
                 cur[j] = rows[i][-1]
             finished = finished[len(take):]
+        # no prompt left: finished rows leave at once (with drafts one costs the pass's whole
+        # width; English CoT n=32, alternating 4 runs each, 2026-11-26: 54.9 s against 57.5 s
+        # for leaving at DROP_FINISHED, medians, outputs identical; within the run-to-run spread)
         if finished and not queue:
             gone = set(finished)
             keep = [j for j in range(len(live)) if j not in gone]
