@@ -456,7 +456,7 @@ def test_split_head_gives_the_same_logits_and_changes_nothing_outside(embedded_b
     import torch
 
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.evaluation import head as head_mod
+    from layerswap_core.evaluation import products as head_mod
 
     model, tok = load_model(embedded_base)
     lm_head = model.get_output_embeddings()
@@ -472,7 +472,7 @@ def test_split_head_gives_the_same_logits_and_changes_nothing_outside(embedded_b
             m.setattr(torch.nn.functional, "linear",
                       lambda x, w, b=None: (products.append(w.shape[0]), linear(x, w, b))[1])
             with head_mod.split_head(model):
-                assert type(lm_head) is head_mod.SplitLinear
+                assert type(lm_head) is head_mod.CpuLinear
                 split = {rows: lm_head(hidden.reshape(-1, hidden.shape[-1])[:rows])
                          for rows in whole}
                 split_3d = lm_head(hidden[:, -5:])
@@ -490,8 +490,81 @@ def test_split_head_gives_the_same_logits_and_changes_nothing_outside(embedded_b
     assert products[-1] == lm_head.weight.shape[0]       # outside the block: one whole product
     assert torch.equal(*other[0]) and torch.equal(after, split_3d)
     twin = copy.deepcopy(model)
-    assert type(twin.get_output_embeddings()) is head_mod.SplitLinear
+    assert type(twin.get_output_embeddings()) is head_mod.CpuLinear
     buf = io.BytesIO()
     torch.save(lm_head, buf)
     buf.seek(0)
-    assert type(torch.load(buf, weights_only=False)) is head_mod.SplitLinear
+    assert type(torch.load(buf, weights_only=False)) is head_mod.CpuLinear
+
+
+@pytest.mark.parametrize("model_type", ["embedded", "gpt_neox"])
+def test_packed_products_keep_the_greedy_text_and_change_nothing_outside(tmp_path, embedded_base,
+                                                                         model_type, monkeypatch):
+    """Inside ``packed_products`` short products by the model's linear layers (biases too, for
+    GPT-NeoX) run on oneDNN's prepacked weights: within float rounding of torch's own, the
+    output layer first when the budget is short, long prompt passes and other threads on
+    torch's own products bit for bit, nothing changed after the block. ``generate`` packs
+    when enough steps may follow, and its greedy text equals the text with plain products and
+    transformers' own greedy decoding."""
+    import threading
+
+    import torch
+
+    from layerswap_core.checkpoints.loading import load_model
+    from layerswap_core.evaluation import products
+    from layerswap_core.testing import make_tiny_model
+
+    if model_type == "embedded":
+        model, tok = load_model(embedded_base)
+    else:
+        model, tok = load_model(make_tiny_model(tmp_path / model_type, num_layers=4, seed=3,
+                                                model_type=model_type))
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    head = model.get_output_embeddings()
+    ids = torch.tensor([tok(FEW_SHOT[0], add_special_tokens=False)["input_ids"]] * 3)
+    short = ids[:, -4:]
+    long = ids.reshape(1, -1).repeat(1, 8)[:, :products.PACKED_ROWS + 1]
+    assert long.shape[1] == products.PACKED_ROWS + 1
+    with torch.inference_mode():
+        plain_short, plain_long = model(input_ids=short).logits, model(input_ids=long).logits
+        with products.packed_products(model) as n:
+            assert n == len(linears) and all(type(m) is products.CpuLinear for m in linears)
+            packed_short, packed_long = model(input_ids=short).logits, model(input_ids=long).logits
+            other = []
+            t = threading.Thread(target=lambda: other.append(model(input_ids=short).logits))
+            t.start()
+            t.join()
+        after = model(input_ids=short).logits
+        t = threading.Thread(target=lambda: other.append(model(input_ids=short).logits))
+        t.start()
+        t.join()
+        size = head.weight.numel() * head.weight.element_size()
+        with products.packed_products(model, budget=size) as only_head:
+            assert only_head == 1 and set(products._local.packed) == {head}
+    # the products sum in another order: the embedded model's logits (up to about 28) move by
+    # about 1e-4, where feeding 4 tokens a row instead of 3 moves them by about 4e-5 (the tiny
+    # model's short sums happen to come out equal)
+    assert torch.equal(packed_short, plain_short) == (model_type != "embedded")
+    assert (packed_short - plain_short).abs().max() <= 1e-5 * plain_short.abs().max() + 1e-3
+    assert torch.equal(packed_short.argmax(-1), plain_short.argmax(-1))
+    assert torch.equal(packed_long, plain_long)                  # too many rows: torch's own
+    assert torch.equal(after, plain_short) and products._local.packed is None
+    assert torch.equal(other[0], other[1])     # another thread: torch's own, block or not
+
+    import layerswap_core.evaluation.generation as gen_mod
+
+    calls = []
+    real = products.packed_products
+    monkeypatch.setattr(gen_mod, "packed_products",
+                        lambda m, budget=None: (calls.append(m), real(m, budget))[1])
+    monkeypatch.setattr(gen_mod, "PACK_AFTER_STEPS", 32)
+    prompts = FEW_SHOT[:2] + PROMPTS[:2]      # 2 batches of 2 x 16 tokens: enough steps to pack
+    fast = generate(model, tok, prompts, max_new_tokens=16, batch_size=2)
+    short_run = generate(model, tok, prompts[:1], max_new_tokens=8)
+    assert calls == [model]                  # the long run packed, the 8-token one did not
+    slow = generate(model, tok, prompts, max_new_tokens=16, batch_size=2, packed=False)
+    assert fast == slow and short_run[0].text == slow[0].text[:len(short_run[0].text)]
+    if model_type == "embedded":
+        assert fast[0].text == _hf_greedy(model, tok, prompts[0], 16)

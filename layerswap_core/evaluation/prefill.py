@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from .attention import packed_attention
-from .head import split_head
+from .products import split_head
 
 
 MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass
