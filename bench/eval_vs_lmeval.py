@@ -25,9 +25,9 @@ process and alternates lm-eval's ``simple_evaluate`` on its HF wrapper
 (``evaluation.lmeval.run_lm_eval``, batch B) with our runner (``runner.run_side_by_side``,
 batch B) on it: the evaluation alone, without start-up and loading; wall and CPU seconds
 (``time.process_time``) and the outputs compared item by item as above. ``--where ablation``
-runs ours alone with its features turned off one by one (``generate(lookahead=0,
-refill=False, share_prefix=False, split_prefill=False)``): what each buys, outputs compared
-with all on.
+runs ours alone with its features turned off one by one (``generate(packed=False,
+lookahead=0, refill=False, share_prefix=False, split_prefill=False)``): what each buys,
+outputs compared with all on.
 """
 from __future__ import annotations
 
@@ -232,11 +232,12 @@ def in_process(a, folder, lang: str, cot: bool, model_and_tokenizer) -> None:
 
 ABLATIONS = {   # generate() switches, each turning off one more of our features
     "all on": {},
-    "no lookahead": {"lookahead": 0},
-    "no lookahead, no refill": {"lookahead": 0, "refill": False},
-    "no refill, no shared prefix": {"refill": False, "share_prefix": False},
-    "padded batch (no split prompt pass)": {"refill": False, "share_prefix": False,
-                                            "split_prefill": False},
+    "no packed products": {"packed": False},
+    "no packing, no lookahead": {"packed": False, "lookahead": 0},
+    "no lookahead, no refill": {"packed": False, "lookahead": 0, "refill": False},
+    "no refill, no shared prefix": {"packed": False, "refill": False, "share_prefix": False},
+    "padded batch (no split prompt pass)": {"packed": False, "refill": False,
+                                            "share_prefix": False, "split_prefill": False},
 }
 
 
