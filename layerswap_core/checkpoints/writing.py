@@ -622,6 +622,19 @@ def atomic_output_dir(target: str | Path, *, overwrite: bool = False, force: boo
             raise
 
 
+def memory_available() -> int | None:
+    """Bytes of memory the system could give this process now (Linux ``MemAvailable``: free
+    memory plus what the page cache would hand back); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def release_freed_memory() -> None:
     """Give freed heap memory back to the OS. glibc keeps the freed blocks of large temporaries
     (float32 blends, a forward pass's activations) in its arenas, where they count as the

@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 from ..progress import Cancelled, Progress
 from ..progress import say as _say
 from ..checkpoints.reading import CheckpointReader
+from ..checkpoints.writing import memory_available
 from ..checkpoints.references import resolve
 from ..merge.live import LiveModel, live_dtype
 
@@ -107,14 +108,8 @@ def free_bytes(device: str = "cpu") -> int:
         import torch
         if torch.cuda.is_available():
             return int(torch.cuda.mem_get_info()[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
+    available = memory_available()
+    return 4 << 30 if available is None else available
 
 
 def fitting_engines(per_engine: int, free: int, margin: float = MARGIN) -> int:

@@ -14,13 +14,14 @@ else a layer runs ``torch.nn.Linear.forward`` unchanged:
 - ``packed_products(model)``: the linear layers' weights are copied once, for the block, into
   oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``), and products of at
   most ``PACKED_ROWS`` rows run on that copy (``_linear_pointwise``). Measured on the same
-  machine (2026-11-27, medians of 15): the SmolLM2 head at 48 rows in 21 ms against 45 ms
-  split and 46 ms whole; a whole decoding pass of 16 rows x 3 tokens in 268 ms against 299 ms;
-  English chain-of-thought MGSM, 32 items, 49.5-52.7 s against 57.2-57.7 s. These products sum
-  in another order than MKL's, so logits differ in the last bits (up to about 1e-4 on logits of
-  magnitude 10-30, as a change of batch size does); the greedy text is checked against plain
-  products in ``tests/test_generation.py`` and against lm-eval's own command item by item in
-  ``bench/eval_vs_lmeval.py``. The copy costs memory while the block runs: at most
+  machine (2026-11-27, 2 threads, medians of 8-15): the SmolLM2 head at 48 rows in 21 ms
+  against 45 ms split, Gemma-3's at 16 rows in 64 ms against 105 ms split; a whole decoding
+  pass of 16 rows x 3 tokens in 226 ms against 245 ms (on one thread about no gain); English
+  chain-of-thought MGSM, 64 items, 87.6 s against 97.8 s. These products sum in another order
+  than MKL's, so logits differ in the last bits (up to about 1.2e-4 on logits up to 28; MKL's
+  own move by up to 4e-5 when a pass feeds 4 tokens a row instead of 3); the greedy text is
+  checked against plain products in ``tests/test_generation.py`` and against lm-eval's own
+  command item by item in ``bench/eval_vs_lmeval.py``. The copy costs memory while the block runs: at most
   ``PACKED_BYTES``, and a quarter of the memory available; the output layer is packed first,
   then the other layers in order while they fit. Longer products (prompt passes) keep MKL's,
   which is as fast there.
@@ -36,6 +37,7 @@ import threading
 
 import torch
 
+from ..checkpoints.writing import memory_available
 from .attention import thread_switch
 
 BLOCK = 2048             # vocabulary rows per product of the split head
@@ -93,17 +95,6 @@ def split_head(model):
     return thread_switch(_local, _switch(model))
 
 
-def _memory_available() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 * PACKED_BYTES
-
-
 def _pack(weight: torch.Tensor):
     """``weight`` in oneDNN's layout; None where that does not work here (checked once per
     process against torch's own product)."""
@@ -146,7 +137,8 @@ def packed_products(model, budget: int | None = None):
         yield len(_local.packed)
         return
     if budget is None:
-        budget = min(PACKED_BYTES, _memory_available() // 4)
+        available = memory_available()
+        budget = PACKED_BYTES if available is None else min(PACKED_BYTES, available // 4)
     packed: dict = {}
     with torch.no_grad():
         for layer in _packable(model):
