@@ -345,6 +345,8 @@ class _Drafter:
 
 
 LOOKAHEAD = 16             # most drafted tokens a row may verify in one pass (``_refill_decode``)
+PACK_AFTER_STEPS = 64      # ``generate`` packs weights (about 0.4 s for SmolLM2-135M, 2-3
+                           # passes) only where at least this many decoding steps may follow
 PASS_OVERHEAD_TOKENS = 64  # a pass costs about this many tokens' worth beyond its width
                            # (measured on a 2-core CPU, SmolLM2-135M, 16 rows: a pass of width 5
                            # costs about 1.9x one of width 1, width 17 about 4.2x)
@@ -555,9 +557,6 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
         with packed_products(model):
             return _generate(model, tokenizer, prompts, **kw)
     return _generate(model, tokenizer, prompts, **kw)
-
-
-PACK_AFTER_STEPS = 64      # packing SmolLM2-135M's weights takes about 0.4 s, 2-3 passes
 
 
 def _generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,
