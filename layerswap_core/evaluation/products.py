@@ -71,21 +71,28 @@ class CpuLinear(torch.nn.Linear):
                           for i in range(0, w.shape[0], BLOCK)], -1)
 
 
+def _plain(layer) -> bool:
+    """A plain ``nn.Linear`` or already a ``CpuLinear`` (not another subclass, a LoRA wrapper,
+    a layer whose forward was replaced)."""
+    return type(layer) in (torch.nn.Linear, CpuLinear) and "forward" not in layer.__dict__
+
+
 def _as_cpu_linear(layer) -> bool:
-    """Make ``layer`` a ``CpuLinear`` if it is a plain ``nn.Linear`` (not a subclass, a LoRA
-    wrapper, a layer whose forward was replaced); True if it is one now."""
-    if type(layer) is CpuLinear:
-        return True
-    if type(layer) is not torch.nn.Linear or "forward" in layer.__dict__:
+    """Make ``layer`` a ``CpuLinear`` if it is plain; True if it is one now."""
+    if not _plain(layer):
         return False
     layer.__class__ = CpuLinear
     return True
 
 
+def _output_layer(model):
+    get = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
 def _switch(model) -> bool:
     """Make ``model``'s output layer a ``CpuLinear``; True if it is one now."""
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
+    head = _output_layer(model)
     return head is not None and _as_cpu_linear(head)
 
 
@@ -117,13 +124,10 @@ def _packable(model) -> list:
     """``model``'s plain float32 linear layers on the CPU, the output layer first."""
     if not torch.backends.mkldnn.is_available():
         return []
-    get = getattr(model, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    layers = ([head] if isinstance(head, torch.nn.Linear) else []) + [
-        m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
-    return [m for m in layers if m.weight.device.type == "cpu"
-            and m.weight.dtype == torch.float32 and type(m) in (torch.nn.Linear, CpuLinear)
-            and "forward" not in m.__dict__]
+    head = _output_layer(model)
+    layers = [head] + [m for m in model.modules() if m is not head]
+    return [m for m in layers if _plain(m) and m.weight.device.type == "cpu"
+            and m.weight.dtype == torch.float32]
 
 
 @contextlib.contextmanager
