@@ -69,7 +69,9 @@ class Sampler:
         self._thread.join()
 
 
-def write_trio(folder: Path, params: float) -> dict[str, Path]:
+def write_trio(folder: Path, params: float, tokenizer: Path | None = None) -> dict[str, Path]:
+    """A synthetic Llama trio of about ``params`` parameters with the SmolLM2 tokenizer (from
+    ``tokenizer``, a folder, else the embedded base)."""
     from synthetic import llama_config_for, write_checkpoint
 
     from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
@@ -84,7 +86,7 @@ def write_trio(folder: Path, params: float) -> dict[str, Path]:
             print(f"writing the synthetic {role} ({params / 1e9:.1f}B)...", flush=True)
             write_checkpoint(p, cfg, seed=seed, like=None if role == "base" else folder / "base",
                              delta=0.01)
-        copy_tokenizer(resolve(DEFAULT_BASE), p)
+        copy_tokenizer(tokenizer or resolve(DEFAULT_BASE), p)
         paths[role] = p
     return paths
 

@@ -1,6 +1,7 @@
 """Every GPU path against the CPU, with a JSON verdict.
 
     python bench/gpu_check.py [--params 1.1e9] [--dir DIR] [--skip-synthetic] [--json OUT.json]
+                              [--skip-demo] [--tokenizer DIR] [--mgsm DIR]
 
 On the embedded demo trio and on a synthetic Llama-shaped trio (bench/synthetic.py, 1.1B by
 default), each path runs on ``cuda`` and on the CPU and the outputs are compared:
@@ -13,6 +14,11 @@ default), each path runs on ``cuda`` and on the CPU and the outputs are compared
 * merge --device cuda: ``layerswap merge`` to a folder on cuda and on the CPU: tensors equal;
 * delta analysis: ``analysis.delta_stats`` on cuda and on the CPU: row statistics close;
 * training: one LoRA optimizer step (float32) on cuda and on the CPU: losses close.
+
+On a machine without the embedded packages (a bare GPU machine that cannot install them),
+``--skip-demo --tokenizer DIR --mgsm DIR`` runs the synthetic trio alone with a tokenizer folder
+and MGSM rows from a local folder. The JSON file is rewritten after every check, so a run cut
+short keeps what it finished.
 
 Exact equality is asked where the arithmetic is a copy or one float32 operation; greedy text
 may legitimately diverge after a near tie (a different matmul kernel), which the verdict
@@ -36,6 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 NLL_TOLERANCE = 0.05
 PARAM_TOLERANCE = 1e-6
 SIDES = {"cpu": "cpu", "gpu": "cuda"}   # result key -> device (--device sets "gpu")
+ITEMS = {"source": "gsm-symbolic", "data_dir": None}   # --mgsm sets MGSM from a folder
 
 
 def max_diff(a, b) -> float:
@@ -85,7 +92,7 @@ def check_evaluate_and_chat(refs: dict) -> dict:
     from layerswap_core.evaluation.data import load_items
     from layerswap_core.merge.config import MergeConfig
 
-    items = load_items("gsm-symbolic", "sw", 4)
+    items = load_items(ITEMS["source"], "sw", 4, data_dir=ITEMS["data_dir"])
     n_layers = None
     out = {}
     for side, dev in SIDES.items():
@@ -203,7 +210,7 @@ def check_training(refs: dict, tmp: Path) -> dict:
             "ok": diff <= 1e-3 * max(1.0, abs(losses["cpu"]))}
 
 
-def run_all(name: str, refs: dict, tmp: Path) -> dict:
+def run_all(name: str, refs: dict, tmp: Path, save=lambda done: None) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
     out = {}
     for label, fn in (("engine", lambda: check_engine(refs)),
@@ -224,6 +231,7 @@ def run_all(name: str, refs: dict, tmp: Path) -> dict:
         ok = res.get("ok", all(v.get("ok") for v in res.values() if isinstance(v, dict)))
         print(f"[{name}] {label}: {'ok' if ok else 'FAILED'} ({time.perf_counter() - t:.0f} s)",
               flush=True)
+        save(out)
     return out
 
 
@@ -233,6 +241,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", type=Path, help="where the synthetic trio is written")
     ap.add_argument("--skip-synthetic", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--skip-demo", action="store_true",
+                    help="leave out the embedded demo trio (its packages are not installed)")
+    ap.add_argument("--tokenizer", type=Path,
+                    help="tokenizer folder for the synthetic trio (default: the embedded SmolLM2)")
+    ap.add_argument("--mgsm", type=Path,
+                    help="evaluate MGSM rows from this folder instead of GSM-Symbolic")
     ap.add_argument("--device", default="cuda",
                     help="the device compared with the CPU (cpu: a self-check of this script)")
     a = ap.parse_args(argv)
@@ -245,21 +259,35 @@ def main(argv=None) -> int:
         if a.json:
             a.json.write_text(json.dumps(verdict, indent=1))
         return 0
-    from layerswap_core.workbench.session import DEMO_REFS
-
+    if a.mgsm:
+        ITEMS.update(source="mgsm", data_dir=a.mgsm)
     result = {"device": torch.cuda.get_device_name(0) if a.device.startswith("cuda")
               else a.device, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M"), "trios": {}}
+
+    def saver(trio: str):
+        def save(done: dict):
+            result["trios"][trio] = done
+            if a.json:
+                a.json.write_text(json.dumps(result, indent=1))
+        return save
+
     with tempfile.TemporaryDirectory(prefix="layerswap-gpu-check-") as tmp:
         tmp = Path(tmp)
-        result["trios"]["embedded demo"] = run_all("demo", dict(DEMO_REFS), tmp / "demo")
+        if not a.skip_demo:
+            from layerswap_core.workbench.session import DEMO_REFS
+            result["trios"]["embedded demo"] = run_all("demo", dict(DEMO_REFS), tmp / "demo",
+                                                       saver("embedded demo"))
         if not a.skip_synthetic:
             from app_scale import write_trio
             folder = a.dir or tmp / "synthetic"
             folder.mkdir(parents=True, exist_ok=True)
-            paths = {k: str(v) for k, v in write_trio(folder, a.params).items()}
-            result["trios"][f"synthetic {a.params / 1e9:.1f}B"] = run_all(
-                "synthetic", paths, tmp / "synthetic-out")
+            t = time.perf_counter()
+            paths = {k: str(v) for k, v in write_trio(folder, a.params, a.tokenizer).items()}
+            result["synthetic_written_s"] = round(time.perf_counter() - t, 1)
+            label = f"synthetic {a.params / 1e9:.1f}B"
+            result["trios"][label] = run_all("synthetic", paths, tmp / "synthetic-out",
+                                             saver(label))
     oks = [v.get("ok") for trio in result["trios"].values() for v in trio.values()]
     result["ok"] = all(bool(o) for o in oks)
     result["verdict"] = "every GPU path matches the CPU" if result["ok"] else \
