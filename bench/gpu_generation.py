@@ -13,9 +13,11 @@ answers the first ``--n`` MGSM Swahili prompts (2 shots, direct), ``--tokens`` t
   transformers   ``model.generate`` on left-padded batches of 16 (what lm-eval's HF backend
                  runs), greedy, ``min_new_tokens`` = ``max_new_tokens``.
 Each run reports its wall time (synchronised), its forward passes by width (count, mean ms),
-and its texts compared with the other two. Rounds repeat so that work done once per shape in
-a process (kernel selection, attention plans) shows as the difference between round 1 and 2.
-``--no-cudnn-sdp`` turns off PyTorch's cuDNN attention backend for the whole run.
+and its texts compared with the others. Rounds repeat, in reversed order every other round, so
+that work done once per shape in a process (kernel selection, attention plans) shows as the
+difference between rounds; ``--contenders`` picks which run, so that each can also be timed
+cold, alone in its own process. ``--no-cudnn-sdp`` turns off PyTorch's cuDNN attention backend
+for the whole run.
 
 Measured 2026-11-27 on an NVIDIA H200 (torch 2.11.0+cu130), 1.1B, in one process after a
 warm-up, before this script existed (its one-off forerunners, same calls):
@@ -26,10 +28,12 @@ warm-up, before this script existed (its one-off forerunners, same calls):
   32 x 96, bfloat16, after a warm-up: ours 12.2 s (forward passes of width 1: 60 ms each,
   attention 8.7 s of it); ours without drafts 3.7 s (18 ms a pass); transformers 4.2 s
   (20 ms a pass); the padded path 12.3 s (62 ms a pass).
-The hypothesis these suggest, NOT yet checked: in bfloat16, attention builds a plan once per
-new shape (cuDNN's backend, preferred for bfloat16 on Hopper), and our passes meet more new
-shapes (cache lengths, widths) than transformers' loop. ``--no-cudnn-sdp --repeat 2`` is the
-check to run next on a GPU. Without CUDA and ``--device cuda`` it prints "no GPU: not run".
+In both, transformers ran LAST, after our runs had met most cache lengths, and ours fell from
+27.6 to 9.6 s between identical calls: most of the gap may be work done once per new shape in
+a process (in bfloat16 PyTorch prefers cuDNN's attention on Hopper, which plans per shape),
+not our loop. Not separated yet: run each contender cold (``--contenders transformers``, then
+``--contenders ours``, each in its own process), and ``--no-cudnn-sdp``. Without CUDA and
+``--device cuda`` it prints "no GPU: not run".
 """
 from __future__ import annotations
 
@@ -42,6 +46,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+
+CONTENDERS = ("ours", "ours, no drafts", "transformers")
 
 
 def sync(device: str) -> None:
@@ -104,6 +111,7 @@ def main(argv=None) -> int:
                     choices=["bfloat16", "float32"])
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--no-cudnn-sdp", action="store_true")
+    ap.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/layerswap-gpu-generation"))
     ap.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: embedded SmolLM2)")
     ap.add_argument("--mgsm", type=Path, help="MGSM folder (default: the usual lookup)")
@@ -140,7 +148,7 @@ def main(argv=None) -> int:
         model, tok = load_model(str(a.dir), device=a.device, dtype=getattr(torch, dtype))
         passes = Passes(model)
         prompts = task.prompts(tok)
-        contenders = {
+        runs = {
             "ours": lambda: [g.text for g in generate(model, tok, prompts, stop=(),
                                                       max_new_tokens=a.tokens, batch_size=16)],
             "ours, no drafts": lambda: [g.text for g in generate(
@@ -149,9 +157,11 @@ def main(argv=None) -> int:
             "transformers": lambda: transformers_generate(model, tok, prompts, a.tokens,
                                                           a.device),
         }
+        chosen = [c for c in CONTENDERS if c in a.contenders]
         for rnd in range(1, a.repeat + 1):
             texts = {}
-            for name, run in contenders.items():
+            for name in (chosen if rnd % 2 else chosen[::-1]):
+                run = runs[name]
                 passes.calls.clear()
                 sync(a.device)
                 t = time.perf_counter()
@@ -163,7 +173,8 @@ def main(argv=None) -> int:
                 result["runs"].append(row)
                 print(json.dumps(row), flush=True)
             same = {f"{x} = {y}": sum(p == q for p, q in zip(texts[x], texts[y]))
-                    for x, y in (("ours", "ours, no drafts"), ("ours", "transformers"))}
+                    for x, y in (("ours", "ours, no drafts"), ("ours", "transformers"))
+                    if x in texts and y in texts}
             result["runs"].append({"dtype": dtype, "round": rnd, "identical": same,
                                    "of": len(prompts)})
             print(dtype, rnd, same, f"of {len(prompts)}", flush=True)
