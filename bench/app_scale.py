@@ -69,26 +69,30 @@ class Sampler:
         self._thread.join()
 
 
-def write_trio(folder: Path, params: float, tokenizer: Path | None = None) -> dict[str, Path]:
-    """A synthetic Llama trio of about ``params`` parameters with the SmolLM2 tokenizer (from
-    ``tokenizer``, a folder, else the embedded base)."""
+def write_model(path: Path, params: float, *, seed: int = 0, like: Path | None = None,
+                tokenizer: Path | None = None, label: str = "model") -> Path:
+    """A synthetic Llama of about ``params`` parameters at ``path`` (kept if already there;
+    ``like``: near that checkpoint) with the SmolLM2 tokenizer (from ``tokenizer``, a folder,
+    else the embedded base), so prompts and chat are real text."""
     from synthetic import llama_config_for, write_checkpoint
 
     from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
     from layerswap_core.testing import copy_tokenizer
 
-    cfg = llama_config_for(params)
-    cfg["vocab_size"] = 49152   # the SmolLM2 tokenizer's, so prompts and chat are real text
-    paths = {}
-    for role, seed in (("base", 0), ("task", 1), ("lang", 2)):
-        p = folder / role
-        if not (p / "config.json").exists():
-            print(f"writing the synthetic {role} ({params / 1e9:.1f}B)...", flush=True)
-            write_checkpoint(p, cfg, seed=seed, like=None if role == "base" else folder / "base",
-                             delta=0.01)
-        copy_tokenizer(tokenizer or resolve(DEFAULT_BASE), p)
-        paths[role] = p
-    return paths
+    if not (path / "config.json").exists():
+        cfg = llama_config_for(params)
+        cfg["vocab_size"] = 49152   # the SmolLM2 tokenizer's
+        print(f"writing the synthetic {label} ({params / 1e9:.1f}B)...", flush=True)
+        write_checkpoint(path, cfg, seed=seed, like=like, delta=0.01)
+    copy_tokenizer(tokenizer or resolve(DEFAULT_BASE), path)
+    return path
+
+
+def write_trio(folder: Path, params: float, tokenizer: Path | None = None) -> dict[str, Path]:
+    """A synthetic Llama trio (``write_model``): base, and task and language experts near it."""
+    return {role: write_model(folder / role, params, seed=seed, tokenizer=tokenizer, label=role,
+                              like=None if role == "base" else folder / "base")
+            for role, seed in (("base", 0), ("task", 1), ("lang", 2))}
 
 
 def call(client, api_name: str, values: dict):

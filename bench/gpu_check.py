@@ -100,7 +100,7 @@ def check_engine(refs: dict) -> dict:
                         "max_param_diff": worst, "on_device": on_gpu,
                         "ok": on_gpu and worst <= (BF16_STEP if reduced() else PARAM_TOLERANCE)
                         and shown["cpu"].rewritten == shown["gpu"].rewritten}
-    logits = compare_logits(engines, refs["task"])
+    logits = compare_logits(engines)
     del engines
     return {"steps": steps, "dtype": dict(DTYPES), "logits": logits,
             "ok": all(s["ok"] for s in steps.values()) and logits["ok"]}
@@ -110,17 +110,14 @@ LOGIT_TEXTS = ("Janet's ducks lay 16 eggs per day. She eats three for breakfast 
                "Swali: Roger ana mipira 5 ya tenisi. Ananunua mikebe 2 zaidi ya mipira ya tenisi.")
 
 
-def compare_logits(engines: dict, tokenizer_ref: str) -> dict:
+def compare_logits(engines: dict) -> dict:
     """The last model shown (the rebuilt swap) on both sides: its logits over two short texts,
     the largest difference relative to the largest logit and how often the argmax agrees."""
     import torch
 
-    from layerswap_core.checkpoints.loading import load_tokenizer
-
-    tok = load_tokenizer(tokenizer_ref)      # any reference (embedded:NAME, a folder, a Hub id)
     out = {}
     for side, e in engines.items():
-        model = e.live.model
+        model, tok = e.live.model, e.live.tokenizer
         with torch.inference_mode():
             out[side] = [model(input_ids=torch.tensor([tok(t)["input_ids"]],
                                                        device=SIDES[side])).logits.float().cpu()

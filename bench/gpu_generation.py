@@ -124,20 +124,14 @@ def main(argv=None) -> int:
         return 0
     if a.no_cudnn_sdp:
         torch.backends.cuda.enable_cudnn_sdp(False)
-    from synthetic import llama_config_for, write_checkpoint
+    from app_scale import write_model
 
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
     from layerswap_core.evaluation.data import load_mgsm
     from layerswap_core.evaluation.generation import generate
     from layerswap_core.evaluation.runner import default_exemplars, side_by_side_task
-    from layerswap_core.testing import copy_tokenizer
 
-    if not (a.dir / "config.json").exists():
-        cfg = llama_config_for(a.params)
-        cfg["vocab_size"] = 49152
-        write_checkpoint(a.dir, cfg, seed=1, like=None, delta=0.01)
-    copy_tokenizer(a.tokenizer or resolve(DEFAULT_BASE), a.dir)
+    write_model(a.dir, a.params, seed=1, tokenizer=a.tokenizer)
     items = load_mgsm("sw", a.mgsm)[:a.n]
     task = side_by_side_task(items, default_exemplars(items, 2, cot=False, data_dir=a.mgsm),
                              max_new_tokens=a.tokens, with_nll=False)

@@ -42,24 +42,6 @@ def loadavg() -> str:
     return Path("/proc/loadavg").read_text().split(" ")[0]
 
 
-def write_trio(root: Path, params: float) -> dict[str, Path]:
-    from synthetic import llama_config_for, write_checkpoint
-
-    from layerswap_core.checkpoints.loading import load_tokenizer
-    from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
-    from layerswap_core.testing import copy_tokenizer
-
-    tok_dir = resolve(DEFAULT_BASE)
-    cfg = llama_config_for(params)
-    cfg["vocab_size"] = len(load_tokenizer(tok_dir))
-    refs = {"base": write_checkpoint(root / "base", cfg, seed=0)}
-    for i, role in enumerate(("task", "lang"), start=1):
-        refs[role] = write_checkpoint(root / role, cfg, seed=i, like=refs["base"], delta=0.01)
-    for path in refs.values():
-        copy_tokenizer(tok_dir, path)
-    return refs
-
-
 def order_costs(refs) -> dict:
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.merge.executor import open_inputs
@@ -153,6 +135,7 @@ def main() -> int:
         root = a.keep or Path(tempfile.mkdtemp(prefix="sweep_bench_", dir="/tmp"))
         tmp = None if a.keep else root
         t0 = time.perf_counter()
+        from app_scale import write_trio   # the synthetic trio every scale bench uses
         refs = write_trio(root, a.params)
         print(f"wrote the trio in {time.perf_counter() - t0:.0f} s under {root}", flush=True)
     try:
