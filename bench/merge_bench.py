@@ -22,7 +22,9 @@ child alone):
 in two page-cache states: "warm" (the inputs read once before each run) and "cold" (the inputs'
 pages dropped before each run with posix_fadvise(DONTNEED), after a sync). Contenders alternate
 (the order rotates every repetition); min and median over the repetitions are printed, for the
-whole command (Python + torch start-up included) and, for ours, the merge call alone.
+whole command (Python start-up included) and, for ours, the merge call alone. Ours is the
+`layerswap merge` command (its entry point, run in the child): on the CPU it imports no torch
+(copies in the kernel, linear blends in numpy); the bench says if torch was imported.
 Targets (issue #30): default layer swap <= 1.3x cp -r and peak RSS <= 300 MiB; transitions 2+2
 <= 2x cp -r.
 
@@ -59,16 +61,27 @@ def mergekit_yaml() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mergekit-yaml")
 
 
+# Ours is the `layerswap merge` command itself (its entry point, ``cli.main``), timed inside as
+# the start-up (Python, and the modules the command imports) and the rest (the merge call).
 CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
-from layerswap_core.merge.executor import merge_to_folder
-from layerswap_core.merge.config import MergeConfig
-cfg = MergeConfig(**json.loads(sys.argv[1]))
+from layerswap_core.cli import build_parser, main
+build_parser("merge")   # the modules `layerswap merge` imports
 t1 = time.perf_counter()
-merge_to_folder(cfg, out=sys.argv[2])
-print(json.dumps({"merge_s": time.perf_counter() - t1, "import_s": t1 - t0}))
+rc = main(json.loads(sys.argv[1]))
+print(json.dumps({"merge_s": time.perf_counter() - t1, "import_s": t1 - t0,
+                  "torch": "torch" in sys.modules}))
+sys.exit(rc)
 """
+
+
+def merge_args(cfg: dict, out) -> list[str]:
+    """`layerswap merge` arguments of a MergeConfig's fields (``cfg``) into ``out``."""
+    args = ["merge", "--out", str(out)]
+    for key, value in cfg.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
 
 
 def run_measured(cmd: list[str]) -> dict:
@@ -202,6 +215,9 @@ def main():
     ap.add_argument("--vocab8b", action="store_true",
                     help="also the 128k x 4096 synthetic (Llama-3-8B's vocabulary and width)")
     ap.add_argument("--no-live", action="store_true", help="skip the in-memory recomposition part")
+    ap.add_argument("--states", default="warm,cold",
+                    help="page-cache states to measure, of warm,cold (default both)")
+    ap.add_argument("--no-mergekit", action="store_true", help="leave mergekit out (faster)")
     ap.add_argument("--live-only", action="store_true", help="only the in-memory recomposition part")
     a = ap.parse_args()
     print(f"machine: {machine()}\ndate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
@@ -209,11 +225,11 @@ def main():
     if not a.live_only:
         root = a.keep or Path(tempfile.mkdtemp(prefix="layerswap-merge-bench-", dir="/tmp"))
         try:
-            mergekit = mergekit_yaml()
-            if not mergekit:
+            mergekit = None if a.no_mergekit else mergekit_yaml()
+            if not mergekit and not a.no_mergekit:
                 print("mergekit: not installed (no mergekit-yaml beside this Python nor on PATH): its "
                       "row is skipped; `make install` installs it (requirements-dev.txt)")
-            disk_merges(root / "synthetic", a.params, a.reps, ("warm", "cold"), mergekit)
+            disk_merges(root / "synthetic", a.params, a.reps, tuple(a.states.split(",")), mergekit)
             if a.vocab8b:
                 report_8b(disk_merges(root / "vocab8b", 0, max(2, a.reps - 1), ("warm",),
                                       mergekit, transitions=False))
@@ -246,7 +262,7 @@ def disk_merges(root: Path, params: float, reps: int, states, mergekit, transiti
           f"u={u}", flush=True)
     task, lang = str(paths["task"]), str(paths["lang"])
     out = root / "out"
-    ours = lambda cfg: [sys.executable, "-c", CHILD, json.dumps(cfg), str(out)]  # noqa: E731
+    ours = lambda cfg: [sys.executable, "-c", CHILD, json.dumps(merge_args(cfg, out))]  # noqa: E731
     contenders = {"cp -r (baseline)": ["cp", "-r", task, str(out)],
                   "ours --non-layer lang": ours({"task": task, "lang": lang, "non_layer": "lang"})}
     if mergekit:
@@ -270,8 +286,9 @@ def disk_merges(root: Path, params: float, reps: int, states, mergekit, transiti
                 shutil.rmtree(out, ignore_errors=True)
                 (drop_cache if state == "cold" else warm_cache)(inputs)
                 r = run_measured(contenders[name])
-                if r["stdout"].strip().startswith("{"):
-                    r.update(json.loads(r["stdout"].strip().splitlines()[-1]))
+                last = (r["stdout"].strip().splitlines() or [""])[-1]
+                if last.startswith("{"):   # ours: the child's own figures
+                    r.update(json.loads(last))
                 results[(state, name)].append(r)
             print(f"{state} rep {rep + 1}: " + ", ".join(
                 f"{n.split(' (')[0]} {results[(state, n)][-1]['wall_s']:.2f} s" for n in names),
@@ -310,8 +327,10 @@ def disk_merges(root: Path, params: float, reps: int, states, mergekit, transiti
             print(f"target transitions 2+2 <= 2x cp -r: whole command {met(t['wall'] <= 2 * copy_s)} "
                   f"({t['wall'] / copy_s:.2f}x), merge call {met(t['call'] <= 2 * copy_s)} "
                   f"({t['call'] / copy_s:.2f}x)")
-    print(f"python + torch start-up in our command (median): "
-          f"{stat(states[0], 'ours --non-layer lang', 'import_s'):.2f} s")
+    torch_used = sorted({n for (state, n), runs in results.items() for r in runs if r.get("torch")})
+    print(f"start-up of `layerswap merge` (Python and the modules it imports; median): "
+          f"{stat(states[0], 'ours --non-layer lang', 'import_s'):.2f} s; torch imported by: "
+          f"{', '.join(torch_used) or 'none of ours'}")
     return summary
 
 

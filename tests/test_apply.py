@@ -3,6 +3,10 @@ live model alike: every registered method gives the same tensors on disk and in 
 in row blocks, and the disk merge streams blends block by block into the shard."""
 from __future__ import annotations
 
+import itertools
+import shutil
+from dataclasses import replace
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -171,3 +175,153 @@ def test_a_failing_copy_stops_the_merge_and_leaves_nothing(tiny, tmp_path, monke
         merge_to_folder(cfg, out=tmp_path / "m")
     assert "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- numpy blocks
+def _edge_rows(cols: int) -> torch.Tensor:
+    """float32 rows of the values casts get wrong most easily: halfway cases of bfloat16 and
+    float16 rounding (ties to even, up and down), large values (a quarter of the largest:
+    weights up to 4 do not overflow), subnormals, signed
+    zeros, and numbers just around 1."""
+    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F80C000, 0x3F807FFF, 0x7E7F7FFF, 0x7E7F8000,
+                         0x00000001, 0x00400000, 0x80000000, 0x3F800001, 0xBF808000, 0x477FE000,
+                         0x477FF000, 0x33800000, 0x33000001, 0x387FC000], dtype=torch.int64)
+    vals = bits.to(torch.int32).view(torch.float32)
+    return vals.repeat(cols // len(vals) + 1)[:cols].reshape(1, cols).repeat(4, 1)
+
+
+@pytest.fixture(scope="module")
+def dtyped(tiny, tmp_path_factory):
+    """The tiny task and language experts' embeddings (with rows of edge values) saved in
+    float32, float16 and bfloat16 as "wide", and as "narrow" without the edge values beyond
+    float16's range: {st dtype: {model: folder}}."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("dtyped")
+    n = "model.embed_tokens.weight"
+    found = {}
+    for m in ("task", "lang"):
+        t = CheckpointReader(tiny[m]).read(n).float()
+        edge = _edge_rows(t.shape[1]) * (1.0 if m == "task" else -0.5)
+        found[m] = torch.cat([t * 3000, edge, t])   # *3000: beyond float16's precision
+        found[m + " narrow"] = torch.where(found[m].abs() <= 65504, found[m], 0.5)
+    out = {}
+    for st, dt in (("F32", torch.float32), ("F16", torch.float16), ("BF16", torch.bfloat16)):
+        out[st] = {}
+        for m in ("task", "lang"):
+            (root / st / m).mkdir(parents=True)
+            save_file({"wide": found[m].to(dt), "narrow": found[m + " narrow"].to(dt)},
+                      root / st / m / "model.safetensors")
+            out[st][m] = root / st / m
+    return out
+
+
+@pytest.mark.parametrize("weights", [(0.7, 0.3), (3.0, 1.0), (1.0, 2.0), (0.1, 0.25)])
+@pytest.mark.parametrize("st_in,st_out", [("BF16", "BF16"), ("F16", "F16"), ("F32", "F32"),
+                                          ("F32", "BF16"), ("BF16", "F16"), ("F16", "F32")])
+def test_numpy_blocks_are_torchs_bits(dtyped, monkeypatch, st_in, st_out, weights):
+    """A linear blend (and a cast) computed with numpy (``array_rows``, the disk merge on the
+    CPU) gives the bits torch gives (``source_rows``), in every supported input and output dtype,
+    halfway rounding cases and weights that do not sum to 1 included; with several workers too.
+    Where torch refuses (values beyond float16's range), numpy refuses with the same error."""
+    from layerswap_core.checkpoints.reading import ST_TO_DTYPE
+    from layerswap_core.merge.errors import MergeError
+
+    readers = {m: CheckpointReader(dtyped[st_in][m]) for m in ("task", "lang")}
+    monkeypatch.setattr(apply, "BLOCK_BYTES", 1 << 14)
+    compared = 0
+    for n, src in itertools.product(("wide", "narrow"), (Source("linear", ("task", "lang"), weights),
+                                                       Source.copy("lang"))):
+        shape = readers["task"].shape(n)
+        fetch = lambda m, rows: readers[m].read_rows(n, rows)  # noqa: E731
+        arrays = lambda m, rows: readers[m].read_array(n, rows)  # noqa: E731
+        assert apply.arrays_can(src, [st_in, st_out])
+        try:
+            want = torch.cat([v for _, v in apply.source_rows(n, src, shape, fetch,
+                                                              ST_TO_DTYPE[st_out])])
+        except MergeError as e:
+            with pytest.raises(MergeError) as got:
+                list(apply.array_rows(n, src, shape, arrays, {"task": st_in, "lang": st_in},
+                                      st_out, fetch, workers=2))
+            assert str(got.value) == str(e)
+            continue
+        compared += 1
+        for workers in (1, 2):
+            blocks = list(apply.array_rows(n, src, shape, arrays, {"task": st_in, "lang": st_in},
+                                           st_out, fetch, workers=workers))
+            numpy_blocks = [v for _, v in blocks if type(v).__module__ == "numpy"]
+            # the edge rows past the input dtype's range are inf there: torch computes those
+            assert len(blocks) > 100 and len(numpy_blocks) >= len(blocks) - 2
+            got = torch.cat([_as_torch(v, want.dtype) for _, v in blocks])
+            bits = torch.int16 if want.dtype.itemsize == 2 else torch.int32   # NaN too
+            assert torch.equal(got.view(bits), want.view(bits)), (n, src, workers)
+    assert compared >= 2
+
+
+def _as_torch(v, dtype: torch.dtype) -> torch.Tensor:
+    """A block of ``array_rows`` (a numpy array of raw values, or torch's tensor) as ``dtype``."""
+    if isinstance(v, torch.Tensor):
+        return v
+    return torch.from_numpy(v.view("<i2") if v.dtype.kind == "u" else v).view(dtype)
+
+
+def test_numpy_blocks_leave_non_finite_values_to_torch(tmp_path):
+    """A block that is not finite is computed again by torch: NaN inputs come out as torch writes
+    them, and finite inputs that overflow the output dtype raise torch's MergeError."""
+    from safetensors.torch import save_file
+
+    from layerswap_core.merge.errors import MergeError
+
+    n = "w"
+    a = torch.ones(8, 16)
+    a[5, 3] = float("nan")
+    b = torch.full((8, 16), 3e38)
+    for m, t in (("a", a), ("b", b)):
+        (tmp_path / m).mkdir()
+        save_file({n: t.to(torch.bfloat16)}, tmp_path / m / "model.safetensors")
+    readers = {m: CheckpointReader(tmp_path / m) for m in ("a", "b")}
+    fetch = lambda m, rows: readers[m].read_rows(n, rows)  # noqa: E731
+    arrays = lambda m, rows: readers[m].read_array(n, rows)  # noqa: E731
+    dtypes = {"a": "BF16", "b": "BF16"}
+    src = Source("linear", ("a", "a"), (1.0, 2.0))
+    got = [v for _, v in apply.array_rows(n, src, (8, 16), arrays, dtypes, "BF16", fetch)]
+    want = next(apply.source_rows(n, src, (8, 16), fetch, torch.bfloat16))[1]
+    assert len(got) == 1 and isinstance(got[0], torch.Tensor)
+    assert torch.equal(got[0].view(torch.int16), want.view(torch.int16))   # NaN's bits too
+    assert torch.isnan(want.float()).sum() == 1
+    src = Source("linear", ("b", "b"), (1.0, 1.0))   # 3e38 + 3e38: inf in float32
+    with pytest.raises(MergeError, match="gives inf/NaN from finite inputs"):
+        list(apply.array_rows(n, src, (8, 16), arrays, {"b": "BF16"}, "BF16", fetch))
+    assert not apply.arrays_can(Source("ties", ("a", "b"), (1.0,)), ["BF16"])
+    assert not apply.arrays_can(src, ["BF16"], "cuda")
+    assert not apply.arrays_can(src, ["F64"])
+
+
+def test_a_bfloat16_layer_swap_is_the_same_with_numpy_and_with_torch(tiny, tmp_path, monkeypatch):
+    """The disk merge of bfloat16 experts (layer swap with transitions and a blended embedding,
+    float16 output too) writes the same bytes whether its blends run in numpy or in torch."""
+    from safetensors.torch import save_file
+
+    models = {}
+    for m in ("task", "lang"):
+        models[m] = tmp_path / m
+        shutil.copytree(tiny[m], models[m])
+        (models[m] / "model.safetensors").unlink()
+        save_file({k: v.to(torch.bfloat16) for k, v in tensors(tiny[m]).items()},
+                  models[m] / "model.safetensors", metadata={"format": "pt"})
+    cfg = MergeConfig(bottom=2, top=1, transition_bottom=1, transition_top=1, w_task=0.7,
+                      w_lang=0.3)
+    for dtype in (None, "float16"):
+        cfg = replace(cfg, dtype=dtype)
+        numpy_out = merge_to_folder(cfg, models["task"], models["lang"], out=tmp_path / "np")
+        monkeypatch.setattr(apply, "arrays_can", lambda *a, **k: False)
+        torch_out = merge_to_folder(cfg, models["task"], models["lang"], out=tmp_path / "pt")
+        monkeypatch.undo()
+        files = sorted(p.name for p in numpy_out.glob("*.safetensors"))
+        assert files == sorted(p.name for p in torch_out.glob("*.safetensors"))
+        for f in files:
+            assert (numpy_out / f).read_bytes() == (torch_out / f).read_bytes(), (dtype, f)
+        got = tensors(numpy_out)
+        assert got["model.embed_tokens.weight"].dtype == (torch.float16 if dtype else torch.bfloat16)
+        shutil.rmtree(numpy_out)
+        shutil.rmtree(torch_out)

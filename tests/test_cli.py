@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from layerswap_core.cli import CLI_MODULES, NO_MODEL_COMMANDS, build_parser, main
+from layerswap_core.cli import CLI_MODULES, COMMANDS, NO_MODEL_COMMANDS, build_parser, main
 
 
 def _subcommands():
@@ -38,6 +38,47 @@ def test_every_cli_module_contributes_commands():
         except ModuleNotFoundError:
             continue
         assert hasattr(m, "add_cli"), f"layerswap_core.cli.{mod} has no add_cli"
+
+
+def test_the_commands_table_names_each_groups_commands():
+    """``COMMANDS`` (which group a command imports) is what each group's add_cli adds, in order."""
+    import argparse
+    import importlib
+
+    for group, names in COMMANDS.items():
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"layerswap_core.cli.{group}").add_cli(sub)
+        assert tuple(sub.choices) == names, group
+    def commands(parser):
+        return list(next(a for a in parser._actions if a.dest == "command").choices)
+    assert commands(build_parser()) == [n for names in COMMANDS.values() for n in names]
+    assert commands(build_parser("plan")) == ["merge", "plan"]
+    assert commands(build_parser("no-such-command")) == commands(build_parser())
+
+
+def test_merge_command_runs_without_torch_and_writes_the_same_model(tiny, tmp_path):
+    """`layerswap merge` on the CPU (copies, and linear blends in numpy) never imports torch
+    nor transformers, and writes the bytes that ``merge_to_folder`` writes for the same config."""
+    import os
+
+    from layerswap_core.merge.config import MergeConfig
+    from layerswap_core.merge.executor import merge_to_folder
+
+    code = ("import sys; from layerswap_core.cli import main; rc = main(sys.argv[1:]); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules); sys.exit(rc)")
+    flags = ["--task", str(tiny["task"]), "--lang", str(tiny["lang"]), "--bottom", "2", "--top",
+             "1", "--transition-bottom", "1", "--w-task", "0.7", "--w-lang", "0.3"]
+    res = subprocess.run([sys.executable, "-c", code, "merge", *flags, "--out",
+                          str(tmp_path / "cli")], capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines()[-1] == "False False"
+    here = merge_to_folder(MergeConfig(bottom=2, top=1, transition_bottom=1, w_task=0.7,
+                                       w_lang=0.3), tiny["task"], tiny["lang"], out=tmp_path / "here")
+    shards = sorted(p.name for p in here.glob("*.safetensors"))
+    assert shards == sorted(p.name for p in (tmp_path / "cli").glob("*.safetensors"))
+    for f in shards:
+        assert (here / f).read_bytes() == (tmp_path / "cli" / f).read_bytes(), f
 
 
 def test_info_and_readable_errors(tiny, capsys, tmp_path):

@@ -16,10 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from ..progress import Progress, say
-from .reading import ST_TO_DTYPE, CheckpointReader, read_json_object
+from .reading import ST_TO_DTYPE, TORCH_DTYPES, CheckpointReader, read_json_object
 from .tokenizers import TOKENIZER_FILES
 from .writing import ShardedWriter, atomic_output_dir
 
@@ -189,7 +187,7 @@ def check_adapter_base(adapter: LoraAdapter, base) -> None:
                                f"{'x'.join(map(str, lm.shape))} in the adapter (adapter base: "
                                f"{adapter.base_ref})")
     for w, t in adapter.saved.items():   # saved base weights: used only when they are the base's
-        if w not in names or not torch.equal(reader.read(w), t):
+        if w not in names or not reader.read(w).equal(t):
             raise AdapterError(f"adapter {adapter.path} saves its own {w} (e.g. a resized "
                                "vocabulary), other than the base's; only plain LoRA is supported")
 
@@ -225,15 +223,16 @@ def write_dense(reader, base_path: Path, tmp: Path, modules: dict[str, LoraModul
             (tmp / f).write_bytes((base_path / f).read_bytes())
 
 
-def apply_adapter(base, adapter, out, *, dtype=torch.bfloat16, progress=None) -> Path:
-    """Write base (a model folder) + adapter as a full model folder in ``dtype``, one tensor at
-    a time.
+def apply_adapter(base, adapter, out, *, dtype="bfloat16", progress=None) -> Path:
+    """Write base (a model folder) + adapter as a full model folder in ``dtype`` (a torch dtype
+    or its name), one tensor at a time.
 
     Each adapted weight becomes ``W + (B @ A) * scale``, computed as PEFT's ``merge_and_unload``
     does over a float32 base (float32 throughout), then cast to ``dtype``; the result is
     bit-identical to PEFT's (tested) without building a model. ``out`` is replaced atomically.
     """
     t0 = time.time()
+    dtype = TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
     base_path = Path(str(base)).expanduser().resolve()
     lora = load_adapter(adapter, base_path)
     say(progress, 0.0, f"applying {adapter} to {base}")

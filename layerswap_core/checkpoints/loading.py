@@ -44,7 +44,9 @@ def cpu_has_bf16() -> bool | None:
 def pick_device(device: str | None = None) -> str:
     """The one device picker. None / "auto": $LAYERSWAP_DEVICE if set, else "cuda" when a GPU is
     here (not on a ZeroGPU Space's main process), else "cpu". An explicit "cuda" without a GPU
-    is an error."""
+    is an error. "cpu" is returned without importing torch."""
+    if device == "cpu":
+        return device
     import torch
     if device in (None, "auto"):
         device = os.environ.get("LAYERSWAP_DEVICE") or (

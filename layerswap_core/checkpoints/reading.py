@@ -14,10 +14,10 @@ import mmap
 import struct
 import warnings
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -67,17 +67,57 @@ def weight_files(folder: Path) -> list[Path]:
 # tensor, whatever the checkpoint size; single-source tensors can be copied file-to-file in the
 # kernel (os.copy_file_range) without passing through Python at all.
 
-DTYPE_TO_ST = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2",
-}
-ST_TO_DTYPE = {v: k for k, v in DTYPE_TO_ST.items()}
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# The format's dtypes and their sizes, without torch: `layerswap merge` on the CPU (copies, and
+# linear blends in numpy) never imports torch (2.3 s of a 3 s command, bench/merge_bench.py).
+ST_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+            "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+# MergeConfig.dtype (and --dtype) names -> safetensors dtype
+CONFIG_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+# safetensors dtype -> the numpy dtype ``read_array`` gives (BF16 as its raw 16 bits)
+NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
+                "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
 
 
-def dtype_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+class _OnFirstUse(Mapping):
+    """A read-only mapping built by ``make()`` when first read: the torch dtype tables below
+    import torch then, not when this module is imported."""
+
+    def __init__(self, make: Callable[[], dict]):
+        self._make, self._map = make, None
+
+    def _built(self) -> dict:
+        if self._map is None:
+            self._map = self._make()
+        return self._map
+
+    def __getitem__(self, key):
+        return self._built()[key]
+
+    def __iter__(self):
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
+def _dtype_to_st() -> dict:
+    import torch
+    return {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+            torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+            torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+            torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+DTYPE_TO_ST = _OnFirstUse(_dtype_to_st)                                   # torch dtype -> format
+ST_TO_DTYPE = _OnFirstUse(lambda: {v: k for k, v in DTYPE_TO_ST.items()})  # format -> torch dtype
+TORCH_DTYPES = _OnFirstUse(lambda: {name: ST_TO_DTYPE[st] for name, st in CONFIG_DTYPES.items()})
+
+
+def dtype_size(dtype) -> int:
+    """Bytes per element of a torch dtype or a safetensors dtype string."""
+    if isinstance(dtype, str):
+        return ST_SIZES[dtype]
+    return dtype.itemsize
 
 
 class TensorLocation(NamedTuple):
@@ -140,12 +180,11 @@ def _read_index(index: Path) -> dict[str, str]:
     return dict(weight_map)
 
 
-def _pread(path: Path, offset: int, out: torch.Tensor, name: str) -> None:
-    """Fill the contiguous CPU tensor ``out`` with the bytes of ``path`` from ``offset`` on."""
-    nbytes = out.numel() * out.element_size()
+def _pread(path: Path, offset: int, buf: memoryview, name: str) -> None:
+    """Fill the writable byte buffer ``buf`` with the bytes of ``path`` from ``offset`` on."""
+    nbytes = len(buf)
     if not nbytes:
         return
-    buf = memoryview(out.reshape(-1).view(torch.uint8).numpy())
     done = 0
     with open(path, "rb", buffering=0) as f:
         f.seek(offset)
@@ -154,6 +193,12 @@ def _pread(path: Path, offset: int, out: torch.Tensor, name: str) -> None:
             if not got:
                 raise CheckpointError(f"{path}: tensor {name!r} is truncated")
             done += got
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, writable in place."""
+    import torch
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
 class CheckpointReader:
@@ -250,19 +295,33 @@ class CheckpointReader:
         self.reads += 1
         return t if str(device) == "cpu" else t.to(device)
 
-    def _checked(self, name: str) -> tuple[TensorLocation, torch.dtype | None]:
+    def _checked_location(self, name: str) -> TensorLocation:
+        """``location``, its byte count checked against its shape and dtype (a known one)."""
         loc = self.location(name)
-        dtype = ST_TO_DTYPE.get(loc.dtype)
-        if dtype is not None and math.prod(loc.shape) * dtype_size(dtype) != loc.nbytes:
+        size = ST_SIZES.get(loc.dtype)
+        if size is not None and math.prod(loc.shape) * size != loc.nbytes:
             raise CheckpointError(f"{loc.path}: tensor {name!r} has {loc.nbytes} bytes for shape "
                                   f"{list(loc.shape)} {loc.dtype} (corrupt header)")
-        return loc, dtype
+        return loc
+
+    def _checked(self, name: str) -> tuple[TensorLocation, torch.dtype | None]:
+        loc = self._checked_location(name)
+        return loc, ST_TO_DTYPE.get(loc.dtype)
+
+    def _row_span(self, loc: TensorLocation, rows: slice) -> tuple[int, int, int]:
+        """(first row, rows, bytes per row) of the consecutive ``rows`` of a tensor."""
+        start, stop, step = rows.indices(loc.shape[0])
+        if step != 1:
+            raise ValueError(f"read_rows: step {step} (only consecutive rows)")
+        stop = max(start, stop)
+        return start, stop - start, loc.nbytes // loc.shape[0] if loc.shape[0] else 0
 
     def read(self, name: str, device: str | torch.device = "cpu") -> torch.Tensor:
         """One tensor read with pread into fresh memory (no mmap: resident memory stays one tensor)."""
         loc, dtype = self._checked(name)
         if dtype is None:
             return self.get(name, device)  # exotic dtype: let safetensors handle it
+        import torch
         t = torch.empty(loc.shape, dtype=dtype)
         self.read_into(name, t)
         return t if str(device) == "cpu" else t.to(device)
@@ -275,7 +334,7 @@ class CheckpointReader:
         if (dtype is None or out.device.type != "cpu" or not out.is_contiguous()
                 or out.dtype != dtype or out.numel() * out.element_size() != loc.nbytes):
             return False
-        _pread(loc.path, loc.offset, out, name)
+        _pread(loc.path, loc.offset, _bytes_of(out), name)
         self.reads += 1
         return True
 
@@ -288,13 +347,29 @@ class CheckpointReader:
         loc, dtype = self._checked(name)
         if dtype is None or not loc.shape:  # exotic dtype (safetensors reads it) or a scalar
             return self.read(name)[rows]
-        start, stop, step = rows.indices(loc.shape[0])
-        if step != 1:
-            raise ValueError(f"read_rows: step {step} (only consecutive rows)")
-        stop = max(start, stop)
-        row_bytes = loc.nbytes // loc.shape[0] if loc.shape[0] else 0
-        out = torch.empty((stop - start, *loc.shape[1:]), dtype=dtype)
-        _pread(loc.path, loc.offset + start * row_bytes, out, name)
+        import torch
+        start, count, row_bytes = self._row_span(loc, rows)
+        out = torch.empty((count, *loc.shape[1:]), dtype=dtype)
+        _pread(loc.path, loc.offset + start * row_bytes, _bytes_of(out), name)
+        self.reads += 1
+        return out
+
+    def read_array(self, name: str, rows: slice | None = None):
+        """``read_rows`` as a numpy array, without torch: the raw values in ``NUMPY_DTYPES[dtype]``
+        (BF16 as its 16 bits, uint16). CheckpointError for a dtype numpy lacks (F8)."""
+        # lazy: numpy costs 0.13 s; `layerswap merge` imports it while its copies already run
+        import numpy as np
+        loc = self._checked_location(name)
+        if loc.dtype not in NUMPY_DTYPES:
+            raise CheckpointError(f"{loc.path}: tensor {name!r} is {loc.dtype}, which numpy "
+                                  "cannot hold")
+        if rows is None or not loc.shape:
+            start, count, row_bytes = 0, None, 0
+        else:
+            start, count, row_bytes = self._row_span(loc, rows)
+        out = np.empty(loc.shape if count is None else (count, *loc.shape[1:]),
+                       dtype=NUMPY_DTYPES[loc.dtype])
+        _pread(loc.path, loc.offset + start * row_bytes, memoryview(out).cast("B"), name)
         self.reads += 1
         return out
 
@@ -305,6 +380,7 @@ class CheckpointReader:
         loc, dtype = self._checked(name)
         if dtype is None:  # an exotic dtype: safetensors reads it (a copy)
             return self.get(name)
+        import torch
         if loc.nbytes == 0:
             return torch.empty(loc.shape, dtype=dtype)
         mm = self._maps.get(loc.path)
@@ -321,6 +397,7 @@ class CheckpointReader:
         loc, dtype = self._checked(name)
         if dtype is None or loc.nbytes == 0:
             return self.read(name), lambda: None
+        import torch
         start = loc.offset - loc.offset % mmap.ALLOCATIONGRANULARITY
         with open(loc.path, "rb") as f:
             mm = mmap.mmap(f.fileno(), loc.offset + loc.nbytes - start, access=mmap.ACCESS_READ,

@@ -21,9 +21,7 @@ import threading
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import torch
-
-from .reading import DTYPE_TO_ST, INDEX_NAME, CheckpointError, TensorLocation, dtype_size
+from .reading import DTYPE_TO_ST, INDEX_NAME, ST_SIZES, CheckpointError, TensorLocation
 
 
 def parse_size(size: int | str) -> int:
@@ -74,7 +72,7 @@ class ShardedWriter:
         self.out_dir = Path(out_dir)
         self.max_shard_bytes = parse_size(max_shard_bytes)
         self.metadata = {"format": "pt", **(metadata or {})}
-        self._layout: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self._layout: dict[str, tuple[tuple[int, ...], str]] = {}   # shape, safetensors dtype
         self._shards: list[list[str]] | None = None
         self._order: list[str] = []
         self._offset: dict[str, int] = {}     # absolute byte offset of each tensor in its shard
@@ -88,18 +86,20 @@ class ShardedWriter:
         self.bytes_written = 0
 
     # ---- layout
-    def declare(self, name: str, shape: Iterable[int], dtype: torch.dtype,
+    def declare(self, name: str, shape: Iterable[int], dtype: torch.dtype | str,
                 copied_from: int | None = None, group=None):
-        """``copied_from``: the offset of the tensor in the file ``copy_runs`` will copy it from
-        (its shard is then laid out for a fast kernel copy: ``ALIGN``); ``group``: tensors of
+        """``dtype``: a torch dtype or the format's name of one ("BF16"); ``copied_from``: the
+        offset of the tensor in the file ``copy_runs`` will copy it from (its shard is then
+        laid out for a fast kernel copy: ``ALIGN``); ``group``: tensors of
         different groups (e.g. source files) that follow each other go to different shards."""
         if self._shards is not None:
             raise RuntimeError("ShardedWriter: declare every tensor before the first write")
         if name in self._layout:
             raise ValueError(f"tensor {name!r} declared twice")
-        if dtype not in DTYPE_TO_ST:
+        st = dtype if isinstance(dtype, str) else DTYPE_TO_ST.get(dtype)
+        if st not in ST_SIZES:
             raise ValueError(f"tensor {name!r}: dtype {dtype} cannot be written to safetensors")
-        self._layout[name] = (tuple(int(d) for d in shape), dtype)
+        self._layout[name] = (tuple(int(d) for d in shape), st)
         self._order.append(name)
         if copied_from is not None:
             self._align[name] = copied_from
@@ -121,7 +121,7 @@ class ShardedWriter:
         n = 1
         for d in shape:
             n *= d
-        return n * dtype_size(dtype)
+        return n * ST_SIZES[dtype]
 
     def _assign(self):
         shards: list[list[str]] = [[]]
@@ -141,7 +141,7 @@ class ShardedWriter:
             for name in names:
                 shape, dtype = self._layout[name]
                 n = self._nbytes(name)
-                header[name] = {"dtype": DTYPE_TO_ST[dtype], "shape": list(shape),
+                header[name] = {"dtype": dtype, "shape": list(shape),
                                 "data_offsets": [offset, offset + n]}
                 offset += n
             raw = json.dumps(header, separators=(",", ":")).encode()
@@ -193,31 +193,36 @@ class ShardedWriter:
 
     def write(self, name: str, tensor: torch.Tensor):
         shape, dtype = self._layout.get(name, (None, None))
-        if shape is not None and (tuple(tensor.shape) != shape or tensor.dtype != dtype):
+        if shape is not None and tuple(tensor.shape) != shape:
             raise ValueError(f"ShardedWriter: {name!r} declared {list(shape)} {dtype}, got "
                              f"{list(tensor.shape)} {tensor.dtype}")
         self.write_rows(name, [tensor])
 
-    def write_rows(self, name: str, pieces: Iterable[torch.Tensor]):
+    def write_rows(self, name: str, pieces: Iterable):
         """Write one tensor given as consecutive pieces of its rows (first dimension), each
         written as it arrives: a blend computed in row blocks never exists whole. The pieces
-        must add up to the declared shape (a 0-d tensor is one piece)."""
+        must add up to the declared shape (a 0-d tensor is one piece). A piece is a torch tensor
+        of the declared dtype or a numpy array of its size per element (``_piece_bytes``)."""
         shape, dtype = self._layout.get(name, (None, None))
         if shape is None:
             raise ValueError(f"ShardedWriter: tensor {name!r} was not declared")
-        fd, offset, n = self._claim(name)
+        fd = None   # claimed at the first piece that fits (a refused one leaves it unwritten)
         done = 0
         for t in pieces:
-            if t.dtype != dtype or (tuple(t.shape[1:]) != shape[1:] if shape else t.dim() != 0):
+            data = _piece_bytes(t, dtype)
+            if data is None or tuple(t.shape[1:] if shape else t.shape) != shape[1:]:
                 raise ValueError(f"ShardedWriter: {name!r} declared {list(shape)} {dtype}, got "
                                  f"a piece {list(t.shape)} {t.dtype}")
-            data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            if done + data.numel() > n:
+            if fd is None:
+                fd, offset, n = self._claim(name)
+            if done + len(data) > n:
                 raise ValueError(f"ShardedWriter: {name!r}: pieces beyond its declared "
                                  f"{list(shape)}")
-            if data.numel():
-                _pwrite_all(fd, memoryview(data.numpy()), offset + done)
-            done += data.numel()
+            if len(data):
+                _pwrite_all(fd, data, offset + done)
+            done += len(data)
+        if fd is None:
+            fd, offset, n = self._claim(name)
         if done != n:
             raise ValueError(f"ShardedWriter: {name!r}: pieces of {done} bytes for the declared "
                              f"{list(shape)} {dtype} ({n} bytes)")
@@ -235,7 +240,7 @@ class ShardedWriter:
         runs: list[list] = []   # [source path, source offset, fd, offset, length, names]
         for name, loc in items:
             shape, dtype = self._layout[name]
-            if tuple(loc.shape) != shape or loc.dtype != DTYPE_TO_ST[dtype]:
+            if tuple(loc.shape) != shape or loc.dtype != dtype:
                 raise ValueError(f"ShardedWriter: {name!r} declared {list(shape)} {dtype}, "
                                  f"source is {list(loc.shape)} {loc.dtype}")
             fd, offset, n = self._claim(name)
@@ -290,6 +295,21 @@ class ShardedWriter:
             fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
+
+
+def _piece_bytes(t, dtype: str) -> memoryview | None:
+    """The bytes of one piece for a tensor declared ``dtype`` (safetensors name): a torch tensor
+    of that dtype (moved to the CPU), or a numpy array of that many bytes per element (numpy has
+    no bfloat16: a BF16 piece is its raw 16 bits, uint16); None if it is neither."""
+    if type(t).__module__ == "numpy":   # an ndarray: no torch needed
+        if t.dtype.itemsize != ST_SIZES[dtype] or t.dtype.kind not in "fiub":
+            return None
+        return memoryview(t.reshape(-1) if t.flags.c_contiguous else t.copy().reshape(-1)).cast("B")
+    if DTYPE_TO_ST.get(t.dtype) != dtype:
+        return None
+    import torch
+    data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(data.numpy())
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int):

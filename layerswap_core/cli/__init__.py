@@ -1,15 +1,24 @@
 """The `layerswap` command: one module of this package per command group, each with
-``add_cli(subparsers)``; the library modules hold no command-line code."""
+``add_cli(subparsers)``; the library modules hold no command-line code.
+
+A command imports only its own group's module (``COMMANDS``): `layerswap merge` on the CPU then
+never imports torch (2.3 s of start-up; see ``merge/apply.py``), nor evaluation or training.
+`layerswap --help` (or an unknown command) imports them all."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from ..checkpoints.references import ModelLoadError, set_allow_bin_default
-from . import analysis, data, evaluate, lora, merge, models, sweep, train
 
-GROUPS = (models, merge, analysis, evaluate, sweep, train, lora, data)   # command groups, in --help order
-CLI_MODULES = tuple(m.__name__.rsplit(".", 1)[1] for m in GROUPS)
+# command group module -> its commands, groups in --help order (tests/test_cli.py checks these
+# against the commands each module's add_cli adds)
+COMMANDS = {"models": ("info", "prepare"), "merge": ("merge", "plan"),
+            "analysis": ("analyze", "suggest"), "evaluate": ("eval",), "sweep": ("sweep",),
+            "train": ("train",), "lora": ("merge-lora", "extract-lora"),
+            "data": ("demo-data", "demo-variants")}
+CLI_MODULES = tuple(COMMANDS)
 # Commands that read no model reference (every other one gets --allow-bin).
 NO_MODEL_COMMANDS = ("prepare", "demo-data")
 
@@ -38,13 +47,16 @@ def add_allow_bin(parser: argparse.ArgumentParser) -> None:
         parser.set_defaults(func=_allowing_bin(func))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of ``command``'s group when it is a known command
+    (``COMMANDS``: only that group's module is imported)."""
     p = argparse.ArgumentParser(prog="layerswap", description=(
         "Compose LLM capabilities across languages by layer swapping. Model references: a local "
         "folder, a Hub id (owner/name, needs the network), or embedded:NAME."))
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for group in GROUPS:
-        group.add_cli(sub)
+    groups = [g for g, names in COMMANDS.items() if command in names] or list(COMMANDS)
+    for group in groups:
+        importlib.import_module(f"{__name__}.{group}").add_cli(sub)
     for name, command in sub.choices.items():
         if name not in NO_MODEL_COMMANDS:
             add_allow_bin(command)
@@ -52,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    given = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(given[0] if given else None)
     args = parser.parse_args(argv)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]   # the command, as given
+    args.argv = given   # the command, as given
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

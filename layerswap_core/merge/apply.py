@@ -9,6 +9,10 @@ the hidden size. Row blocks give the same bits as the whole tensor: every method
 once its whole-tensor statistics are known (TIES's trim thresholds: ``Method.whole_tensor``,
 computed once per tensor before the blocks).
 
+``array_rows`` is the same on the CPU with numpy (``Method.arrays``; float32, float16 and
+bfloat16 tensors): the disk merge's copies and linear blends then never import torch, and give
+the same bits (tests/test_apply.py).
+
 ``magnitude_weights`` computes the magnitude-adjusted blend weights (streamed in the same row
 blocks) for both.
 """
@@ -23,9 +27,8 @@ import math
 import os
 from typing import Callable, Iterator, Sequence
 
-import torch
-
 from . import methods
+from ..checkpoints.reading import ST_TO_DTYPE
 from ..progress import Progress, say as _say
 from .errors import ConfigError, MergeError
 from .registry import Source
@@ -50,7 +53,11 @@ LARGE_BLOCK_BYTES = 64 << 20
 
 # (model role, rows: a slice of the first dimension or None for all) -> that tensor's rows, in
 # the checkpoint's dtype (a fresh read, or a view of a mapped file).
-Fetch = Callable[[str, "slice | None"], torch.Tensor]
+Fetch = Callable[[str, "slice | None"], "torch.Tensor"]
+# The same as a fresh numpy array (``CheckpointReader.read_array``: BF16 as its 16 bits).
+FetchArray = Callable[[str, "slice | None"], "numpy.ndarray"]
+# The dtypes ``array_rows`` computes in (safetensors names).
+ARRAY_DTYPES = ("F32", "F16", "BF16")
 
 
 def row_blocks(shape: Sequence[int], method: str = "linear",
@@ -77,10 +84,8 @@ def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtyp
     computes blocks on that many threads (``merge_workers``). MergeError
     (``check_finite``, with ``outcome`` saying what happened to the output) if a block becomes
     inf/NaN from finite inputs; ConfigError if the blend weights are not resolved."""
-    if src.method != "copy" and src.weights is None:
-        raise ConfigError(f"{name}: blend weights not resolved (magnitude weights missing)")
-    blocks = row_blocks(shape, src.method, block_bytes)
-    kwargs = src.kwargs()
+    import torch
+    blocks, kwargs = _blocks(name, src, shape, block_bytes)
     if len(blocks) > 1 and str(device).startswith("cpu"):
         roomy_heap()
 
@@ -93,22 +98,42 @@ def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtyp
                             len(src.models) - 1, **kwargs))
 
     def one(rows):
-        part = inputs(rows)
-        if src.method == "copy":
-            value = part[0].to(dtype)
-        else:
-            value = methods.apply(src.method, part, src.weights, kwargs).to(dtype)
-        check_finite(name, value, part, src, outcome)
-        return rows, value
+        return rows, _torch_block(name, src, inputs(rows), kwargs, dtype, outcome)
 
+    return _in_order(one, blocks, workers, torch.set_num_threads)
+
+
+def _blocks(name: str, src: Source, shape: Sequence[int], block_bytes: int | None
+            ) -> tuple[list, dict]:
+    """(``row_blocks``, the method's keyword arguments) of one tensor; ConfigError if its blend
+    weights are not resolved."""
+    if src.method != "copy" and src.weights is None:
+        raise ConfigError(f"{name}: blend weights not resolved (magnitude weights missing)")
+    return row_blocks(shape, src.method, block_bytes), src.kwargs()
+
+
+def _torch_block(name: str, src: Source, part: list, kwargs: dict, dtype, outcome: str):
+    """One block of ``src`` from its inputs ``part`` (torch tensors), in ``dtype``, checked."""
+    if src.method == "copy":
+        value = part[0].to(dtype)
+    else:
+        value = methods.apply(src.method, part, src.weights, kwargs).to(dtype)
+    check_finite(name, value, part, src, outcome)
+    return value
+
+
+def _in_order(one: Callable, blocks: list, workers: int, single_thread=None) -> Iterator:
+    """``one(rows)`` for every block, yielded in order; ``workers`` > 1: computed by that many
+    threads, each first calling ``single_thread(1)`` when given (see ``one_thread``), at most
+    2 x workers in flight: the same results, memory still bounded."""
     if workers <= 1 or len(blocks) < 2:
-        for rows in blocks:
-            yield one(rows)
-        return
-    # blocks computed by ``workers`` threads (each single-threaded: see ``one_thread``), yielded
-    # in row order, at most 2 x workers in flight: the same bits, memory still bounded
-    with concurrent.futures.ThreadPoolExecutor(workers, initializer=torch.set_num_threads,
-                                               initargs=(1,)) as pool:
+        return map(one, blocks)
+    return _pooled(one, blocks, workers, single_thread)
+
+
+def _pooled(one, blocks, workers, single_thread):
+    with concurrent.futures.ThreadPoolExecutor(
+            workers, initializer=single_thread, initargs=(1,) if single_thread else ()) as pool:
         pending: collections.deque = collections.deque()
         todo = iter(blocks)
         try:
@@ -124,6 +149,86 @@ def source_rows(name: str, src: Source, shape: Sequence[int], fetch: Fetch, dtyp
                 f.cancel()
 
 
+def arrays_can(src: Source, dtypes: Sequence[str], device: str | torch.device = "cpu") -> bool:
+    """Whether ``array_rows`` computes ``src`` here: on the CPU, a copy (a cast) or a method with
+    ``arrays`` and no whole-tensor statistics, every input and the output (``dtypes``, safetensors
+    names) in ``ARRAY_DTYPES``."""
+    if not str(device).startswith("cpu") or any(d not in ARRAY_DTYPES for d in dtypes):
+        return False
+    method = methods.get_method(src.method)
+    return src.method == "copy" or (method.arrays is not None and method.whole_tensor is None)
+
+
+def array_rows(name: str, src: Source, shape: Sequence[int], fetch: FetchArray,
+               in_dtypes: dict[str, str], dtype: str, torch_fetch: Fetch,
+               outcome: str = "nothing was written", block_bytes: int | None = None,
+               workers: int = 1) -> Iterator[tuple[slice | None, object]]:
+    """``source_rows`` with numpy, where ``arrays_can`` says so: (rows, value), ``value`` a numpy
+    array of the output's raw values (``CheckpointReader.read_array``'s dtypes: BF16 as uint16
+    bits). ``in_dtypes``: each input model's dtype of this tensor; ``dtype``: the output's. A
+    block whose value is not all finite is computed again by ``source_rows``'s torch code from
+    ``torch_fetch`` (a torch tensor then): torch's bits for NaN inputs, its MergeError for
+    finite inputs that overflow. Rounding to float16/bfloat16 is round-to-nearest-even, as
+    torch's."""
+    import numpy as np
+    blocks, kwargs = _blocks(name, src, shape, block_bytes)
+    if len(blocks) > 1:
+        roomy_heap()
+    blend = methods.get_method(src.method).arrays
+
+    def one(rows):
+        part = [_as_float32(fetch(m, rows), in_dtypes[m]) if src.method != "copy"
+                else fetch(m, rows) for m in src.models]
+        with np.errstate(all="ignore"):   # inf/NaN are found below, and torch says why
+            if src.method == "copy":
+                value = _cast(_as_float32(part[0], in_dtypes[src.models[0]]), dtype) \
+                    if in_dtypes[src.models[0]] != dtype else part[0]
+            else:
+                value = _cast(blend(part, src.weights, **kwargs), dtype)
+        if _all_finite(value, dtype):
+            return rows, value
+        # torch (imported here) only for the rare block that is not finite
+        return rows, _torch_block(name, src, [torch_fetch(m, rows) for m in src.models], kwargs,
+                                  ST_TO_DTYPE[dtype], outcome)
+
+    return _in_order(one, blocks, workers)
+
+
+def _as_float32(a, dtype: str):
+    """A float32 array of the raw values ``a`` of ``dtype`` (the array itself when F32)."""
+    import numpy as np
+    if dtype == "BF16":   # the 16 bits are the top half of the float32
+        return np.left_shift(a, 16, dtype=np.uint32).view(np.float32)
+    return a if dtype == "F32" else a.astype(np.float32)
+
+
+def _cast(f, dtype: str):
+    """The float32 array ``f`` as ``dtype``'s raw values, rounded to nearest even (finite values
+    bit-equal to torch's casts; non-finite ones are left to torch: ``array_rows``)."""
+    import numpy as np
+    if dtype == "F32":
+        return f
+    if dtype == "F16":
+        return f.astype(np.float16)
+    u = f.view(np.uint32)   # BF16: add 0x7FFF plus the lowest kept bit, keep the top 16 bits
+    odd = np.right_shift(u, 16)
+    odd &= 1
+    odd += 0x7FFF
+    odd += u
+    odd >>= 16
+    return odd.astype(np.uint16)
+
+
+def _all_finite(a, dtype: str) -> bool:
+    """No inf/NaN among the raw values ``a`` of ``dtype``."""
+    import numpy as np
+    if dtype == "BF16":   # exponent bits all set: inf or NaN
+        return int(np.bitwise_and(a, 0x7F80).max(initial=0)) != 0x7F80
+    if a.size == 0:
+        return True
+    return bool(np.isfinite(a.min()) and np.isfinite(a.max()))
+
+
 @functools.cache
 def roomy_heap(nbytes: int = 16 << 20):
     """Let the C heap keep a few row blocks' worth of freed memory (once per process).
@@ -137,7 +242,8 @@ def roomy_heap(nbytes: int = 16 << 20):
     freeing ``nbytes`` once moves the trim threshold to 2 x ``nbytes``, process-wide, and costs
     nothing else (allocations up to ``nbytes`` then come from the heap). Elsewhere (no glibc)
     it does nothing useful and nothing harmful."""
-    torch.empty(nbytes, dtype=torch.uint8)   # mapped, then freed at once
+    import numpy as np
+    np.empty(nbytes, dtype=np.uint8)   # mapped, then freed at once
 
 
 @contextlib.contextmanager
@@ -145,6 +251,7 @@ def one_thread(device: str | torch.device = "cpu"):
     """torch's intra-op threads set to 1 meanwhile on the CPU (see BLOCK_BYTES), restored after.
     The results are the same bits (element-wise arithmetic; the reductions of the magnitude
     weights run per row)."""
+    import torch
     before = torch.get_num_threads()
     if str(device).startswith("cpu") and before != 1:
         torch.set_num_threads(1)
@@ -168,6 +275,7 @@ def merge_workers(device: str | torch.device = "cpu") -> int:
 
 def _finite(t: torch.Tensor) -> bool:
     """No inf/NaN in ``t`` (aminmax propagates NaN: ~30x faster than isfinite(t).all())."""
+    import torch
     if not t.is_floating_point() or t.numel() == 0:
         return True
     lo, hi = torch.aminmax(t)
@@ -192,6 +300,7 @@ def magnitude_weights(fetch: Callable[[str, str, "slice | None"], torch.Tensor],
     (``methods.MagnitudeAccumulator``), over the 1-D/2-D tensors of ``names`` in that order.
     ``fetch(role, name, rows)`` gives a tensor's rows; ``roles``: the models at hand. Read in row
     blocks (the rows' means are kept, one float per row, and summed per tensor as a whole)."""
+    import torch
     if "base" not in roles:
         raise ConfigError("magnitude-adjusted weights need the base model (--base)")
     acc = methods.MagnitudeAccumulator(("task", "lang"))

@@ -3,12 +3,15 @@
 ``merge_to_folder`` writes HF sharded safetensors into a temporary folder beside the output and
 renames it at the end: a failed or cancelled merge leaves nothing, and the inputs are never
 written. Single-source tensors are copied file-to-file (bit-identical); blends (and casts) are
-computed by ``apply.source_rows`` in float32 row blocks of bounded size (on CUDA if asked), read
-with pread and written as they come, so the memory of a merge does not grow with the tensors.
+computed in float32 row blocks of bounded size, read with pread and written as they come, so the
+memory of a merge does not grow with the tensors: with numpy on the CPU where the method has
+arrays (``apply.array_rows``: copies and linear blends, so a default layer swap never imports
+torch), else by ``apply.source_rows`` with torch (on CUDA if asked); the same bits either way.
 The in-memory counterpart (the app's model) is ``live.LiveModel``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -19,14 +22,15 @@ from pathlib import Path
 
 from .. import __version__
 from ..checkpoints.compatibility import CheckedModels, ModelSet, open_models, problems, reopen
-from ..checkpoints.reading import (DTYPE_TO_ST, ST_TO_DTYPE, TORCH_DTYPES, CheckpointError,
-                                   CheckpointReader, dtype_size)
+from ..checkpoints.reading import (CONFIG_DTYPES, ST_SIZES, ST_TO_DTYPE, CheckpointError,
+                                   CheckpointReader)
 from ..checkpoints.tokenizers import TOKENIZER_FILES
 from ..checkpoints.writing import (OutputWriteError, ShardedWriter, atomic_output_dir,
                                    check_output_dir, parse_size)
 from ..progress import Progress, say as _say
 from . import apply
-from .apply import check_finite, magnitude_weights, merge_workers, one_thread, source_rows
+from .apply import (array_rows, arrays_can, check_finite, magnitude_weights, merge_workers,
+                    one_thread, source_rows)
 from .config import MergeConfig
 from .errors import ConfigError, MergeError
 from .partition import Partition
@@ -120,7 +124,7 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     missing_models = plan.needs - set(readers)
     if missing_models:
         raise ConfigError(f"the plan needs the {', '.join(sorted(missing_models))} model(s)")
-    out_dtype = TORCH_DTYPES.get(config.dtype) if config.dtype else None
+    out_dtype = CONFIG_DTYPES.get(config.dtype) if config.dtype else None
     names = _ordered(inputs.names, readers["task"])
     start = 0.3 if config.uses_magnitude else 0.0
 
@@ -138,52 +142,59 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
 
 
 def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePlan, names: list[str],
-                  out_dtype, device, max_shard: int, progress: Progress):
+                  out_dtype: str | None, device, max_shard: int, progress: Progress):
     """The tensors (sharded), the side files and layerswap.yaml of a merge, into ``tmp``.
 
     Two lanes side by side: a thread copies the single-source tensors file-to-file (in the
     kernel, contiguous tensors as one range) while this thread computes the blends in row
-    blocks; each writes to its tensors' own places in the shards. A copy costs the kernel's
-    time, a blend the CPU's, so on two cores the merge takes about the longer of the two
-    instead of their sum (bench/merge_bench.py). Errors and cancellation in either lane stop
-    both; nothing is left (the caller's temporary folder)."""
+    blocks; each writes to its tensors' own places in the shards. A copy costs the kernel's time, a blend the CPU's, so on two cores the merge takes
+    about the longer of the two instead of their sum (bench/merge_bench.py). Errors and
+    cancellation in either lane stop both; nothing is left (the caller's temporary folder).
+    ``out_dtype``: a safetensors dtype (None: each tensor's own)."""
     readers = inputs.readers
     writer = ShardedWriter(tmp, max_shard, metadata={"layerswap": __version__})
     copies, blends = [], []
     for n in names:
         loc = readers["task"].location(n)
-        target = out_dtype or ST_TO_DTYPE[loc.dtype]
+        target = out_dtype or loc.dtype
         src = plan.sources[n]
         copied = readers[src.model].location(n) if src.method == "copy" else None
-        if copied is not None and copied.dtype == DTYPE_TO_ST[target]:
+        if copied is not None and copied.dtype == target:
             writer.declare(n, loc.shape, target, copied_from=copied.offset, group=loc.path)
             copies.append((n, copied))  # bit-identical, no arithmetic
         else:
             writer.declare(n, loc.shape, target, group=loc.path)
             blends.append(n)
+    # numpy where it can (no torch at all when it can everywhere), torch for the rest
+    with_torch = {n for n in blends
+                  if not arrays_can(plan.sources[n], _dtypes(n, plan.sources[n], readers,
+                                                             out_dtype).values(), device)}
     total = sum(readers["task"].location(n).nbytes for n in names) or 1
-    lane = _CopyLane(writer, copies)
+    lane = None
     try:
+        lane = _CopyLane(writer, copies)
         lane.start()
         done = 0
-        with one_thread(device):
+        with one_thread(device) if with_torch else contextlib.nullcontext():
             for n in blends:
                 lane.check()
                 # while the copies run they keep a core busy: one block thread fewer then
                 # (bench/merge_bench.py, cold cache: 2.24 s with one, 3.22 s with two)
                 workers = max(1, merge_workers(device) - lane.running())
-                _write_tensor(writer, n, plan.sources[n], readers, out_dtype, device, workers)
+                _write_tensor(writer, n, plan.sources[n], readers, out_dtype, device, workers,
+                              n not in with_torch)
                 done += readers["task"].location(n).nbytes
                 progress((done + lane.copied) / total, n)
+        _copy_side_files(inputs, config, tmp)   # while the copies finish
+        (tmp / "layerswap.yaml").write_text(config.to_yaml())
         while lane.wait(0.25):
             progress((done + lane.copied) / total, lane.current)
         lane.check()
         writer.finish()
     finally:
-        lane.stop()
+        if lane is not None:
+            lane.stop()
         writer.close()
-    _copy_side_files(inputs, config, tmp)
-    (tmp / "layerswap.yaml").write_text(config.to_yaml())
 
 
 class _CopyLane:
@@ -236,13 +247,26 @@ def _block_bytes(device) -> int:
     return apply.BLOCK_BYTES if str(device).startswith("cpu") else apply.LARGE_BLOCK_BYTES
 
 
-def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype, device, workers: int):
+def _dtypes(name: str, src, readers, out_dtype: str | None) -> dict[str, str]:
+    """{input model: its dtype of ``name``, "out": the output's} (safetensors names)."""
+    found = {m: readers[m].location(name).dtype for m in src.models}
+    return {**found, "out": out_dtype or readers["task"].location(name).dtype}
+
+
+def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype: str | None, device,
+                  workers: int, arrays: bool):
     """One tensor that is not a plain copy: a blend, or a copy cast to another dtype, its row
-    blocks computed by ``workers`` threads."""
+    blocks computed by ``workers`` threads, with numpy if ``arrays`` (``apply.arrays_can``)."""
     loc = readers["task"].location(name)
-    target = out_dtype or ST_TO_DTYPE[loc.dtype]
-    blocks = source_rows(name, src, loc.shape, lambda m, rows: readers[m].read_rows(name, rows),
-                         target, device, "nothing was written", _block_bytes(device), workers)
+    rows = lambda m, r: readers[m].read_rows(name, r)  # noqa: E731
+    if arrays:
+        dtypes = _dtypes(name, src, readers, out_dtype)
+        blocks = array_rows(name, src, loc.shape, lambda m, r: readers[m].read_array(name, r),
+                            dtypes, dtypes["out"], rows, "nothing was written",
+                            _block_bytes(device), workers)
+    else:
+        blocks = source_rows(name, src, loc.shape, rows, ST_TO_DTYPE[out_dtype or loc.dtype],
+                             device, "nothing was written", _block_bytes(device), workers)
     writer.write_rows(name, (value for _, value in blocks))
 
 
@@ -273,7 +297,7 @@ def most_output_bytes(inputs: Inputs, shard_size: int | str = "2GB", dtype: str 
     models' tokenizer files (any of them may be the tokenizer source); the card, layerswap.yaml
     and the index (``CARD_ROOM``)."""
     task = inputs.readers["task"]
-    size = dtype_size(TORCH_DTYPES[dtype]) if dtype else None
+    size = ST_SIZES[CONFIG_DTYPES[dtype]] if dtype else None
     locations = {n: task.location(n) for n in inputs.names}
     shards = ShardedWriter.most_bytes(
         {n: math.prod(loc.shape) * size if size else loc.nbytes for n, loc in locations.items()},
