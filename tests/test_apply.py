@@ -216,7 +216,7 @@ def dtyped(tiny, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("weights", [(0.7, 0.3), (3.0, 1.0), (1.0, 2.0), (0.1, 0.25)])
+@pytest.mark.parametrize("weights", [(0.7, 0.3), (3.0, 1.0), (1.0, 2.0), (1.0, 1.0)])
 @pytest.mark.parametrize("st_in,st_out", [("BF16", "BF16"), ("F16", "F16"), ("F32", "F32"),
                                           ("F32", "BF16"), ("BF16", "F16"), ("F16", "F32")])
 def test_numpy_blocks_are_torchs_bits(dtyped, monkeypatch, st_in, st_out, weights):

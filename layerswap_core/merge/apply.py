@@ -177,14 +177,15 @@ def array_rows(name: str, src: Source, shape: Sequence[int], fetch: FetchArray,
     blend = methods.get_method(src.method).arrays
 
     def one(rows):
-        part = [_as_float32(fetch(m, rows), in_dtypes[m]) if src.method != "copy"
-                else fetch(m, rows) for m in src.models]
+        part = [fetch(m, rows) for m in src.models]
         with np.errstate(all="ignore"):   # inf/NaN are found below, and torch says why
-            if src.method == "copy":
-                value = _cast(_as_float32(part[0], in_dtypes[src.models[0]]), dtype) \
-                    if in_dtypes[src.models[0]] != dtype else part[0]
+            if src.method == "copy" and in_dtypes[src.models[0]] == dtype:
+                value = part[0]
+            elif src.method == "copy":
+                value = _cast(_as_float32(part[0], in_dtypes[src.models[0]]), dtype)
             else:
-                value = _cast(blend(part, src.weights, **kwargs), dtype)
+                value = _cast(blend([_as_float32(a, in_dtypes[m]) for a, m in zip(part, src.models)],
+                                    src.weights, **kwargs), dtype)
         if _all_finite(value, dtype):
             return rows, value
         # torch (imported here) only for the rare block that is not finite

@@ -109,13 +109,16 @@ def _linear_total(weights: Sequence[float]) -> float:
 def linear_arrays(arrays: Sequence, weights: Sequence[float]):
     """``linear`` on fresh numpy float32 arrays (overwritten): the same float32 products
     (each weight rounded to float32, as torch does with a Python scalar), sums and division, in
-    the same order, so the same bits."""
+    the same order, so the same bits (a product by 1, the default weights, is left out: it is
+    the identity on finite values, and a block that is not finite goes to torch)."""
     import numpy as np
     total = _linear_total(weights)
     out = arrays[0]
-    out *= np.float32(weights[0])
+    if weights[0] != 1:
+        out *= np.float32(weights[0])
     for a, w in zip(arrays[1:], weights[1:]):
-        a *= np.float32(w)
+        if w != 1:
+            a *= np.float32(w)
         out += a
     out /= np.float32(total)
     return out
