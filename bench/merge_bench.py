@@ -64,15 +64,15 @@ def mergekit_yaml() -> str | None:
 # Ours is the `layerswap merge` command itself (its entry point, ``cli.main``), timed inside as
 # the start-up (Python, and the modules the command imports) and the rest (the merge call).
 CHILD = """
-import json, sys, time
+import atexit, json, sys, time
 t0 = time.perf_counter()
-from layerswap_core.cli import build_parser, main
+from layerswap_core.cli import build_parser, run
 build_parser("merge")   # the modules `layerswap merge` imports
 t1 = time.perf_counter()
-rc = main(json.loads(sys.argv[1]))
-print(json.dumps({"merge_s": time.perf_counter() - t1, "import_s": t1 - t0,
-                  "torch": "torch" in sys.modules}))
-sys.exit(rc)
+atexit.register(lambda: print(json.dumps({"merge_s": time.perf_counter() - t1, "import_s": t1 - t0,
+                                          "torch": "torch" in sys.modules}), flush=True))
+sys.argv = ["layerswap", *json.loads(sys.argv[1])]
+run()   # the console script's own entry point, exit included
 """
 
 
@@ -115,11 +115,14 @@ def drop_cache(folders):
 
 
 def warm_cache(folders):
-    """Read the files once (into the page cache)."""
+    """Read the files once (into the page cache), through one small buffer: a child forked after
+    this starts with this process's resident memory in its peak RSS (64 MiB reads left the warm
+    runs' peaks at a 79 MiB floor)."""
     subprocess.run(["sync"], check=False)
+    buf = bytearray(1 << 20)
     for f in files_of(folders):
         with open(f, "rb", buffering=0) as fh:
-            while fh.read(64 << 20):
+            while fh.readinto(buf):
                 pass
 
 

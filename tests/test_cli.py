@@ -87,6 +87,10 @@ def test_info_and_readable_errors(tiny, capsys, tmp_path):
     assert main(["info", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "no such folder" in err and "Traceback" not in err
+    # the command itself (``cli.run``, which freezes the objects before exiting): same status
+    res = subprocess.run([sys.executable, "-m", "layerswap_core", "info", str(tmp_path / "nope")],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "no such folder" in res.stderr
 
 
 def test_python_api_names_resolve_and_never_shadow_submodules():

@@ -113,13 +113,6 @@ ST_TO_DTYPE = _OnFirstUse(lambda: {v: k for k, v in DTYPE_TO_ST.items()})  # for
 TORCH_DTYPES = _OnFirstUse(lambda: {name: ST_TO_DTYPE[st] for name, st in CONFIG_DTYPES.items()})
 
 
-def dtype_size(dtype) -> int:
-    """Bytes per element of a torch dtype or a safetensors dtype string."""
-    if isinstance(dtype, str):
-        return ST_SIZES[dtype]
-    return dtype.itemsize
-
-
 class TensorLocation(NamedTuple):
     path: Path
     offset: int      # absolute byte offset of the data in the file

@@ -7,6 +7,7 @@ never imports torch (2.3 s of start-up; see ``merge/apply.py``), nor evaluation 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 
@@ -80,3 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {e.filename}" if e.filename else ""
         print(f"layerswap {args.command}: error: {e.strerror or e}{where}", file=sys.stderr)
         return 2
+
+
+def run() -> None:
+    """The `layerswap` command (console script, ``python -m layerswap_core``): ``main`` on the
+    command line, then exit with its status. Every object is frozen first (``gc.freeze``), so the
+    interpreter's last collections at shutdown skip them: that took 0.05-0.09 s of a 1.2 s
+    `layerswap merge` (every file is closed by then; ``main`` called in a process that goes on
+    freezes nothing)."""
+    status = main()
+    gc.freeze()
+    sys.exit(status)
