@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.checkpoints.writing import ShardedWriter
-from layerswap_core.merge import apply, methods
+from layerswap_core.merge import apply, executor, methods
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.executor import merge_to_folder
 from layerswap_core.merge.live import LiveModel
@@ -311,11 +311,25 @@ def test_a_bfloat16_layer_swap_is_the_same_with_numpy_and_with_torch(tiny, tmp_p
                   models[m] / "model.safetensors", metadata={"format": "pt"})
     cfg = MergeConfig(bottom=2, top=1, transition_bottom=1, transition_top=1, w_task=0.7,
                       w_lang=0.3)
+    paths = []   # which path computed each blended tensor
+
+    def counted(name, real):
+        def run(*a, **k):
+            paths.append(name)
+            return real(*a, **k)
+        return run
+
     for dtype in (None, "float16"):
         cfg = replace(cfg, dtype=dtype)
+        monkeypatch.setattr(executor, "array_rows", counted("numpy", apply.array_rows))
+        monkeypatch.setattr(executor, "source_rows", counted("torch", apply.source_rows))
         numpy_out = merge_to_folder(cfg, models["task"], models["lang"], out=tmp_path / "np")
-        monkeypatch.setattr(apply, "arrays_can", lambda *a, **k: False)
+        assert paths and set(paths) == {"numpy"}
+        paths.clear()
+        monkeypatch.setattr(executor, "arrays_can", lambda *a, **k: False)   # the executor's name
         torch_out = merge_to_folder(cfg, models["task"], models["lang"], out=tmp_path / "pt")
+        assert paths and set(paths) == {"torch"}
+        paths.clear()
         monkeypatch.undo()
         files = sorted(p.name for p in numpy_out.glob("*.safetensors"))
         assert files == sorted(p.name for p in torch_out.glob("*.safetensors"))

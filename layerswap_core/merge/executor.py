@@ -153,7 +153,7 @@ def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePla
     ``out_dtype``: a safetensors dtype (None: each tensor's own)."""
     readers = inputs.readers
     writer = ShardedWriter(tmp, max_shard, metadata={"layerswap": __version__})
-    copies, blends = [], []
+    copies, blends = [], []   # blends: (name, output dtype)
     for n in names:
         loc = readers["task"].location(n)
         target = out_dtype or loc.dtype
@@ -164,25 +164,27 @@ def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePla
             copies.append((n, copied))  # bit-identical, no arithmetic
         else:
             writer.declare(n, loc.shape, target, group=loc.path)
-            blends.append(n)
-    # numpy where it can (no torch at all when it can everywhere), torch for the rest
-    with_torch = {n for n in blends
-                  if not arrays_can(plan.sources[n], _dtypes(n, plan.sources[n], readers,
-                                                             out_dtype).values(), device)}
+            blends.append((n, target))
+    # numpy where it can (no torch at all when it can everywhere), torch for the rest: the
+    # inputs' dtypes of each tensor numpy computes
+    in_dtypes = {n: {m: readers[m].location(n).dtype for m in plan.sources[n].models}
+                 for n, _ in blends}
+    with_numpy = {n: in_dtypes[n] for n, target in blends
+                  if arrays_can(plan.sources[n], [*in_dtypes[n].values(), target], device)}
     total = sum(readers["task"].location(n).nbytes for n in names) or 1
     lane = None
     try:
         lane = _CopyLane(writer, copies)
         lane.start()
         done = 0
-        with one_thread(device) if with_torch else contextlib.nullcontext():
-            for n in blends:
+        with one_thread(device) if len(with_numpy) < len(blends) else contextlib.nullcontext():
+            for n, target in blends:
                 lane.check()
                 # while the copies run they keep a core busy: one block thread fewer then
                 # (bench/merge_bench.py, cold cache: 2.24 s with one, 3.22 s with two)
                 workers = max(1, merge_workers(device) - lane.running())
-                _write_tensor(writer, n, plan.sources[n], readers, out_dtype, device, workers,
-                              n not in with_torch)
+                _write_tensor(writer, n, plan.sources[n], readers, target, device, workers,
+                              with_numpy.get(n))
                 done += readers["task"].location(n).nbytes
                 progress((done + lane.copied) / total, n)
         _copy_side_files(inputs, config, tmp)   # while the copies finish
@@ -247,26 +249,20 @@ def _block_bytes(device) -> int:
     return apply.BLOCK_BYTES if str(device).startswith("cpu") else apply.LARGE_BLOCK_BYTES
 
 
-def _dtypes(name: str, src, readers, out_dtype: str | None) -> dict[str, str]:
-    """{input model: its dtype of ``name``, "out": the output's} (safetensors names)."""
-    found = {m: readers[m].location(name).dtype for m in src.models}
-    return {**found, "out": out_dtype or readers["task"].location(name).dtype}
-
-
-def _write_tensor(writer: ShardedWriter, name: str, src, readers, out_dtype: str | None, device,
-                  workers: int, arrays: bool):
-    """One tensor that is not a plain copy: a blend, or a copy cast to another dtype, its row
-    blocks computed by ``workers`` threads, with numpy if ``arrays`` (``apply.arrays_can``)."""
-    loc = readers["task"].location(name)
+def _write_tensor(writer: ShardedWriter, name: str, src, readers, target: str, device,
+                  workers: int, in_dtypes: dict[str, str] | None):
+    """One tensor that is not a plain copy: a blend, or a copy cast to another dtype, in
+    ``target`` (a safetensors dtype), its row blocks computed by ``workers`` threads; with numpy
+    when its inputs' dtypes ``in_dtypes`` are given (``apply.arrays_can``), else with torch."""
+    shape = readers["task"].location(name).shape
     rows = lambda m, r: readers[m].read_rows(name, r)  # noqa: E731
-    if arrays:
-        dtypes = _dtypes(name, src, readers, out_dtype)
-        blocks = array_rows(name, src, loc.shape, lambda m, r: readers[m].read_array(name, r),
-                            dtypes, dtypes["out"], rows, "nothing was written",
+    if in_dtypes is not None:
+        blocks = array_rows(name, src, shape, lambda m, r: readers[m].read_array(name, r),
+                            in_dtypes, target, rows, "nothing was written",
                             _block_bytes(device), workers)
     else:
-        blocks = source_rows(name, src, loc.shape, rows, ST_TO_DTYPE[out_dtype or loc.dtype],
-                             device, "nothing was written", _block_bytes(device), workers)
+        blocks = source_rows(name, src, shape, rows, ST_TO_DTYPE[target], device,
+                             "nothing was written", _block_bytes(device), workers)
     writer.write_rows(name, (value for _, value in blocks))
 
 
