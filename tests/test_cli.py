@@ -57,22 +57,23 @@ def test_the_commands_table_names_each_groups_commands():
 
 
 def test_merge_command_runs_without_torch_and_writes_the_same_model(tiny, tmp_path):
-    """`layerswap merge` on the CPU (copies, and linear blends in numpy) never imports torch
-    nor transformers, and writes the bytes that ``merge_to_folder`` writes for the same config."""
+    """`layerswap merge` on the CPU (copies, and linear blends in numpy) never imports torch,
+    transformers nor pydantic (2.3 s and 0.15 s of imports), and writes the bytes that ``merge_to_folder`` writes for the same config."""
     import os
 
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.merge.executor import merge_to_folder
 
     code = ("import sys; from layerswap_core.cli import main; rc = main(sys.argv[1:]); "
-            "print('torch' in sys.modules, 'transformers' in sys.modules); sys.exit(rc)")
+            "print(*(m in sys.modules for m in ('torch', 'transformers', 'pydantic'))); "
+            "sys.exit(rc)")
     flags = ["--task", str(tiny["task"]), "--lang", str(tiny["lang"]), "--bottom", "2", "--top",
              "1", "--transition-bottom", "1", "--w-task", "0.7", "--w-lang", "0.3"]
     res = subprocess.run([sys.executable, "-c", code, "merge", *flags, "--out",
                           str(tmp_path / "cli")], capture_output=True, text=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.splitlines()[-1] == "False False"
+    assert res.stdout.splitlines()[-1] == "False False False"
     here = merge_to_folder(MergeConfig(bottom=2, top=1, transition_bottom=1, w_task=0.7,
                                        w_lang=0.3), tiny["task"], tiny["lang"], out=tmp_path / "here")
     shards = sorted(p.name for p in here.glob("*.safetensors"))

@@ -124,6 +124,30 @@ def test_the_first_refused_field_is_named():
     MergeConfig(w_task=3, lambda_task=-2).check_fields()
 
 
+def test_knob_checks_are_strict_and_follow_the_declared_bounds():
+    """What each kind accepts (``Knob.refuses``): the same as the pydantic strict model it
+    replaced, compared value by value over all fields (numpy's numbers count as numbers; a bool
+    or text never does, nor does a float for a count)."""
+    import numpy as np
+    k = FIELDS
+    for v in (0, 3, 10**9):
+        assert not k["bottom"].refuses(v)
+    for v in (-1, 3.0, True, "3", np.int64(3)):
+        assert k["bottom"].refuses(v), v
+    assert not k["bottom"].refuses(None) and k["transition_bottom"].refuses(None)  # optional
+    for v in (0, 0.0, 2, 0.5, 1e4, np.float32(0.5), np.int64(3)):
+        assert not k["w_task"].refuses(v), v
+    for v in (-1e-9, 1e4 + 1, float("nan"), float("inf"), False, "1", None, np.True_, [1]):
+        assert k["w_task"].refuses(v), v
+    assert k["ties_density"].refuses(0.0) and not k["ties_density"].refuses(1.0)  # (0, 1]
+    assert not k["dtype"].refuses(None) and k["dtype"].refuses(b"float32")   # optional choice
+    assert k["non_layer"].refuses(None) and not k["non_layer"].refuses("lang")
+    assert k["magnitude_weights"].refuses(1) and not k["magnitude_weights"].refuses(False)
+    assert not k["partition"].refuses(None)          # a "value" knob: its own check decides
+    with pytest.raises(ConfigError, match="^partition: must be a preset name"):
+        k["partition"].refuses(5)
+
+
 def test_knobs_are_declared_before_the_config_is_made():
     with pytest.raises(RuntimeError, match="declare knobs in merge/registry.py"):
         registry.knob("alpha", "number", 0.5, lo=0, hi=1)

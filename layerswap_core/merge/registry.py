@@ -4,7 +4,7 @@ A ``MergeMethod`` declares its id (``MergeConfig.method``), the label the app sh
 needs the base model, whether it is linear in the deltas (then LoRA experts merge exactly, see
 ``lora.py``), its knobs (``MergeConfig`` fields with default, bounds and help), how it sends
 every parameter to a ``Source`` and how it describes itself in one line. ``MergeConfig``'s
-fields and their pydantic checks (``config.py``), ``build_plan`` (``plan.py``), the CLI's flags
+fields and their checks (``Knob.refuses``, ``config.py``), ``build_plan`` (``plan.py``), the CLI's flags
 and ``--method`` choices, the app's method radio and knob controls and the LoRA path all read
 this registry.
 
@@ -15,6 +15,8 @@ registered later (``register_method``; ``unregister_method`` takes it away).
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -87,7 +89,7 @@ class Source:
 # --------------------------------------------------------------------------- knobs
 @dataclass(frozen=True)
 class Knob:
-    """One ``MergeConfig`` field: its kind and bounds (checked by pydantic, ``config.py``), its
+    """One ``MergeConfig`` field: its kind and bounds (checked by ``refuses``), its
     default, the help of its CLI flag and the label of its app control.
 
     kind: "count" (a non-negative int), "number" (a finite float in [lo, hi], or (lo, hi] with
@@ -111,6 +113,28 @@ class Knob:
 
     def options(self) -> tuple:
         return tuple(self.choices() if callable(self.choices) else self.choices)
+
+    def refuses(self, value) -> bool:
+        """Whether this knob refuses ``value``. Strict: never a number read from text, nor a
+        bool taken for a number. "count": an int >= 0; "number": a finite real number (numpy's
+        too) within the bounds; "bool": True/False; "choice": one of ``options()`` as text;
+        None: only if ``optional``. A "value" knob's ``check`` raises its own ConfigError."""
+        if self.kind == "value":
+            if self.check is not None:
+                self.check(self.name, value)
+            return False
+        if value is None:
+            return not self.optional
+        if self.kind == "bool":
+            return not isinstance(value, bool)
+        if self.kind == "choice":
+            return not (isinstance(value, str) and value in self.options())
+        if self.kind == "count":
+            return isinstance(value, bool) or not isinstance(value, int) or value < 0
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+                or not math.isfinite(value) or (self.hi is not None and value > self.hi):
+            return True
+        return self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo)
 
     def message(self, value) -> str:
         """The one-line message for a value this knob refuses (naming the field)."""

@@ -108,7 +108,7 @@ def parse_grid(specs: list[str] | str, method: str = "layer_swap") -> dict[str, 
             raise ConfigError(f"grid: {name.strip()!r} is given twice")
         kind = FIELDS["transition_bottom" if field == "transition" else field].kind
         values = _values(text, name.strip(), kind)
-        for v in values:   # the field's own bounds (pydantic, one line naming the field)
+        for v in values:   # the field's own bounds (Knob.refuses, one line naming the field)
             _with(MergeConfig(method=method), field, v).check_fields()
         grid[field] = values
     if not grid:
