@@ -3,7 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from layerswap_core.cli import CLI_MODULES, COMMANDS, NO_MODEL_COMMANDS, build_parser, main
+from layerswap_core.cli import (CLI_MODULES, COMMANDS, NO_MODEL_COMMANDS, build_parser, main,
+                                 summary_parser)
 
 
 def _subcommands():
@@ -48,12 +49,35 @@ def test_the_commands_table_names_each_groups_commands():
     for group, names in COMMANDS.items():
         sub = argparse.ArgumentParser().add_subparsers()
         importlib.import_module(f"layerswap_core.cli.{group}").add_cli(sub)
-        assert tuple(sub.choices) == names, group
+        assert tuple(sub.choices) == tuple(names), group
     def commands(parser):
         return list(next(a for a in parser._actions if a.dest == "command").choices)
     assert commands(build_parser()) == [n for names in COMMANDS.values() for n in names]
     assert commands(build_parser("plan")) == ["merge", "plan"]
     assert commands(build_parser("no-such-command")) == commands(build_parser())
+    assert commands(summary_parser()) == commands(build_parser())
+
+
+def test_help_lists_every_command_without_importing_the_groups():
+    """`layerswap --help` (and no command, or an unknown one) shows each command's one-line
+    help, the same text as the full parser's, without importing a group (5 import torch)."""
+    import os
+
+    full = build_parser().format_help()
+    assert summary_parser().format_help() == full
+    code = ("import sys\nfrom layerswap_core.cli import main\ntry:\n    rc = main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            "print([m for m in sys.modules if m.startswith('layerswap_core.cli.')], "
+            "'torch' in sys.modules)\nsys.exit(rc)")
+    for argv, rc in ((["--help"], 0), ([], 0), (["no-such-command"], 2)):
+        res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert res.returncode == rc, (argv, res.stderr[-2000:])
+        if rc == 0:
+            assert res.stdout.splitlines()[-1] == "[] False", argv
+            assert "merge a task expert and a language expert" in res.stdout
+        else:
+            assert "invalid choice: 'no-such-command'" in res.stderr
 
 
 def test_merge_command_runs_without_torch_and_writes_the_same_model(tiny, tmp_path):

@@ -3,7 +3,7 @@
 
 A command imports only its own group's module (``COMMANDS``): `layerswap merge` on the CPU then
 never imports torch (2.3 s of start-up; see ``merge/apply.py``), nor evaluation or training.
-`layerswap --help` (or an unknown command) imports them all."""
+`layerswap`, `layerswap --help` and an unknown command import none (``summary_parser``)."""
 from __future__ import annotations
 
 import argparse
@@ -13,12 +13,25 @@ import sys
 
 from ..checkpoints.references import ModelLoadError, set_allow_bin_default
 
-# command group module -> its commands, groups in --help order (tests/test_cli.py checks these
-# against the commands each module's add_cli adds)
-COMMANDS = {"models": ("info", "prepare"), "merge": ("merge", "plan"),
-            "analysis": ("analyze", "suggest"), "evaluate": ("eval",), "sweep": ("sweep",),
-            "train": ("train",), "lora": ("merge-lora", "extract-lora"),
-            "data": ("demo-data", "demo-variants")}
+# command group module -> its commands and their one-line help, groups in --help order
+# (tests/test_cli.py checks these against the commands each module's add_cli adds)
+COMMANDS = {
+    "models": {"info": "describe models (architecture, layers, dtype, size)",
+               "prepare": "build the embedded models into the cache (offline)"},
+    "merge": {"merge": "merge a task expert and a language expert into a folder",
+              "plan": "show which model every layer comes from (reads no tensors)"},
+    "analysis": {"analyze": "where experts changed: per-tensor row-MAV delta statistics",
+                 "suggest": "suggest bottom/top/transition layers from the deltas"},
+    "evaluate": {"eval": "evaluate models on MGSM or GSM-Symbolic, side by side"},
+    "sweep": {"sweep": "score a grid of merge configurations (locally or on Ray), resumable"},
+    "train": {"train": "fine-tune an expert (full, LoRA, partial, simultaneous)"},
+    "lora": {"merge-lora": "layer-swap two LoRA adapters over their base (adapter or dense "
+                           "output)",
+             "extract-lora": "a fully fine-tuned expert as a low-rank LoRA adapter over its base"},
+    "data": {"demo-data": "write a demo expert's training data (chat JSONL)",
+             "demo-variants": "regenerate the demo's GSM-Symbolic variants file (minutes; it "
+                              "ships with layerswap)"}}
+HELP = {name: text for names in COMMANDS.values() for name, text in names.items()}
 CLI_MODULES = tuple(COMMANDS)
 # Commands that read no model reference (every other one gets --allow-bin).
 NO_MODEL_COMMANDS = ("prepare", "demo-data")
@@ -48,13 +61,17 @@ def add_allow_bin(parser: argparse.ArgumentParser) -> None:
         parser.set_defaults(func=_allowing_bin(func))
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command, or only of ``command``'s group when it is a known command
-    (``COMMANDS``: only that group's module is imported)."""
+def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     p = argparse.ArgumentParser(prog="layerswap", description=(
         "Compose LLM capabilities across languages by layer swapping. Model references: a local "
         "folder, a Hub id (owner/name, needs the network), or embedded:NAME."))
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    return p, p.add_subparsers(dest="command", metavar="COMMAND")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of ``command``'s group when it is a known command
+    (``COMMANDS``: only that group's module is imported)."""
+    p, sub = _top_parser()
     groups = [g for g, names in COMMANDS.items() if command in names] or list(COMMANDS)
     for group in groups:
         importlib.import_module(f"{__name__}.{group}").add_cli(sub)
@@ -64,9 +81,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def summary_parser() -> argparse.ArgumentParser:
+    """The commands and their one-line help (``HELP``) without any group's options: what
+    `layerswap`, `layerswap --help` and an unknown command need, without importing the groups
+    (five of them import torch: 3-4 s)."""
+    p, sub = _top_parser()
+    for name, text in HELP.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(given[0] if given else None)
+    parser = build_parser(given[0]) if given and given[0] in HELP else summary_parser()
     args = parser.parse_args(argv)
     args.argv = given   # the command, as given
     if not getattr(args, "func", None):

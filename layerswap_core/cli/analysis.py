@@ -9,6 +9,7 @@ import numpy as np
 from ..analysis.deltas import DeltaStats, auto_threshold, delta_stats
 from ..analysis.suggest import suggest_config
 from .progress import progress_bar
+from . import HELP
 
 
 def _stats(base, expert, threshold, device, cache, label=None) -> DeltaStats:
@@ -66,7 +67,7 @@ def _suggest(args) -> int:
 
 
 def add_cli(sub):
-    p = sub.add_parser("analyze", help="where experts changed: per-tensor row-MAV delta statistics")
+    p = sub.add_parser("analyze", help=HELP["analyze"])
     p.add_argument("--base", required=True, help="base model reference")
     p.add_argument("--expert", required=True, action="append",
                    help="expert model reference or LoRA adapter folder (repeatable)")
@@ -75,7 +76,7 @@ def add_cli(sub):
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     p.add_argument("--no-cache", action="store_true", help="recompute (and do not write the cache)")
     p.set_defaults(func=_analyze)
-    p = sub.add_parser("suggest", help="suggest bottom/top/transition layers from the deltas")
+    p = sub.add_parser("suggest", help=HELP["suggest"])
     p.add_argument("--base", required=True)
     p.add_argument("--task", required=True, help="task (e.g. math) expert")
     p.add_argument("--lang", required=True, help="language expert")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..evaluation import variants
 from ..training import recipes
 from .progress import progress_bar
+from . import HELP
 
 
 def _demo_data(args) -> int:
@@ -15,15 +16,14 @@ def _demo_data(args) -> int:
 
 
 def add_cli(sub):
-    s = sub.add_parser("demo-data", help="write a demo expert's training data (chat JSONL)",
+    s = sub.add_parser("demo-data", help=HELP["demo-data"],
                        description=recipes.__doc__.split("\n\n")[0])
     s.add_argument("recipe", choices=sorted(recipes.RECIPES))
     s.add_argument("--split", choices=sorted(recipes.SPLITS), default="train")
     s.add_argument("--seed", type=int, default=recipes.SEED)
     s.add_argument("--out", required=True, help="the JSONL file to write")
     s.set_defaults(func=_demo_data)
-    v = sub.add_parser("demo-variants", help="regenerate the demo's GSM-Symbolic variants file "
-                                             "(minutes; it ships with layerswap)",
+    v = sub.add_parser("demo-variants", help=HELP["demo-variants"],
                        description=variants.write_variants_file.__doc__)
     v.add_argument("--out", default=str(variants.VARIANTS_FILE),
                    help="the file to write (default: the package's own, %(default)s)")

@@ -11,6 +11,7 @@ from ..evaluation.lmeval import run_lm_eval
 from ..checkpoints.references import ModelLoadError, resolve
 from ..checkpoints.loading import load_model
 from .progress import progress_bar
+from . import HELP
 
 
 def _warn_contamination(refs, source: str) -> None:
@@ -78,7 +79,7 @@ def _eval(args) -> int:
 
 
 def add_cli(subparsers) -> None:
-    s = subparsers.add_parser("eval", help="evaluate models on MGSM or GSM-Symbolic, side by side",
+    s = subparsers.add_parser("eval", help=HELP["eval"],
                               description="Greedy n-shot math evaluation with lm-eval's mgsm "
                               "prompts and filters; accuracy with a 95% Wilson interval.")
     s.add_argument("--model", action="append", required=True,

@@ -7,6 +7,7 @@ from ..checkpoints.adapters import AdapterError
 from ..merge.lora import extract_adapter, merge_adapters
 from .merge import add_config_flags, config_from_args
 from .progress import progress_bar
+from . import HELP
 
 
 def _merge_lora(args) -> int:
@@ -41,7 +42,7 @@ def _output_flags(s):
 
 def add_cli(subparsers):
     s = subparsers.add_parser(
-        "merge-lora", help="layer-swap two LoRA adapters over their base (adapter or dense output)",
+        "merge-lora", help=HELP["merge-lora"],
         description="Experts given as PEFT LoRA adapters over one base: swapped layers take the "
         "language adapter, the middle the task adapter, transition layers both (ranks "
         "concatenated, exact). --task/--lang are adapter folders; --base is required.")
@@ -52,7 +53,7 @@ def add_cli(subparsers):
     s.set_defaults(func=_merge_lora)
 
     s = subparsers.add_parser(
-        "extract-lora", help="a fully fine-tuned expert as a low-rank LoRA adapter over its base",
+        "extract-lora", help=HELP["extract-lora"],
         description="Each attention / MLP projection's change (tuned - base) is cut to its best "
         "rank-R approximation (truncated SVD) and saved as a PEFT LoRA adapter (scaling 1). "
         "Embeddings and norms are not carried.")

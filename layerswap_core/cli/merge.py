@@ -9,6 +9,7 @@ from ..merge.executor import merge_to_folder, plan_for
 from ..merge.errors import ConfigError
 from .partition import partition_arg
 from .progress import progress_bar
+from . import HELP
 
 MODEL_FIELDS = ("task", "lang", "base")
 # MergeConfig fields set by the flag of the same name (--partition is parsed on its own)
@@ -71,7 +72,7 @@ def _plan(args) -> int:
 
 
 def add_cli(subparsers):
-    s = subparsers.add_parser("merge", help="merge a task expert and a language expert into a folder",
+    s = subparsers.add_parser("merge", help=HELP["merge"],
                               description="Layer swapping (and soup / task arithmetic / TIES "
                               "baselines), streamed tensor by tensor into HF sharded safetensors.")
     add_config_flags(s)
@@ -84,7 +85,7 @@ def add_cli(subparsers):
     g.add_argument("--device", default="cpu", help="cpu or cuda (blends on the GPU)")
     g.add_argument("--shard-size", default="2GB", help="maximum shard size, e.g. 2GB, 500MB")
     s.set_defaults(func=_merge)
-    s = subparsers.add_parser("plan", help="show which model every layer comes from (reads no tensors)")
+    s = subparsers.add_parser("plan", help=HELP["plan"])
     add_config_flags(s)
     s.add_argument("--show-config", action="store_true", help="also print the config as YAML")
     s.set_defaults(func=_plan)

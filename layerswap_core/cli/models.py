@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..checkpoints.embedded import EMBEDDED_PREFIX, embedded
 from ..checkpoints.references import resolve
 from ..checkpoints.loading import describe
+from . import HELP
 
 
 def _print(fraction: float, message: str) -> None:
@@ -23,9 +24,9 @@ def _prepare(args) -> int:
 
 
 def add_cli(sub):
-    s = sub.add_parser("info", help="describe models (architecture, layers, dtype, size)")
+    s = sub.add_parser("info", help=HELP["info"])
     s.add_argument("model", nargs="+")
     s.set_defaults(func=_info)
-    s = sub.add_parser("prepare", help="build the embedded models into the cache (offline)")
+    s = sub.add_parser("prepare", help=HELP["prepare"])
     s.add_argument("name", nargs="*", help="embedded model names (default: all)")
     s.set_defaults(func=_prepare)

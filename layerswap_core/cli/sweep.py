@@ -8,6 +8,7 @@ from ..sweeps.order import ORDERS
 from ..sweeps.runner import BACKENDS, SweepRequest, run_sweep
 from ..sweeps.scoring import DATA, METRICS, EvalSettings
 from .merge import MODEL_FIELDS, add_config_flags, config_from_args
+from . import HELP
 
 
 def _langs(text: str) -> tuple[str, ...]:
@@ -75,7 +76,7 @@ def _sweep(args) -> int:
 
 def add_cli(subparsers) -> None:
     s = subparsers.add_parser(
-        "sweep", help="score a grid of merge configurations (locally or on Ray), resumable",
+        "sweep", help=HELP["sweep"],
         description="Every configuration of the grid is shown on a live model (only the tensors "
         "that change are rewritten, in an order that changes the fewest) and scored; each "
         "result is appended to OUT/results.jsonl at once, and running the same command again "

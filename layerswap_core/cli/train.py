@@ -12,10 +12,11 @@ from ..training.config import (DEFAULT_LR, MODES, PARTS, SAVE_DTYPES, SCHEDULES,
 from ..training.trainer import train
 from .partition import partition_arg
 from .progress import progress_bar
+from . import HELP
 
 
 def add_cli(subparsers):
-    s = subparsers.add_parser("train", help="fine-tune an expert (full, LoRA, partial, simultaneous)",
+    s = subparsers.add_parser("train", help=HELP["train"],
                               description=T.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     d = TrainConfig(data="", output="")
