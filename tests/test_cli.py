@@ -82,7 +82,8 @@ def test_help_lists_every_command_without_importing_the_groups():
 
 def test_merge_command_runs_without_torch_and_writes_the_same_model(tiny, tmp_path):
     """`layerswap merge` on the CPU (copies, and linear blends in numpy) never imports torch,
-    transformers nor pydantic (2.3 s and 0.15 s of imports), and writes the bytes that ``merge_to_folder`` writes for the same config."""
+    transformers nor pydantic (2.3 s and 0.15 s of imports), and writes the bytes that
+    ``merge_to_folder`` writes for the same config."""
     import os
 
     from layerswap_core.merge.config import MergeConfig

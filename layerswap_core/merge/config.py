@@ -3,13 +3,13 @@ checked, read from and written to YAML; the layer-count defaults and the paper's
 
 The fields are ``method``, the knobs of the registered methods (``registry.KNOBS``: layer counts,
 weights, partition, lambdas, ...) and the output/model fields below (dtype, tokenizer source,
-the three model references). Each field's kind and bounds are declared on its ``Knob``, which checks
-them (``Knob.refuses``, strict: no text read as a number, no bool as a number), and a refused
-value becomes a one-line ``ConfigError`` naming the field. (pydantic did this check until
-2026-11-27; importing it took about 0.15 s of a 1.2 s ``layerswap merge``, and the knobs
-already declared everything it checked.) A config is checked when it is loaded (``from_dict``/YAML),
-validated (``validate``), and planned; constructing one checks nothing (the caller may still
-fill it in).
+the three model references). Each field's kind and bounds are declared on its ``Knob``, which
+also checks them (``Knob.refuses``, strict: no text read as a number, no bool as a number); a
+refused value becomes a one-line ``ConfigError`` naming the field. (A pydantic model built from
+the knobs did this check until 2026-11-27: importing it took about 0.15 s of a 1.2 s
+``layerswap merge``, for nothing the knobs did not already declare.) A config is checked when
+it is loaded (``from_dict``/YAML), validated (``validate``), and planned; constructing one
+checks nothing (the caller may still fill it in).
 
 Defaults for other depths (the tool's own rule, not the papers'): ``bottom``/``top`` None are
 the 32-layer defaults 5/2 scaled to the model's depth; partition presets use the published layer
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any  # noqa: F401 - MergeConfig's "value" fields are annotated Any
 
 from .errors import ConfigError
 from .partition import MODELS, REFERENCE_LAYERS, Partition, scale_layers, value_text

@@ -4,9 +4,9 @@ A ``MergeMethod`` declares its id (``MergeConfig.method``), the label the app sh
 needs the base model, whether it is linear in the deltas (then LoRA experts merge exactly, see
 ``lora.py``), its knobs (``MergeConfig`` fields with default, bounds and help), how it sends
 every parameter to a ``Source`` and how it describes itself in one line. ``MergeConfig``'s
-fields and their checks (``Knob.refuses``, ``config.py``), ``build_plan`` (``plan.py``), the CLI's flags
-and ``--method`` choices, the app's method radio and knob controls and the LoRA path all read
-this registry.
+fields and their checks (``Knob.refuses``; ``config.py``), ``build_plan`` (``plan.py``), the
+CLI's flags and ``--method`` choices, the app's method radio and knob controls and the LoRA
+path all read this registry.
 
 A knob is a ``Knob`` in ``KNOBS``: declared once (several methods may read it, e.g. the blend
 weights), it becomes a ``MergeConfig`` field when ``config.py`` is imported, so a new knob is
