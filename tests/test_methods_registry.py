@@ -125,9 +125,10 @@ def test_the_first_refused_field_is_named():
 
 
 def test_knob_checks_are_strict_and_follow_the_declared_bounds():
-    """What each kind accepts (``Knob.refuses``): the same as the pydantic strict model it
-    replaced, compared value by value over all fields (numpy's numbers count as numbers; a bool
-    or text never does, nor does a float for a count)."""
+    """What each kind accepts (``Knob.refuses``): numpy's numbers count as numbers; a bool or
+    text never does, nor does a float for a count. (This is what the pydantic strict model it
+    replaced accepted, but for numpy's bool_ as a number: checked once, value by value over
+    every field, when it was replaced; docs/performance.md.)"""
     import numpy as np
     k = FIELDS
     for v in (0, 3, 10**9):
