@@ -147,9 +147,10 @@ def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePla
 
     Two lanes side by side: a thread copies the single-source tensors file-to-file (in the
     kernel, contiguous tensors as one range) while this thread computes the blends in row
-    blocks; each writes to its tensors' own places in the shards. A copy costs the kernel's time, a blend the CPU's, so on two cores the merge takes
-    about the longer of the two instead of their sum (bench/merge_bench.py). Errors and
-    cancellation in either lane stop both; nothing is left (the caller's temporary folder).
+    blocks; each writes to its tensors' own places in the shards. A copy costs the kernel's
+    time, a blend the CPU's, so on two cores the merge takes about the longer of the two
+    instead of their sum (bench/merge_bench.py). Errors and cancellation in either lane stop
+    both; nothing is left (the caller's temporary folder).
     ``out_dtype``: a safetensors dtype (None: each tensor's own)."""
     readers = inputs.readers
     writer = ShardedWriter(tmp, max_shard, metadata={"layerswap": __version__})
