@@ -28,11 +28,13 @@ warm-up, before this script existed (its one-off forerunners, same calls):
   32 x 96, bfloat16, after a warm-up: ours 12.2 s (forward passes of width 1: 60 ms each,
   attention 8.7 s of it); ours without drafts 3.7 s (18 ms a pass); transformers 4.2 s
   (20 ms a pass); the padded path 12.3 s (62 ms a pass).
-In both, transformers ran LAST, after our runs had met most cache lengths, and ours fell from
-27.6 to 9.6 s between identical calls: most of the gap may be work done once per new shape in
-a process (in bfloat16 PyTorch prefers cuDNN's attention on Hopper, which plans per shape),
-not our loop. Not separated yet: run each contender cold (``--contenders transformers``, then
-``--contenders ours``, each in its own process), and ``--no-cudnn-sdp``. Without CUDA and
+In both, transformers ran last, after our runs had met most cache lengths. Separated on
+2026-11-27 (H200, 32 x 96, bfloat16, each contender alone in a fresh process, rounds 1 and 2):
+with PyTorch's default cuDNN attention ours took 17.1 and 4.2 s, transformers 13.9 and 3.3 s;
+with ``--no-cudnn-sdp`` ours 3.5 and 2.8 s, transformers 3.2 and 3.0 s. cuDNN plans every new
+shape, and decoding meets a new cache length at each step. Our generation now runs without
+cuDNN's attention on CUDA (``evaluation.attention.without_cudnn_attention``): ours 3.0 and
+2.4 s alone after that, transformers (default settings) 14.0 and 4.4 s. Without CUDA and
 ``--device cuda`` it prints "no GPU: not run".
 """
 from __future__ import annotations

@@ -568,3 +568,55 @@ def test_packed_products_keep_the_greedy_text_and_change_nothing_outside(tmp_pat
     assert fast == slow and short_run[0].text == slow[0].text[:len(short_run[0].text)]
     if model_type == "embedded":
         assert fast[0].text == _hf_greedy(model, tok, prompts[0], 16)
+
+
+def test_cudnn_attention_is_off_inside_cuda_blocks_and_restored_after_the_last():
+    """``without_cudnn_attention`` flips PyTorch's process-wide switch (which a CPU build keeps
+    too) only for a CUDA device; blocks nest and overlap across threads, and the setting from
+    before the first block returns when the last one closes, whichever thread closes it."""
+    import threading
+
+    import torch
+
+    from layerswap_core.evaluation.attention import without_cudnn_attention
+
+    enabled = torch.backends.cuda.cudnn_sdp_enabled
+    original = enabled()
+    try:
+        for before in (True, False):
+            torch.backends.cuda.enable_cudnn_sdp(before)
+            with without_cudnn_attention(torch.device("cpu")):
+                assert enabled() is before
+            with without_cudnn_attention("cuda:0"):
+                assert enabled() is False
+                with without_cudnn_attention(torch.device("cuda")):
+                    assert enabled() is False
+                assert enabled() is False
+            assert enabled() is before
+
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+        seen = []
+
+        def first():
+            with without_cudnn_attention("cuda"):
+                first_in.set()
+                second_in.wait(10)
+            first_out.set()
+
+        def second():
+            first_in.wait(10)
+            with without_cudnn_attention("cuda"):
+                second_in.set()
+                first_out.wait(10)
+                seen.append(enabled())      # the first block closed; this one still open
+            seen.append(enabled())
+
+        threads = [threading.Thread(target=f) for f in (first, second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert seen == [False, True]
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(original)

@@ -29,6 +29,7 @@ import torch
 
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from ..progress import Progress, say
+from .attention import without_cudnn_attention
 from .data import Item, normalize_number
 from .prompts import render_chat
 from .runner import wilson_interval
@@ -189,7 +190,7 @@ def reading_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out: list[tuple[float, float]] = [(math.nan, math.nan)] * len(pairs)
     done = 0
-    with torch.inference_mode():
+    with torch.inference_mode(), without_cudnn_attention(device):
         for idx in batches:
             say(progress, done / max(1, len(pairs)), f"{done}/{len(pairs)} items")
             seqs = [pairs[i][0] + pairs[i][1] for i in idx]

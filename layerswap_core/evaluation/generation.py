@@ -15,6 +15,7 @@ Each output is cut at its first stop string. The text equals transformers' own o
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -23,7 +24,7 @@ import torch
 
 from ..checkpoints.tokenizers import encode_prompt
 from ..progress import Progress
-from .attention import packed_attention
+from .attention import packed_attention, without_cudnn_attention
 from .calculator import Calculator
 from .products import packed_products, split_head
 from .prompts import chat_stop, render_chat
@@ -553,10 +554,10 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int = 
     kw = dict(max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
               share_prefix=share_prefix, split_prefill=split_prefill, refill=refill,
               calculator=calculator, lookahead=lookahead, progress=progress)
-    if packed and max_new_tokens * -(-len(prompts) // batch_size) >= PACK_AFTER_STEPS:
-        with packed_products(model):
-            return _generate(model, tokenizer, prompts, **kw)
-    return _generate(model, tokenizer, prompts, **kw)
+    packed = packed and max_new_tokens * -(-len(prompts) // batch_size) >= PACK_AFTER_STEPS
+    with (packed_products(model) if packed else contextlib.nullcontext()), \
+            without_cudnn_attention(next(model.parameters()).device):
+        return _generate(model, tokenizer, prompts, **kw)
 
 
 def _generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,
@@ -710,7 +711,7 @@ def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
 
     def run():
         try:
-            with torch.inference_mode(), split_head(model):
+            with torch.inference_mode(), split_head(model), without_cudnn_attention(device):
                 model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), streamer=streamer,
                                **kw)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer below

@@ -41,6 +41,7 @@ from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWord
 from .prompts import has_chat_template, render_chat
 from .tasks import Extraction, Task, run_task, token_nll
 from ..checkpoints.loading import load_model
+from .attention import without_cudnn_attention
 from .prefill import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
 
 
@@ -296,7 +297,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
                 pred = logits[row, keep - 1 - len(t):keep - 1]
                 out[i] = float(token_nll(pred, torch.tensor(t, device=pred.device)) / len(t))
 
-    with torch.inference_mode():
+    with torch.inference_mode(), without_cudnn_attention(device):
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             n_prefix, prefix_kv = 0, None
