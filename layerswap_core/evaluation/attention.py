@@ -92,7 +92,6 @@ def packed_attention(model):
     return thread_switch(_local, _switch(model))
 
 
-
 class _Blocks:
     """Open ``without_cudnn_attention`` blocks, all threads together, and the setting from
     before the first one opened."""
@@ -106,8 +105,9 @@ def without_cudnn_attention(device):
     """On CUDA, within this block, scaled-dot-product attention does not use cuDNN's backend
     (flash, memory-efficient and plain attention remain); elsewhere a no-op.
 
-    In bfloat16 and float16 PyTorch prefers cuDNN's attention on Hopper, and cuDNN makes a plan
-    for every new shape: decoding meets a new cache length at every step. On an H200
+    In half precision PyTorch prefers cuDNN's attention on Hopper GPUs (seen in bfloat16 on an
+    H200), and cuDNN makes a plan for every new shape: decoding meets a new cache length at
+    every step. On an H200
     (bench/gpu_generation.py, 2026-11-27, synthetic 1.1B, 32 x 96 tokens, bfloat16, each run in
     a fresh process) our greedy loop took 17.1 s cold and 4.2 s warm with it, 3.5 s and 2.8 s
     without; transformers' ``generate`` 13.9 and 3.3 s with it, 3.2 and 3.0 s without.
