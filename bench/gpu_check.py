@@ -23,7 +23,8 @@ short keeps what it finished.
 
 ``--gpu-dtype bfloat16`` runs the GPU side's engines and training in bfloat16 (what the app
 uses on CUDA by default) against float32 on the CPU: parameters within one bfloat16 step of the
-CPU's rounded to bfloat16, gold NLLs within 5%, losses within 2%; greedy outputs may differ.
+CPU's rounded to bfloat16, logits no further from float32's than 1.5x the CPU's own bfloat16
+logits are, gold NLLs within 5%, losses within 2%; greedy outputs may differ.
 
 Exact equality is asked where the arithmetic is a copy or one float32 operation; greedy text
 may legitimately diverge after a near tie (a different matmul kernel), which the verdict
@@ -51,7 +52,7 @@ SIDES = {"cpu": "cpu", "gpu": "cuda"}   # result key -> device (--device sets "g
 ITEMS = {"source": "gsm-symbolic", "data_dir": None}   # --mgsm sets MGSM from a folder
 DTYPES = {"cpu": "float32", "gpu": "float32"}   # --gpu-dtype sets "gpu" (engines, training)
 BF16_STEP = 2.0 ** -7      # one bfloat16 rounding step, relative to the value
-LOGIT_RELATIVE_BF16 = 0.05  # bfloat16 logits within 5% of the largest float32 logit
+REDUCED_SLACK = 1.5         # a narrower dtype's logits on the GPU: within 1.5x its CPU's
 
 
 def max_diff(a, b) -> float:
@@ -112,25 +113,38 @@ LOGIT_TEXTS = ("Janet's ducks lay 16 eggs per day. She eats three for breakfast 
 
 def compare_logits(engines: dict) -> dict:
     """The last model shown (the rebuilt swap) on both sides: its logits over two short texts,
-    the largest difference relative to the largest logit and how often the argmax agrees."""
+    the largest difference relative to the largest logit and how often the argmax agrees.
+
+    float32 on both sides: other kernels, a few roundings apart (5e-6 measured on an H200). A
+    narrower GPU dtype is held to what that dtype does on the CPU: the CPU's model is then cast
+    to it and run too, and the GPU's logits may stray from float32 by at most
+    ``REDUCED_SLACK`` times as much as the CPU's own. On an H200 bfloat16 strayed by 3.6% on the
+    random synthetic 1.1B and by 8.1% on the demo's rebuilt swap (argmax 51/54), where the
+    CPU's own bfloat16 (the model cast) strays by 8.1% too (argmax 52/54)."""
     import torch
 
-    out = {}
-    for side, e in engines.items():
-        model, tok = e.live.model, e.live.tokenizer
+    def logits(side: str, model, tok) -> list:
         with torch.inference_mode():
-            out[side] = [model(input_ids=torch.tensor([tok(t)["input_ids"]],
-                                                       device=SIDES[side])).logits.float().cpu()
-                         for t in LOGIT_TEXTS]
-    rel, agree, total = 0.0, 0, 0
-    for a, b in zip(out["cpu"], out["gpu"]):
-        rel = max(rel, max_diff(a, b) / float(a.abs().max()))
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-        total += a.shape[1]
-    # float32 on both sides: other kernels, a few roundings apart (5e-6 measured on an H200);
-    # bfloat16 against float32: a few percent (3.6% measured there)
-    return {"max_relative_diff": rel, "argmax_agreement": f"{agree}/{total}",
-            "ok": rel <= (LOGIT_RELATIVE_BF16 if reduced() else 1e-4)}
+            return [model(input_ids=torch.tensor([tok(t)["input_ids"]], device=SIDES[side])
+                          ).logits.float().cpu() for t in LOGIT_TEXTS]
+
+    def against_float32(other: list) -> dict:
+        rel, agree, total = 0.0, 0, 0
+        for a, b in zip(out["cpu"], other):
+            rel = max(rel, max_diff(a, b) / float(a.abs().max()))
+            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+            total += a.shape[1]
+        return {"max_relative_diff": rel, "argmax_agreement": f"{agree}/{total}"}
+
+    out = {side: logits(side, e.live.model, e.live.tokenizer) for side, e in engines.items()}
+    res = against_float32(out["gpu"])
+    if not reduced():
+        return {**res, "ok": res["max_relative_diff"] <= 1e-4}
+    cpu = engines["cpu"].live                  # cast in place: the engines end after this check
+    own = against_float32(logits("cpu", cpu.model.to(getattr(torch, DTYPES["gpu"])),
+                                 cpu.tokenizer))
+    return {**res, f"cpu_in_{DTYPES['gpu']}": own,
+            "ok": res["max_relative_diff"] <= REDUCED_SLACK * own["max_relative_diff"] + 1e-3}
 
 
 def _trio(refs: dict, side: str):
@@ -349,7 +363,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="layerswap-gpu-check-") as tmp:
         tmp = Path(tmp)
         if not a.skip_demo:
-            from layerswap_core.workbench.session import DEMO_REFS
+            # the demo trio, without importing the app (plotly, gradio)
+            from layerswap_core.checkpoints.embedded import DEMO_BASE, DEMO_LANG, DEMO_TASK
+            DEMO_REFS = {"base": DEMO_BASE, "task": DEMO_TASK, "lang": DEMO_LANG}
             result["trios"]["embedded demo"] = run_all("demo", dict(DEMO_REFS), tmp / "demo",
                                                        saver("embedded demo"), a.checks)
         if not a.skip_synthetic:
