@@ -365,8 +365,8 @@ def main(argv=None) -> int:
         if not a.skip_demo:
             # the demo trio, without importing the app (plotly, gradio)
             from layerswap_core.checkpoints.embedded import DEMO_BASE, DEMO_LANG, DEMO_TASK
-            DEMO_REFS = {"base": DEMO_BASE, "task": DEMO_TASK, "lang": DEMO_LANG}
-            result["trios"]["embedded demo"] = run_all("demo", dict(DEMO_REFS), tmp / "demo",
+            demo = {"base": DEMO_BASE, "task": DEMO_TASK, "lang": DEMO_LANG}
+            result["trios"]["embedded demo"] = run_all("demo", demo, tmp / "demo",
                                                        saver("embedded demo"), a.checks)
         if not a.skip_synthetic:
             from app_scale import write_trio
