@@ -296,6 +296,29 @@ def test_refilled_batch_equals_one_by_one_token_for_token(embedded_base):
     assert steps_refilled[0] == 3 and steps_refilled.count(3) > len(steps_refilled) // 2
 
 
+def test_refills_run_their_prompts_ahead_in_groups(embedded_base, monkeypatch):
+    """The prompts waiting for a place have their own tokens run several at a time, before a
+    place frees (up to a batch ahead): each prompt once, in far fewer passes than there are
+    refills, and every output still equals the prompt decoded alone."""
+    from layerswap_core.checkpoints.loading import load_model
+    from layerswap_core.evaluation import generation
+
+    model, tok = load_model(embedded_base)
+    prompts = FEW_SHOT + [p + " 7 and then" for p in FEW_SHOT] + [p + " so" for p in FEW_SHOT]
+    runs = []
+    own_kv = generation.own_kv
+    monkeypatch.setattr(generation, "own_kv",
+                        lambda model, seqs, *a: (runs.append(len(seqs)), own_kv(model, seqs, *a))[1])
+    got = generate(model, tok, prompts, max_new_tokens=8, stop=["."], batch_size=2, lookahead=0)
+    alone = [generate(model, tok, [p], max_new_tokens=8, stop=["."], refill=False)[0]
+             for p in prompts]
+    assert got == alone
+    assert sum(runs) == len(prompts)               # each prompt's own tokens run once
+    assert runs[0] == 4                            # the first batch and the next one
+    assert len(runs) <= 1 + -(-(len(prompts) - 4) // 3)    # then up to 1 + 2 at a time
+    assert len(runs) < len(prompts) - 2            # fewer than the refills (one per prompt)
+
+
 def test_refill_relayout_keeps_rows(embedded_base, monkeypatch):
     """A longer prompt arriving after shorter ones (the cache is laid out again to make room)
     and a cache that fills up (compacted) change no output."""

@@ -102,7 +102,7 @@ def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
 
 
 from .prefill import (MIN_SHARED_PREFIX, _forward_kwargs, _growing_layer_class, _kv, _plain_cache_ok, _prefill,
-                      batch_order, group_passes, shared_prefix)
+                      batch_order, group_passes, own_kv, shared_prefix)
 
 
 # generation_config fields that change what greedy decoding picks, with their neutral values:
@@ -258,35 +258,27 @@ class _Slots:
                 layer.keys = layer._kbuf[:, :, :self.L]
                 layer.values = layer._vbuf[:, :, :self.L]
 
-    def admit(self, model, slots: Sequence[int], own: Sequence[Sequence[int]], pad: int, device,
-              n: int) -> bool:
-        """Put rows with these own prompt tokens (all but their last) into these batch slots
-        (``n`` slots in all), their KV from passes on top of the shared prefix. False when
-        this model's cache cannot be assembled."""
-        need = self.n_prefix + max((len(o) for o in own), default=0)
+    def admit(self, slots: Sequence[int], kvs: Sequence[list], n: int) -> bool:
+        """Put rows into these batch slots (``n`` slots in all), from the keys and values of
+        their own prompt tokens (all but their last; ``prefill.own_kv``). False when there is
+        nothing to lay the cache out from (no shared prefix, no own tokens)."""
+        lengths = [kv[0][0].shape[1] if kv else 0 for kv in kvs]
+        need = self.n_prefix + max(lengths, default=0)
         if self.cache is not None and need > self.L:
             self.relayout(need)
-        for members, gw, out in group_passes(model, own, self.n_prefix, self.prefix_kv, pad,
-                                             device):
-            kv = _kv(out.past_key_values)
-            if kv is None:
-                return False
-            if self.cache is None:
-                self._allocate(kv, n, need)
-            end = self.n_prefix + gw
-            for (k, v), layer in zip(kv, self.cache.layers):
-                for j, b in enumerate(members):
-                    m = len(own[b])
-                    layer.keys[slots[b], :, self.L - m:self.L] = k[j, :, end - m:end]
-                    layer.values[slots[b], :, self.L - m:self.L] = v[j, :, end - m:end]
         if self.cache is None:
-            if not self.prefix_kv:
+            like = next(([(k[None], v[None]) for k, v in kv] for kv in kvs if kv),
+                        self.prefix_kv)
+            if not like:
                 return False        # nothing to attend to before the first tokens: no layout
-            self._allocate(self.prefix_kv, n, need)
-        for b, slot in enumerate(slots):
+            self._allocate(like, n, need)
+        for slot, kv, m in zip(slots, kvs, lengths):
+            for (k, v), layer in zip(kv, self.cache.layers):
+                layer.keys[slot, :, self.L - m:self.L] = k
+                layer.values[slot, :, self.L - m:self.L] = v
             self.mask[slot] = 0
             self.mask[slot, :self.n_prefix] = 1
-            self.mask[slot, self.L - len(own[b]):] = 1
+            self.mask[slot, self.L - m:] = 1
         return True
 
 
@@ -380,7 +372,8 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
     finishes hands its place in the batch to the next prompt (its own tokens run on top of the
     shared prefix and written into the cache at the current column), so the batch stays full
     and a long answer no longer holds a whole batch of finished rows; once no prompt is left,
-    finished rows leave the batch. Each row's tokens equal its own greedy decoding (argmax of
+    finished rows leave the batch. The waiting prompts' own tokens are run up to ``n_slots``
+    prompts ahead, several in one pass (``prefill.own_kv``), rather than one pass per refill. Each row's tokens equal its own greedy decoding (argmax of
     the same positions and keys); None when this model's cache cannot be laid out this way.
     ``capacity``: cache columns allocated at first (default: room for the longest prompt and
     twice ``max_new_tokens``); a full cache is compacted (``_Slots.relayout``).
@@ -406,8 +399,23 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
     if capacity is None:
         capacity = n_prefix + longest + 2 * max_new_tokens + 2
     slots = _Slots(n_prefix, prefix_kv, capacity, room=max_new_tokens + lookahead + 2)
-    if not slots.admit(model, list(range(len(first))), [own[i] for i in first], pad, device,
-                       len(first)):
+    # the own tokens' keys and values of the next prompts are computed in groups, up to
+    # ``n_slots`` prompts ahead of the places they will take: one pass for several refills
+    ahead: dict[int, list] = {}
+
+    def prompt_kv(needed: Sequence[int]) -> list | None:
+        missing = [i for i in needed if i not in ahead]
+        if missing:
+            upcoming = [i for i in reversed(queue) if i not in ahead][:n_slots]
+            batch = missing + upcoming
+            kvs = own_kv(model, [own[i] for i in batch], n_prefix, prefix_kv, pad, device)
+            if kvs is None:
+                return None
+            ahead.update(zip(batch, kvs))
+        return [ahead.pop(i) for i in needed]
+
+    kvs = prompt_kv(first)
+    if kvs is None or not slots.admit(list(range(len(first))), kvs, len(first)):
         return None
     live = list(first)                               # batch position -> row
     cur = torch.tensor([rows[i][-1] for i in first], device=device)
@@ -501,7 +509,8 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
         if queue and finished:                       # refill the finished rows' places
             take = finished[:len(queue)]
             new = [queue.pop() for _ in take]
-            if not slots.admit(model, take, [own[i] for i in new], pad, device, len(live)):
+            kvs = prompt_kv(new)
+            if kvs is None or not slots.admit(take, kvs, len(live)):
                 return None
             for j, i in zip(take, new):
                 live[j] = i

@@ -224,6 +224,24 @@ def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv,
         yield members, gw, out
 
 
+def own_kv(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv, pad: int, device):
+    """The keys and values of each sequence's own tokens (those after the shared prefix): per
+    sequence, per layer, (keys, values) of shape [heads, len(seq), dim], copied out of the group
+    passes (``group_passes``) so the rest of each pass's cache is freed. None when this model's
+    cache is not a plain one."""
+    result: list = [None] * len(seqs)
+    for members, gw, out in group_passes(model, seqs, n_prefix, prefix_kv, pad, device):
+        kv = _kv(out.past_key_values)
+        if kv is None:
+            return None
+        end = n_prefix + gw
+        for j, b in enumerate(members):
+            m = len(seqs[b])
+            result[b] = [(k[j, :, end - m:end].clone(), v[j, :, end - m:end].clone())
+                         for k, v in kv]
+    return [r if r is not None else [] for r in result]   # [] : no own tokens
+
+
 def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
              device, room: int = 0):
     """KV cache of every row but its last token, laid out as [prefix | padding | own tokens].
