@@ -84,7 +84,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def summary_parser() -> argparse.ArgumentParser:
     """The commands and their one-line help (``HELP``) without any group's options: what
     `layerswap`, `layerswap --help` and an unknown command need, without importing the groups
-    (five of them import torch: 3-4 s)."""
+    (all of them: 0.2-0.3 s)."""
     p, sub = _top_parser()
     for name, text in HELP.items():
         sub.add_parser(name, help=text, add_help=False)

@@ -3,16 +3,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..analysis.deltas import DeltaStats, auto_threshold, delta_stats
-from ..analysis.suggest import suggest_config
 from .progress import progress_bar
 from . import HELP
 
+if TYPE_CHECKING:   # annotations only: the module imports torch (see _stats)
+    from ..analysis.deltas import DeltaStats
+
 
 def _stats(base, expert, threshold, device, cache, label=None) -> DeltaStats:
+    # lazy: analysis.deltas imports torch (1.3-1.5 s), not needed for --help
+    from ..analysis.deltas import delta_stats
+
     with progress_bar(f"analyze {Path(str(expert)).name}", leave=False) as progress:
         return delta_stats(base, expert, threshold=threshold, device=device, progress=progress,
                            cache=cache, label=label)
@@ -30,6 +35,9 @@ def _print_profile(st: DeltaStats, tau: float):
 
 
 def _analyze(args) -> int:
+    # lazy: analysis.deltas imports torch (1.3-1.5 s), not needed for --help
+    from ..analysis.deltas import auto_threshold
+
     stats = [_stats(args.base, e, args.threshold, args.device, not args.no_cache)
              for e in args.expert]
     tau = args.threshold if args.threshold is not None else auto_threshold(*stats)
@@ -51,6 +59,9 @@ def _analyze(args) -> int:
 
 
 def _suggest(args) -> int:
+    # lazy: analysis.suggest imports torch (1.3-1.5 s), not needed for --help
+    from ..analysis.suggest import suggest_config
+
     task = _stats(args.base, args.task, None, args.device, not args.no_cache, "task")
     lang = _stats(args.base, args.lang, None, args.device, not args.no_cache, "lang")
     s = suggest_config(task, lang, task.num_layers)

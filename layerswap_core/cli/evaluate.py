@@ -6,8 +6,6 @@ import sys
 from pathlib import Path
 
 from ..evaluation.data import MGSM_HUB_ID, SOURCES, load_items
-from ..evaluation.runner import contamination_warning, default_exemplars, run_side_by_side
-from ..evaluation.lmeval import run_lm_eval
 from ..checkpoints.references import ModelLoadError, resolve
 from ..checkpoints.loading import load_model
 from .progress import progress_bar
@@ -15,6 +13,9 @@ from . import HELP
 
 
 def _warn_contamination(refs, source: str) -> None:
+    # lazy: evaluation.runner imports torch (1.7-2.1 s), not needed for --help
+    from ..evaluation.runner import contamination_warning
+
     for ref in refs:
         try:
             folder = resolve(ref)
@@ -27,6 +28,9 @@ def _warn_contamination(refs, source: str) -> None:
 
 def _lm_eval(args, items, exemplars) -> int:
     """The same items through lm-eval's own mgsm task (its prompts, filters and metric)."""
+    # lazy: evaluation.lmeval imports torch (1.7-2.1 s), not needed for --help
+    from ..evaluation.lmeval import run_lm_eval
+
     if args.data != "mgsm":
         raise ValueError("--lm-eval runs lm-eval's mgsm tasks: use it with --data mgsm")
     out = {}
@@ -53,6 +57,9 @@ def _lm_eval(args, items, exemplars) -> int:
 def _eval(args) -> int:
     if args.n is not None and args.n < 1:
         raise ValueError(f"--n must be at least 1 (leave it out for all items), not {args.n}")
+    # lazy: evaluation.runner imports torch (1.7-2.1 s), not needed for --help
+    from ..evaluation.runner import default_exemplars, run_side_by_side
+
     items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir, hub=args.hub)
     exemplars = default_exemplars(items, args.shots, cot=args.cot, data_dir=args.data_dir,
                                   hub=args.hub)

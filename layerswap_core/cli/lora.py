@@ -2,9 +2,8 @@
 extract-lora`: a fully fine-tuned expert as a low-rank LoRA adapter."""
 from __future__ import annotations
 
-from ..checkpoints.reading import TORCH_DTYPES
+from ..checkpoints.reading import CONFIG_DTYPES, TORCH_DTYPES
 from ..checkpoints.adapters import AdapterError
-from ..merge.lora import extract_adapter, merge_adapters
 from .merge import add_config_flags, config_from_args
 from .progress import progress_bar
 from . import HELP
@@ -14,6 +13,9 @@ def _merge_lora(args) -> int:
     cfg = config_from_args(args)
     if not (cfg.task and cfg.lang and args.base):
         raise AdapterError("merge-lora needs --task ADAPTER --lang ADAPTER --base MODEL")
+    # lazy: merge.lora imports torch (1.9 s), not needed for --help
+    from ..merge.lora import merge_adapters
+
     with progress_bar() as progress:
         out = merge_adapters(cfg, cfg.task, cfg.lang, args.base, args.out, dense=args.dense,
                              dtype=TORCH_DTYPES.get(cfg.dtype) if cfg.dtype else None,
@@ -23,6 +25,9 @@ def _merge_lora(args) -> int:
 
 
 def _extract_lora(args) -> int:
+    # lazy: merge.lora imports torch (1.9 s), not needed for --help
+    from ..merge.lora import extract_adapter
+
     with progress_bar() as progress:
         res = extract_adapter(args.base, args.tuned, args.out, rank=args.rank,
                               dtype=TORCH_DTYPES[args.dtype], overwrite=args.overwrite,
@@ -60,7 +65,8 @@ def add_cli(subparsers):
     s.add_argument("--base", required=True, help="the base model the expert was tuned from")
     s.add_argument("--tuned", required=True, help="the fully fine-tuned expert")
     s.add_argument("--rank", type=int, default=16, help="rank of every module (default 16)")
-    s.add_argument("--dtype", choices=tuple(TORCH_DTYPES), default="bfloat16",
+    # TORCH_DTYPES' names: CONFIG_DTYPES, read without building its torch table (importing torch)
+    s.add_argument("--dtype", choices=tuple(CONFIG_DTYPES), default="bfloat16",
                    help="dtype of the saved A and B (default bfloat16)")
     s.add_argument("--out", required=True, help="output adapter folder")
     _output_flags(s)

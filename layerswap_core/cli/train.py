@@ -2,22 +2,29 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.util
 import shlex
 from dataclasses import fields
 
 from ..checkpoints.loading import cpu_has_bf16, pick_device
-from ..training import trainer as T
 from ..training.config import (DEFAULT_LR, MODES, PARTS, SAVE_DTYPES, SCHEDULES, TRAIN_DTYPES,
                                TrainConfig)
-from ..training.trainer import train
 from .partition import partition_arg
 from .progress import progress_bar
 from . import HELP
 
 
+def _trainer_doc() -> str:
+    """``training.trainer``'s docstring (the command's description), read from its source
+    without importing it: the module imports torch (1.9-2.1 s), which --help does not need."""
+    spec = importlib.util.find_spec("..training.trainer", __package__)
+    return ast.get_docstring(ast.parse(spec.loader.get_source(spec.name)), clean=False)
+
+
 def add_cli(subparsers):
     s = subparsers.add_parser("train", help=HELP["train"],
-                              description=T.__doc__,
+                              description=_trainer_doc(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     d = TrainConfig(data="", output="")
     s.add_argument("--model", default=d.model, help="base model reference (default: %(default)s)")
@@ -100,6 +107,9 @@ def _mode_label(cfg: TrainConfig) -> str:
 
 def _train(args) -> int:
     cfg = config_from_args(args).validate()
+    # lazy: training.trainer imports torch (1.9-2.1 s), not needed for --help
+    from ..training.trainer import train
+
     print(f"learning rate {cfg.lr:g} ("
           f"{'given' if args.lr is not None else 'default for ' + _mode_label(cfg)}), "
           f"{cfg.schedule} schedule")

@@ -20,8 +20,6 @@ from dataclasses import asdict, dataclass, field
 
 from ..checkpoints.loading import pick_device
 from ..evaluation.data import load_items
-from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, side_by_side_task,
-                                 task_nll)
 from ..evaluation.variants import variant_items
 from ..merge.config import MergeConfig
 
@@ -71,6 +69,9 @@ class EvalSettings:
 
 def load_eval_items(settings: EvalSettings) -> dict[str, tuple[list, list]]:
     """language -> (items, exemplars) the sweep scores every configuration on."""
+    # lazy: evaluation.runner imports torch (1.7-2.1 s), not needed by `sweep --help`
+    from ..evaluation.runner import default_exemplars
+
     out = {}
     for lang in settings.langs:
         if settings.data == "demo-variants":   # chosen on validation, as the demo's sweep is
@@ -98,6 +99,9 @@ def nll_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
 def score_model(model, tokenizer, eval_items: dict, settings: EvalSettings,
                 progress=None) -> dict[str, dict]:
     """language -> the score of (model, tokenizer) on that language's items."""
+    # lazy: evaluation.runner imports torch (1.7-2.1 s), not needed by `sweep --help`
+    from ..evaluation.runner import mean_nll, run_side_by_side, side_by_side_task, task_nll
+
     out = {}
     for lang, (items, exemplars) in eval_items.items():
         if settings.metric == "nll":   # teacher-forced: no generation
