@@ -307,8 +307,8 @@ def test_refills_run_their_prompts_ahead_in_groups(embedded_base, monkeypatch):
     prompts = FEW_SHOT + [p + " 7 and then" for p in FEW_SHOT] + [p + " so" for p in FEW_SHOT]
     runs = []
     own_kv = generation.own_kv
-    monkeypatch.setattr(generation, "own_kv",
-                        lambda model, seqs, *a: (runs.append(len(seqs)), own_kv(model, seqs, *a))[1])
+    monkeypatch.setattr(generation, "own_kv", lambda model, seqs, *a: (
+        runs.append(len(seqs)), own_kv(model, seqs, *a))[1])
     got = generate(model, tok, prompts, max_new_tokens=8, stop=["."], batch_size=2, lookahead=0)
     alone = [generate(model, tok, [p], max_new_tokens=8, stop=["."], refill=False)[0]
              for p in prompts]

@@ -373,8 +373,9 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
     shared prefix and written into the cache at the current column), so the batch stays full
     and a long answer no longer holds a whole batch of finished rows; once no prompt is left,
     finished rows leave the batch. The waiting prompts' own tokens are run up to ``n_slots``
-    prompts ahead, several in one pass (``prefill.own_kv``), rather than one pass per refill. Each row's tokens equal its own greedy decoding (argmax of
-    the same positions and keys); None when this model's cache cannot be laid out this way.
+    prompts ahead, several in one pass (``prefill.own_kv``), rather than one pass per refill.
+    Each row's tokens equal its own greedy decoding (argmax of the same positions and keys);
+    None when this model's cache cannot be laid out this way.
     ``capacity``: cache columns allocated at first (default: room for the longest prompt and
     twice ``max_new_tokens``); a full cache is compacted (``_Slots.relayout``).
 
