@@ -101,8 +101,8 @@ def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
     return kw
 
 
-from .prefill import (MIN_SHARED_PREFIX, _forward_kwargs, _growing_layer_class, _kv, _plain_cache_ok, _prefill,
-                      batch_order, group_passes, own_kv, shared_prefix)
+from .prefill import (MIN_SHARED_PREFIX, _forward_kwargs, _growing_layer_class, _kv,
+                      _plain_cache_ok, _prefill, batch_order, layer_shapes, own_kv, shared_prefix)
 
 
 # generation_config fields that change what greedy decoding picks, with their neutral values:
@@ -267,8 +267,7 @@ class _Slots:
         if self.cache is not None and need > self.L:
             self.relayout(need)
         if self.cache is None:
-            like = next(([(k[None], v[None]) for k, v in kv] for kv in kvs if kv),
-                        self.prefix_kv)
+            like = layer_shapes(kvs, self.prefix_kv)
             if not like:
                 return False        # nothing to attend to before the first tokens: no layout
             self._allocate(like, n, need)

@@ -242,6 +242,13 @@ def own_kv(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv, pad: 
     return [r if r is not None else [] for r in result]   # [] : no own tokens
 
 
+def layer_shapes(kvs: Sequence[list], prefix_kv) -> list:
+    """Per layer, a (keys, values) pair [1, heads, columns, dim] to shape a batch cache like:
+    the first row's own keys and values (``own_kv``), else the shared prefix's; [] when there
+    are neither."""
+    return next(([(k[None], v[None]) for k, v in kv] for kv in kvs if kv), prefix_kv)
+
+
 def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
              device, room: int = 0):
     """KV cache of every row but its last token, laid out as [prefix | padding | own tokens].
@@ -258,30 +265,20 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
     if prefix_kv is None:
         return None
     own = [r[n_prefix:len(r) - 1] for r in rows]     # tokens each row needs before generation
+    kvs = own_kv(model, own, n_prefix, prefix_kv, pad, device)
+    if kvs is None:
+        return None
+    like = layer_shapes(kvs, prefix_kv)
+    if not like:                     # no prefix and no row has tokens before its last one
+        return None
     span = width - 1                                   # cache length: all columns but the last
-    assembled: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def place(kv_group, members, group_width):
-        if not assembled:    # allocate the batch cache, shaped like this model's layers
-            for k, v in kv_group:
-                assembled.append((k.new_zeros((len(rows), k.shape[1], span + room, k.shape[3])),
-                                  v.new_zeros((len(rows), v.shape[1], span + room, v.shape[3]))))
-        end = n_prefix + group_width
-        for (k, v), (K, V) in zip(kv_group, assembled):
-            for j, b in enumerate(members):
-                n = len(own[b])
-                K[b, :, span - n:span] = k[j, :, end - n:end]
-                V[b, :, span - n:span] = v[j, :, end - n:end]
-
-    for members, gw, out in group_passes(model, own, n_prefix, prefix_kv, pad, device):
-        kv = _kv(out.past_key_values)
-        if kv is None:
-            return None
-        place(kv, members, gw)
-    if not assembled:                # no row has tokens before its last one
-        if not prefix_kv:
-            return None
-        place(prefix_kv, [], 0)
+    assembled = [(k.new_zeros((len(rows), k.shape[1], span + room, k.shape[3])),
+                  v.new_zeros((len(rows), v.shape[1], span + room, v.shape[3])))
+                 for k, v in like]
+    for b, kv in enumerate(kvs):
+        for (k, v), (K, V) in zip(kv, assembled):
+            K[b, :, span - k.shape[1]:span] = k
+            V[b, :, span - v.shape[1]:span] = v
     for (K, V), pk in zip(assembled, prefix_kv):
         K[:, :, :n_prefix] = pk[0]
         V[:, :, :n_prefix] = pk[1]
