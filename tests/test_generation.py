@@ -445,20 +445,38 @@ def test_packed_attention_equals_sdpa_and_changes_nothing_outside(embedded_base,
     ids = torch.tensor([tok(FEW_SHOT[0], add_special_tokens=False)["input_ids"][:24]] * 2)
     mask = torch.ones_like(ids)
     mask[1, :5] = 0                                            # a left-padded row
-    calls = []
+    calls, masks = [], []
+
+    def watched(q, *a, **k):
+        calls.append(tuple(q.shape))
+        masks.append(k["attn_mask"])
+        return sdpa(q, *a, **k)
+
+    def boolean_mask(mask, groups, dtype):                     # folded, left to sdpa to convert
+        b, _, q_len, keys = mask.shape
+        return mask.expand(b, groups, q_len, keys).reshape(b, 1, groups * q_len, keys)
+
     with torch.inference_mode():
         before = model(input_ids=ids, attention_mask=mask).logits
         with attention.packed_attention(model):
             assert model.config._attn_implementation == attention.NAME
             sdpa = torch.nn.functional.scaled_dot_product_attention   # the real one, watched
             with monkeypatch.context() as m:
-                m.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                          lambda q, *a, **k: (calls.append(tuple(q.shape)), sdpa(q, *a, **k))[1])
+                m.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
                 packed = model(input_ids=ids, attention_mask=mask).logits
+            with monkeypatch.context() as m:
+                m.setattr(attention, "_pass_mask", boolean_mask)
+                packed_boolean = model(input_ids=ids, attention_mask=mask).logits
+        assert attention._local.mask is None                   # the pass's mask is let go
         after = model(input_ids=ids, attention_mask=mask).logits
     groups = model.config.num_attention_heads // model.config.num_key_value_heads
     assert calls and all(c[1] == model.config.num_key_value_heads and c[2] == 24 * groups
                          for c in calls)                        # folded, never repeated
+    # one additive mask for the whole pass, made once, and the same attention bit for bit as
+    # sdpa's own conversion of the boolean mask in every layer
+    assert len(calls) == model.config.num_hidden_layers
+    assert all(m is masks[0] for m in masks) and masks[0].dtype == torch.float32
+    assert torch.equal(packed, packed_boolean)
     assert torch.equal(after, before)
     assert torch.allclose(packed[:, 5:], before[:, 5:], atol=1e-4, rtol=1e-4)
     assert torch.equal(packed[:, 5:].argmax(-1), before[:, 5:].argmax(-1))
@@ -524,7 +542,8 @@ def test_split_head_gives_the_same_logits_and_changes_nothing_outside(embedded_b
 def test_packed_products_keep_the_greedy_text_and_change_nothing_outside(tmp_path, embedded_base,
                                                                          model_type, monkeypatch):
     """Inside ``packed_products`` short products by the model's linear layers (biases too, for
-    GPT-NeoX) run on oneDNN's prepacked weights: within float rounding of torch's own, the
+    GPT-NeoX) run on oneDNN's prepacked weights (a layer's projections that read the same input
+    stacked into one product, equal bit for bit): within float rounding of torch's own, the
     output layer first when the budget is short, long prompt passes and other threads on
     torch's own products bit for bit, nothing changed after the block. ``generate`` packs
     when enough steps may follow, and its greedy text equals the text with plain products and
@@ -554,6 +573,10 @@ def test_packed_products_keep_the_greedy_text_and_change_nothing_outside(tmp_pat
         plain_short, plain_long = model(input_ids=short).logits, model(input_ids=long).logits
         with products.packed_products(model) as n:
             assert n == len(linears) and all(type(m) is products.CpuLinear for m in linears)
+            # each layer's q/k/v projections and gate/up projections are stacked into one
+            # product (GPT-NeoX has its query_key_value already, and no gate)
+            stacked = 3 * model.config.num_hidden_layers if model_type == "embedded" else 0
+            assert len({id(p) for p in products._local.packed.values()}) == n - stacked
             packed_short, packed_long = model(input_ids=short).logits, model(input_ids=long).logits
             other = []
             t = threading.Thread(target=lambda: other.append(model(input_ids=short).logits))
@@ -566,6 +589,12 @@ def test_packed_products_keep_the_greedy_text_and_change_nothing_outside(tmp_pat
         size = head.weight.numel() * head.weight.element_size()
         with products.packed_products(model, budget=size) as only_head:
             assert only_head == 1 and set(products._local.packed) == {head}
+        with monkeypatch.context() as m:
+            m.setattr(products, "_shared_inputs", lambda model, fit: {})
+            with products.packed_products(model) as n_alone:
+                alone_short = model(input_ids=short).logits
+        assert n_alone == n
+        assert torch.equal(packed_short, alone_short)    # stacked: the same products bit for bit
     # the products sum in another order: the embedded model's logits (up to about 28) move by
     # about 1e-4, where feeding 4 tokens a row instead of 3 moves them by about 4e-5 (the tiny
     # model's short sums happen to come out equal)

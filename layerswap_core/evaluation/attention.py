@@ -39,11 +39,30 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
     b, h, _, d = query.shape
     kv_heads = key.shape[1]
     q = query.reshape(b, kv_heads, groups * q_len, d)          # heads of one group, one block
-    mask = attention_mask.expand(b, groups, q_len, attention_mask.shape[-1]).reshape(
-        b, 1, groups * q_len, attention_mask.shape[-1])
+    mask = _pass_mask(attention_mask, groups, query.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask,
                                                            scale=scaling)
     return out.reshape(b, h, q_len, d).transpose(1, 2).contiguous(), None
+
+
+def _pass_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """``mask`` [b, 1, q, keys] repeated for the ``groups`` query heads folded into one block
+    ([b, 1, groups * q, keys]) and, if boolean, made the additive mask that scaled-dot-product
+    attention makes of it on every call (0 where a key is seen, -inf where not: the same
+    attention bit for bit, ``tests/test_generation.py``). Made once per pass: every layer of a
+    pass gets the same mask object, and the last one made is kept (this thread, until the
+    ``packed_attention`` block ends). On SmolLM2's decoding passes (16 rows x 3 tokens, about
+    500 keys) the conversion took 0.2 ms of each layer's 1.9 ms of attention."""
+    kept = getattr(_local, "mask", None)
+    if kept is not None and kept[0] is mask and kept[1] == groups and kept[2] == dtype:
+        return kept[3]
+    b, _, q_len, keys = mask.shape
+    folded = mask.expand(b, groups, q_len, keys).reshape(b, 1, groups * q_len, keys)
+    if folded.dtype == torch.bool:
+        folded = torch.zeros(folded.shape, dtype=dtype, device=folded.device).masked_fill_(
+            ~folded, float("-inf"))
+    _local.mask = (mask, groups, dtype, folded)
+    return folded
 
 
 @functools.cache
@@ -86,10 +105,16 @@ def thread_switch(local: threading.local, on: bool):
         local.on = before
 
 
+@contextlib.contextmanager
 def packed_attention(model):
     """Within this block (this thread only), ``model``'s multi-token passes with a mask attend
     through ``packed_sdpa``; outside it nothing changes, bit for bit."""
-    return thread_switch(_local, _switch(model))
+    try:
+        with thread_switch(_local, _switch(model)):
+            yield
+    finally:
+        if not getattr(_local, "on", False):
+            _local.mask = None                 # the outermost block ends: its pass's mask goes
 
 
 class _Blocks:
