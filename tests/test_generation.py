@@ -672,3 +672,27 @@ def test_cudnn_attention_is_off_inside_cuda_blocks_and_restored_after_the_last()
         assert seen == [False, True]
     finally:
         torch.backends.cuda.enable_cudnn_sdp(original)
+
+
+def test_block_argmax_is_torchs_argmax_with_ties_and_nan():
+    """``_argmax`` picks what ``argmax(-1)`` picks: the first of equal maxima, whether they sit
+    in one block or in two; a row holding NaN and a vocabulary that is not a whole number of
+    blocks go to torch's own."""
+    import torch
+
+    from layerswap_core.evaluation.generation import ARGMAX_BLOCK, _argmax
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 3, 48 * ARGMAX_BLOCK, generator=g)
+    x[0, 0, [7, 40 * ARGMAX_BLOCK]] = 100.0                # tied maxima in two blocks
+    x[0, 1, [ARGMAX_BLOCK + 5, ARGMAX_BLOCK + 3]] = 50.0    # tied within one block
+    x[1, 2, -1] = 1e9                                       # the very last entry
+    x[2, 0, :] = -3.0                                       # all equal: the first
+    for logits in (x, x[:, 0], x[0, 0]):
+        assert torch.equal(_argmax(logits), logits.argmax(-1))
+    assert _argmax(x)[0].tolist() == [7, ARGMAX_BLOCK + 3, x[0, 2].argmax().item()]
+    with_nan = x.clone()
+    with_nan[3, 1, 9] = float("nan")
+    assert torch.equal(_argmax(with_nan), with_nan.argmax(-1))
+    odd = torch.randn(4, 48 * ARGMAX_BLOCK + 1, generator=g)
+    assert torch.equal(_argmax(odd), odd.argmax(-1))

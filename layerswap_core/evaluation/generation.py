@@ -127,6 +127,27 @@ def _plain_greedy_ok(model) -> bool:
 
 
 DROP_FINISHED = 0.25   # drop finished rows from the batch once they are this share of it
+ARGMAX_BLOCK = 1024    # vocabulary entries per block of ``_argmax``
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)``, the first of equal maxima, found faster on the CPU: the maximum of
+    each block of ``ARGMAX_BLOCK`` entries (a vectorized reduction), then the argmax within the
+    first block that holds the row's maximum. torch's own argmax compares one entry at a time:
+    16 x 3 rows of SmolLM2's 49,152 logits took 2.3 ms, this 0.44 ms (2026-11-27). Elsewhere,
+    for a vocabulary that is not a whole number of blocks, and where a row holds NaN: torch's
+    own."""
+    v = logits.shape[-1]
+    if logits.device.type != "cpu" or v % ARGMAX_BLOCK or v < 4 * ARGMAX_BLOCK:
+        return logits.argmax(-1)
+    blocks = logits.unflatten(-1, (v // ARGMAX_BLOCK, ARGMAX_BLOCK))
+    block_max = blocks.amax(-1)
+    top = block_max.amax(-1, keepdim=True)
+    if torch.isnan(top).any():
+        return logits.argmax(-1)
+    first = (block_max == top).to(torch.uint8).argmax(-1)      # the first block with the max
+    inside = blocks.gather(-2, first[..., None, None].expand(*first.shape, 1, ARGMAX_BLOCK))
+    return first * ARGMAX_BLOCK + inside.squeeze(-2).argmax(-1)
 
 
 def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tensor,
@@ -153,7 +174,7 @@ def _greedy_decode(model, tokenizer, cache, ids: torch.Tensor, mask: torch.Tenso
         pos = mask.sum(-1, keepdim=True) - 1
         logits = model(input_ids=cur, attention_mask=mask, position_ids=pos,
                        past_key_values=cache, use_cache=True, **fwd).logits[:, -1]
-        picks = logits.float().argmax(-1).tolist()
+        picks = _argmax(logits.float()).tolist()
         for j, row in enumerate(live):
             if row in done:
                 continue
@@ -463,7 +484,7 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
         with packed_attention(model), split_head(model):
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos,
                            past_key_values=slots.cache, use_cache=True, **kw).logits[:, -q:]
-        picks = logits.float().argmax(-1).tolist()
+        picks = _argmax(logits.float()).tolist()
         kept = [0] * len(live)                        # drafted tokens each row keeps
         finished = []
         for j, row in enumerate(live):
