@@ -578,6 +578,9 @@ def test_packed_products_keep_the_greedy_text_and_change_nothing_outside(tmp_pat
             stacked = 3 * model.config.num_hidden_layers if model_type == "embedded" else 0
             assert len({id(p) for p in products._local.packed.values()}) == n - stacked
             packed_short, packed_long = model(input_ids=short).logits, model(input_ids=long).logits
+            stacks = {id(p): p for p in products._local.packed.values()
+                      if type(p) is products._Stacked}.values()
+            assert len(stacks) == 2 * stacked // 3 and all(p.last is None for p in stacks)
             other = []
             t = threading.Thread(target=lambda: other.append(model(input_ids=short).logits))
             t.start()

@@ -43,6 +43,7 @@ import threading
 
 import torch
 
+from ..checkpoints.architectures import SHARED_INPUT_KINDS, get_architecture
 from ..checkpoints.writing import memory_available
 from .attention import thread_switch
 
@@ -83,8 +84,8 @@ class _Stacked:
     """Layers that read the same input, their weights stacked (in ``layers``' order) and
     packed as one: the first of them called with an input computes all their products in one,
     and each takes its own columns; the others, called with that same input (the same tensor
-    object, held until the next product), take theirs without computing. Belongs to one
-    ``packed_products`` block, in one thread."""
+    object, held until they all have taken theirs), take theirs without computing. Belongs to
+    one ``packed_products`` block, in one thread."""
 
     def __init__(self, layers: list, packed, bias):
         self.packed, self.bias = packed, bias
@@ -92,13 +93,16 @@ class _Stacked:
         for layer in layers:
             self.columns[layer] = (start, start + layer.out_features)
             start += layer.out_features
-        self.last = None                  # (input, product) of the last product
+        self.last = None       # [input, product, the layers still to take their columns]
 
     def product(self, layer, x):
         last = self.last
-        if last is None or last[0] is not x:
-            last = self.last = (x, torch.ops.mkldnn._linear_pointwise(
-                x.contiguous(), self.packed, self.bias, "none", [], ""))
+        if last is None or last[0] is not x or layer not in last[2]:
+            last = self.last = [x, torch.ops.mkldnn._linear_pointwise(
+                x.contiguous(), self.packed, self.bias, "none", [], ""), set(self.columns)]
+        last[2].discard(layer)
+        if not last[2]:
+            self.last = None                 # all served: the input and product are let go
         a, b = self.columns[layer]
         return last[1][..., a:b]
 
@@ -174,8 +178,6 @@ def _packable(model) -> list[list]:
 
 def _shared_inputs(model, fit: set) -> dict:
     """Each layer of ``fit`` that can be stacked -> its group (``_packable``)."""
-    from ..checkpoints.architectures import SHARED_INPUT_KINDS, get_architecture
-
     config = getattr(model, "config", None)
     try:
         arch = get_architecture(config.to_dict())
