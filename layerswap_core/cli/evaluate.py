@@ -74,7 +74,8 @@ def _eval(args) -> int:
         result = run_side_by_side(names, items, exemplars=exemplars, cot=args.cot,
                                   chat_template=args.chat_template,
                                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                  data_dir=args.data_dir, device=args.device, progress=progress)
+                                  data_dir=args.data_dir, device=args.device,
+                                  lean=not args.transformers, progress=progress)
     c = result.config
     print(f"{c['data']} {c['lang']}: n={c['n']}, {c['shots']}-shot ({c['exemplar_source']}), "
           f"{c['format']}{', chat template' if c['chat_template'] else ''} (accuracy: flexible "
@@ -113,5 +114,9 @@ def add_cli(subparsers) -> None:
     s.add_argument("--device", default="auto", help="cpu, cuda or auto")
     s.add_argument("--lm-eval", action="store_true",
                    help="run lm-eval's own mgsm task (simple_evaluate, local data) instead")
+    s.add_argument("--transformers", action="store_true",
+                   help="load every model with transformers' own modules (by default a plain "
+                        "Llama on the CPU runs through layerswap's lean forward, without "
+                        "importing transformers: the same logits, a faster start)")
     s.add_argument("--out", default=None, help="write per-item rows and summary as JSON")
     s.set_defaults(func=_eval)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 
 import torch
@@ -43,6 +44,42 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
     out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask,
                                                            scale=scaling)
     return out.reshape(b, h, q_len, d).transpose(1, 2).contiguous(), None
+
+
+def lean_attention(query, key, value, mask, groups: int, scaling: float) -> torch.Tensor:
+    """Attention of ``lean.LeanLlama``: inside ``packed_attention``, ``packed_sdpa``'s folded
+    query heads; elsewhere the same calls as transformers' ``sdpa_attention_forward`` (no
+    dropout, no position bias, a causal decoder): the key/value heads shared through
+    ``enable_gqa`` without a mask, one query token packed per key/value head, else the keys and
+    values repeated per query head. Returns [batch, q_len, heads, dim], contiguous."""
+    q_len = query.shape[2]
+    if (getattr(_local, "on", False) and groups > 1 and q_len > 1 and mask is not None
+            and mask.dim() == 4 and mask.shape[1] == 1 and key.shape[1] * groups == query.shape[1]):
+        b, h, _, d = query.shape
+        q = query.reshape(b, key.shape[1], groups * q_len, d)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, key, value, attn_mask=_pass_mask(mask, groups, query.dtype), scale=scaling)
+        return out.reshape(b, h, q_len, d).transpose(1, 2).contiguous()
+    kw = {}
+    if groups > 1:
+        if (os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1"
+                or (mask is None and key.shape[-1] == value.shape[-1] <= 256)):
+            kw["enable_gqa"] = True
+        elif q_len == 1:
+            b, h, _, d = query.shape
+            query = query.reshape(b, h // groups, groups, d)
+        else:
+            b, kvh, n, d = key.shape
+            key = key[:, :, None].expand(b, kvh, groups, n, d).reshape(b, kvh * groups, n, d)
+            value = value[:, :, None].expand(b, kvh, groups, n, value.shape[-1]).reshape(
+                b, kvh * groups, n, value.shape[-1])
+    is_causal = q_len > 1 and mask is None
+    if is_causal and key.shape[2] > q_len:
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=0.0, scale=scaling, is_causal=is_causal, **kw)
+    out = out.reshape(out.shape[0], -1, q_len, value.shape[-1])
+    return out.transpose(1, 2).contiguous()
 
 
 def _pass_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
@@ -80,6 +117,8 @@ def _register() -> bool:
 def _switch(model) -> bool:
     """Route a model that attends with transformers' ``sdpa`` through ``packed_sdpa``, which
     hands every call to ``sdpa`` unchanged outside ``packed_attention``; True if it now does."""
+    if getattr(model, "lean", False):
+        return True                            # lean.LeanLlama attends through lean_attention
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
     if current == NAME:

@@ -101,29 +101,15 @@ def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
     return kw
 
 
-from .prefill import (MIN_SHARED_PREFIX, _forward_kwargs, _growing_layer_class, _kv,
+from .lean import plain_argmax
+from .prefill import (MIN_SHARED_PREFIX, _forward_kwargs, _growing_on, _kv, cache_classes,
                       _plain_cache_ok, _prefill, batch_order, layer_shapes, own_kv, shared_prefix)
-
-
-# generation_config fields that change what greedy decoding picks, with their neutral values:
-# a model whose config sets one of them decodes through transformers' generate, which applies it
-_NOT_PLAIN_ARGMAX = {
-    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "min_length": 0,
-    "min_new_tokens": None, "suppress_tokens": None, "begin_suppress_tokens": None,
-    "forced_bos_token_id": None, "forced_eos_token_id": None, "sequence_bias": None,
-    "exponential_decay_length_penalty": None, "guidance_scale": None, "watermarking_config": None,
-    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "dola_layers": None,
-    "stop_strings": None, "max_time": None, "token_healing": False,
-}
 
 
 def _plain_greedy_ok(model) -> bool:
     """Whether greedy decoding of this model is a plain argmax (nothing in its
     generation_config would change the picked tokens)."""
-    gc = getattr(model, "generation_config", None)
-    return gc is None or all(getattr(gc, key, None) in (neutral, None)
-                             for key, neutral in _NOT_PLAIN_ARGMAX.items())
+    return plain_argmax(getattr(model, "generation_config", None))
 
 
 DROP_FINISHED = 0.25   # drop finished rows from the batch once they are this share of it
@@ -205,23 +191,22 @@ class _Slots:
     every row laid out as [shared prefix | padding | own prompt tokens | generated], right-aligned
     at the cache's length ``L``; ``mask`` has one more column, the current token's."""
 
-    def __init__(self, n_prefix: int, prefix_kv, capacity: int, room: int):
+    def __init__(self, n_prefix: int, prefix_kv, capacity: int, room: int, classes: tuple):
         self.n_prefix, self.prefix_kv, self.capacity, self.room = n_prefix, prefix_kv, capacity, room
+        self.cache_cls, self.grow = classes[0], _growing_on(classes[1])   # ``cache_classes``
         self.cache = None
         self.mask: torch.Tensor | None = None
         self.L = 0
 
     def _allocate(self, like, n: int, length: int) -> None:
-        from transformers import DynamicCache
-
-        grow = _growing_layer_class()
+        grow = self.grow
         self.capacity = max(self.capacity, length + 1)
         bufs = [(k.new_zeros((n, k.shape[1], self.capacity, k.shape[3])),
                  v.new_zeros((n, v.shape[1], self.capacity, v.shape[3]))) for k, v in like]
         for (K, V), (pk, pv) in zip(bufs, self.prefix_kv):
             K[:, :, :self.n_prefix] = pk[0]
             V[:, :, :self.n_prefix] = pv[0]
-        self.cache = DynamicCache()
+        self.cache = self.cache_cls()
         self.cache.layers = [grow(K, V, length) for K, V in bufs]
         self.L = length
         self.mask = torch.zeros((n, length + 1), dtype=torch.long, device=bufs[0][0].device)
@@ -231,9 +216,7 @@ class _Slots:
         """Move every row's own columns so they end at column ``length``, without holes (to
         make room for a longer prompt, or to compact the cache once it is full); the values do
         not change."""
-        from transformers import DynamicCache
-
-        grow = _growing_layer_class()
+        grow = self.grow
         # a row's own columns: those its mask keeps (drafted tokens that were not accepted
         # leave holes, ``_refill_decode``), in order
         cols = [torch.nonzero(self.mask[b, self.n_prefix:self.L]).flatten() + self.n_prefix
@@ -262,7 +245,7 @@ class _Slots:
                     K2[b, :, length - len(c):length] = own_k[b]
                     V2[b, :, length - len(c):length] = own_v[b]
             layers.append(grow(K2, V2, length))
-        self.cache = DynamicCache()
+        self.cache = self.cache_cls()
         self.cache.layers = layers
         mask = self.mask.new_zeros((self.mask.shape[0], length + 1))
         mask[:, :self.n_prefix] = 1
@@ -419,7 +402,8 @@ def _refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int
     longest = max(len(o) for o in own)
     if capacity is None:
         capacity = n_prefix + longest + 2 * max_new_tokens + 2
-    slots = _Slots(n_prefix, prefix_kv, capacity, room=max_new_tokens + lookahead + 2)
+    slots = _Slots(n_prefix, prefix_kv, capacity, room=max_new_tokens + lookahead + 2,
+                   classes=cache_classes(model))
     # the own tokens' keys and values of the next prompts are computed in groups, up to
     # ``n_slots`` prompts ahead of the places they will take: one pass for several refills
     ahead: dict[int, list] = {}
@@ -652,6 +636,8 @@ def _generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int,
             mask[row, :n_prefix] = 1
         filled = _prefill(model, rows, n_prefix, cache, width, pad, device,
                           room=max_new_tokens + 1) if split_prefill else None
+        if filled is None and getattr(model, "lean", False):
+            filled = cache_classes(model)[0]()   # every row one token: nothing before it
         if filled is not None and own_loop:
             def each_token(k, start=start, n=len(idx)):   # every 8 tokens: progress, Cancel
                 if progress is not None and k % 8 == 0:

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from .attention import packed_attention
+from .lean import LeanCache, LeanLayer
 from .products import split_head
 
 
@@ -52,6 +53,8 @@ def _plain_cache_ok(model) -> bool:
     """
     import inspect
 
+    if getattr(model, "lean", False):
+        return True
     try:
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
@@ -66,12 +69,15 @@ def _plain_cache_ok(model) -> bool:
 
 def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """(keys, values) per layer of a plain dynamic cache, else None."""
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:
-        return None
+    if isinstance(cache, LeanCache):
+        plain = LeanLayer
+    else:
+        try:
+            from transformers.cache_utils import DynamicLayer as plain
+        except ImportError:
+            return None
     layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer) is not DynamicLayer or layer.keys is None for layer in layers):
+    if not layers or any(type(layer) is not plain or layer.keys is None for layer in layers):
         return None
     return [(layer.keys, layer.values) for layer in layers]
 
@@ -89,11 +95,26 @@ def _prefix_cache(model, prefix: list[int], device):
         return None
 
 
-@functools.cache
-def _growing_layer_class():
+def cache_classes(model) -> tuple[type, type]:
+    """(cache class, its plain layer class) for ``model``'s passes: transformers'
+    ``DynamicCache`` and ``DynamicLayer``, or ``lean.LeanCache`` and ``LeanLayer`` for a
+    ``LeanLlama`` (whose runs never import transformers)."""
+    if getattr(model, "lean", False):
+        return LeanCache, LeanLayer
+    from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    class GrowingLayer(DynamicLayer):
+    return DynamicCache, DynamicLayer
+
+
+def _growing_layer_class(model=None):
+    """``GrowingLayer`` for ``model``'s caches (transformers' without a model)."""
+    return _growing_on(LeanLayer if getattr(model, "lean", False) else cache_classes(None)[1])
+
+
+@functools.cache
+def _growing_on(base: type):
+    class GrowingLayer(base):
         """A plain KV cache layer that appends in place into spare capacity.
 
         ``DynamicLayer`` concatenates on every step, copying the whole batch cache each time;
@@ -198,8 +219,7 @@ def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv,
     Yields (members, group width, model output); the output's cache holds the group's keys
     and values after the prefix's.
     """
-    from transformers import DynamicCache
-
+    cache_cls = cache_classes(model)[0]
     fwd = _forward_kwargs(model)
     for members in prefill_groups([len(s) for s in seqs]):
         gw = max(len(seqs[b]) for b in members)
@@ -212,9 +232,9 @@ def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv,
             ids[j, gw - n:] = torch.tensor(list(seqs[b]))
             mask[j, n_prefix + gw - n:] = 1
             pos[j, gw - n:] = torch.arange(n_prefix, n_prefix + n)
-        past = DynamicCache(ddp_cache_data=[(k.expand(len(members), -1, -1, -1),
-                                             v.expand(len(members), -1, -1, -1))
-                                            for k, v in prefix_kv]) if prefix_kv else DynamicCache()
+        past = cache_cls(ddp_cache_data=[(k.expand(len(members), -1, -1, -1),
+                                          v.expand(len(members), -1, -1, -1))
+                                         for k, v in prefix_kv]) if prefix_kv else cache_cls()
         kw = dict(fwd)
         if keep is not None and kw:
             kw["logits_to_keep"] = keep(members)
@@ -259,8 +279,6 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
     tokens to come. Returns None when the model's cache is not a plain one (the caller then
     lets ``generate`` do a padded pass).
     """
-    from transformers import DynamicCache
-
     prefix_kv = _kv(prefix) if prefix is not None else []
     if prefix_kv is None:
         return None
@@ -282,7 +300,8 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
     for (K, V), pk in zip(assembled, prefix_kv):
         K[:, :, :n_prefix] = pk[0]
         V[:, :, :n_prefix] = pk[1]
-    grow = _growing_layer_class()
-    cache = DynamicCache()
+    cache_cls, plain = cache_classes(model)
+    grow = _growing_on(plain)
+    cache = cache_cls()
     cache.layers = [grow(K, V, span) for K, V in assembled]
     return cache

@@ -42,6 +42,7 @@ from .prompts import has_chat_template, render_chat
 from .tasks import Extraction, Task, run_task, token_nll
 from ..checkpoints.loading import load_model
 from .attention import without_cudnn_attention
+from .lean import load_lean_model
 from .prefill import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
 
 
@@ -415,9 +416,10 @@ def summarize(name: str, correct: Sequence[bool], strict: Sequence[bool],
             "mean_gold_nll": mean_nll(nlls)}
 
 
-def _ensure_loaded(spec, device):
+def _ensure_loaded(spec, device, lean: bool = False):
     if isinstance(spec, (str, Path)):
-        return load_model(str(spec), device=device), True
+        loaded = load_lean_model(str(spec), device) if lean else None
+        return loaded or load_model(str(spec), device=device), True
     if callable(spec):  # asked just before its run (e.g. one live model showing each role)
         spec = spec()
     model, tokenizer = spec
@@ -447,13 +449,15 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
                      chat_template: bool = False, max_new_tokens: int | None = None,
                      batch_size: int = 16, exemplars: Sequence[Item] | None = None,
                      data_dir=None, with_nll: bool = True, device: str | None = "cpu",
-                     progress: Progress | None = None) -> SideBySideResult:
+                     lean: bool = True, progress: Progress | None = None) -> SideBySideResult:
     """Evaluate the same items with the same prompts on each model (up to four, e.g. base,
     task expert, language expert, merged).
 
     ``models``: name -> (model, tokenizer), a function returning one (called just before that
-    model's run), or a model reference (loaded with ``checkpoints.loading.load_model`` one at a
-    time and freed after its run). Exemplars default to ``default_exemplars(items, shots, ...)``:
+    model's run), or a model reference (loaded one at a time and freed after its run: with
+    ``lean``, a plain Llama on the CPU as ``lean.LeanLlama``, the same logits without importing
+    transformers; anything else with ``checkpoints.loading.load_model``). Exemplars default to
+    ``default_exemplars(items, shots, ...)``:
     MGSM's standard exemplars on MGSM, GSM-Symbolic training templates otherwise. The task
     record is ``side_by_side_task``, scored by ``tasks.run_task``; each model's prompts are built
     once and also feed the gold NLL. Accuracy uses the flexible filter; strict accuracy is
@@ -478,7 +482,7 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
                 progress((mi + frac) / n_models, f"{name} (model {mi + 1} of {n_models}): {msg}")
         step(0.0, f"loading, then {len(items)} items" if isinstance(spec, (str, Path))
              else f"preparing the model, then {len(items)} items")
-        (model, tokenizer), loaded_here = _ensure_loaded(spec, device)
+        (model, tokenizer), loaded_here = _ensure_loaded(spec, device, lean and not chat_template)
         try:
             run = run_task(task, model, tokenizer, batch_size=batch_size,
                            progress=lambda f, m: step(0.9 * f if has_solutions else f, m))
