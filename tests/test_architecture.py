@@ -31,7 +31,8 @@ LAYERS = [
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapter plans, executor, live
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.mgsm_hub", "evaluation.data", "evaluation.variants", "evaluation.calculator",
-     "evaluation.attention", "evaluation.products", "evaluation.prefill", "evaluation.generation",
+     "evaluation.attention", "evaluation.products", "evaluation.lean",   # the lean Llama
+     "evaluation.prefill", "evaluation.generation",
      "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
      "evaluation.demo_result", "evaluation.prompts",   # evaluation; the one chat renderer,
      "evaluation.tasks"),                         # task records and their one scorer
