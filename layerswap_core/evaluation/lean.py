@@ -238,7 +238,7 @@ class LeanCache:
 class _Norm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.empty(size, device="meta"))
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:   # transformers' LlamaRMSNorm
@@ -247,6 +247,11 @@ class _Norm(nn.Module):
         variance = x.pow(2).mean(-1, keepdim=True)
         x = x * torch.rsqrt(variance + self.variance_epsilon)
         return self.weight * x.to(dtype)
+
+
+def _linear(n_in: int, n_out: int) -> nn.Linear:
+    """A bias-free ``nn.Linear`` on the meta device (its weight comes from the checkpoint)."""
+    return nn.Linear(n_in, n_out, bias=False, device="meta")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -261,10 +266,10 @@ class _Attention(nn.Module):
         self.layer_idx, self.head_dim = layer_idx, d
         self.num_key_value_groups = cfg.num_attention_heads // cfg.num_key_value_heads
         self.scaling = d ** -0.5
-        self.q_proj = nn.Linear(h, cfg.num_attention_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=False)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=False)
+        self.q_proj = _linear(h, cfg.num_attention_heads * d)
+        self.k_proj = _linear(h, cfg.num_key_value_heads * d)
+        self.v_proj = _linear(h, cfg.num_key_value_heads * d)
+        self.o_proj = _linear(cfg.num_attention_heads * d, h)
 
     def forward(self, x, cos, sin, mask, cache):
         shape = (*x.shape[:-1], -1, self.head_dim)
@@ -282,9 +287,9 @@ class _Attention(nn.Module):
 class _MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = _linear(cfg.hidden_size, cfg.intermediate_size)
+        self.up_proj = _linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down_proj = _linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x):
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -352,10 +357,12 @@ class LeanLlama(nn.Module):
             gen.setdefault(key, cfg.get(key))
         self.generation_config = SimpleNamespace(**gen)
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.model.embed_tokens = nn.Embedding(      # no initialisation: loading fills it
+            c.vocab_size, c.hidden_size, _weight=torch.empty(c.vocab_size, c.hidden_size,
+                                                             device="meta"))
         self.model.layers = nn.ModuleList(_Layer(c, i) for i in range(c.num_hidden_layers))
         self.model.norm = _Norm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.lm_head = _linear(c.hidden_size, c.vocab_size)
         if tied_embeddings(cfg):
             self.lm_head.weight = self.model.embed_tokens.weight
         d = c.head_dim                                   # transformers' default rotary frequencies
@@ -406,8 +413,7 @@ def load_lean(folder: str | Path, dtype: torch.dtype = torch.float32):
     cfg = read_config_file(folder)
     gen_path = folder / "generation_config.json"
     generation = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else None
-    with torch.device("meta"):
-        model = LeanLlama(cfg, generation)
+    model = LeanLlama(cfg, generation)                  # on the meta device
     reader = CheckpointReader(folder)
     names = dict(model.named_parameters())
     prefix = "" if any(n in reader for n in names) else None
@@ -423,9 +429,6 @@ def load_lean(folder: str | Path, dtype: torch.dtype = torch.float32):
     model.load_state_dict(state, strict=False, assign=True)
     if model.lm_head.weight.is_meta:                     # tied: assign replaced the embedding
         model.lm_head.weight = model.model.embed_tokens.weight
-    d = model.config.head_dim                          # the buffer, made on the meta device above
-    inv_freq = 1.0 / (_rope_theta(cfg) ** (torch.arange(0, d, 2, dtype=torch.float) / d))
-    model.register_buffer("inv_freq", inv_freq, persistent=False)
     model.eval()
     return model, LeanTokenizer(folder)
 
