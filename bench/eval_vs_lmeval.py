@@ -13,7 +13,9 @@ then runs, alternating, each in its own process:
             --include_path DIR --num_fewshot K --batch_size B --log_samples`` (what users run)
   ours      ``layerswap eval --model FOLDER --data mgsm --lang L --n N --shots K [--cot]
             --batch-size B --max-new-tokens M --device cpu --out JSON``
-and reports whole-process wall time and CPU seconds (os.wait4), min and median, the ratio
+(a plain Llama on the CPU, as the embedded SmolLM2, runs through ``evaluation.lean``: the same
+logits as transformers' modules, without importing transformers; ``--transformers`` is not
+passed) and reports whole-process wall time and CPU seconds (os.wait4), min and median, the ratio
 lm_eval / ours, and the generations compared item by item (identical / differing).
 ``--profile`` runs ours once more under cProfile and prints where the time goes (the 25 most
 expensive functions by cumulative and by own time).
