@@ -69,6 +69,8 @@ def test_the_embedded_and_tiny_llamas_are_lean_and_others_say_why_not(embedded_b
     assert "add_bos_token" in variant("bos", tokenizer={"add_bos_token": True})
     assert "LlamaTokenizer" in variant("cls", tokenizer={"tokenizer_class": "LlamaTokenizer"})
     assert "repetition_penalty" in variant("rep", generation={"repetition_penalty": 1.2})
+    assert "pad token '<pad>'" in variant("pad", tokenizer={"pad_token": "<pad>"})
+    assert "bos token 'Hello'" in variant("bos2", tokenizer={"bos_token": "Hello"})
     assert variant("theta", {"rope_parameters": {"rope_type": "default",
                                                  "rope_theta": 5e5}}) is None
 

@@ -128,6 +128,28 @@ def lean_reason(folder: str | Path, device: str = "cpu") -> str | None:
         return f"tokenizer class {tcfg.get('tokenizer_class')!r}"
     if tcfg.get("clean_up_tokenization_spaces") or tcfg.get("split_special_tokens"):
         return "tokenizer cleans up spaces or splits special tokens"
+    return _special_tokens_reason(tok, tcfg)
+
+
+def _special_tokens_reason(tokenizer_json: Path, tcfg: dict) -> str | None:
+    """Why the special tokens of tokenizer_config.json would not be what transformers makes of
+    them (it adds a missing one to the vocabulary, and skips it in decoding as special), else
+    None: each must already be a special added token of tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(tokenizer_json))
+    except Exception as e:  # noqa: BLE001 - any unreadable tokenizer.json keeps it off
+        return f"tokenizer.json unreadable ({e})"
+    added = tok.get_added_tokens_decoder()
+    for role in ("bos", "eos", "pad", "unk"):
+        token = tcfg.get(f"{role}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if token is None:
+            continue
+        i = tok.token_to_id(token)
+        if i is None or i not in added or not added[i].special:
+            return f"{role} token {token!r} is not a special token of tokenizer.json"
     return None
 
 

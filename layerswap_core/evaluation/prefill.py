@@ -109,7 +109,7 @@ def cache_classes(model) -> tuple[type, type]:
 
 def _growing_layer_class(model=None):
     """``GrowingLayer`` for ``model``'s caches (transformers' without a model)."""
-    return _growing_on(LeanLayer if getattr(model, "lean", False) else cache_classes(None)[1])
+    return _growing_on(cache_classes(model)[1])
 
 
 @functools.cache
