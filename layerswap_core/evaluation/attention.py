@@ -37,13 +37,17 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
             or kwargs.get("cache") is not None or key.shape[1] * groups != query.shape[1]):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
-    b, h, _, d = query.shape
-    kv_heads = key.shape[1]
-    q = query.reshape(b, kv_heads, groups * q_len, d)          # heads of one group, one block
-    mask = _pass_mask(attention_mask, groups, query.dtype)
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask,
-                                                           scale=scaling)
-    return out.reshape(b, h, q_len, d).transpose(1, 2).contiguous(), None
+    return _folded(query, key, value, attention_mask, groups, scaling), None
+
+
+def _folded(query, key, value, mask, groups: int, scaling) -> torch.Tensor:
+    """Attention with the query heads of each key/value head folded into one block and the
+    pass's mask repeated for them (``_pass_mask``); [batch, q_len, heads, dim], contiguous."""
+    b, h, q_len, d = query.shape
+    q = query.reshape(b, key.shape[1], groups * q_len, d)      # heads of one group, one block
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key, value, attn_mask=_pass_mask(mask, groups, query.dtype), scale=scaling)
+    return out.reshape(b, h, q_len, d).transpose(1, 2).contiguous()
 
 
 def lean_attention(query, key, value, mask, groups: int, scaling: float) -> torch.Tensor:
@@ -55,11 +59,7 @@ def lean_attention(query, key, value, mask, groups: int, scaling: float) -> torc
     q_len = query.shape[2]
     if (getattr(_local, "on", False) and groups > 1 and q_len > 1 and mask is not None
             and mask.dim() == 4 and mask.shape[1] == 1 and key.shape[1] * groups == query.shape[1]):
-        b, h, _, d = query.shape
-        q = query.reshape(b, key.shape[1], groups * q_len, d)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, key, value, attn_mask=_pass_mask(mask, groups, query.dtype), scale=scaling)
-        return out.reshape(b, h, q_len, d).transpose(1, 2).contiguous()
+        return _folded(query, key, value, mask, groups, scaling)
     kw = {}
     if groups > 1:
         if (os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA", "0") == "1"

@@ -85,13 +85,46 @@ def _rope_theta(cfg: dict) -> float | None:
 def lean_reason(folder: str | Path, device: str = "cpu") -> str | None:
     """None if ``LeanLlama`` can stand in for transformers on this checkpoint folder, else why
     not (one line)."""
-    folder = Path(folder)
+    return _checked(Path(folder), device)[0]
+
+
+def _checked(folder: Path, device: str):
+    """(``lean_reason``, the parsed tokenizer.json where it was read), so that loading does
+    not parse it again."""
     if str(device) != "cpu":
-        return f"device {device}: the lean forward runs on the CPU only"
+        return f"device {device}: the lean forward runs on the CPU only", None
     try:
         cfg = read_config_file(folder)
     except (ValueError, OSError) as e:
-        return f"config: {e}"
+        return f"config: {e}", None
+    reason = _config_reason(folder, cfg)
+    if reason is not None:
+        return reason, None
+    tok = folder / "tokenizer.json"
+    if not tok.is_file():
+        return "no tokenizer.json", None
+    try:
+        tcfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "no readable tokenizer_config.json", None
+    extra = sorted(set(tcfg) - _TOKENIZER_KEYS)
+    if extra:
+        return f"tokenizer_config sets {', '.join(extra)}", None
+    if tcfg.get("tokenizer_class") not in _TOKENIZER_CLASSES:
+        return f"tokenizer class {tcfg.get('tokenizer_class')!r}", None
+    if tcfg.get("clean_up_tokenization_spaces") or tcfg.get("split_special_tokens"):
+        return "tokenizer cleans up spaces or splits special tokens", None
+    from tokenizers import Tokenizer
+
+    try:
+        parsed = Tokenizer.from_file(str(tok))
+    except Exception as e:  # noqa: BLE001 - any unreadable tokenizer.json keeps it off
+        return f"tokenizer.json unreadable ({e})", None
+    return _special_tokens_reason(parsed, tcfg), parsed
+
+
+def _config_reason(folder: Path, cfg: dict) -> str | None:
+    """What in config.json or generation_config.json keeps the folder off the lean forward."""
     if cfg.get("model_type") != "llama" or cfg.get("architectures", ["LlamaForCausalLM"]) != [
             "LlamaForCausalLM"]:
         return f"model type {cfg.get('model_type')!r}: only plain Llama checkpoints"
@@ -114,37 +147,24 @@ def lean_reason(folder: str | Path, device: str = "cpu") -> str | None:
     if not plain_argmax(gen):
         changed = [k for k, v in NOT_PLAIN_ARGMAX.items() if gen.get(k) not in (v, None)]
         return f"generation_config sets {', '.join(changed)} (transformers' generate applies it)"
-    tok = folder / "tokenizer.json"
-    if not tok.is_file():
-        return "no tokenizer.json"
-    try:
-        tcfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "no readable tokenizer_config.json"
-    extra = sorted(set(tcfg) - _TOKENIZER_KEYS)
-    if extra:
-        return f"tokenizer_config sets {', '.join(extra)}"
-    if tcfg.get("tokenizer_class") not in _TOKENIZER_CLASSES:
-        return f"tokenizer class {tcfg.get('tokenizer_class')!r}"
-    if tcfg.get("clean_up_tokenization_spaces") or tcfg.get("split_special_tokens"):
-        return "tokenizer cleans up spaces or splits special tokens"
-    return _special_tokens_reason(tok, tcfg)
+    return None
 
 
-def _special_tokens_reason(tokenizer_json: Path, tcfg: dict) -> str | None:
-    """Why the special tokens of tokenizer_config.json would not be what transformers makes of
-    them (it adds a missing one to the vocabulary, and skips it in decoding as special), else
-    None: each must already be a special added token of tokenizer.json."""
-    from tokenizers import Tokenizer
-
-    try:
-        tok = Tokenizer.from_file(str(tokenizer_json))
-    except Exception as e:  # noqa: BLE001 - any unreadable tokenizer.json keeps it off
-        return f"tokenizer.json unreadable ({e})"
-    added = tok.get_added_tokens_decoder()
+def _role_tokens(tcfg: dict) -> dict:
+    """role (bos, eos, pad, unk) -> its token string in tokenizer_config.json, or None."""
+    out = {}
     for role in ("bos", "eos", "pad", "unk"):
         token = tcfg.get(f"{role}_token")
-        token = token.get("content") if isinstance(token, dict) else token
+        out[role] = token.get("content") if isinstance(token, dict) else token
+    return out
+
+
+def _special_tokens_reason(tok, tcfg: dict) -> str | None:
+    """Why the special tokens of tokenizer_config.json would not be what transformers makes of
+    them (it adds a missing one to the vocabulary, and skips it in decoding as special), else
+    None: each must already be a special added token of tokenizer.json (``tok``, parsed)."""
+    added = tok.get_added_tokens_decoder()
+    for role, token in _role_tokens(tcfg).items():
         if token is None:
             continue
         i = tok.token_to_id(token)
@@ -158,17 +178,15 @@ class LeanTokenizer:
     same ids for ``tokenizer(text, add_special_tokens=...)`` and ``encode``, the same text for
     ``decode`` / ``batch_decode``, and the special token ids of tokenizer_config.json."""
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, parsed=None):
+        """``parsed``: tokenizer.json already read (``tokenizers.Tokenizer``), else read here."""
         from tokenizers import Tokenizer
 
         folder = Path(folder)
-        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer = parsed or Tokenizer.from_file(str(folder / "tokenizer.json"))
         tcfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
         self.name_or_path = str(folder)
-        for role in ("bos", "eos", "pad", "unk"):
-            token = tcfg.get(f"{role}_token")
-            if isinstance(token, dict):
-                token = token.get("content")
+        for role, token in _role_tokens(tcfg).items():
             setattr(self, f"{role}_token", token)
             setattr(self, f"{role}_token_id",
                     None if token is None else self._tokenizer.token_to_id(token))
@@ -428,23 +446,18 @@ class LeanLlama(nn.Module):
         return SimpleNamespace(logits=logits, past_key_values=cache)
 
 
-def load_lean(folder: str | Path, dtype: torch.dtype = torch.float32):
+def load_lean(folder: str | Path, dtype: torch.dtype = torch.float32, tokenizer=None):
     """(LeanLlama, LeanTokenizer) of a checkpoint folder that ``lean_reason`` accepts, weights
-    read tensor by tensor and cast to ``dtype`` as transformers' loader does."""
+    read tensor by tensor and cast to ``dtype`` as transformers' loader does (``tokenizer``:
+    its tokenizer.json already parsed, if it was)."""
     folder = Path(folder)
     cfg = read_config_file(folder)
     gen_path = folder / "generation_config.json"
     generation = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.is_file() else None
     model = LeanLlama(cfg, generation)                  # on the meta device
     reader = CheckpointReader(folder)
-    names = dict(model.named_parameters())
-    prefix = "" if any(n in reader for n in names) else None
-    if prefix is None:
-        raise ValueError(f"{folder}: no tensor of a Llama checkpoint found")
     state = {}
-    for name in names:
-        if name == "lm_head.weight" and model.lm_head.weight is model.model.embed_tokens.weight:
-            continue
+    for name, _ in model.named_parameters():       # a tied head is the embedding: named once
         if name not in reader:
             raise ValueError(f"{folder}: the checkpoint lacks {name}")
         state[name] = reader.get(name).to(dtype)
@@ -452,13 +465,12 @@ def load_lean(folder: str | Path, dtype: torch.dtype = torch.float32):
     if model.lm_head.weight.is_meta:                     # tied: assign replaced the embedding
         model.lm_head.weight = model.model.embed_tokens.weight
     model.eval()
-    return model, LeanTokenizer(folder)
+    return model, LeanTokenizer(folder, tokenizer)
 
 
 def load_lean_model(ref, device: str | None = "cpu"):
     """(LeanLlama, LeanTokenizer) for a model reference where ``lean_reason`` finds nothing
     against it (float32 on the CPU), else None: the caller loads it through transformers."""
     path = resolve(ref)
-    if lean_reason(path, pick_device(device)) is not None:
-        return None
-    return load_lean(path)
+    reason, parsed = _checked(path, pick_device(device))
+    return None if reason is not None else load_lean(path, tokenizer=parsed)
