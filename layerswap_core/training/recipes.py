@@ -340,9 +340,74 @@ def reading_examples(split: str = "train", seed: int = SEED) -> list[dict]:
     return rows
 
 
+# --------------------------------------------------------------------------- the control recipe
+# ``english-control``: the outer-layer control of the demo result (issue #49). The same kinds
+# and numbers of rows as ``swahili-reading`` with no Swahili in them: the same statements in
+# English only (written out again, and asked for), English numerals, and English word lists
+# put in order. An expert trained on it with the reading expert's command, rank and steps (its
+# change then scaled to the reading expert's norm, module by module) learns the format of the
+# reading data (English question text after a prompt) but cannot read Swahili: if its outer
+# layers swapped in do as well after the Swahili question, the reading expert's carry no
+# Swahili reading.
+ENG_REPEAT_PROMPT = "Write this question out again in English (do not solve it):\n\n"
+ENG_WRITE_PROMPT = "Write a math question in English."
+ENG_WORDS_PROMPT = "Put these English words in alphabetical order: "
+ENG_NUMERAL_WORDS = "Write this number in English words: "
+ENG_NUMERAL_DIGITS = "Write this number in digits: "
+_EN_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+            "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+            "eighteen", "nineteen")
+_EN_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+
+
+def english_number(n: int) -> str:
+    """A number 0..999,999 in English words (``345`` -> ``three hundred forty-five``)."""
+    if not 0 <= n < 1_000_000:
+        raise ValueError(f"{n} is outside 0..999999")
+    if n < 20:
+        return _EN_ONES[n]
+    if n < 100:
+        return _EN_TENS[n // 10] + (f"-{_EN_ONES[n % 10]}" if n % 10 else "")
+    if n < 1000:
+        head = f"{_EN_ONES[n // 100]} hundred"
+        return head + (f" {english_number(n % 100)}" if n % 100 else "")
+    head = f"{english_number(n // 1000)} thousand"
+    return head + (f" {english_number(n % 1000)}" if n % 1000 else "")
+
+
+def english_control_examples(split: str = "train", seed: int = SEED) -> list[dict]:
+    """``train``: the reading recipe's rows with English in place of Swahili (module comment
+    above); ``eval``: the reading proxy's English statements written out again."""
+    if split != "train":
+        return [chat_row(ENG_REPEAT_PROMPT + en, en, f"proxy eng->eng {src}")
+                for en, _sw, src in statement_pairs(proxy_templates(), ("train", "validation"))]
+    rows = []
+    for en, _sw, src in statement_pairs(reading_templates()):
+        rows.append(chat_row(ENG_REPEAT_PROMPT + en, en, f"statement eng->eng {src}"))
+        rows.append(chat_row(ENG_WRITE_PROMPT, en, f"statement eng {src}"))
+    rng = random.Random(seed)
+    words = sorted({h for h, _ in freedict_entries("eng-swh") if _dict_split(h) == "train"
+                    and h.isascii() and h.isalpha()})
+    rng.shuffle(words)
+    n_dict = len(_dictionary_rows("train", random.Random(seed)))   # as many as the reading recipe
+    for k in range(n_dict):
+        group = words[(k * DICT_WORDS_PER_EXAMPLE) % len(words):][:DICT_WORDS_PER_EXAMPLE]
+        rows.append(chat_row(ENG_WORDS_PROMPT + ", ".join(group),
+                             ", ".join(sorted(group, key=str.lower)), "english word order"))
+    num = random.Random(seed + 17)
+    for k in range(NUMERALS):
+        lo, hi = ((0, 20), (21, 100), (101, 1000), (1001, 100_000))[k % 4]
+        n = num.randint(lo, hi)
+        rows.append(chat_row(ENG_NUMERAL_DIGITS + english_number(n), str(n), "numerals words->digits")
+                    if k % 2 else chat_row(ENG_NUMERAL_WORDS + str(n), english_number(n),
+                                           "numerals digits->words"))
+    rng.shuffle(rows)
+    return rows
+
+
 RECIPES = {"math": math_examples, "swahili": swahili_examples,   # the first demo experts' data
            "math-variants": math_variant_examples, "swahili-clean": swahili_clean_examples,
-           "swahili-reading": reading_examples}
+           "swahili-reading": reading_examples, "english-control": english_control_examples}
 
 
 def card_front_matter(split: str = "train") -> str:
