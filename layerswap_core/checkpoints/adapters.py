@@ -241,3 +241,29 @@ def apply_adapter(base, adapter, out, *, dtype="bfloat16", progress=None) -> Pat
         write_dense(reader, base_path, tmp, lora.modules, dtype, "lora-apply", progress)
     say(progress, 1.0, f"wrote {out} in {time.time() - t0:.1f} s")
     return Path(out).expanduser().resolve()
+
+
+def scale_to_norms(adapter, reference, out) -> dict[str, float]:
+    """Write ``adapter`` to ``out`` with each module's change scaled to the Frobenius norm of
+    ``reference``'s change of the same module (its ``lora_B`` multiplied by the ratio): two
+    experts of equal rank and steps then also change each weight by as much, and differ only
+    in the direction the data gave them (the demo's control expert). Both adapters must adapt
+    the same modules. Returns the ratio per module."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, ref = load_adapter(adapter), load_adapter(reference)
+    if set(src.modules) != set(ref.modules):
+        raise AdapterError(f"{src.path} and {ref.path} adapt different modules")
+    ratios = {m: float(torch.linalg.matrix_norm(ref.modules[m].delta())
+                       / torch.linalg.matrix_norm(src.modules[m].delta()))
+              for m in src.modules}
+    tensors = load_file(str(src.path / ADAPTER_WEIGHTS))
+    for name, t in tensors.items():
+        m = LORA_KEY.match(name)
+        if m and m.group(2) in ("B", "embedding_B"):
+            tensors[name] = (t.float() * ratios[m.group(1)]).to(t.dtype)
+    with atomic_output_dir(out, overwrite=True, inputs=[src.path, ref.path]) as tmp:
+        save_file(tensors, str(Path(tmp) / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        (Path(tmp) / ADAPTER_CONFIG).write_text((src.path / ADAPTER_CONFIG).read_text())
+    return ratios
