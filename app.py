@@ -33,7 +33,8 @@ from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_
 from layerswap_core.workbench.controls import (CONTROLS, control_states, ignored_text,
                                                 outside_validated, since_build)
 from layerswap_core.workbench.deltas import delta_views, suggest
-from layerswap_core.workbench.demo import (headline, measured_chart, measured_demo_result,
+from layerswap_core.workbench.demo import (chosen_words, headline, measured_chart,
+                                            measured_demo_result,
                                             measured_markdown, result_chart, sweep_markdown)
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
                                                evaluate_roles, evaluation_note)
@@ -170,13 +171,13 @@ def run_evaluate(session, args: tuple, progress) -> EvalResult:
 
 
 def run_demo_result(session, n: int, progress) -> dict:
-    """The demo result's graded measure on ``n`` held-out items (no accuracy column): at most
-    14 teacher-forced passes per item (a model with the weights of one already measured is
-    copied, not run) and 6 per validation item, each counted as 8 generated tokens for the
-    job's estimate."""
-    n_validation = max(1, min(n // 2, 11))
-    job = session.job("demo_result", n=n, n_validation=n_validation, accuracy_n=0,
-                      max_new_tokens=8, work_items=14 * n + 6 * n_validation)
+    """The demo result's measure on ``n`` held-out items and half as many validation items
+    (2-11) for choosing the swap: 4 teacher-forced passes per item and model (math expert, the
+    chosen swap, the default swap), 2 per validation item and swap (7 choices), each counted as
+    8 generated tokens for the job's estimate."""
+    n_validation = max(2, min(n // 2, 11))
+    job = session.job("demo_result", n=n, n_validation=n_validation, max_new_tokens=8,
+                      work_items=12 * n + 14 * n_validation)
     return wb.dispatcher().run(job, progress)
 
 
@@ -185,12 +186,12 @@ def demo_story() -> str:
     measured numbers), what needs a bigger model."""
     res = measured_demo_result()
     shown = headline(res) if res else "No measured demo result is shipped with this install."
-    return (f"**What the demo shows at 135M.** {shown} The chart: each model against the math "
-            "expert, item by item, after the Swahili question and (control) after the English "
-            "one; the swaps with the *base's* outer layers are the second control. Accuracy "
-            "is not the measure at this scale (a 3-point gain needs about 1,000 paired items "
-            "and a base that already reads the language): the paper's gain (+2.9 points in Swahili over the math expert) is a 7-8B result; run "
-            "it on your own experts on a GPU (`docs/demo.md`, *Your own experts on a GPU*).")
+    return (f"**What the demo shows at 135M.** {shown} The chart: each statistic with its 95% "
+            "interval, templates as the unit; the primary one first. Accuracy is not the "
+            "measure at this scale (a 3-point gain needs about 1,000 paired items and a base "
+            "that already reads the language): the paper's gain (+2.9 points in Swahili over "
+            "the math expert) is a 7-8B result; run it on your own experts on a GPU "
+            "(`docs/demo.md`, *Your own experts on a GPU*).")
 
 
 def run_chats(session, message, merged_history, other_history, other, settings, deadline):
@@ -487,15 +488,15 @@ class Page:
                 self.sweep_table: pd.DataFrame(res.rows, columns=res.columns),
                 **self.banner(session)}
 
-    @guarded("sweep_md")
     @guarded("demo_md")
     def demo_result(self, v, progress=gr.Progress()):
-        """The demo table on a sample of the held-out variants, for the models picked (the
-        embedded demo by default)."""
+        """The demo's measure on a sample of the held-out variants, for the models picked (the
+        embedded demo by default), labelled with its item counts."""
         n = int(v[self.demo_n])
         res = run_demo_result(wb.require(v[self.session]), n, gr_progress(progress))
-        return {self.demo_md: (f"{ok('Done')} in {res['seconds']:.0f} s: {n} held-out variants "
-                               f"(a sample, spread over the templates). {headline(res)}"
+        return {self.demo_md: (f"{ok('Done')} in {res['seconds']:.0f} s: {res['n']} held-out "
+                               f"variants of {res['n_templates']} templates (a sample, spread "
+                               f"over the templates); {chosen_words(res)}. {headline(res)}"
                                f"\n\n" + res["markdown"] + "\n\n" + sweep_markdown(res)),
                 self.demo_plot: result_chart(res)}
 
@@ -756,8 +757,9 @@ class Page:
                     gr.Markdown(measured_markdown(), elem_id="demo-measured")
                 with gr.Row():
                     self.demo_n = gr.Slider(2, LIMITS.eval_questions, value=8, step=1,
-                                            label="Held-out variants to rerun (every model, "
-                                                  "both questions)", elem_id="demo-n")
+                                            label="Held-out variants to rerun (math expert and "
+                                                  "swaps, own and another item's question, "
+                                                  "Swahili and English)", elem_id="demo-n")
                     self.demo_btn = gr.Button("Reproduce the demo result", elem_id="demo-btn")
                     self.demo_cancel = gr.Button("Cancel", variant="stop", elem_id="demo-cancel")
                 self.demo_plot = gr.Plot(show_label=False, elem_id="demo-plot")

@@ -1,22 +1,24 @@
-"""The demo result from scratch: per held-out eval variant, the NLL of the English worked
-solution (and of its answer tokens) after the Swahili question, and after the English question
-(control), for base / math expert / language expert / layer swap (the app's default, and the
-best of a small sweep chosen on the validation variants) / uniform soup / each swap with the
-base's outer layers (control); paired sign tests, paired t and bootstrap intervals; greedy
-accuracy on ``--accuracy-n`` of the items (secondary).
+"""The demo result from scratch (``workbench.demo``): per held-out eval variant, the NLL of the
+English worked solution after the item's own Swahili question and after another item's (the
+mismatched-question control), the same after the English questions, first tokens apart; the
+swap chosen on the validation variants (no swap among the choices) with each seed's language
+expert, the app's default swap, and the same swap with an English-trained control expert's
+outer layers; the primary statistic and the Holm-corrected secondary ones, templates as the
+unit.
 
-    python bench/demo_result.py [--n 264] [--n-validation 33] [--accuracy-n 0] [--json OUT.json]
-                                [--docs docs/demo.md] [--threads 1] [--dtype bfloat16]
-                                [--base REF --task REF --lang REF]
+    python bench/demo_result.py [--n 99] [--n-validation 33] [--threads 2] [--json OUT.json]
+                                [--docs docs/demo.md] [--resume WORK.json]
+                                [--base REF --task REF --lang REF] [--seed-expert LABEL=REF ...]
+                                [--control REF | --no-control] [--no-seeds]
     python bench/demo_result.py --from-json assets/experts/demo_result.json --docs docs/demo.md
-                                [--add-accuracy N --json OUT.json]
 
-Prints the headline sentence and the tables, then writes the JSON (every per-item value and
-every statistic; ``assets/experts/demo_result.json`` is this file for the shipped experts) and,
-with ``--docs``, rewrites the block between ``<!-- demo-result -->`` and ``<!-- /demo-result
--->`` of that file with them (``--from-json``: from a stored result, nothing rerun but, with
-``--add-accuracy N``, the accuracy column on N of its items, same swaps). Cached
-models are used where present (embedded experts are built once).
+Defaults: the embedded demo trio, its two more seeds (``embedded:smollm2-swahili-seed1``,
+``-seed2``) and its control expert (``embedded:smollm2-english-control``). Prints the headline
+and the tables, then writes the JSON (every per-item value and every statistic;
+``assets/experts/demo_result.json`` is this file for the shipped experts) and, with
+``--docs``, rewrites the block between ``<!-- demo-result -->`` and ``<!-- /demo-result -->``.
+``--resume FILE`` keeps every finished measurement there (keyed by the weights' digest, the
+split, the question and the items) so a stopped run goes on where it was.
 """
 from __future__ import annotations
 
@@ -32,38 +34,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main(argv=None) -> int:
     import torch
 
-    from layerswap_core.checkpoints.loading import cpu_has_bf16
+    from layerswap_core.checkpoints.embedded import (CONTROL_EXPERT, EMBEDDED_PREFIX,
+                                                     SWAHILI_SEEDS)
     from layerswap_core.training.demo_experts import DEMO_BASE, DEMO_LANG, DEMO_TASK
-    from layerswap_core.workbench.demo import (add_accuracy, measured_demo_result,
-                                               reproduce_demo_result)
+    from layerswap_core.workbench.demo import measured_demo_result, reproduce_demo_result
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=264, help="eval variants (264: all of them)")
+    p.add_argument("--n", type=int, default=99, help="eval variants, spread over the templates "
+                   "(257: all of them)")
     p.add_argument("--n-validation", type=int, default=33)
-    p.add_argument("--accuracy-n", type=int, default=0,
-                   help="items (per question language) also scored by greedy accuracy")
-    p.add_argument("--max-new-tokens", type=int, default=192)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--base", default=DEMO_BASE)
     p.add_argument("--task", default=DEMO_TASK)
     p.add_argument("--lang", default=DEMO_LANG)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"],
-                   help="the live model's dtype (default: float32 on a CPU; bfloat16 is about "
-                        "2x faster on a CPU with bf16 instructions, several times slower on "
-                        "one without)")
+    p.add_argument("--seed-expert", action="append", metavar="LABEL=REF",
+                   help="another seed's language expert (default: the shipped seeds 1 and 2)")
+    p.add_argument("--no-seeds", action="store_true", help="the first seed only")
+    p.add_argument("--control", default=EMBEDDED_PREFIX + CONTROL_EXPERT)
+    p.add_argument("--no-control", action="store_true")
+    p.add_argument("--resamples", type=int, default=10_000)
     p.add_argument("--json", help="write the result here")
     p.add_argument("--docs", help="rewrite the result block of this markdown file")
+    p.add_argument("--resume", help="a file of finished measurements, read and extended")
     p.add_argument("--from-json", help="a stored result to print (and --docs), nothing rerun")
-    p.add_argument("--add-accuracy", type=int, metavar="N",
-                   help="with --from-json: measure the accuracy column on N of its items")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.dtype == "bfloat16" and cpu_has_bf16() is False:
-        print("note: this CPU has no bfloat16 instructions: bf16 runs several times slower here "
-              "than float32", file=sys.stderr)
-    dtype = getattr(torch, a.dtype) if a.dtype else None
-    refs = {"base": a.base, "task": a.task, "lang": a.lang}
     t0 = time.time()
 
     def progress(f, m):
@@ -72,15 +68,26 @@ def main(argv=None) -> int:
     if a.from_json:
         res = measured_demo_result(a.from_json)
         if res is None:
-            print(f"{a.from_json}: not a demo result (version 2)", file=sys.stderr)
+            print(f"{a.from_json}: not a demo result (version 3)", file=sys.stderr)
             return 1
-        if a.add_accuracy:
-            res = add_accuracy(res, refs, a.add_accuracy, a.max_new_tokens, dtype=dtype,
-                               progress=progress)
     else:
-        res = reproduce_demo_result(refs, n=a.n, n_validation=a.n_validation,
-                                    accuracy_n=a.accuracy_n, max_new_tokens=a.max_new_tokens,
-                                    dtype=dtype, progress=progress)
+        seeds = {} if a.no_seeds else dict(s.split("=", 1) for s in a.seed_expert) \
+            if a.seed_expert else {f"seed {n[-1]}": EMBEDDED_PREFIX + n for n in SWAHILI_SEEDS}
+        work = Path(a.resume) if a.resume else None
+        measured = json.loads(work.read_text()) if work and work.is_file() else {}
+
+        def keep(key, values):
+            if work:
+                measured[key] = values
+                tmp = work.with_name(work.name + ".tmp")
+                tmp.write_text(json.dumps(measured))
+                tmp.replace(work)
+
+        res = reproduce_demo_result({"base": a.base, "task": a.task, "lang": a.lang}, n=a.n,
+                                    n_validation=a.n_validation, seeds=seeds,
+                                    control=None if a.no_control else a.control,
+                                    measured=measured, on_measured=keep,
+                                    resamples=a.resamples, progress=progress)
     print(docs_block(res))
     if a.json:
         write_json(Path(a.json), res)

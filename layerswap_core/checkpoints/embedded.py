@@ -395,6 +395,8 @@ def _build_expert(emb: Embedded, out: Path, progress: Progress | None) -> None:
 # the exact training commands; the training recipes are training.recipes).
 MATH_EXPERT = "smollm2-math-en"
 SWAHILI_EXPERT = "smollm2-swahili"
+SWAHILI_SEEDS = ("smollm2-swahili-seed1", "smollm2-swahili-seed2")   # the demo result's seeds
+CONTROL_EXPERT = "smollm2-english-control"   # the demo result's control for the outer layers
 DEMO_BASE = DEFAULT_BASE
 DEMO_TASK = EMBEDDED_PREFIX + MATH_EXPERT      # the demo's task (math) expert
 DEMO_LANG = EMBEDDED_PREFIX + SWAHILI_EXPERT   # the demo's language (Swahili) expert

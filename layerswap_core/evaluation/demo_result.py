@@ -152,10 +152,20 @@ def markdown_table(summaries: Sequence[dict], comparisons: Sequence[dict] = ()) 
 
 
 # --------------------------------------------------------------------------- the graded measure
+FIRST_K = 5          # solution tokens counted apart: where a merely better start shows
+PARTS = ("solution", "first", "rest", "answer")   # the values stored per item, model, question
+
+
 def reading_target(item: Item) -> str:
     """The gold continuation of the reading measure: the item's worked solution and its final
     line, exactly as the math expert was trained to write them."""
     return f"{item.solution}\n#### {item.answer}"
+
+
+def answer_is_copied(item: Item) -> bool:
+    """Whether the gold number already stands in the worked solution before ``####``: teacher
+    forced, its answer tokens then test copying, not reading (true of every demo variant)."""
+    return any(normalize_number(n) == item.answer for n in NUMBER.findall(item.solution or ""))
 
 
 def answer_tokens(tokenizer, target_ids: Sequence[int], answer: str) -> int:
@@ -168,14 +178,17 @@ def answer_tokens(tokenizer, target_ids: Sequence[int], answer: str) -> int:
 
 
 def reading_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str],
-                answers: Sequence[str], *, token_budget: int = 2048,
-                progress: Progress | None = None) -> list[tuple[float, float]]:
-    """Per item, (mean NLL per token of the whole target, mean NLL per token of its answer
-    tokens) after its prompt, teacher forced. Items are batched by length (left-padded, at most
-    ``token_budget`` tokens a batch, one forward pass each); only target positions get logits."""
+                answers: Sequence[str | None], *, first_k: int = FIRST_K,
+                token_budget: int = 2048, progress: Progress | None = None) -> list[list]:
+    """Per item, ``PARTS`` after its prompt, teacher forced, each a mean NLL per token: the whole
+    target, its first ``first_k`` tokens, the rest, and its answer tokens (None where
+    ``answers[i]`` is None: an answer the target already copies). Items are batched by length
+    (left-padded, at most ``token_budget`` tokens a batch, one forward pass each); only target
+    positions get logits."""
     pairs = [(encode_prompt(tokenizer, p), encode_continuation(tokenizer, t))
              for p, t in zip(prompts, targets)]
-    n_answer = [answer_tokens(tokenizer, t, a) for (_, t), a in zip(pairs, answers)]
+    n_answer = [None if a is None else answer_tokens(tokenizer, t, a)
+                for (_, t), a in zip(pairs, answers)]
     order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
     batches, batch = [], []
     for i in order:
@@ -188,11 +201,11 @@ def reading_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str]
         batches.append(batch)
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    out: list[tuple[float, float]] = [(math.nan, math.nan)] * len(pairs)
+    out: list[list] = [[]] * len(pairs)
     done = 0
     with torch.inference_mode(), without_cudnn_attention(device):
         for idx in batches:
-            say(progress, done / max(1, len(pairs)), f"{done}/{len(pairs)} items")
+            say(progress, done / max(1, len(pairs)), f"{done} of {len(pairs)} items")
             seqs = [pairs[i][0] + pairs[i][1] for i in idx]
             width = max(map(len, seqs))
             ids = torch.full((len(idx), width), pad, dtype=torch.long)
@@ -211,53 +224,46 @@ def reading_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str]
             for row, i in enumerate(idx):
                 t = torch.tensor(pairs[i][1], device=logits.device)
                 pred = logits[row, keep - 1 - len(t):keep - 1]
-                k = n_answer[i]
-                out[i] = (float(token_nll(pred, t)) / len(t),
-                          float(token_nll(pred[-k:], t[-k:])) / k)
+                n, k, a = len(t), min(first_k, len(t)), n_answer[i]
+                whole = float(token_nll(pred, t))
+                first = float(token_nll(pred[:k], t[:k]))
+                out[i] = [whole / n, first / k, (whole - first) / (n - k) if n > k else math.nan,
+                          None if a is None else float(token_nll(pred[-a:], t[-a:])) / a]
             done += len(idx)
     say(progress, 1.0, f"{len(pairs)} items")
     return out
 
 
+def mismatched_partners(items: Sequence[Item], template_of: Callable[[Item], int]) -> list[int]:
+    """For each item, the index of the item whose question it is also scored after (the
+    mismatched-question control): the nearest item of *another* template in the order of
+    question length (then id), looking one step further each way, later first. Fixed by the
+    items alone; an item's partner is usually not paired back."""
+    order = sorted(range(len(items)), key=lambda i: (len(items[i].question), items[i].id))
+    at = {i: p for p, i in enumerate(order)}
+    out = []
+    for i in range(len(items)):
+        p, partner = at[i], None
+        for step in range(1, len(order)):
+            for q in (p + step, p - step):
+                if 0 <= q < len(order) and template_of(items[order[q]]) != template_of(items[i]):
+                    partner = order[q]
+                    break
+            if partner is not None:
+                break
+        if partner is None:
+            raise ValueError("the mismatched-question control needs items of two templates")
+        out.append(partner)
+    return out
+
+
 def student_t_p(t: float, df: int) -> float:
-    """Two-sided p-value of Student's t with ``df`` degrees of freedom (the regularized
-    incomplete beta function I_x(df/2, 1/2), x = df / (df + t^2), by its continued fraction)."""
+    """Two-sided p-value of Student's t with ``df`` degrees of freedom (scipy.stats)."""
     if df <= 0 or math.isnan(t):
         return math.nan
-    if math.isinf(t):
-        return 0.0
-    x, a, b = df / (df + t * t), df / 2, 0.5
-    if x >= 1.0:
-        return 1.0
-    if x > (a + 1) / (a + b + 2):   # the continued fraction converges on the other side
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    return _betainc(a, b, x)
+    from scipy.stats import t as student_t
 
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """I_x(a, b) by Lentz's continued fraction (valid for x < (a + 1) / (a + b + 2))."""
-    if x <= 0.0:
-        return 0.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                     + a * math.log(x) + b * math.log1p(-x)) / a
-    tiny = 1e-300
-    f, c, d = 1.0, 1.0, 0.0
-    for i in range(400):
-        m = i // 2
-        if i == 0:
-            num = 1.0
-        elif i % 2 == 0:
-            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        else:
-            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        d = 1.0 + num * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + num / c
-        c = c if abs(c) > tiny else tiny
-        f *= c * d
-        if abs(1.0 - c * d) < 1e-14:
-            break
-    return front * (f - 1.0)
+    return float(2 * student_t.sf(abs(t), df))
 
 
 def bootstrap_ci(values: Sequence[float], *, resamples: int = 10_000, seed: int = 0,
@@ -293,69 +299,173 @@ def paired_stats(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_
             "t_p": student_t_p(t, n - 1) if t is not None else None}
 
 
-TARGETS = ("solution", "answer")   # the two NLLs stored per item: [whole target, answer tokens]
+# --------------------------------------------------------------------------- the statistics
+# Items are not independent: the eval variants come from 33 templates and their differences
+# cluster by template. So the unit is the template: per template the mean of its items'
+# values, then the mean over templates, a bootstrap that resamples templates, and the sign
+# test over template means. One statistic is primary, declared here before any run
+# (``effect_specs``); the others are secondary and their sign-test p-values Holm-corrected.
+QUESTIONS = {"sw": "Swahili question", "en": "English question"}
+OTHER = "-other"        # a question key + OTHER: the item's solution after its partner's question
+CONDITIONS = tuple(q + o for q in QUESTIONS for o in ("", OTHER))
+MATH = "math expert"
 
 
-def summarize(items: Sequence[dict], comparisons: Sequence[tuple[str, str]],
-              questions: Sequence[str], *, resamples: int = 10_000, seed: int = 0) -> dict:
-    """Every statistic of the demo result from its per-item values alone: ``means`` (per
-    question, target and model: the mean NLL and its bootstrap 95% interval) and ``paired``
-    (per question and target, each (model, vs) of ``comparisons``: ``paired_stats``).
-    ``items``: the result's per-item records, ``item["nll"][question][model] = [solution,
-    answer]``."""
-    means, rows = [], []
-    for q in questions:
-        models = list(items[0]["nll"][q]) if items else []
-        for ti, target in enumerate(TARGETS):
-            col = {m: [it["nll"][q][m][ti] for it in items] for m in models}
-            for m in models:
-                lo, hi = bootstrap_ci(col[m], resamples=resamples, seed=seed)
-                means.append({"question": q, "target": target, "model": m,
-                              "mean": float(np.mean(col[m])), "ci_low": lo, "ci_high": hi})
-            for m, vs in comparisons:
-                if m in col and vs in col:
-                    rows.append({"question": q, "target": target, "model": m, "vs": vs,
-                                 **paired_stats(col[m], col[vs], resamples=resamples, seed=seed)})
-    return {"means": means, "paired": rows}
+def template_stats(values: Sequence[float], templates: Sequence[int], *,
+                   resamples: int = 10_000, seed: int = 0) -> dict:
+    """Per-item ``values`` clustered by ``templates``: n items and templates, the mean of the
+    template means with its cluster-bootstrap 95% interval (templates resampled with
+    replacement, numpy's generator seeded with ``seed``), and the exact sign test over the
+    template means (lower / higher than 0)."""
+    if len(values) != len(templates):
+        raise ValueError("values and templates differ in length")
+    by: dict[int, list[float]] = {}
+    for v, t in zip(values, templates):
+        by.setdefault(t, []).append(v)
+    means = np.array([np.mean(v) for v in by.values()], dtype=np.float64)
+    lo, hi = bootstrap_ci(means, resamples=resamples, seed=seed)
+    lower, higher = int((means < 0).sum()), int((means > 0).sum())
+    return {"n_items": len(values), "n_templates": len(means),
+            "mean": float(means.mean()) if len(means) else math.nan, "ci_low": lo, "ci_high": hi,
+            "lower": lower, "higher": higher, "sign_p": sign_test_p(lower, higher)}
 
 
-def _p(p: float) -> str:
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (same order as given)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out, running = [math.nan] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def item_effects(items: Sequence[dict], models: Sequence[str], vs: str, question: str,
+                 part: str = "solution", specific: bool = True) -> list[float]:
+    """Per item, ``models`` (averaged: pooled over seeds) minus ``vs`` in ``part``'s NLL after
+    the item's own ``question``; ``specific``: minus the same difference after its partner's
+    question, i.e. the part of the difference that depends on what was asked."""
+    k = PARTS.index(part)
+
+    def diff(it, cond):
+        row = it["nll"][cond]
+        return float(np.mean([row[m][k] for m in models])) - row[vs][k]
+
+    return [diff(it, question) - (diff(it, question + OTHER) if specific else 0.0)
+            for it in items]
+
+
+def effect_specs(swaps: Sequence[str], control: str | None = None,
+                 default: str | None = None, what: str = "the swap") -> list[dict]:
+    """The statistics of the demo result, the first one primary. ``swaps``: the measured swap
+    with each seed's language expert (``what`` names it); ``control``: the same swap with the
+    control expert's outer layers; ``default``: the app's default swap (first seed) where it is
+    another swap."""
+    pooled = list(swaps)
+    what = f"{what} ({len(pooled)} seeds pooled)" if len(pooled) > 1 else what
+    specs = [dict(key="primary", label=f"{what} vs math expert, Swahili question, "
+                  "question-specific", models=pooled, vs=MATH, question="sw", specific=True),
+             dict(key="english", label=f"{what} vs math expert, English question, "
+                  "question-specific", models=pooled, vs=MATH, question="en", specific=True)]
+    if len(pooled) > 1:
+        specs += [dict(key=f"seed:{m}", label=f"{m} vs math expert, Swahili question, "
+                       "question-specific", models=[m], vs=MATH, question="sw", specific=True)
+                  for m in pooled]
+    if control:
+        specs += [dict(key="control", label=f"{control} vs math expert, Swahili question, "
+                       "question-specific", models=[control], vs=MATH, question="sw",
+                       specific=True),
+                  dict(key="vs-control", label=f"{pooled[0]} vs {control}, Swahili question, "
+                       "question-specific", models=[pooled[0]], vs=control, question="sw",
+                       specific=True)]
+    if default and default not in pooled:
+        specs.append(dict(key="default", label=f"{default} vs math expert, Swahili question, "
+                          "question-specific", models=[default], vs=MATH, question="sw",
+                          specific=True))
+    for q in QUESTIONS:
+        specs.append(dict(key=f"matched-{q}", label=f"{what} vs math expert, {QUESTIONS[q]}, "
+                          "own question only", models=pooled, vs=MATH, question=q,
+                          specific=False))
+    for part in ("first", "rest"):
+        for specific in (False, True):
+            specs.append(dict(key=f"{part}-{'specific' if specific else 'matched'}",
+                              label=f"{what} vs math expert, Swahili question, "
+                              f"{'question-specific' if specific else 'own question only'}, "
+                              f"{'first ' + str(FIRST_K) + ' tokens' if part == 'first' else 'the rest'}",
+                              models=pooled, vs=MATH, question="sw", specific=specific,
+                              part=part))
+    return specs
+
+
+def summarize_effects(items: Sequence[dict], specs: Sequence[dict], *, resamples: int = 10_000,
+                      seed: int = 0) -> list[dict]:
+    """Every statistic of ``specs`` from the per-item values alone (``template_stats`` of
+    ``item_effects``), skipping those whose models were not measured; the secondary ones'
+    sign-test p-values Holm-adjusted together (``p_holm``; the primary's is its own)."""
+    have = set(items[0]["nll"].get("sw", {})) if items else set()
+    rows = []
+    for spec in specs:
+        if not set(spec["models"]) | {spec["vs"]} <= have:
+            continue
+        values = item_effects(items, spec["models"], spec["vs"], spec["question"],
+                              spec.get("part", "solution"), spec["specific"])
+        rows.append({**spec, "part": spec.get("part", "solution"), "primary":
+                     spec["key"] == "primary", **template_stats(
+                         values, [it["template"] for it in items], resamples=resamples,
+                         seed=seed)})
+    secondary = [r for r in rows if not r["primary"]]
+    for r, p in zip(secondary, holm([r["sign_p"] for r in secondary])):
+        r["p_holm"] = p
+    for r in rows:
+        r.setdefault("p_holm", r["sign_p"])
+    return rows
+
+
+def condition_means(items: Sequence[dict], *, resamples: int = 10_000, seed: int = 0) -> list[dict]:
+    """Per condition and model, the mean solution NLL over templates with its cluster-bootstrap
+    interval (``template_stats`` of the values themselves)."""
+    out = []
+    conds = list(items[0]["nll"]) if items else []
+    for c in conds:
+        for m in items[0]["nll"][c]:
+            st = template_stats([it["nll"][c][m][0] for it in items],
+                                [it["template"] for it in items], resamples=resamples, seed=seed)
+            out.append({"condition": c, "model": m, "mean": st["mean"], "ci_low": st["ci_low"],
+                        "ci_high": st["ci_high"]})
+    return out
+
+
+def _p(p: float | None) -> str:
     return "n/a" if p is None or math.isnan(p) else (f"{p:.2g}" if p >= 1e-4 else "<1e-4")
 
 
-def reading_table(means: Sequence[dict], questions: dict[str, str],
-                  accuracy: Sequence[dict] = ()) -> str:
-    """Mean NLL per model (rows) for each question and target (columns), 95% intervals; the
-    greedy accuracy beside it where it was run."""
-    cols = [(q, t) for q in questions for t in TARGETS]
-    cell = {(m["model"], m["question"], m["target"]): m for m in means}
+CONDITION_NAMES = {"sw": "own Swahili question", "sw-other": "another item's Swahili question",
+                   "en": "own English question", "en-other": "another item's English question"}
+
+
+def means_table(means: Sequence[dict]) -> str:
+    """Mean solution NLL per model (rows) after each question (columns), 95% intervals."""
+    conds = list(dict.fromkeys(m["condition"] for m in means))
     models = list(dict.fromkeys(m["model"] for m in means))
-    acc = {(s["model"], s["lang"]): s for s in accuracy}
-    acc_langs = list(dict.fromkeys(s["lang"] for s in accuracy))
-    head = [f"{questions[q]}: {'solution' if t == 'solution' else 'answer tokens'}"
-            for q, t in cols] + [f"accuracy ({lang})" for lang in acc_langs]
-    lines = ["| model | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    cell = {(m["model"], m["condition"]): m for m in means}
+    lines = ["| model | " + " | ".join(CONDITION_NAMES.get(c, c) for c in conds) + " |",
+             "|---|" + "---:|" * len(conds)]
     for m in models:
-        cells = []
-        for q, t in cols:
-            c = cell.get((m, q, t))
-            cells.append("" if c is None else f"{c['mean']:.3f} [{c['ci_low']:.3f}, "
-                                              f"{c['ci_high']:.3f}]")
-        for lang in acc_langs:
-            s = acc.get((m, lang))
-            cells.append("" if s is None else f"{s['correct']}/{s['n']}")
+        cells = [(lambda c: "" if c is None else f"{c['mean']:.3f} [{c['ci_low']:.3f}, "
+                  f"{c['ci_high']:.3f}]")(cell.get((m, c))) for c in conds]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def paired_table(rows: Sequence[dict], questions: dict[str, str]) -> str:
-    """The paired comparisons: mean per-item difference (negative: the first model gives the
-    gold lower NLL) with its bootstrap 95% interval, items lower / higher, sign-test and t p."""
-    lines = ["| first vs second | question | target | mean difference [95% CI] | first lower "
-             "/ higher | sign p | t p |", "|---|---|---|---:|---:|---:|---:|"]
+def effects_table(rows: Sequence[dict]) -> str:
+    """The statistics, primary first: mean over templates (negative: the first model makes the
+    gold solution more likely), cluster-bootstrap interval, templates lower / higher, the sign
+    test and its Holm-adjusted p."""
+    lines = ["| statistic | mean over templates [95% CI] | templates lower / higher | sign p | "
+             "Holm p |", "|---|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['model']} vs {r['vs']} | {questions.get(r['question'], r['question'])}"
-                     f" | {r['target']} | {r['mean_difference']:+.4f} [{r['ci_low']:+.4f}, "
-                     f"{r['ci_high']:+.4f}] | {r['lower']}/{r['higher']} | {_p(r['sign_p'])} | "
-                     f"{_p(r['t_p'])} |")
+        name = ("**primary**: " if r["primary"] else "") + r["label"]
+        lines.append(f"| {name} | {r['mean']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] | "
+                     f"{r['lower']}/{r['higher']} of {r['n_templates']} | {_p(r['sign_p'])} | "
+                     f"{'(primary)' if r['primary'] else _p(r['p_holm'])} |")
     return "\n".join(lines)

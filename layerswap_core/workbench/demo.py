@@ -1,27 +1,36 @@
-"""The demo result: base, math expert, language expert, layer swaps and a uniform soup on the
-held-out GSM-Symbolic variants (``evaluation.variants``), per item, with paired statistics.
+"""The demo result: does a layer swap read the Swahili question better than the math expert?
 
-The headline is graded (``evaluation.demo_result.reading_nll``): per held-out eval item, the NLL
-of the English worked solution (and of its answer tokens) after the *Swahili* question, for
-every model. Beside it, two controls: the same measure after the *English* question (what the
-models do without any Swahili to read), and each layer swap with its outer layers taken from the
-*base* instead of the language expert ("outer layers from the base": does the language expert's
-bottom/top add anything the base's do not?). Greedy accuracy is a secondary column, on
-``accuracy_n`` of the items (0: not run).
+The measure (``evaluation.demo_result``): per held-out eval variant, the teacher-forced NLL of
+the item's *English* worked solution after its own Swahili question, and after the Swahili
+question of *another* template's item of similar length (the mismatched-question control,
+``mismatched_partners``); the same after the English questions. A swap that starts English
+solutions better whatever was asked gains in both; only what it gains after its own question
+and not after another one depends on reading the question. So the primary statistic
+(``effect_specs``, declared before the run) is that question-specific difference of the chosen
+swap against the math expert after the Swahili question, pooled over the language expert's
+seeds, with templates as the unit. The first ``FIRST_K`` solution tokens are stored apart from
+the rest; the answer tokens only where the solution does not already write the answer.
 
-One live model shows every model in turn (``merge.live``). The best layer swap of a small sweep
-is chosen on the ``validation`` variants (lowest mean NLL of the same measure), never on the
-``eval`` items it is then measured on. ``bench/demo_result.py`` and the app's "Reproduce the demo
-result" button both call ``reproduce_demo_result``; the shipped result stores every per-item
-value, and ``evaluation.demo_result.summarize`` recomputes its statistics from them.
+Models: the math expert; the swap chosen on the *validation* variants (the same primary
+measure, the math expert itself, "no swap", among the choices) with each seed's language
+expert; the app's default swap (first seed); and a control for the outer layers that can fail:
+the chosen swap with the outer layers of an expert trained the same way on English text
+(``training.recipes.english_control_examples``), its change scaled to the language expert's
+norm. The bench passes the seeds and the control; the app's Reproduce button runs the first
+seed alone on a few items.
+
+One live model per language expert shows every model in turn (``merge.live``); a model with
+the weights of one already measured is measured once (``weights_fingerprint``), and a
+measurement found in ``measured`` (the bench's resume file, keyed by the weights' digest) is
+not run again.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -30,22 +39,26 @@ from ..progress import Progress, say
 from ..analysis.deltas import delta_stats
 from ..analysis.suggest import delta_story, suggest_config
 from ..checkpoints.embedded import ASSETS
-from ..evaluation.demo_result import (Scores, markdown_table, paired, paired_table,
-                                       reading_nll, reading_table, reading_target, score,
-                                       summarize)
+from ..evaluation.demo_result import (CONDITION_NAMES, FIRST_K, MATH, OTHER, PARTS, QUESTIONS,
+                                       answer_is_copied, condition_means, effect_specs,
+                                       effects_table, item_effects, means_table,
+                                       mismatched_partners, reading_nll, reading_target,
+                                       summarize_effects, template_stats)
 from ..evaluation.prompts import render_chat
 from ..evaluation.variants import SPLIT_SEEDS, variant_items
 from ..merge.config import MergeConfig
 from ..merge.live import LiveModel
-from ..merge.registry import Source
-from .figures import reading_chart
+from .figures import effects_chart
 
-SWEEP = ((2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top) layer counts tried
-QUESTIONS = {"sw": "Swahili question", "en": "English question (control)"}
+SWEEP = ((0, 0), (2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top); 0/0: no swap
 RESULT_FILE = "demo_result.json"   # the measured result, shipped beside the demo experts
-DEFAULT, BEST, SOUP = "layer swap (default)", "layer swap (best on validation)", "uniform soup"
-EXPERTS = ("math expert", "language expert")
-REVERTED = " with the base's outer layers"   # control (b): suffix of a swap's name
+VERSION = 3
+CONTROL = "English-control outer layers"
+
+
+def swap_name(b: int, u: int, outer: str) -> str:
+    """A swap's model name: its layer counts and whose outer layers it takes."""
+    return f"swap {b}/{u}, {outer}"
 
 
 def spread(items: list, n: int) -> list:
@@ -56,9 +69,14 @@ def spread(items: list, n: int) -> list:
     return [items[i * len(items) // n] for i in range(n)]
 
 
+def template_of(item) -> int:
+    return int(item.id.split("-")[2])
+
+
 def best_of(sweep: list[dict]) -> dict:
-    """The sweep's best row: lowest mean validation NLL, the smaller swap on ties."""
-    return min(sweep, key=lambda r: (r["nll"], r["bottom"] + r["top"]))
+    """The sweep's choice: the lowest question-specific effect on validation (0 for no swap),
+    the smaller swap on ties."""
+    return min(sweep, key=lambda r: (r["effect"], r["bottom"] + r["top"]))
 
 
 def suggestion(refs: dict) -> dict:
@@ -71,28 +89,6 @@ def suggestion(refs: dict) -> dict:
     return {**s.merge_config_kwargs(), "story": delta_story(task, lang)}
 
 
-def outer_from_base(live, config):
-    """The plan of a layer swap with the base's layers where the language expert's would be
-    (control (b): the swap's precondition)."""
-
-    plan = live.plan_for(config)
-    lang, base = Source.copy("lang"), Source.copy("base")
-    sources = {n: base if s == lang and live.arch.classify(n).layer is not None else s
-               for n, s in plan.sources.items()}
-    return dataclasses.replace(plan, sources=sources)
-
-
-def comparisons(models: list[str]) -> list[tuple[str, str]]:
-    """(model, vs) pairs reported: each merge against each expert and the soup; each
-    base-outer-layers control against its swap and the math expert."""
-    pairs = []
-    for m in (DEFAULT, BEST, SOUP):
-        pairs += [(m, vs) for vs in (*EXPERTS, SOUP) if vs != m]
-    for m in (DEFAULT, BEST):
-        pairs += [(m + REVERTED, m), (m + REVERTED, "math expert")]
-    return [(a, b) for a, b in pairs if a in models and b in models]
-
-
 def weights_fingerprint(model) -> str:
     """A digest of every parameter and buffer of ``model`` (names and bytes): two models shown
     in turn with equal digests compute the same function, so one measurement serves both."""
@@ -103,267 +99,269 @@ def weights_fingerprint(model) -> str:
     return h.hexdigest()
 
 
-def _item_record(item) -> dict:
-
+def _item_record(item, partner) -> dict:
     _, split, template, k = item.id.split("-")
     return {"id": item.id, "template": int(template), "seed": SPLIT_SEEDS[split] + int(template),
-            "variant": int(k), "gold": item.answer, "nll": {}}
+            "variant": int(k), "gold": item.answer, "other": partner.id,
+            "answer_copied": answer_is_copied(item), "nll": {c: {} for c in
+                                                             (q + o for q in QUESTIONS
+                                                              for o in ("", OTHER))}}
 
 
-def reproduce_demo_result(refs: dict, n: int = 264, n_validation: int = 33,
-                          accuracy_n: int = 0, progress: Progress | None = None,
-                          max_new_tokens: int = 192, dtype=None, live=None,
-                          resamples: int = 10_000, seed: int = 0) -> dict:
-    """The demo result as data (module docstring): ``items`` (per eval item: id, template,
-    seed, variant, gold; ``nll[question][model] = [solution, answer]``; outputs and correctness
-    where accuracy ran), ``means`` and ``paired`` (``summarize``), the validation ``sweep`` and
-    the ``best`` swap, ``accuracy`` (None, or per-model summaries and McNemar tests),
-    ``markdown`` and ``seconds``. ``n``: eval items (spread over the templates);
-    ``n_validation``: validation items of the sweep. ``dtype``: the live model's (default:
-    ``merge.live.live_dtype``). ``live``: a ``LiveModel`` over these refs to use (an engine's);
-    default: one made here."""
+class _Measurer:
+    """Teacher-forced passes of one item set under every condition, counted against the job's
+    total, each (weights, condition) measured once."""
+
+    def __init__(self, items: dict, partners: list[int], split: str, tell: Callable,
+                 measured: dict, on_measured: Callable | None):
+        self.items, self.partners, self.split = items, partners, split
+        self.tell, self.measured, self.on_measured = tell, measured, on_measured
+
+    def run(self, live, cond: str, what: str, digest: str) -> list[list]:
+        key = f"{digest}|{self.split}|{cond}|" + hashlib.blake2b(
+            " ".join(i.id for i in self.items["en"]).encode(), digest_size=8).hexdigest()
+        q = cond.removesuffix(OTHER)
+        asked = self.items[q] if cond == q else [self.items[q][p] for p in self.partners]
+        en = self.items["en"]
+        if key not in self.measured:
+            tok = live.tokenizer
+            self.measured[key] = reading_nll(
+                live.model, tok, [render_chat(tok, it.question) for it in asked],
+                [reading_target(it) for it in en],
+                [None if answer_is_copied(it) else it.answer for it in en],
+                progress=lambda f, m: self.tell(len(en), f, f"{what}, after the "
+                                                f"{CONDITION_NAMES[cond]}: {m}"))
+            if self.on_measured:
+                self.on_measured(key, self.measured[key])
+        self.tell(len(en), 1.0, None)
+        return self.measured[key]
+
+
+def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
+                          progress: Progress | None = None, dtype=None, live=None,
+                          seeds: dict[str, str] | None = None, control: str | None = None,
+                          measured: dict | None = None, on_measured: Callable | None = None,
+                          resamples: int = 10_000, seed: int = 0, **_ignored) -> dict:
+    """The demo result as data (module docstring). ``refs``: base, task, lang (the first seed);
+    ``seeds``: more language experts, label -> reference (the bench's other seeds);
+    ``control``: the control expert's reference. ``n``: eval items, ``n_validation``:
+    validation items (each spread over the templates). ``live``: a ``LiveModel`` over ``refs``
+    (an engine's); default: one made here. ``measured``/``on_measured``: stored measurements by
+    key and a callback for each new one (the bench's resume file)."""
 
     t0 = time.time()
+    common = dict(task=refs["task"], base=refs.get("base"))
     if live is None:
         live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
-    has_base = bool(refs.get("base"))
+    langs = {"seed 0": refs["lang"], **(seeds or {})}
     L = live.arch.num_layers
-    common = dict(task=refs["task"], lang=refs["lang"], base=refs.get("base"))
-    tok = live.tokenizer
+    measured = {} if measured is None else measured
 
     def sets(split: str, k: int):
         by = {q: spread(variant_items(q, split), k) for q in ("sw", "en")}
         assert [i.id for i in by["sw"]] == [i.id for i in by["en"]], "unpaired variant sets"
-        return by
+        return by, mismatched_partners(by["sw"], template_of)
 
-    val, ev = sets("validation", n_validation), sets("eval", n)
-    sweeps = [(b, u) for b, u in SWEEP if b + u < L]
-    n_passes = 2 * (6 - (not has_base)) + 2 * has_base   # (model, question) pairs measured
-    # in teacher-forced passes; a greedy answer (6 models, 2 languages) costs about 8 of them
-    work = len(sweeps) * len(val["sw"]) + n_passes * len(ev["sw"]) + 8 * accuracy_n * 12
+    (val, val_pairs), (ev, ev_pairs) = sets("validation", n_validation), sets("eval", n)
+    sweep_cfgs = [(b, u) for b, u in SWEEP if b + u < L]
+    n_models = 2 + len(langs) + bool(control)          # math, a swap per seed, default, control
+    work = 2 * len(sweep_cfgs) * len(val["sw"]) + 4 * n_models * len(ev["sw"])
     done = [0]
 
-    def measure(items_q: dict, q: str, label: str) -> list[tuple[float, float]]:
-        en = items_q["en"]
-        prompts = [render_chat(tok, it.question) for it in items_q[q]]
-        k = len(prompts)
-        res = reading_nll(live.model, tok, prompts, [reading_target(it) for it in en],
-                          [it.answer for it in en], progress=lambda f, m: say(
-                              progress, (done[0] + f * k) / work, f"{label}: {m}"))
-        done[0] += k
-        return res
+    def tell(k: int, frac: float, message: str | None):
+        if message is None:
+            done[0] += k
+            return
+        say(progress, min(1.0, (done[0] + frac * k) / work),
+            f"{message} · pass {done[0] + round(frac * k)} of {work}")
 
-    # the sweep, on validation items: the headline measure (Swahili question), solution NLL
+    val_m = _Measurer(val, val_pairs, "validation", tell, measured, on_measured)
+    ev_m = _Measurer(ev, ev_pairs, "eval", tell, measured, on_measured)
+
+    # the sweep, on validation items: the primary measure for each swap, no swap among them
+    live.show("task")
+    math_digest = weights_fingerprint(live.model)
+    val_math = {c: val_m.run(live, c, "validation: math expert (no swap)", math_digest)
+                for c in ("sw", "sw" + OTHER)}
     sweep = []
-    for b, u in sweeps:
-        live.show(MergeConfig(bottom=b, top=u, **common))
-        vals = [v[0] for v in measure(val, "sw", f"sweep on validation: bottom {b}, top {u}")]
-        sweep.append({"bottom": b, "top": u, "n": len(vals), "nll": sum(vals) / len(vals)})
+    templates = [template_of(i) for i in val["sw"]]
+    for b, u in sweep_cfgs:
+        if (b, u) == (0, 0):
+            vals = val_math
+        else:
+            live.show(MergeConfig(bottom=b, top=u, lang=refs["lang"], **common))
+            digest = weights_fingerprint(live.model)
+            vals = {c: val_m.run(live, c, f"validation: swap bottom {b}, top {u}", digest)
+                    for c in ("sw", "sw" + OTHER)}
+        rows = [{"nll": {c: {"m": vals[c][i], MATH: val_math[c][i]} for c in vals}}
+                for i in range(len(templates))]
+        effect = template_stats(item_effects(rows, ["m"], MATH, "sw"), templates,
+                                resamples=200, seed=seed)["mean"]
+        sweep.append({"bottom": b, "top": u, "n": len(templates),
+                      "n_templates": len(set(templates)), "effect": effect,
+                      "nll": sum(v[0] for v in vals["sw"]) / len(templates)})
     best = best_of(sweep)
-    default = MergeConfig.default_for(L, **common)
-    chosen = MergeConfig(bottom=best["bottom"], top=best["top"], **common)
-    shows = model_shows(common, default, chosen, controls=True)   # none without a base
-    records = [_item_record(it) for it in ev["en"]]
+    chosen = None if (best["bottom"], best["top"]) == (0, 0) else (best["bottom"], best["top"])
+    default = MergeConfig.default_for(L, lang=refs["lang"], **common)
+
+    records = [_item_record(it, ev["sw"][p]) for it, p in zip(ev["en"], ev_pairs)]
     seen: dict[str, str] = {}            # weights digest -> the first model shown with them
     same_weights: dict[str, str] = {}    # model -> an earlier model with bit-equal weights
-    for name, what in shows.items():
-        if isinstance(what, tuple):
-            live.apply_plan(outer_from_base(live, what[1]), name)
-        else:
-            live.show(what)
-        twin = seen.setdefault(weights_fingerprint(live.model), name)
+    models: list[str] = []
+
+    def measure_model(name: str, lv):
+        digest = weights_fingerprint(lv.model)
+        twin = seen.setdefault(digest, name)
         if twin != name:
             same_weights[name] = twin
-        for q in QUESTIONS:
-            if REVERTED in name and q != "sw":   # control (b) is of the headline measure only
-                continue
-            if twin != name and records and q in records[0]["nll"] and twin in records[0]["nll"][q]:
-                for r in records:                # the same function: measured once
-                    r["nll"][q][name] = list(r["nll"][q][twin])
-                done[0] += len(records)
-                continue
-            for r, v in zip(records, measure(ev, q, f"{name}, {QUESTIONS[q]}")):
-                r["nll"].setdefault(q, {})[name] = [v[0], v[1]]
-    accuracy = None
-    if accuracy_n:
-        accuracy = run_accuracy(live, shows, ev, records, accuracy_n, max_new_tokens,
-                                lambda m: say(progress, done[0] / work, m),
-                                lambda k: done.__setitem__(0, done[0] + 8 * k), same_weights)
-    pairs = comparisons(list(shows))
-    stats = summarize(records, pairs, list(QUESTIONS), resamples=resamples, seed=seed)
-    res = {"version": 2, "n": len(records), "n_validation": len(val["sw"]),
-           "questions": QUESTIONS, "models": list(shows), "comparisons": pairs,
-           "resamples": resamples, "seed": seed, "items": records, **stats,
-           "sweep": sweep, "best": {"bottom": best["bottom"], "top": best["top"]},
-           "same_weights": same_weights,
-           "default": {"bottom": default.bottom, "top": default.top},
-           "suggestion": suggestion(refs) if has_base else None, "accuracy": accuracy,
+        models.append(name)
+        for c in records[0]["nll"]:
+            for r, v in zip(records, ev_m.run(lv, c, name, digest)):
+                r["nll"][c][name] = v
+
+    # the swap measured: the one chosen on validation, else (no swap chosen) the app's default
+    b, u = chosen or (default.bottom, default.top)
+    live.show("task")
+    measure_model(MATH, live)
+    swaps = []
+    for label, ref in langs.items():
+        lv = live if ref == refs["lang"] else LiveModel.from_refs(
+            refs["task"], ref, refs.get("base"), dtype=live.dtype)
+        lv.show(MergeConfig(bottom=b, top=u, lang=ref, **common))
+        swaps.append(swap_name(b, u, f"language expert {label}"))
+        measure_model(swaps[-1], lv)
+        if ref == refs["lang"] and chosen and chosen != (default.bottom, default.top):
+            lv.show(default)
+            measure_model(swap_name(default.bottom, default.top, f"language expert {label}"), lv)
+        if lv is not live:
+            del lv
+    if control:
+        lv = LiveModel.from_refs(refs["task"], control, refs.get("base"), dtype=live.dtype)
+        lv.show(MergeConfig(bottom=b, top=u, lang=control, **common))
+        measure_model(swap_name(b, u, CONTROL), lv)
+        del lv
+    live.show("task")
+    what = (f"the swap chosen on validation ({b}/{u})" if chosen else
+            f"the default swap ({b}/{u}; validation chose no swap)")
+    specs = effect_specs(swaps, swap_name(b, u, CONTROL) if control else None,
+                         swap_name(default.bottom, default.top, "language expert seed 0"),
+                         what=what)
+    res = {"version": VERSION, "n": len(records), "n_templates": len({r["template"] for r in
+                                                                     records}),
+           "n_validation": len(val["sw"]), "first_k": FIRST_K, "parts": list(PARTS),
+           "conditions": CONDITION_NAMES, "refs": {**refs, "seeds": langs, "control": control},
+           "models": models, "chosen": None if chosen is None else
+           {"bottom": chosen[0], "top": chosen[1]},
+           "default": {"bottom": default.bottom, "top": default.top}, "sweep": sweep,
+           "swap": {"bottom": b, "top": u, "what": what},
+           "specs": specs, "same_weights": same_weights, "resamples": resamples, "seed": seed,
+           "answers_copied": sum(r["answer_copied"] for r in records), "items": records,
+           "effects": summarize_effects(records, specs, resamples=resamples, seed=seed),
+           "means": condition_means(records, resamples=resamples, seed=seed),
            "dtype": str(live.dtype).removeprefix("torch."),
+           "suggestion": suggestion(refs) if refs.get("base") else None,
            "seconds": round(time.time() - t0, 1)}
     res["markdown"] = result_markdown(res)
     return res
 
 
-def model_shows(common: dict, default: MergeConfig, chosen: MergeConfig, *,
-                controls: bool = False) -> dict:
-    """The models of the demo result, name -> what the live model shows (a role, a merge
-    config, or ("reverted", config) for a swap with the base's outer layers, the ``controls``);
-    without a base, no base row and no controls."""
-    shows = {"base": "base", "math expert": "task", "language expert": "lang", DEFAULT: default,
-             BEST: chosen, SOUP: MergeConfig(method="soup", **common)}
-    if not common.get("base"):
-        shows.pop("base")
-    elif controls:
-        shows[DEFAULT + REVERTED] = ("reverted", default)
-        shows[BEST + REVERTED] = ("reverted", chosen)
-    return shows
-
-
-def run_accuracy(live, shows: dict, ev: dict, records: list[dict], accuracy_n: int,
-                 max_new_tokens: int, tell=None, advance=None,
-                 same_weights: dict | None = None) -> dict:
-    """Greedy accuracy (secondary) of every model but the base-outer-layers controls on
-    ``accuracy_n`` of the eval items (spread), per question language: per-item outputs and
-    correctness into ``records``, and the summaries with McNemar tests of each swap against each
-    expert. ``tell(message)`` before each model, ``advance(items)`` after it. A model of
-    ``same_weights`` (model -> an earlier one with bit-equal weights) is scored by copying."""
-
-    acc_items = {q: spread(ev[q], accuracy_n) for q in QUESTIONS}
-    at = {r["id"]: r for r in records}
-    summaries, tests = [], []
-    for q in QUESTIONS:
-        scores = []
-        for name, what in shows.items():
-            if REVERTED in name:
-                continue
-            if tell:
-                tell(f"accuracy: {name}, {len(acc_items[q])} {q} items")
-            twin = next((t for t in scores if t.model == (same_weights or {}).get(name)), None)
-            if twin is not None:   # the same function: scored once
-                s = Scores(name, twin.lang, list(twin.correct), list(twin.outputs))
-            else:
-                live.show(what)
-                s = score(name, live.model, live.tokenizer, acc_items[q],
-                          max_new_tokens=max_new_tokens)
-            if advance:
-                advance(len(acc_items[q]))
-            scores.append(s)
-            summaries.append(s.summary())
-            for it, out, ok in zip(acc_items[q], s.outputs, s.correct):
-                at[it.id].setdefault("accuracy", {}).setdefault(q, {})[name] = {
-                    "output": out, "correct": ok}
-        for swap in (DEFAULT, BEST):
-            tests += paired(scores, swap, list(EXPERTS))
-    return {"n": len(acc_items["sw"]), "max_new_tokens": max_new_tokens,
-            "summaries": summaries, "comparisons": tests}
-
-
-def add_accuracy(res: dict, refs: dict, accuracy_n: int, max_new_tokens: int = 192,
-                 dtype=None, progress: Progress | None = None) -> dict:
-    """A stored result with the accuracy column (re)measured: the same items, the same default
-    and chosen swaps (``res["default"]``, ``res["best"]``), nothing else rerun."""
-
-    t0 = time.time()
-    live = LiveModel.from_refs(refs["task"], refs["lang"], refs.get("base"), dtype=dtype)
-    common = dict(task=refs["task"], lang=refs["lang"], base=refs.get("base"))
-    shows = model_shows(common, MergeConfig(**res["default"], **common),
-                        MergeConfig(**res["best"], **common))
-    ids = [r["id"] for r in res["items"]]
-    ev = {}
-    for q in QUESTIONS:
-        by_id = {it.id: it for it in variant_items(q, "eval")}
-        ev[q] = [by_id[i] for i in ids]
-    for r in res["items"]:
-        r.pop("accuracy", None)
-    done, total = [0], len(QUESTIONS) * len(shows) * min(accuracy_n, len(ids))
-    res["accuracy"] = run_accuracy(live, shows, ev, res["items"], accuracy_n, max_new_tokens,
-                                   lambda m: say(progress, done[0] / max(1, total), m),
-                                   lambda k: done.__setitem__(0, done[0] + k),
-                                   res.get("same_weights"))
-    res["seconds"] = round(res["seconds"] + time.time() - t0, 1)
-    res["markdown"] = result_markdown(res)
-    return res
+def recompute(res: dict) -> dict:
+    """A stored result's statistics again from its per-item values (the shipped file is
+    checked that way)."""
+    return {"effects": summarize_effects(res["items"], res["specs"],
+                                         resamples=res["resamples"], seed=res["seed"]),
+            "means": condition_means(res["items"], resamples=res["resamples"], seed=res["seed"])}
 
 
 def result_markdown(res: dict) -> str:
-    """The headline table (mean NLL per model, both questions), then the paired comparisons of
-    the headline measure and its controls."""
-
-    acc = res.get("accuracy") or {}
-    text = reading_table(res["means"], res["questions"], acc.get("summaries", ()))
-    text += "\n\n" + paired_table(res["paired"], res["questions"])
-    if acc:
-        text += "\n\nAccuracy (secondary; greedy, GSM8K calculator, on " \
-                f"{acc['n']} of the items, evenly spaced over the templates):\n\n" + \
-                markdown_table(acc["summaries"], acc["comparisons"])
-    return text
+    """The statistics (primary first), then the mean NLL of each model after each question."""
+    return (effects_table(res["effects"]) + "\n\nMean NLL per token of the English worked "
+            "solution (mean over templates, 95% cluster-bootstrap intervals):\n\n"
+            + means_table(res["means"]))
 
 
 def measured_demo_result(path: str | Path | None = None) -> dict | None:
-    """The shipped measurement (``bench/demo_result.py --json``), with its markdown tables
-    rebuilt from the stored statistics; None when none is shipped (or an older format)."""
+    """The shipped measurement (``bench/demo_result.py --json``), with its markdown rebuilt
+    from the stored statistics; None when none is shipped (or an older format)."""
 
     p = Path(path) if path else ASSETS / RESULT_FILE
     if not p.is_file():
         return None
     res = json.loads(p.read_text())
-    if res.get("version") != 2:
+    if res.get("version") != VERSION:
         return None
-    res["comparisons"] = [tuple(c) for c in res["comparisons"]]
     res["markdown"] = result_markdown(res)
     return res
 
 
-def _row(res: dict, model: str, vs: str, question: str = "sw", target: str = "solution"):
-    return next((r for r in res["paired"] if (r["model"], r["vs"], r["question"], r["target"])
-                 == (model, vs, question, target)), None)
+def effect(res: dict, key: str) -> dict | None:
+    return next((r for r in res["effects"] if r["key"] == key), None)
 
 
-def _said(r: dict | None) -> str:
-    return "" if r is None else (
-        f"{r['mean_difference']:+.3f} (95% CI {r['ci_low']:+.3f} to {r['ci_high']:+.3f}; lower "
-        f"on {r['lower']} of {r['n']} items, sign test p = {r['sign_p']:.2g})")
+def _said(r: dict) -> str:
+    return (f"{r['mean']:+.3f} nats/token (95% CI {r['ci_low']:+.3f} to {r['ci_high']:+.3f}; "
+            f"lower in {r['lower']} of {r['n_templates']} templates, sign test p = "
+            f"{r['sign_p']:.2g}" + ("" if r["primary"] else f", Holm p = {r['p_holm']:.2g}")
+            + ")")
+
+
+def chosen_words(res: dict) -> str:
+    c = res["chosen"]
+    where = f"on {res['n_validation']} validation items"
+    return (f"no swap (the math expert) was best {where}" if c is None else
+            f"the swap chosen {where} (bottom {c['bottom']}, top {c['top']})")
+
+
+def verdict(res: dict) -> str:
+    """Whether the primary statistic shows a question-specific reading gain, in words."""
+    p = effect(res, "primary")
+    if p is None:
+        return ""
+    if p["ci_high"] < 0 and p["sign_p"] < 0.05:
+        return "a question-specific reading gain"
+    if p["ci_low"] > 0 and p["sign_p"] < 0.05:
+        return "a question-specific reading loss"
+    return "no question-specific reading effect that this measure can tell from zero"
 
 
 def headline(res: dict) -> str:
-    """The one sentence of what the result shows, with its measured numbers, whichever way they
-    go: the default swap against the math expert on the headline measure, then the two
-    controls."""
-    main = _row(res, DEFAULT, "math expert")
-    if main is None:
+    """What the result shows, with its measured numbers, whichever way they go: the primary
+    statistic and its verdict, then the English question, the control expert and the first
+    tokens."""
+    p = effect(res, "primary")
+    if p is None:
         return ""
-    d = res["default"]
-    text = (f"On {res['n']} held-out variants, the default layer swap (bottom {d['bottom']}, top "
-            f"{d['top']}) minus the math expert, in mean NLL per token of the English worked "
-            f"solution after the Swahili question: {_said(main)}")
-    en = _row(res, DEFAULT, "math expert", "en")
+    seeds = len(res["refs"].get("seeds") or {}) or 1
+    text = (f"On {res['n']} held-out variants of {res['n_templates']} templates "
+            f"({chosen_words(res)}), {res['swap']['what']} minus the math expert, in English "
+            f"solution NLL after the item's own Swahili question minus after another item's "
+            f"({seeds} language-expert seed{'s' if seeds > 1 else ''}"
+            f"{' pooled' if seeds > 1 else ''}; the primary statistic): {_said(p)}: "
+            f"{verdict(res)}.")
+    en = effect(res, "english")
     if en:
-        text += f"; the same after the English question (control): {_said(en)}"
-    rev = _row(res, DEFAULT + REVERTED, DEFAULT)
-    if rev:
-        text += (f"; the swap with the base's outer layers instead of the language expert's, "
-                 f"minus the swap: {_said(rev)}")
-    b = res.get("best") or {}
-    best_sw, best_en = _row(res, BEST, "math expert"), _row(res, BEST, "math expert", "en")
-    if best_sw and (b.get("bottom"), b.get("top")) != (d["bottom"], d["top"]):
-        text += (f". The swap chosen on the validation variants (bottom {b['bottom']}, top "
-                 f"{b['top']}) minus the math expert: {_said(best_sw)} after the Swahili question"
-                 + (f", {_said(best_en)} after the English one" if best_en else ""))
-    text += ". Negative: a lower NLL, the better reading."
-    same = _row(res, DEFAULT + REVERTED, "math expert")
-    if same and same["lower"] == same["higher"] == 0:
-        text += (" With these experts a swap with the base's outer layers is the math expert "
-                 "itself (the math expert's outer layers are the base's).")
+        text += f" After the English question: {_said(en)}."
+    m, first = effect(res, "matched-sw"), effect(res, "first-matched")
+    if m and first:
+        text += (f" Without the mismatched control (own Swahili question only) the swap's "
+                 f"difference is {m['mean']:+.3f}; over the first {res['first_k']} solution "
+                 f"tokens alone it is {first['mean']:+.3f}.")
+    ctl = effect(res, "control")
+    if ctl:
+        text += (f" The same swap with the outer layers of an English-trained control expert: "
+                 f"{_said(ctl)}.")
+    text += (f" The answer tokens are not a measure here: the solution already writes the answer "
+             f"in {res['answers_copied']} of {res['n']} items.")
     return text
 
 
 def sweep_markdown(res: dict) -> str:
     """The sweep on the validation variants and the suggestion of the delta analysis, in words."""
-    rows = " · ".join(f"b={r['bottom']} u={r['top']}: {r['nll']:.4f}" for r in res["sweep"])
-    best = res["best"]
-    text = (f"Sweep on {res['n_validation']} validation variants (mean NLL of the English "
-            f"solution after the Swahili question; never the eval items): {rows}; best bottom "
-            f"{best['bottom']}, top {best['top']}.")
+    rows = " · ".join(f"b={r['bottom']} u={r['top']}: {r['effect']:+.4f}" for r in res["sweep"])
+    text = (f"Sweep on {res['n_validation']} validation variants (question-specific NLL effect "
+            f"against the math expert after the Swahili question, mean over templates; b=0 u=0 "
+            f"is the math expert, no swap; never the eval items): {rows}; "
+            f"{chosen_words(res)}.")
     s = res.get("suggestion")
     if s:
         text += (f" The Deltas tab suggests bottom {s['bottom']}, top {s['top']}, transitions "
@@ -377,28 +375,16 @@ def measured_markdown() -> str:
     res = measured_demo_result()
     if res is None:
         return "No measured demo result is shipped with this install."
-    acc = res.get("accuracy")
     return (f"**Measured** with `python bench/demo_result.py --n {res['n']} --n-validation "
-            f"{res['n_validation']}`" + (f" (accuracy on {acc['n']} of the items)" if acc else "")
-            + f", {res['seconds'] / 60:.0f} min on a shared 2-core CPU, {res['dtype']}. "
-            + headline(res) + "\n\nMean NLL (nats/token, lower is better) of the English "
-            "worked solution, and of its answer tokens, after each question; 95% bootstrap "
-            f"intervals ({res['resamples']} resamples, seed {res['seed']}):\n\n"
-            + res["markdown"] + "\n\n" + sweep_markdown(res))
+            f"{res['n_validation']}`, {res['seconds'] / 60:.0f} min on a 2-core CPU, "
+            f"{res['dtype']}. " + headline(res) + "\n\n" + res["markdown"] + "\n\n"
+            + sweep_markdown(res))
 
 
 def result_chart(res: dict):
-    """The headline chart: each merge's mean per-item NLL difference against the math expert,
-    with 95% intervals, after the Swahili question and after the English one (control a); the
-    swaps with the base's outer layers are bars of their own (control b). The base and the
-    language expert, ten times further off, are left to the tables: on one axis with them the
-    merges' differences would not show."""
-
-    models = [m for m in res["models"] if m not in ("math expert", "base", "language expert")]
-    return reading_chart(res["paired"], "math expert", models, res["questions"],
-                         title=f"English solution NLL minus the math expert's, per item "
-                         f"({res['n']} held-out variants; 95% bootstrap intervals; base and "
-                         f"language expert in the tables)")
+    """Each statistic with its 95% cluster-bootstrap interval, the primary one first."""
+    return effects_chart(res["effects"], title=f"Question-specific NLL effects against the math "
+                         f"expert ({res['n']} held-out variants, {res['n_templates']} templates)")
 
 
 def measured_chart():
@@ -409,8 +395,8 @@ def measured_chart():
 
 def _demo_result_job(engine, job, progress=None) -> dict:
     """The "demo_result" job kind: ``reproduce_demo_result`` on the job's engine (settings: n,
-    n_validation, accuracy_n, max_new_tokens)."""
-    settings = {k: v for k, v in job.settings.items() if k != "work_items"}
+    n_validation)."""
+    settings = {k: v for k, v in job.settings.items() if k in ("n", "n_validation")}
     return reproduce_demo_result(job.trio.refs, live=engine.live, progress=progress, **settings)
 
 

@@ -548,36 +548,30 @@ def sweep_heatmap(x_values: Sequence, y_values: Sequence, scores, x_label: str =
                    max(320, 120 + 40 * len(y_values)))
 
 
-def reading_chart(paired: Sequence[Mapping], reference: str, models: Sequence[str],
-                  questions: Mapping[str, str], target: str = "solution",
-                  title: str | None = None) -> go.Figure:
-    """The demo's graded measure: per model, the mean per-item difference in NLL against
-    ``reference`` (negative: the model makes the gold solution more likely) with its 95%
-    interval, one group of bars per question (the headline and its English-question control;
-    the base-outer-layers control is a model of its own).
+def effects_chart(rows: Sequence[Mapping], title: str | None = None) -> go.Figure:
+    """The demo's statistics as horizontal bars: each mean over templates with its 95%
+    cluster-bootstrap interval (negative: the first model makes the gold solution more likely),
+    the primary one first and in its own colour.
 
-    paired: rows {"model", "vs", "question", "target", "mean_difference", "ci_low", "ci_high",
-    "n", "sign_p"} (``evaluation.demo_result.summarize``)."""
-    fig = go.Figure()
-    for qi, (q, label) in enumerate(questions.items()):
-        rows = {r["model"]: r for r in paired
-                if r["vs"] == reference and r["question"] == q and r["target"] == target}
-        shown = [m for m in models if m in rows]
-        mean = np.array([rows[m]["mean_difference"] for m in shown])
-        lo = np.array([rows[m]["ci_low"] for m in shown])
-        hi = np.array([rows[m]["ci_high"] for m in shown])
-        fig.add_trace(go.Bar(
-            name=label, x=shown, y=mean, marker_color=_PALETTE[qi % len(_PALETTE)],
-            error_y=dict(type="data", symmetric=False, array=np.maximum(hi - mean, 0),
-                         arrayminus=np.maximum(mean - lo, 0), thickness=1.5, width=5),
-            customdata=np.stack([lo, hi, [rows[m]["n"] for m in shown],
-                                 [rows[m]["sign_p"] for m in shown]], -1) if shown else None,
-            hovertemplate=("%{x}<br>mean difference %{y:+.4f}<br>95% CI [%{customdata[0]:+.4f}, "
-                           "%{customdata[1]:+.4f}]<br>n = %{customdata[2]:d}, sign test p = "
-                           "%{customdata[3]:.2g}<extra>" + label + "</extra>")))
-    fig.add_hline(y=0, line_width=1, line_color="#555")
-    fig.update_yaxes(title_text=f"NLL minus the {reference}'s (nats/token)")
-    fig.update_xaxes(title_text="model")
-    fig.update_layout(barmode="group", legend=dict(orientation="h", y=1.02, yanchor="bottom"))
-    return _layout(fig, title or f"Mean per-item NLL of the English {target} vs the {reference}"
-                   " (95% bootstrap intervals)", 460)
+    rows: {"label", "mean", "ci_low", "ci_high", "n_templates", "sign_p", "p_holm",
+    "primary"} (``evaluation.demo_result.summarize_effects``)."""
+    rows = list(rows)[::-1]                     # plotly draws the first category at the bottom
+    mean = np.array([r["mean"] for r in rows])
+    lo, hi = np.array([r["ci_low"] for r in rows]), np.array([r["ci_high"] for r in rows])
+    labels = [("PRIMARY: " if r["primary"] else "") + r["label"] for r in rows]
+    fig = go.Figure(go.Bar(
+        x=mean, y=labels, orientation="h",
+        marker_color=[_PALETTE[1] if r["primary"] else _PALETTE[0] for r in rows],
+        error_x=dict(type="data", symmetric=False, array=np.maximum(hi - mean, 0),
+                     arrayminus=np.maximum(mean - lo, 0), thickness=1.5, width=4),
+        customdata=np.stack([lo, hi, [r["n_templates"] for r in rows],
+                             [r["sign_p"] for r in rows], [r["p_holm"] for r in rows]], -1)
+        if rows else None,
+        hovertemplate=("%{y}<br>mean over templates %{x:+.4f}<br>95% CI [%{customdata[0]:+.4f}, "
+                       "%{customdata[1]:+.4f}]<br>%{customdata[2]:d} templates, sign test p = "
+                       "%{customdata[3]:.2g} (Holm %{customdata[4]:.2g})<extra></extra>")))
+    fig.add_vline(x=0, line_width=1, line_color="#555")
+    fig.update_xaxes(title_text="NLL difference (nats/token; negative: more likely)")
+    fig.update_yaxes(automargin=True)
+    return _layout(fig, title or "Demo statistics (95% cluster-bootstrap intervals)",
+                   max(320, 90 + 28 * len(rows)))
