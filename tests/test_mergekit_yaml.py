@@ -14,7 +14,7 @@ from layerswap_core.cli import main
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.errors import ConfigError
 from layerswap_core.merge.executor import merge_to_folder
-from layerswap_core.merge.mergekit_yaml import from_mergekit, mergekit_file, to_mergekit
+from layerswap_core.merge.mergekit_yaml import Opened, from_mergekit, mergekit_file, to_mergekit
 from layerswap_core.merge.registry import concrete
 from layerswap_core.testing import mergekit_yaml, run_mergekit
 
@@ -130,7 +130,9 @@ def test_unexpressible_configs_are_refused_with_the_reason(tiny, cfg, why):
     with pytest.raises(ConfigError, match=why) as e:
         to_mergekit(cfg, **refs)
     assert "\n" not in str(e.value)
-    name, text = mergekit_file(cfg, refs)   # the Build tab's zip: the reason, as a note file
+    from layerswap_core.checkpoints.compatibility import open_models
+    name, text = mergekit_file(cfg, Opened.of(open_models({k: str(v) for k, v in refs.items()})))
+    # the Build tab's zip: the reason, as a note file
     assert name == "mergekit-not-expressible.txt" and re.search(why, text)
 
 

@@ -37,27 +37,49 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
+from typing import Any, NamedTuple
 
 from .config import DTYPES, MergeConfig, load_yaml
 from .errors import ConfigError
 from .partition import value_text
 from .registry import Source, concrete
 
-__all__ = ["to_mergekit", "from_mergekit", "mergekit_file"]
+__all__ = ["to_mergekit", "from_mergekit", "mergekit_file", "read_mergekit", "Opened"]
 
 PRE_KINDS = ("embed",)   # mergekit's pre_weights; final norm and LM head are its post_weights
 
 
+class Opened(NamedTuple):
+    """What the YAML needs of the models, already opened (headers): the references as given,
+    their folders, the task expert's architecture, tensor names and dtypes (safetensors names)."""
+    refs: dict
+    paths: dict
+    arch: Any
+    names: list
+    task_dtypes: set
+
+    @classmethod
+    def of(cls, models) -> "Opened":
+        """From a ``ModelSet`` (``checkpoints.compatibility``)."""
+        task = models.readers["task"]
+        return cls(dict(models.refs), {r: str(p) for r, p in models.paths.items()}, models.arch,
+                   list(models.names), {task.dtype(n) for n in models.names})
+
+
 # --------------------------------------------------------------------------- out
-def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None) -> tuple[str, list[str]]:
+def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None,
+                models=None) -> tuple[str, list[str]]:
     """(the mergekit YAML of the merge ``config`` builds, notes). The models default to the
-    config's; their headers are read (the layers, tensor names and the task expert's dtype).
+    config's; the task expert's headers are read (layers, tensor names, dtype) unless ``models``
+    (an ``Opened``, e.g. a session's) gives them and the references.
     ConfigError (one line, naming the part) where mergekit cannot express the merge."""
     from ..checkpoints.compatibility import open_models
     from ..checkpoints.references import resolve
     from .plan import build_plan
 
+    given = models.refs if models is not None else {}
     refs = {"task": task or config.task, "lang": lang or config.lang, "base": base or config.base}
+    refs = {r: v or given.get(r) for r, v in refs.items()}
     refs = {r: str(v) for r, v in refs.items() if v is not None}
     for role in ("task", "lang"):
         if role not in refs:
@@ -67,17 +89,20 @@ def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None) -> tupl
     if config.uses_magnitude:
         raise ConfigError("mergekit cannot express magnitude-adjusted weights (computed from the "
                           "deltas at merge time; it has no such weighting): give --w-task/--w-lang")
-    models = open_models({"task": refs["task"]})
+    if models is None:
+        models = Opened.of(open_models({"task": refs["task"]}))
     config = concrete(config, models.arch.num_layers)
     plan = build_plan(config, models.names, models.arch)
     notes: list[str] = []
     paths = {}
     for role, ref in refs.items():  # mergekit reads folders and Hub ids, not embedded:NAME
-        paths[role] = str(resolve(ref)) if ref.startswith("embedded:") else ref
+        if ref.startswith("embedded:"):
+            paths[role] = str(models.paths[role] if role in models.paths else resolve(ref))
+        else:
+            paths[role] = ref
         if paths[role] != ref:
             notes.append(f"{role}: {ref} is written as its folder {paths[role]}")
-    dtypes = {models.readers["task"].dtype(n) for n in models.names}
-    out_dtype = config.dtype or _torch_dtype_name(dtypes)
+    out_dtype = config.dtype or _torch_dtype_name(models.task_dtypes)
     doc: dict = {"merge_method": None}
     if config.method == "layer_swap":
         doc.update(_slices(plan, paths, notes))
@@ -237,11 +262,12 @@ def _dump(doc: dict, plan, notes: list[str]) -> str:
     return "\n".join(head) + "\n" + yaml.dump(doc, Dumper=Dumper, sort_keys=False)
 
 
-def mergekit_file(config: MergeConfig, refs: dict) -> tuple[str, str]:
-    """(file name, text) for a merge recipe: ("mergekit.yaml", the YAML) when mergekit can
-    express the merge, else ("mergekit-not-expressible.txt", the reason)."""
+def mergekit_file(config: MergeConfig, models: Opened) -> tuple[str, str]:
+    """(file name, text) for a merge recipe over ``models`` (``Opened``):
+    ("mergekit.yaml", the YAML) when mergekit can express the merge, else
+    ("mergekit-not-expressible.txt", the reason)."""
     try:
-        text, _ = to_mergekit(config, **{r: refs.get(r) for r in ("task", "lang", "base")})
+        text, _ = to_mergekit(config, models=models)
         return "mergekit.yaml", text
     except ConfigError as e:
         return "mergekit-not-expressible.txt", f"{e}\n"
