@@ -122,3 +122,24 @@ def mergekit_yaml() -> str | None:
     requirements-dev.txt pins it for the cross-checks and the merge bench."""
     beside = Path(sys.executable).with_name("mergekit-yaml")
     return str(beside) if beside.exists() else shutil.which("mergekit-yaml")
+
+
+def run_mergekit(jobs: list[tuple[Path, Path]]):
+    """Run ``mergekit-yaml CONFIG OUT`` for each (config, out) in ONE subprocess (its start-up
+    costs several seconds): its own entry point, ``mergekit.scripts.run_yaml.main``, on the CPU,
+    with the Hub offline. Raises with mergekit's output when one fails."""
+    import os
+    import subprocess
+    script = ("import sys\nfrom mergekit.scripts.run_yaml import main\n"
+              "args = sys.argv[1:]\n"
+              "for cfg, out in zip(args[::2], args[1::2]):\n"
+              "    main([cfg, out], standalone_mode=False)\n")
+    python, command = sys.executable, mergekit_yaml()
+    if command:  # the Python mergekit-yaml runs with (its #! line)
+        first = Path(command).read_text(errors="replace").split("\n", 1)[0]
+        python = first[2:].strip() if first.startswith("#!") else python
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    res = subprocess.run([str(python), "-c", script, *(str(p) for job in jobs for p in job)],
+                         capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise RuntimeError(f"mergekit-yaml failed:\n{res.stderr[-3000:]}")

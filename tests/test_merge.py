@@ -17,7 +17,6 @@ from layerswap_core.merge.executor import MergeError, merge_to_folder, plan_for
 from layerswap_core.merge.live import LiveModel
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.errors import ConfigError
-from layerswap_core.testing import mergekit_yaml
 
 L = 8  # layers of the tiny fixture
 
@@ -221,51 +220,6 @@ def test_ties(tiny, states, tmp_path):
         ref = reference_ties(states["base"][n], [states["task"][n], states["lang"][n]], density, lam)
         torch.testing.assert_close(merged[n], ref, rtol=1e-6, atol=1e-6)
     assert set(merged) == set(states["task"])
-
-
-def test_mergekit_linear_merge_gives_the_same_tensors(tiny, states, tmp_path):
-    """Cross-check with mergekit (optional: skipped when it is not installed)."""
-    import subprocess
-    mergekit = mergekit_yaml()
-    if mergekit is None:
-        pytest.skip("mergekit is not installed")
-    (tmp_path / "mk.yaml").write_text(
-        f"merge_method: linear\ndtype: float32\nmodels:\n"
-        f"  - model: {tiny['task']}\n    parameters: {{weight: 0.3}}\n"
-        f"  - model: {tiny['lang']}\n    parameters: {{weight: 0.7}}\n")
-    subprocess.run([mergekit, str(tmp_path / "mk.yaml"), str(tmp_path / "mk")], check=True)
-    ours = merge_to_folder(MergeConfig(method="soup", w_task=0.3, w_lang=0.7), task=tiny["task"],
-                           lang=tiny["lang"], out=tmp_path / "ours")
-    theirs = tensors(tmp_path / "mk")
-    for n, t in tensors(ours).items():
-        torch.testing.assert_close(t, theirs[n], rtol=1e-6, atol=1e-7)
-
-
-def test_mergekit_passthrough_layer_swap_gives_the_same_tensors(tiny, tmp_path):
-    """Algorithm 1 without transitions == mergekit passthrough slices (skipped without mergekit)."""
-    import subprocess
-    mergekit = mergekit_yaml()
-    if mergekit is None:
-        pytest.skip("mergekit is not installed")
-    b, u, L = 2, 1, 8
-    (tmp_path / "mk.yaml").write_text(
-        "slices:\n"
-        f"  - sources: [{{model: {tiny['lang']}, layer_range: [0, {b}]}}]\n"
-        f"  - sources: [{{model: {tiny['task']}, layer_range: [{b}, {L - u}]}}]\n"
-        f"  - sources: [{{model: {tiny['lang']}, layer_range: [{L - u}, {L}]}}]\n"
-        f"merge_method: passthrough\nbase_model: {tiny['task']}\ndtype: float32\n")
-    subprocess.run([mergekit, str(tmp_path / "mk.yaml"), str(tmp_path / "mk")], check=True)
-    ours = tensors(merge_to_folder(MergeConfig(bottom=b, top=u, non_layer="task"),
-                                   task=tiny["task"], lang=tiny["lang"], out=tmp_path / "ours"))
-    theirs = tensors(tmp_path / "mk")
-    assert set(ours) <= set(theirs)
-    arch = get_architecture(CheckpointReader(tiny["task"]).config())
-    for n, t in ours.items():
-        if arch.classify(n).layer is not None:  # every decoder-layer tensor is identical
-            assert torch.equal(t, theirs[n]), n
-    # mergekit's passthrough takes non-layer tensors from the first slice's model (the language
-    # expert here); non_layer="task" takes them from the task expert.
-    assert torch.equal(ours["model.embed_tokens.weight"], tensors(tiny["task"])["model.embed_tokens.weight"])
 
 
 # --------------------------------------------------------------------------- in-memory recomposition

@@ -221,4 +221,4 @@ def test_task_arithmetic_leaves_its_inputs_and_matches_the_formula(dtype):
     out = methods.apply("task_arithmetic", [base, t1, t2], [0.6, 1.3])
     assert all(torch.equal(x, k) for x, k in zip((base, t1, t2), kept))
     b = kept[0].float()
-    assert torch.equal(out, b + 0.6 * (kept[1].float() - b) + 1.3 * (kept[2].float() - b))
+    assert torch.equal(out, b + (0.6 * (kept[1].float() - b) + 1.3 * (kept[2].float() - b)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import shutil
 import time
 import zipfile
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from layerswap_core.workbench.sweep import parse_values, sweep_grid
 from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.errors import ConfigError
+from layerswap_core.merge.mergekit_yaml import from_mergekit
 
 
 @pytest.fixture(scope="module")
@@ -157,9 +159,14 @@ def test_save_and_zip(session, tmp_path):
     assert "exists" in readable_error(e.value)
     z = wb.export_zip(session, cfg, str(tmp_path))
     with zipfile.ZipFile(z) as f:
-        assert set(f.namelist()) == {"layerswap.yaml", "README.md"}
+        assert set(f.namelist()) == {"layerswap.yaml", "README.md", "mergekit.yaml"}
         again = MergeConfig.from_yaml(f.read("layerswap.yaml").decode())
-    assert again.layer_counts(8) == cfg.layer_counts(8)
+        mk = from_mergekit(f.read("mergekit.yaml").decode())
+    assert again.layer_counts(8) == cfg.layer_counts(8) == mk.layer_counts(8)
+    assert mk.task == session.refs["task"] and mk.non_layer == cfg.non_layer
+    z = wb.export_zip(session, replace(cfg, magnitude_weights=True, transition_top=1), str(tmp_path))
+    with zipfile.ZipFile(z) as f:
+        assert "magnitude-adjusted" in f.read("mergekit-not-expressible.txt").decode()
 
 
 def test_zip_and_save_reuse_the_models_the_models_tab_checked(session, tiny, tmp_path):

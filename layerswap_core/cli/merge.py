@@ -21,6 +21,9 @@ def add_config_flags(s):
     registered methods' knobs, dtype, tokenizer source), typed and helped from its ``Knob``."""
     g = s.add_argument_group("models")
     g.add_argument("--config", help="YAML merge config (flags given here override it)")
+    g.add_argument("--from-mergekit", metavar="FILE", help="read the merge from a mergekit YAML "
+                   "(models: the task expert first, the language expert second; slices: "
+                   "base_model is the task expert); flags given here override it")
     for name in MODEL_FIELDS:
         g.add_argument(f"--{name}", help=FIELDS[name].help)
     g = s.add_argument_group("method")
@@ -44,7 +47,13 @@ def config_from_args(args) -> MergeConfig:
     """The MergeConfig of the merge/plan flags (over --config), every field checked."""
     if getattr(args, "magnitude_weights", None) and (args.w_task is not None or args.w_lang is not None):
         raise ConfigError("give either --w-task/--w-lang or --magnitude-weights, not both")
-    cfg = MergeConfig.load(args.config) if getattr(args, "config", None) else MergeConfig()
+    if getattr(args, "config", None) and getattr(args, "from_mergekit", None):
+        raise ConfigError("give --config or --from-mergekit, not both")
+    if getattr(args, "from_mergekit", None):
+        from ..merge.mergekit_yaml import read_mergekit
+        cfg = read_mergekit(args.from_mergekit, task=getattr(args, "task", None))
+    else:
+        cfg = MergeConfig.load(args.config) if getattr(args, "config", None) else MergeConfig()
     updates = {f: getattr(args, f) for f in FLAG_FIELDS if getattr(args, f, None) is not None}
     if getattr(args, "partition", None):
         updates["partition"] = partition_arg(args.partition)
@@ -53,11 +62,29 @@ def config_from_args(args) -> MergeConfig:
 
 def _merge(args) -> int:
     cfg = config_from_args(args)
+    if args.emit_mergekit:
+        _emit_mergekit(cfg, args)
+        if args.out is None:
+            return 0
+    elif args.out is None:
+        raise ConfigError("give --out DIR (or --emit-mergekit FILE to write only the mergekit YAML)")
     with progress_bar() as progress:
         out = merge_to_folder(cfg, out=args.out, device=args.device, shard_size=args.shard_size,
                               overwrite=args.overwrite, force=args.force, progress=progress)
     print(f"merged model written to {out}")
     return 0
+
+
+def _emit_mergekit(cfg: MergeConfig, args):
+    """Write the merge as a mergekit YAML (refused, one line, where mergekit cannot express it)."""
+    from pathlib import Path
+    from ..merge.mergekit_yaml import to_mergekit
+    text, notes = to_mergekit(cfg)
+    Path(args.emit_mergekit).write_text(text)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"mergekit YAML written to {args.emit_mergekit} (run: mergekit-yaml "
+          f"{args.emit_mergekit} OUTPUT_FOLDER)")
 
 
 def _plan(args) -> int:
@@ -77,7 +104,10 @@ def add_cli(subparsers):
                               "baselines), streamed tensor by tensor into HF sharded safetensors.")
     add_config_flags(s)
     g = s.add_argument_group("output")
-    g.add_argument("--out", required=True, help="output folder (must not exist unless --overwrite)")
+    g.add_argument("--out", help="output folder (must not exist unless --overwrite)")
+    g.add_argument("--emit-mergekit", metavar="FILE", help="also write the merge as a mergekit "
+                   "YAML (without --out: only write it, merge nothing); refused with the reason "
+                   "where mergekit cannot express the merge")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an existing output folder (only a layerswap output, see --force)")
     g.add_argument("--force", action="store_true", help="with --overwrite: also replace a folder "

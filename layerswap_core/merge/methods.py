@@ -141,7 +141,8 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
 
 
 @register("task_arithmetic", "https://arxiv.org/abs/2212.04089",
-          "base + sum(lambda_i * (t_i - base))",
+          "base + sum(lambda_i * (t_i - base)) (the scaled deltas summed first, as mergekit "
+          "does)",
           row_wise=True,
           label=lambda source: "task arithmetic " + "/".join(f"{w:g}"
                                                                for w in source.weights or ()),
@@ -149,10 +150,13 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
 def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     import torch
     base, experts = tensors[0].float(), tensors[1:]
-    out = base.clone()
+    # the scaled deltas summed first, then added to the base: mergekit's order of additions,
+    # so a merge written as a mergekit YAML (merge/mergekit_yaml.py) gives the same bits
+    total = None
     for t, lam in zip(experts, weights):
-        out += t.to(torch.float32, copy=True).sub_(base).mul_(float(lam))   # lam * (t - base)
-    return out
+        d = t.to(torch.float32, copy=True).sub_(base).mul_(float(lam))   # lam * (t - base)
+        total = d if total is None else total.add_(d)
+    return base.clone() if total is None else total.add_(base)
 
 
 def trim_threshold(delta: torch.Tensor, density: float) -> torch.Tensor | None:

@@ -34,7 +34,7 @@ from ..checkpoints.references import DEFAULT_BASE, check_free_space, is_adapter,
 from ..engines.dispatch import ZERO_DEVICE, Dispatcher, default as default_dispatcher
 from ..engines.jobs import Job, show
 from ..engines.pool import Trio
-from ..merge import registry
+from ..merge import mergekit_yaml, registry
 from ..progress import say as _say
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, capped,
                      check_replace, output_folder, readable_error, vet_reference)
@@ -167,6 +167,7 @@ class Session:
         self.arch = inputs.arch
         self.num_layers = self.arch.num_layers
         self.param_names = list(inputs.names)
+        self.opened = mergekit_yaml.Opened.of(inputs)   # for the zip's mergekit.yaml
         self.device = pick_device()
         self.kind_params: dict[int, dict[str, int]] | None = None  # see layer_kind_params
         self.tau: float | None = None       # the threshold of the delta views last drawn
@@ -496,4 +497,5 @@ def export_zip(session: Session, config, out_dir: str | None = None) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("layerswap.yaml", config.to_yaml())
         z.writestr("README.md", card)
+        z.writestr(*mergekit_yaml.mergekit_file(config, session.opened))  # or why not
     return path
