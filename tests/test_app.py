@@ -254,9 +254,10 @@ def test_a_question_reads_in_full():
 def test_reproduce_the_demo_result(client):
     """The Evaluate tab's button: the demo table for the models picked (here the tiny trio)."""
     md, plot = client.predict(2, api_name="/demo_result")
-    assert md.startswith("✔") and "| layer swap (best on validation) |" in md
-    assert "sign p" in md and "2 held-out variants" in md and "minus the math expert" in md
-    assert "Sweep on 1 validation variants" in md and "Deltas tab suggests" in md
+    assert md.startswith("✔") and "**primary**" in md and "Holm p" in md
+    assert "2 held-out variants of 2 templates" in md and "minus the math expert" in md
+    assert "on 2 validation items" in md and "Sweep on 2 validation variants" in md
+    assert "Deltas tab suggests" in md
     assert plot is not None
 
 

@@ -101,7 +101,7 @@ def test_reproduce_shows_progress_and_cancel_stops_it(demo_page):
             page.locator("#demo-btn").click()
             # the bar's text: visible, with height, naming what is scored now
             inner = page.locator("#demo-result .progress-level-inner")
-            expect(inner).to_contain_text("sweep on validation", timeout=120_000)
+            expect(inner).to_contain_text("validation: swap bottom", timeout=120_000)
             box = inner.bounding_box()
             assert box and box["height"] > 5 and box["width"] > 50, box
             text = inner.inner_text()

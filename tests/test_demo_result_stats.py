@@ -127,6 +127,9 @@ def test_the_demo_result_runs_end_to_end_on_a_tiny_trio(tiny, one_thread):
                                 seeds={"seed 1": str(tiny["base"])}, control=str(tiny["task"]))
     assert (0, 0) == (res["sweep"][0]["bottom"], res["sweep"][0]["top"])
     assert res["sweep"][0]["effect"] == 0.0 and all(r["n"] == 3 for r in res["sweep"])
+    from layerswap_core.evaluation.variants import proxy_templates
+    assert len(res["validation_ids"]) == 3 and not {int(i.split("-")[2]) for i in
+                                                     res["validation_ids"]} & set(proxy_templates())
     b, u = res["swap"]["bottom"], res["swap"]["top"]
     if res["chosen"] is None:
         assert (b, u) == (res["default"]["bottom"], res["default"]["top"])

@@ -79,6 +79,13 @@ def split_templates(split: str) -> tuple[int, ...]:
     return usable[0::2] if split == "eval" else usable[1::2]
 
 
+def proxy_templates() -> tuple[int, ...]:
+    """The language expert's reading proxy's templates: every fourth training template (never
+    in the reading recipe's training split, never evaluated). The expert's checkpoint was chosen
+    on them, so the demo's validation sweep leaves them out."""
+    return split_templates("train")[::4]
+
+
 def unused_templates() -> tuple[int, ...]:
     """Templates validated in Swahili, not MGSM items, not usable for variants (slow or
     unpaired): only their original statements serve, as language data."""

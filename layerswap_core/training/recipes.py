@@ -42,6 +42,7 @@ from pathlib import Path
 
 from ..evaluation.data import CARD_TEMPLATES_KEY, mgsm_overlap_templates
 from ..evaluation.variants import (NOT_VALIDATED, language_templates, original_question,
+    proxy_templates,
     split_templates, templates, variant_items)
 
 # Training templates: 0000-0049 minus the MGSM items among them.
@@ -292,13 +293,6 @@ def numeral_rows(count: int = NUMERALS, seed: int = SEED) -> list[dict]:
             rows.append(chat_row(NUMERAL_WORDS_PROMPT + str(n), swahili_number(n),
                                  "numerals digits->words"))
     return rows
-
-
-def proxy_templates() -> tuple[int, ...]:
-    """The reading proxy's templates: every fourth training template (never in the reading
-    recipe's training split, never evaluated)."""
-
-    return split_templates("train")[::4]
 
 
 def reading_templates() -> tuple[int, ...]:

@@ -45,7 +45,7 @@ from ..evaluation.demo_result import (CONDITION_NAMES, FIRST_K, MATH, OTHER, PAR
                                        mismatched_partners, reading_nll, reading_target,
                                        summarize_effects, template_stats)
 from ..evaluation.prompts import render_chat
-from ..evaluation.variants import SPLIT_SEEDS, variant_items
+from ..evaluation.variants import SPLIT_SEEDS, proxy_templates, variant_items
 from ..merge.config import MergeConfig
 from ..merge.live import LiveModel
 from .figures import effects_chart
@@ -158,7 +158,10 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
     measured = {} if measured is None else measured
 
     def sets(split: str, k: int):
-        by = {q: spread(variant_items(q, split), k) for q in ("sw", "en")}
+        # validation leaves out the templates the language expert's checkpoint was chosen on
+        skip = set(proxy_templates()) if split == "validation" else set()
+        by = {q: spread([i for i in variant_items(q, split) if template_of(i) not in skip], k)
+              for q in ("sw", "en")}
         assert [i.id for i in by["sw"]] == [i.id for i in by["en"]], "unpaired variant sets"
         return by, mismatched_partners(by["sw"], template_of)
 
@@ -248,7 +251,8 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
                          what=what)
     res = {"version": VERSION, "n": len(records), "n_templates": len({r["template"] for r in
                                                                      records}),
-           "n_validation": len(val["sw"]), "first_k": FIRST_K, "parts": list(PARTS),
+           "n_validation": len(val["sw"]), "validation_ids": [i.id for i in val["sw"]],
+           "first_k": FIRST_K, "parts": list(PARTS),
            "conditions": CONDITION_NAMES, "refs": {**refs, "seeds": langs, "control": control},
            "models": models, "chosen": None if chosen is None else
            {"bottom": chosen[0], "top": chosen[1]},
