@@ -23,7 +23,8 @@ def _folder(root: Path, name: str, tokenizer_json: bytes) -> Path:
 
 @pytest.fixture
 def parses(monkeypatch):
-    """Every parse of a tokenizer format (``tokenizers._content``) from here on, as (folder, format)."""
+    """Every parse of a tokenizer format (``tokenizers._content``) from here on, as
+    (folder, format)."""
     seen = []
     parse = tokenizers._content
 
@@ -62,8 +63,8 @@ def test_one_added_token_is_named_with_its_id(tmp_path, tiny):
                                 "special": True})
     (lang / "tokenizer.json").write_text(json.dumps(tok))
     problems = compatibility({"task": task, "lang": lang})
-    assert problems == [f"the tokenizers of lang and task: their tokenizer.json differ: added token "
-                        f"'<x>' (id {new_id}) only in lang's"]
+    assert problems == [f"the tokenizers of lang and task: their tokenizer.json differ: added "
+                        f"token '<x>' (id {new_id}) only in lang's"]
     # the same file re-serialised (other bytes, same content) is the same tokenizer
     (task / "tokenizer.json").write_text(json.dumps(tok, indent=1))
     assert compatibility({"task": task, "lang": lang}) == []
@@ -88,7 +89,8 @@ def test_a_rewritten_file_is_hashed_again(tmp_path, embedded_base, parses):
     # a new modification time: hashed again, parsed, and the difference named
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
     why = tokenizers.tokenizer_difference(a, b)
-    assert why.startswith("their tokenizer.json differ: added token '<|endoftext|>' (id 0) only in a's")
+    assert why.startswith(
+        "their tokenizer.json differ: added token '<|endoftext|>' (id 0) only in a's")
     assert len(parses) == 2
 
 

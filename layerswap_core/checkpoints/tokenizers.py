@@ -88,28 +88,20 @@ def _slow_bpe_content(folder: Path) -> dict:
     added = {content: (int(i), None)
              for content, i in (_json_or_none(folder / "added_tokens.json") or {}).items()}
     decoder = (_json_or_none(folder / "tokenizer_config.json") or {}).get("added_tokens_decoder")
-    added.update({a["content"]: (int(i), bool(a.get("special"))) for i, a in (decoder or {}).items()})
+    added.update({a["content"]: (int(i), bool(a.get("special")))
+                  for i, a in (decoder or {}).items()})
     vocab.update({content: i for content, (i, _) in added.items()})
     lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
     merges = [ln for ln in lines if ln.strip() and not ln.startswith("#version")]
     return {"type": "BPE", "vocab": vocab, "merges": merges, "added": added}
 
 
-_PARSED: dict[tuple, dict | str] = {}    # (format, digest) -> content, or why it cannot be read
-
-
 def _content(folder: Path, fmt: str) -> dict | str:
-    """The parsed content of one format in ``folder``, or why it cannot be read (a string).
-    Kept for the last two files parsed: a check asks for the same pair again."""
-    key = (fmt, _format_digest(folder, fmt))
-    if key not in _PARSED:
-        try:
-            _PARSED[key] = _fast_content(folder) if fmt == "tokenizer.json" else _slow_bpe_content(folder)
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-            _PARSED[key] = f"cannot be read ({type(e).__name__})"
-        while len(_PARSED) > 2:
-            del _PARSED[next(iter(_PARSED))]
-    return _PARSED[key]
+    """The parsed content of one format in ``folder``, or why it cannot be read (a string)."""
+    try:
+        return _fast_content(folder) if fmt == "tokenizer.json" else _slow_bpe_content(folder)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        return f"cannot be read ({type(e).__name__})"
 
 
 def _pair(merge) -> tuple:
@@ -124,8 +116,8 @@ def _canonical(component, slot: str):
         return None
     try:
         from tokenizers import Tokenizer
-        shell = {"version": "1.0", "normalizer": None, "pre_tokenizer": None,
-                 "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}, slot: component}
+        shell = {"version": "1.0", "normalizer": None, "pre_tokenizer": None, slot: component,
+                 "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}
         return json.loads(Tokenizer.from_str(json.dumps(shell)).to_str())[slot]
     except Exception:  # noqa: BLE001 - not installed, or a component it does not know: as written
         return component
@@ -195,12 +187,27 @@ def _vocab_difference(va: dict, vb: dict, na: str, nb: str) -> str:
     return f"token {t!r} (id {v[t]}) only in {x}'s vocabulary{tail}"
 
 
+# (format, digest, format, digest, name, name) -> the answer for files whose bytes differ: the
+# parsed contents are not kept (a 128k tokenizer is tens of MB in Python objects), the answers are
+_ANSWERS: dict[tuple, str | None] = {}
+
+
 def _difference(a: Path, b: Path, fa: str, fb: str, na: str, nb: str) -> str | None:
     """Why format ``fa`` in ``a`` and ``fb`` in ``b`` are not the same tokenizer, or None."""
-    if fa == fb and _format_digest(a, fa) == _format_digest(b, fb):
+    da, db = _format_digest(a, fa), _format_digest(b, fb)
+    if fa == fb and da == db:
         return None                                  # identical files: nothing to parse
     if "tokenizer.model" in (fa, fb):
         return "other bytes"
+    key = (fa, da, fb, db, na, nb)
+    if key not in _ANSWERS:
+        _ANSWERS[key] = _parsed_difference(a, b, fa, fb, na, nb)
+        if len(_ANSWERS) > 256:
+            del _ANSWERS[next(iter(_ANSWERS))]
+    return _ANSWERS[key]
+
+
+def _parsed_difference(a: Path, b: Path, fa: str, fb: str, na: str, nb: str) -> str | None:
     ca, cb = _content(a, fa), _content(b, fb)
     for c, name in ((ca, na), (cb, nb)):
         if isinstance(c, str):
