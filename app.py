@@ -54,9 +54,12 @@ EVAL_EXPECTATIONS = (
     "benchmark, every one of them scores about 0%: its problems are beyond a model this size in "
     "any language. The demo's measure is graded instead (*The demo result* below): how likely "
     "each model finds the English worked solution of a held-out problem after the Swahili "
-    "question, with two controls. The demo's math expert was trained on other templates than "
-    "the evaluated ones, and at this size it does not solve unseen templates (its card gives "
-    "the count), so accuracy here is near 0% for every model in every language. All demo models "
+    "question, with two controls. The demo's math expert was trained on English variants of "
+    "GSM-Symbolic templates (its card lists them); the GSM-Symbolic data here scores the "
+    "original problems of templates 0050-0099, some of them among those (the note under the "
+    "results names them after each run: not a clean test), while the demo result uses only "
+    "templates it never saw. At this size accuracy on problems a model never saw is near 0%. "
+    "All demo models "
     "decode with the GSM8K calculator (the result of each `<<expr=` note is filled in). With "
     "your own 1B-8B experts, MGSM accuracy with its 95% interval is the number to watch.")
 CHAT_EXPECTATIONS = (

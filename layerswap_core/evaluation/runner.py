@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Sequence
 
 from . import mgsm_task
-from .data import (SYMBOLIC_EVAL, Item, card_templates, gsm_symbolic_items, load_mgsm,
-                   load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
-                   normalize_number, source_label, to_ascii_digits)
+from .data import (Item, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
+                   load_mgsm_exemplars_hub, mgsm_lang, normalize_number, source_label, to_ascii_digits)
 from ..checkpoints.writing import release_freed_memory
 from ..progress import Progress, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
@@ -509,27 +508,3 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
               "models": {n: (str(s) if isinstance(s, (str, Path)) else "in-memory")
                          for n, s in models.items()}}
     return SideBySideResult(rows, summary, config)
-
-
-# --------------------------------------------------------------------------- contamination
-def contamination_warning(folder, source: str) -> str | None:
-    """One line when the model card in ``folder`` says it was trained on GSM-Symbolic templates
-    that are scored by an evaluation of ``source``: MGSM items (``data.mgsm_overlap``) for MGSM,
-    the evaluation templates 0050-0099 for GSM-Symbolic. None when the card says nothing."""
-    try:
-        trained = card_templates(folder)
-    except ValueError as e:
-        return f"warning: cannot read which templates the model was trained on: {e}"
-    if not trained:
-        return None
-    if source == "mgsm":
-        rows = mgsm_overlap()
-        hit = sorted(t for t in trained if t in rows)
-        what = "MGSM items: " + ", ".join(f"{t:04d} = row {rows[t]}" for t in hit)
-    else:
-        hit = sorted(t for t in trained if t in SYMBOLIC_EVAL)
-        what = "evaluation templates: " + ", ".join(f"{t:04d}" for t in hit)
-    if not hit:
-        return None
-    return (f"warning: {folder}'s card says it was trained on {len(hit)} GSM-Symbolic template(s) "
-            f"that are {what}; its score on them is not a clean test")
