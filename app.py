@@ -14,6 +14,7 @@ Local by default (loopback: one user, any folder). Served mode (on a Space, on a
 from __future__ import annotations
 
 import argparse
+import contextvars
 import functools
 import importlib.util
 import math
@@ -161,8 +162,11 @@ def item_markdown(headers, values) -> str:
 
 def gr_progress(progress: gr.Progress):
     """Gradio's bar for a library ``progress``: what the job does now and the time left at the
-    speed measured during this run (``progress.with_eta``)."""
-    return with_eta(lambda frac, msg: progress(frac, desc=msg))
+    speed measured during this run, counted down every second between reports
+    (``progress.with_eta``). The ticks come from another thread: each call runs in a copy of
+    the event's context, where Gradio finds which event's bar to draw."""
+    event = contextvars.copy_context()
+    return with_eta(lambda frac, msg: event.copy().run(progress, frac, desc=msg), tick=1.0)
 
 
 # --------------------------------------------------------------------------- model work
@@ -733,7 +737,8 @@ class Page:
             with gr.Row():  # made in the API's parameter order
                 self.cot = gr.Checkbox(False, label="Chain of thought", min_width=160)
                 self.roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
-                                              value=list(wb.ROLE_LABELS.values()), label="Models")
+                                              value=list(wb.ROLE_LABELS.values()), label="Models",
+                                              elem_id="eval-roles")
                 with gr.Column(min_width=160):
                     self.eval_tokens = gr.Slider(8, LIMITS.new_tokens, value=64, step=8,
                                                  label="Max new tokens", elem_id="eval-tokens")
@@ -877,6 +882,13 @@ class Page:
                              (self.sweep_btn, self.sweep_md), (self.demo_btn, self.demo_md),
                              (self.send, self.chat_md)):
             button.click(lambda: "", None, [line], queue=False, api_visibility="private")
+        # ... nor its results: a run cancelled or failed leaves no table of an earlier one
+        self.eval_btn.click(lambda: (pd.DataFrame(columns=SUMMARY_HEADERS), None, pd.DataFrame()),
+                            None, [self.summary, self.bars, self.items_table], queue=False,
+                            api_visibility="private")
+        self.sweep_btn.click(lambda: (None, pd.DataFrame(columns=["bottom", "top", "score"])),
+                             None, [self.sweep_plot, self.sweep_table], queue=False,
+                             api_visibility="private")
 
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},

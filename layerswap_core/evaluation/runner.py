@@ -33,7 +33,7 @@ from . import mgsm_task
 from .data import (Item, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
                    load_mgsm_exemplars_hub, mgsm_lang, normalize_number, source_label, to_ascii_digits)
 from ..checkpoints.writing import release_freed_memory
-from ..progress import Progress, say
+from ..progress import Progress, Tally, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
@@ -448,7 +448,8 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
                      chat_template: bool = False, max_new_tokens: int | None = None,
                      batch_size: int = 16, exemplars: Sequence[Item] | None = None,
                      data_dir=None, with_nll: bool = True, device: str | None = "cpu",
-                     lean: bool = True, progress: Progress | None = None) -> SideBySideResult:
+                     lean: bool = True, progress: Progress | None = None,
+                     tally: Tally | None = None) -> SideBySideResult:
     """Evaluate the same items with the same prompts on each model (up to four, e.g. base,
     task expert, language expert, merged).
 
@@ -461,7 +462,8 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     record is ``side_by_side_task``, scored by ``tasks.run_task``; each model's prompts are built
     once and also feed the gold NLL. Accuracy uses the flexible filter; strict accuracy is
     reported beside it. Mean gold NLL is computed where items have worked solutions
-    (GSM-Symbolic).
+    (GSM-Symbolic). ``progress`` counts models and items (``progress.Tally``: ``tally`` places
+    this run in a larger job, e.g. one chunk of the dispatcher's).
     """
     if not items:
         raise ValueError("no items to evaluate")
@@ -474,23 +476,25 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     has_solutions = task.target is not None
     rows = [{"id": it.id, "question": it.question, "gold": it.answer, "models": {}} for it in items]
     summary = []
-    n_models = len(models)
+    n_items = len(items)
+    count = tally or Tally(len(models), n_items)
+    gen_share = 0.9 if has_solutions else 1.0   # of a model's part of the bar: answering
     for mi, (name, spec) in enumerate(models.items()):
-        def step(frac, msg, mi=mi, name=name):
-            if progress is not None:
-                progress((mi + frac) / n_models, f"{name} (model {mi + 1} of {n_models}): {msg}")
-        step(0.0, f"loading, then {len(items)} items" if isinstance(spec, (str, Path))
-             else f"preparing the model, then {len(items)} items")
+        count.say(progress, mi, name, 0, "loading the model" if isinstance(spec, (str, Path))
+                  else "setting up the model")
         (model, tokenizer), loaded_here = _ensure_loaded(spec, device, lean and not chat_template)
         try:
             run = run_task(task, model, tokenizer, batch_size=batch_size,
-                           progress=lambda f, m: step(0.9 * f if has_solutions else f, m))
+                           progress=lambda f, m, mi=mi, name=name: count.say(
+                               progress, mi, name, f * n_items, at=gen_share * f * n_items))
             nlls = None
             release_freed_memory()  # generation's temporaries, before the NLL pass needs its own
             if has_solutions:
                 nlls = task_nll(task, model, tokenizer, batch_size=batch_size,
                                 prompts=run.prompts,   # the prompts, built once
-                                progress=lambda f, m: step(0.9 + 0.1 * f, m))
+                                progress=lambda f, m, mi=mi, name=name: count.say(
+                                    progress, mi, name, n_items, "scoring the worked solutions",
+                                    at=(gen_share + (1 - gen_share) * f) * n_items))
         finally:
             if loaded_here:
                 del model
@@ -500,7 +504,7 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
                                        "strict_correct": run.strict_correct[i],
                                        "gold_nll": None if nlls is None else nlls[i]}
         summary.append(summarize(name, run.correct, run.strict_correct, nlls))
-        step(1.0, f"accuracy {summary[-1]['accuracy']:.3f}")
+        count.say(progress, mi, name, n_items)
     config = {"data": source_label(source), "lang": lang, "n": len(items), "shots": len(exemplars),
               "format": "cot" if cot else "direct", "chat_template": chat_template,
               "max_new_tokens": task.max_new_tokens, "exemplars": [e.id for e in exemplars],
