@@ -736,3 +736,34 @@ def test_the_embedded_bases_are_offered():
     assert wb.EMBEDDED_BASES[0] == wb.DEMO_REFS["base"]
     assert all(ref[len(EMBEDDED_PREFIX):] in embedded() for ref in wb.EMBEDDED_BASES)
     assert "embedded:gemma3-270m" in wb.EMBEDDED_BASES
+
+
+# --------------------------------------------------------------------------- docs/app.md
+APP_DOC = __import__("pathlib").Path(__file__).resolve().parents[1] / "docs" / "app.md"
+
+
+@pytest.mark.slow
+def test_the_demo_taus_in_the_docs_are_the_ones_analyze_reports():
+    """docs/app.md quotes each demo expert's automatic tau as the Deltas tab reports it."""
+    import re
+
+    from layerswap_core.checkpoints import embedded as experts
+    if not (experts.demo_adapter_dir(experts.DEMO_LANG) / "adapter_model.safetensors").exists():
+        pytest.skip("demo expert adapters not shipped in assets/experts")
+    demo, report = wb.open_session(**wb.DEMO_REFS)
+    assert report.ok, report.problems
+    tau_task, tau_lang = delta_views(demo).thresholds
+    text = " ".join(APP_DOC.read_text(encoding="utf-8").split())
+    quoted = re.search(r"tau (\S+) for the math expert, (\S+) for the Swahili one", text)
+    assert quoted and quoted.groups() == (f"{tau_task:.2e}", f"{tau_lang:.2e}"), quoted
+
+
+def test_the_limits_table_in_the_docs_is_the_code_s():
+    """Every served-mode limit, with its default, in docs/app.md's table (and nothing else)."""
+    import dataclasses
+    import re
+
+    from layerswap_core.workbench.served import Limits
+
+    rows = dict(re.findall(r"^\| `(\w+)` \[(\d+)\] \|", APP_DOC.read_text(encoding="utf-8"), re.M))
+    assert rows == {f.name.upper(): str(f.default) for f in dataclasses.fields(Limits)}
