@@ -244,6 +244,11 @@ def test_side_by_side_rows_and_summary(tiny, tiny_lm):
     assert seen[-1] == pytest.approx(1.0) and seen == sorted(seen)
     assert set(result.flat_rows()[0]) >= {"question", "gold", "base output", "task correct"}
     assert "base" in result.table() and "95% CI" in result.table()
+    # the CLI's table and the app's summary show the same cells (accuracy in percent)
+    from layerswap_core.workbench.evaluate import _summary_rows
+    for line, row in zip(result.table().splitlines()[2:], _summary_rows(result)):
+        assert line.split() == " ".join(str(c) for c in row if c != "").split()
+        assert row[1].endswith("%")
 
 
 def test_side_by_side_on_mgsm_uses_the_standard_exemplars(tiny_lm):

@@ -388,16 +388,23 @@ class SideBySideResult:
         return path
 
     def table(self) -> str:
-        """The summary as a fixed-width text table."""
-        head = f"{'model':<40} {'accuracy':>8} {'95% CI':>15} {'n':>4} {'strict':>7} {'gold NLL':>8}"
+        """The summary as a fixed-width text table (the cells the app's summary shows:
+        ``summary_cells``)."""
+        head = f"{'model':<40} {'accuracy':>8} {'95% CI':>15} {'strict':>7} {'gold NLL':>8} {'n':>4}"
         lines = [head, "-" * len(head)]
         for s in self.summary:
-            nll = s.get("mean_gold_nll")
-            lines.append(f"{s['model'][-40:]:<40} {s['accuracy']:>8.3f} "
-                         f"{'[%.3f, %.3f]' % (s['ci_low'], s['ci_high']):>15} {s['n']:>4} "
-                         f"{s['strict_accuracy']:>7.3f} "
-                         f"{'-' if nll is None else format(nll, '.3f'):>8}")
+            acc, ci, strict, nll, n = summary_cells(s)
+            lines.append(f"{s['model'][-40:]:<40} {acc:>8} {ci:>15} {strict:>7} "
+                         f"{nll or '-':>8} {n:>4}")
         return "\n".join(lines)
+
+
+def summary_cells(s: dict) -> list[str]:
+    """One model's summary as the CLI's table and the app's show it: accuracy, its 95% interval,
+    strict accuracy (percentages, one decimal), gold NLL ("" when not scored), n."""
+    nll = s.get("mean_gold_nll")
+    return [f"{s['accuracy']:.1%}", f"[{s['ci_low']:.1%}, {s['ci_high']:.1%}]",
+            f"{s['strict_accuracy']:.1%}", "" if nll is None else f"{nll:.3f}", str(s["n"])]
 
 
 def mean_nll(nlls: Sequence[float] | None) -> float | None:

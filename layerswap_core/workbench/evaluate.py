@@ -15,7 +15,7 @@ from .session import ROLE_LABELS, Session, dispatcher
 from ..evaluation.data import (find_mgsm_dir, load_items, mgsm_help, mgsm_reachable,
                                training_overlap)
 from ..evaluation.mgsm_hub import LICENCE
-from ..evaluation.runner import SideBySideResult, default_exemplars
+from ..evaluation.runner import SideBySideResult, default_exemplars, summary_cells
 from . import figures as plots
 
 
@@ -116,9 +116,7 @@ SUMMARY_HEADERS = ["model", "accuracy", "95% CI", "strict", "gold NLL", "n"]
 
 
 def _summary_rows(result) -> list[list]:
-    return [[s["model"], f"{s['accuracy']:.1%}", f"[{s['ci_low']:.1%}, {s['ci_high']:.1%}]",
-             f"{s['strict_accuracy']:.1%}",
-             "" if s.get("mean_gold_nll") is None else f"{s['mean_gold_nll']:.3f}", s["n"]]
-            for s in result.summary]
+    """The CLI's table cells (``runner.summary_cells``), one row per model."""
+    return [[s["model"], *summary_cells(s)[:-1], s["n"]] for s in result.summary]
 
 
