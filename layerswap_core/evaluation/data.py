@@ -304,6 +304,12 @@ def symbolic_languages() -> list[str]:
                   if (p / "symbolic").is_dir() and not (p / "ignore").exists())
 
 
+def symbolic_language_names() -> list[str]:
+    """The languages ``--lang`` takes for GSM-Symbolic, as it takes them: MGSM's two-letter
+    code where there is one ("sw"), else the package's code ("afr")."""
+    return sorted(SYMBOLIC_TO_MGSM.get(code, code) for code in symbolic_languages())
+
+
 _CALC = re.compile(r"<<[^<>]*>>")
 _FINAL = re.compile(r"\s*####\s*([^\n#]+?)\s*$")   # usually its own line, sometimes not
 
@@ -379,7 +385,7 @@ def gsm_symbolic_items(lang: str, split: str = "eval") -> list[Item]:
     folder = root / code / "symbolic"
     if not folder.is_dir():
         raise DataError(f"GSM-Symbolic has no language {code!r}; available: "
-                        + ", ".join(symbolic_languages()))
+                        + ", ".join(symbolic_language_names()))
     if (root / code / "ignore").exists():
         raise DataError(f"GSM-Symbolic language {code!r} is disabled in the package")
     wanted = set(SYMBOLIC_TRAIN) - mgsm_overlap_templates() if split == "train" else SYMBOLIC_EVAL
