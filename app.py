@@ -490,6 +490,9 @@ class Page:
             msg += (f"; best: {fx.replace('_', ' ')} {res.best[0]}, {fy.replace('_', ' ')} "
                     f"{res.best[1]} ({score} {res.best[2]}). Rows are best first: click one to "
                     "load it.")
+        elif res.tied:
+            msg += (f"; no configuration is better: all score {res.rows[0][2]} "
+                    f"({'gold NLL' if res.metric == 'nll' else 'accuracy'}). Click a row to load it.")
         return {self.sweep_md: ok(msg), self.sweep_plot: res.figure,
                 self.sweep_table: pd.DataFrame(res.rows, columns=res.columns),
                 **self.banner(session)}

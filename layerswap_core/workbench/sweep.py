@@ -32,8 +32,14 @@ class SweepResult:
 
     @property
     def best(self) -> list | None:
-        """[x, y, score] of the best configuration (lowest NLL, highest accuracy), if any."""
-        return self.rows[0] if self.rows else None
+        """[x, y, score] of the best configuration (lowest NLL, highest accuracy); None when
+        none was scored or all scored the same (none is better: ``tied``)."""
+        return self.rows[0] if self.rows and not self.tied else None
+
+    @property
+    def tied(self) -> bool:
+        """Two or more configurations scored, all the same."""
+        return len(self.rows) > 1 and len({r[2] for r in self.rows}) == 1
 
 
 SWEEP_AXES = {"bottom / top": ("bottom", "top"),
