@@ -767,3 +767,15 @@ def test_the_limits_table_in_the_docs_is_the_code_s():
 
     rows = dict(re.findall(r"^\| `(\w+)` \[(\d+)\] \|", APP_DOC.read_text(encoding="utf-8"), re.M))
     assert rows == {f.name.upper(): str(f.default) for f in dataclasses.fields(Limits)}
+
+
+def test_the_start_up_line_states_the_bound_never_a_count_that_goes_stale(tiny):
+    """The page's top line is written once at start-up: it says how many live models fit, not
+    how many are loaded (it said "0 live models loaded" while the process held one)."""
+    import re
+
+    from layerswap_core.workbench import spaces
+
+    line = spaces.start({role: str(tiny[role]) for role in ("base", "task", "lang")})
+    assert re.fullmatch(r"Jobs run in this process on shared live models: at most \d+ loaded at "
+                        r"once \(LAYERSWAP_MAX_ENGINES\); one heavy job per visitor\.", line), line
