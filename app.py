@@ -17,7 +17,6 @@ import argparse
 import contextvars
 import functools
 import importlib.util
-import math
 import os
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_
                                            english_twins, plain_history)
 from layerswap_core.workbench.controls import (CONTROLS, control_states, ignored_text,
                                                 outside_validated, since_build)
-from layerswap_core.workbench.deltas import delta_views, suggest
+from layerswap_core.workbench.deltas import delta_views, slider_taus, slider_value, suggest
 from layerswap_core.workbench.demo import (headline, measured_chart, measured_demo_result,
                                             measured_markdown, result_chart, sweep_markdown)
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
@@ -349,8 +348,8 @@ class Page:
         return {**self.delta_outputs(session, views, v, "Delta statistics ready (each expert's "
                                      f"own tau: task {tau_task:.2e}, language {tau_lang:.2e}; "
                                      "move or type a value to change it)."),
-                self.threshold: gr.update(value=round(math.log10(tau_task), 2)),
-                self.threshold_lang: gr.update(value=round(math.log10(tau_lang), 2))}
+                self.threshold: gr.update(value=slider_value(tau_task)),
+                self.threshold_lang: gr.update(value=slider_value(tau_lang))}
 
     @guarded("deltas_md")
     def rethreshold(self, v):
@@ -358,7 +357,7 @@ class Page:
         session = wb.require(v[self.session])
         if "task" not in session.stats:
             return gr.skip()
-        taus = (10 ** float(v[self.threshold]), 10 ** float(v[self.threshold_lang]))
+        taus = slider_taus(session, (v[self.threshold], v[self.threshold_lang]))
         views = delta_views(session, taus, v[self.metric], v[self.log_scale],
                             matrices_only=v[self.matrices_only])
         return self.delta_outputs(session, views, v,
@@ -605,8 +604,8 @@ class Page:
         with gr.Tab("Deltas", id="deltas"):
             with gr.Row():
                 self.threshold = gr.Slider(
-                    -7, 0, value=-3, step=0.05, label="log10 tau, task expert",
-                    elem_id="threshold",
+                    -7, 0, value=-3, step=0.01, label="log10 tau, task expert",
+                    elem_id="threshold", buttons=[],   # its ↺ went to -3: "Automatic taus"
                     info="rows with mean |delta| above tau count as changed; Analyze sets it "
                          "from this expert's own deltas")
                 self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
@@ -615,9 +614,14 @@ class Page:
                 self.matrices_only = gr.Checkbox(
                     False, label="Only the 7 matrices the paper plots (q, k, v, o, gate, up, down)")
                 self.threshold_lang = gr.Slider(
-                    -7, 0, value=-3, step=0.05, label="log10 tau, language expert",
-                    elem_id="threshold-lang", info="each expert has its own threshold")
-            self.analyze_btn = gr.Button("Analyze deltas", variant="primary", elem_id="analyze")
+                    -7, 0, value=-3, step=0.01, label="log10 tau, language expert",
+                    elem_id="threshold-lang", info="each expert has its own threshold",
+                    buttons=[])
+            with gr.Row():
+                self.analyze_btn = gr.Button("Analyze deltas", variant="primary",
+                                             elem_id="analyze")
+                # Analyze again: the statistics are kept, the taus set from them
+                self.auto_tau_btn = gr.Button("↺ Automatic taus", elem_id="auto-taus")
             self.deltas_md = gr.Markdown(elem_id="deltas-status")
             self.heatmaps = gr.Plot(label="Where each expert changed", elem_id="heatmaps")
             with gr.Row():
@@ -896,6 +900,9 @@ class Page:
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},
                                self.outputs("analyze"), api_name="analyze", **heavy)
+        self.auto_tau_btn.click(self.analyze,
+                                config | {self.metric, self.log_scale, self.matrices_only},
+                                self.outputs("analyze"), api_visibility="private", **heavy)
         # release: the handle let go; input: a value typed into the box (Enter) or dragged
         gr.on([self.threshold.release, self.threshold_lang.release, self.threshold.input,
                self.threshold_lang.input, self.metric.change,

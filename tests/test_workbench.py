@@ -779,3 +779,14 @@ def test_the_start_up_line_states_the_bound_never_a_count_that_goes_stale(tiny):
     line = spaces.start({role: str(tiny[role]) for role in ("base", "task", "lang")})
     assert re.fullmatch(r"Jobs run in this process on shared live models: at most \d+ loaded at "
                         r"once \(LAYERSWAP_MAX_ENGINES\); one heavy job per visitor\.", line), line
+
+
+def test_moving_one_tau_never_nudges_the_other(session):
+    """The sliders show log10 tau rounded to their steps; a slider left where Analyze put it
+    still means its expert's exact automatic tau when the other slider moves."""
+    from layerswap_core.workbench.deltas import slider_taus, slider_value
+
+    tau_task, tau_lang = delta_views(session).thresholds
+    assert 10 ** slider_value(tau_task) != tau_task          # the rounded value fed back differs
+    assert slider_taus(session, (slider_value(tau_task), -1.0)) == (tau_task, 0.1)
+    assert slider_taus(session, (-2.5, slider_value(tau_lang))) == (10 ** -2.5, tau_lang)
