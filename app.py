@@ -14,9 +14,9 @@ Local by default (loopback: one user, any folder). Served mode (on a Space, on a
 from __future__ import annotations
 
 import argparse
+import contextvars
 import functools
 import importlib.util
-import math
 import os
 import time
 from pathlib import Path
@@ -32,7 +32,7 @@ from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_
                                            english_twins, plain_history)
 from layerswap_core.workbench.controls import (CONTROLS, control_states, ignored_text,
                                                 outside_validated, since_build)
-from layerswap_core.workbench.deltas import delta_views, suggest
+from layerswap_core.workbench.deltas import delta_views, slider_taus, slider_value, suggest
 from layerswap_core.workbench.demo import (chosen_words, headline, measured_chart,
                                             measured_demo_result,
                                             measured_markdown, result_chart, sweep_markdown)
@@ -55,9 +55,12 @@ EVAL_EXPECTATIONS = (
     "benchmark, every one of them scores about 0%: its problems are beyond a model this size in "
     "any language. The demo's measure is graded instead (*The demo result* below): how likely "
     "each model finds the English worked solution of a held-out problem after the Swahili "
-    "question, with two controls. The demo's math expert was trained on other templates than "
-    "the evaluated ones, and at this size it does not solve unseen templates (its card gives "
-    "the count), so accuracy here is near 0% for every model in every language. All demo models "
+    "question, with two controls. The demo's math expert was trained on English variants of "
+    "GSM-Symbolic templates (its card lists them); the GSM-Symbolic data here scores the "
+    "original problems of templates 0050-0099, some of them among those (the note under the "
+    "results names them after each run: not a clean test), while the demo result uses only "
+    "templates it never saw. At this size accuracy on problems a model never saw is near 0%. "
+    "All demo models "
     "decode with the GSM8K calculator (the result of each `<<expr=` note is filled in). With "
     "your own 1B-8B experts, MGSM accuracy with its 95% interval is the number to watch.")
 CHAT_EXPECTATIONS = (
@@ -159,8 +162,11 @@ def item_markdown(headers, values) -> str:
 
 def gr_progress(progress: gr.Progress):
     """Gradio's bar for a library ``progress``: what the job does now and the time left at the
-    speed measured during this run (``progress.with_eta``)."""
-    return with_eta(lambda frac, msg: progress(frac, desc=msg))
+    speed measured during this run, counted down every second between reports
+    (``progress.with_eta``). The ticks come from another thread: each call runs in a copy of
+    the event's context, where Gradio finds which event's bar to draw."""
+    event = contextvars.copy_context()
+    return with_eta(lambda frac, msg: event.copy().run(progress, frac, desc=msg), tick=1.0)
 
 
 # --------------------------------------------------------------------------- model work
@@ -343,8 +349,8 @@ class Page:
         return {**self.delta_outputs(session, views, v, "Delta statistics ready (each expert's "
                                      f"own tau: task {tau_task:.2e}, language {tau_lang:.2e}; "
                                      "move or type a value to change it)."),
-                self.threshold: gr.update(value=round(math.log10(tau_task), 2)),
-                self.threshold_lang: gr.update(value=round(math.log10(tau_lang), 2))}
+                self.threshold: gr.update(value=slider_value(tau_task)),
+                self.threshold_lang: gr.update(value=slider_value(tau_lang))}
 
     @guarded("deltas_md")
     def rethreshold(self, v):
@@ -352,7 +358,7 @@ class Page:
         session = wb.require(v[self.session])
         if "task" not in session.stats:
             return gr.skip()
-        taus = (10 ** float(v[self.threshold]), 10 ** float(v[self.threshold_lang]))
+        taus = slider_taus(session, (v[self.threshold], v[self.threshold_lang]))
         views = delta_views(session, taus, v[self.metric], v[self.log_scale],
                             matrices_only=v[self.matrices_only])
         return self.delta_outputs(session, views, v,
@@ -484,6 +490,9 @@ class Page:
             msg += (f"; best: {fx.replace('_', ' ')} {res.best[0]}, {fy.replace('_', ' ')} "
                     f"{res.best[1]} ({score} {res.best[2]}). Rows are best first: click one to "
                     "load it.")
+        elif res.tied:
+            msg += (f"; no configuration is better: all score {res.rows[0][2]} "
+                    f"({'gold NLL' if res.metric == 'nll' else 'accuracy'}). Click a row to load it.")
         return {self.sweep_md: ok(msg), self.sweep_plot: res.figure,
                 self.sweep_table: pd.DataFrame(res.rows, columns=res.columns),
                 **self.banner(session)}
@@ -596,8 +605,8 @@ class Page:
         with gr.Tab("Deltas", id="deltas"):
             with gr.Row():
                 self.threshold = gr.Slider(
-                    -7, 0, value=-3, step=0.05, label="log10 tau, task expert",
-                    elem_id="threshold",
+                    -7, 0, value=-3, step=0.01, label="log10 tau, task expert",
+                    elem_id="threshold", buttons=[],   # its ↺ went to -3: "Automatic taus"
                     info="rows with mean |delta| above tau count as changed; Analyze sets it "
                          "from this expert's own deltas")
                 self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
@@ -606,9 +615,14 @@ class Page:
                 self.matrices_only = gr.Checkbox(
                     False, label="Only the 7 matrices the paper plots (q, k, v, o, gate, up, down)")
                 self.threshold_lang = gr.Slider(
-                    -7, 0, value=-3, step=0.05, label="log10 tau, language expert",
-                    elem_id="threshold-lang", info="each expert has its own threshold")
-            self.analyze_btn = gr.Button("Analyze deltas", variant="primary", elem_id="analyze")
+                    -7, 0, value=-3, step=0.01, label="log10 tau, language expert",
+                    elem_id="threshold-lang", info="each expert has its own threshold",
+                    buttons=[])
+            with gr.Row():
+                self.analyze_btn = gr.Button("Analyze deltas", variant="primary",
+                                             elem_id="analyze")
+                # Analyze again: the statistics are kept, the taus set from them
+                self.auto_tau_btn = gr.Button("↺ Automatic taus", elem_id="auto-taus")
             self.deltas_md = gr.Markdown(elem_id="deltas-status")
             self.heatmaps = gr.Plot(label="Where each expert changed", elem_id="heatmaps")
             with gr.Row():
@@ -731,7 +745,8 @@ class Page:
             with gr.Row():  # made in the API's parameter order
                 self.cot = gr.Checkbox(False, label="Chain of thought", min_width=160)
                 self.roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
-                                              value=list(wb.ROLE_LABELS.values()), label="Models")
+                                              value=list(wb.ROLE_LABELS.values()), label="Models",
+                                              elem_id="eval-roles")
                 with gr.Column(min_width=160):
                     self.eval_tokens = gr.Slider(8, LIMITS.new_tokens, value=64, step=8,
                                                  label="Max new tokens", elem_id="eval-tokens")
@@ -876,10 +891,20 @@ class Page:
                              (self.sweep_btn, self.sweep_md), (self.demo_btn, self.demo_md),
                              (self.send, self.chat_md)):
             button.click(lambda: "", None, [line], queue=False, api_visibility="private")
+        # ... nor its results: a run cancelled or failed leaves no table of an earlier one
+        self.eval_btn.click(lambda: (pd.DataFrame(columns=SUMMARY_HEADERS), None, pd.DataFrame()),
+                            None, [self.summary, self.bars, self.items_table], queue=False,
+                            api_visibility="private")
+        self.sweep_btn.click(lambda: (None, pd.DataFrame(columns=["bottom", "top", "score"])),
+                             None, [self.sweep_plot, self.sweep_table], queue=False,
+                             api_visibility="private")
 
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},
                                self.outputs("analyze"), api_name="analyze", **heavy)
+        self.auto_tau_btn.click(self.analyze,
+                                config | {self.metric, self.log_scale, self.matrices_only},
+                                self.outputs("analyze"), api_visibility="private", **heavy)
         # release: the handle let go; input: a value typed into the box (Enter) or dragged
         gr.on([self.threshold.release, self.threshold_lang.release, self.threshold.input,
                self.threshold_lang.input, self.metric.change,

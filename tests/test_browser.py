@@ -364,3 +364,49 @@ def _first_minutes(page, url):
     page.get_by_role("button", name="Save", exact=True).click()
     expect(page.locator("#build-status")).to_contain_text("Saved to", timeout=120_000)
     expect(page.locator("#build-status")).to_contain_text("outputs")
+
+
+# --------------------------------------------------------------------------- progress
+def test_evaluate_progress_counts_the_whole_job(tiny_served):
+    """Two models on four questions: the bar's line names the model of the job ("model 1 of 2",
+    then "model 2 of 2") and counts the items across it ("N of 8 items")."""
+    import re
+
+    from app import open_chromium
+
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(tiny_served)
+            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
+            _tab(page, "Evaluate")
+            roles = page.locator("#eval-roles")
+            for name in ("language expert", "merged"):
+                roles.get_by_label(name, exact=True).uncheck()
+            fill_kept(page, page.locator("#n-items input[type=number]"), "4")
+            fill_kept(page, page.locator("#shots input[type=number]"), "0")
+            fill_kept(page, page.locator("#eval-tokens input[type=number]"), "64")
+            # every text the progress lines show while the job runs
+            page.evaluate("""() => {
+                window.__progress = [];
+                new MutationObserver(() => {
+                    for (const el of document.querySelectorAll('.progress-text, .progress-level-inner')) {
+                        const t = el.innerText.trim();
+                        if (t && !window.__progress.includes(t)) window.__progress.push(t);
+                    }
+                }).observe(document.body, {subtree: true, childList: true, characterData: true});
+            }""")
+            page.locator("#eval-btn").click()
+            expect(page.locator("#eval-status")).to_contain_text("the first 4 of",
+                                                                 timeout=300_000)
+            seen = page.evaluate("window.__progress")
+        finally:
+            browser.close()
+    lines = [t for t in seen if re.search(r"model \d of \d", t)]
+    print("\n".join(lines))
+    assert any("model 1 of 2 (base)" in t for t in lines), seen
+    assert any("model 2 of 2 (task expert)" in t for t in lines), seen
+    counts = {int(m[1]) for t in lines for m in [re.search(r"(\d) of 8 items", t)] if m}
+    assert counts and max(counts) >= 5, seen          # counted across both models' items
+    assert not [t for t in seen if "of 1)" in t or "of 4 items" in t or "starting" in t], seen

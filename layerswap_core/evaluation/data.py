@@ -30,6 +30,7 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from . import mgsm_hub
 from ..checkpoints.references import is_offline
@@ -303,6 +304,12 @@ def symbolic_languages() -> list[str]:
                   if (p / "symbolic").is_dir() and not (p / "ignore").exists())
 
 
+def symbolic_language_names() -> list[str]:
+    """The languages ``--lang`` takes for GSM-Symbolic, as it takes them: MGSM's two-letter
+    code where there is one ("sw"), else the package's code ("afr")."""
+    return sorted(SYMBOLIC_TO_MGSM.get(code, code) for code in symbolic_languages())
+
+
 _CALC = re.compile(r"<<[^<>]*>>")
 _FINAL = re.compile(r"\s*####\s*([^\n#]+?)\s*$")   # usually its own line, sometimes not
 
@@ -378,7 +385,7 @@ def gsm_symbolic_items(lang: str, split: str = "eval") -> list[Item]:
     folder = root / code / "symbolic"
     if not folder.is_dir():
         raise DataError(f"GSM-Symbolic has no language {code!r}; available: "
-                        + ", ".join(symbolic_languages()))
+                        + ", ".join(symbolic_language_names()))
     if (root / code / "ignore").exists():
         raise DataError(f"GSM-Symbolic language {code!r} is disabled in the package")
     wanted = set(SYMBOLIC_TRAIN) - mgsm_overlap_templates() if split == "train" else SYMBOLIC_EVAL
@@ -502,6 +509,53 @@ def card_templates(folder: str | os.PathLike) -> set[int] | None:
         return None if value is None else parse_template_list(value)
     except ValueError as e:
         raise ValueError(f"{path}: {CARD_TEMPLATES_KEY}: {e}") from None
+
+
+# --------------------------------------------------------------------------- training overlap
+def evaluated_templates(items) -> dict[int, str]:
+    """The GSM-Symbolic templates whose problems ``items`` score, each as the page and the CLI
+    name it: "0050" for a GSM-Symbolic item, "0036 = MGSM row 11" for an MGSM item that is a
+    template's own problem (``mgsm_overlap``)."""
+    out: dict[int, str] = {}
+    rows = None
+    for it in items:
+        if it.source == "gsm-symbolic":
+            t = int(it.id.rsplit("-", 1)[1])
+            out[t] = f"{t:04d}"
+        elif it.source == "mgsm":
+            rows = mgsm_overlap() if rows is None else rows
+            out.update({t: f"{t:04d} = MGSM row {r}" for t, r in rows.items() if r == it.origin})
+    return dict(sorted(out.items()))
+
+
+class Overlap(NamedTuple):
+    clean: bool   # no evaluated template is one the model was trained on
+    text: str     # one sentence, the model named first
+
+
+def training_overlap(name: str, folder, items) -> Overlap | None:
+    """The one statement (the app's evaluation note and ``layerswap eval`` print it as is) of
+    which evaluated templates the model ``name`` was trained on, by its card
+    (``card_templates``) against the templates ``items`` score (``evaluated_templates``). None
+    when the card says nothing."""
+    try:
+        trained = card_templates(folder)
+    except ValueError as e:
+        return Overlap(False, f"{name}: cannot read which GSM-Symbolic templates it was "
+                              f"trained on ({e}).")
+    if not trained:
+        return None
+    evaluated = evaluated_templates(items)
+    hit = [label for t, label in evaluated.items() if t in trained]
+    if not hit:
+        return Overlap(True, f"{name}: its card lists the {len(trained)} GSM-Symbolic "
+                             "templates it was trained on; none of them is evaluated here.")
+    source = SOURCES.get(items[0].source, items[0].source)
+    of = (f"{len(hit)} of the {len(evaluated)} GSM-Symbolic templates evaluated here"
+          if items[0].source == "gsm-symbolic" else
+          f"{len(hit)} GSM-Symbolic template(s) that are {source} items evaluated here")
+    return Overlap(False, f"{name}: its card says it was trained on {of} ({', '.join(hit)}); "
+                          "its score on them is not a clean test.")
 
 
 # --------------------------------------------------------------------------- one entry point
