@@ -37,8 +37,8 @@ from layerswap_core.workbench.demo import (headline, measured_chart, measured_de
                                             measured_markdown, result_chart, sweep_markdown)
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
                                                evaluate_roles, evaluation_note)
-from layerswap_core.workbench.served import (LIMITS, Access, as_text, offered_models,
-                                             readable_error, served_mode)
+from layerswap_core.workbench.served import (LIMITS, Access, Cancelled, as_text,
+                                             offered_models, readable_error, served_mode)
 from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
 from layerswap_core.workbench import spaces
 
@@ -571,6 +571,8 @@ class Page:
                 yield {self.chat_md: f"⏳ {who} answering...", self.message: "", **shown}
             said = "; ".join(f"{who}: {n}" for who, n in notes.items() if n)
             yield {self.chat_md: ok("Done." + (f" ({said})" if said else "")), **shown}
+        except Cancelled:   # Stop: the answers so far stay in the panes
+            yield {self.chat_md: "■ Stopped: the answers so far are kept.", **shown}
         except Exception as e:  # noqa: BLE001
             yield {self.chat_md: warn(e), **shown}
 
@@ -842,6 +844,7 @@ class Page:
             with gr.Row():
                 self.message.render()
                 self.send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
+                self.chat_stop = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
                 self.clear = gr.Button("Clear", scale=1)
             self.chat_md = gr.Markdown(elem_id="chat-status")
             gr.Examples([[e] for e in examples], inputs=[self.message],
@@ -934,7 +937,7 @@ class Page:
         # the note goes first, the request after it (cancel_into)
         for button, line in ((self.cancel_btn, self.build_md), (self.eval_cancel, self.eval_md),
                              (self.sweep_cancel, self.sweep_md),
-                             (self.demo_cancel, self.demo_md)):
+                             (self.demo_cancel, self.demo_md), (self.chat_stop, self.chat_md)):
             note, cancel = self.cancel_into(line)
             button.click(note, {self.session}, [line], api_visibility="private").then(
                 cancel, {self.session, line}, [line], api_visibility="private")

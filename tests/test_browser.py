@@ -442,3 +442,40 @@ def _first_minutes(page, url):
     page.get_by_role("button", name="Save", exact=True).click()
     expect(page.locator("#build-status")).to_contain_text("Saved to", timeout=120_000)
     expect(page.locator("#build-status")).to_contain_text("outputs")
+
+
+def test_chat_stop_keeps_the_answer_so_far(tiny_served):
+    """Chat's Stop (issue #50): the answer streaming now stops where it is and stays in its
+    pane, the other model does not start, and the line says so."""
+    from app import open_chromium
+
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _stop_chat(page, tiny_served)
+        finally:
+            browser.close()
+
+
+def _stop_chat(page, url):
+    page.goto(url)
+    expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
+    _tab(page, "Build")
+    page.locator("#build-btn").click()
+    expect(page.locator("#build-status")).to_contain_text("Built in memory", timeout=120_000)
+    _tab(page, "Chat")
+    fill_kept(page, page.locator("#chat-tokens input[type=number]"), "256")
+    page.locator("#chat-input textarea").fill("Juma ana maembe 12. Amebaki na mangapi?")
+    page.locator("#chat-send").click()
+    answer = page.locator("#chat-merged .message.bot").last
+    expect(answer).not_to_have_text("", timeout=120_000)
+    page.locator("#chat-stop").click()
+    status = page.locator("#chat-status")
+    expect(status).to_contain_text("Stopped: the answers so far are kept", timeout=60_000)
+    kept = answer.inner_text().strip()
+    assert kept
+    page.wait_for_timeout(2000)
+    assert answer.inner_text().strip() == kept             # nothing more arrives
+    expect(page.locator("#chat-other .message.bot")).to_have_count(0)   # never started
+    expect(status).to_contain_text("Stopped")
