@@ -86,6 +86,9 @@ NUMBER_KNOBS = tuple(k for knobs in METHOD_KNOBS.values() for k in knobs)
 MORE_CONFIG = ("non_layer", "scale_partition", *NUMBER_KNOBS)
 SWAP_LABEL = registry.MERGE_METHODS["layer_swap"].label
 KNOB = registry.KNOBS  # the knobs' labels, defaults and bounds
+# the Configure tab's controls (Page attributes) a page reload restores (``Page.remember``)
+KEPT_CONTROLS = ("method", *SLIDERS, "w_task", "w_lang", "magnitude", "partition", "rules",
+                 *MORE_CONFIG)
 # the line on each tab naming the merge its buttons act on (Page attribute -> who)
 LABELS = {"build_label": "Build makes", "saves_label": "Save, Zip and Push write",
           "eval_label": "The merged model evaluated", "chat_label": "The merged model here"}
@@ -251,6 +254,33 @@ class Page:
         return {getattr(self, name): acts_on(who, session.built_config, config,
                                              session.num_layers, builds=name == "build_label")
                 for name, who in LABELS.items()}
+
+    # ---- what a page reload keeps (this browser's localStorage)
+    def remember(self, v) -> dict:
+        """The models in use (as the visitor named them) and the Configure tab's controls."""
+        session, before = v[self.session], v[self.kept] or {}
+        refs = dict(session.names) if session is not None else before.get("refs", {})
+        return {self.kept: {"refs": refs,
+                            "config": {name: v[getattr(self, name)] for name in KEPT_CONTROLS}}}
+
+    def restore_models(self, v) -> dict:
+        """The models this browser last used on the Models tab; its Configure settings held
+        for ``restore_config`` (the check's new sliders are remembered meanwhile)."""
+        kept = v[self.kept] or {}
+        refs = kept.get("refs") or {}
+        return {**{getattr(self, role): refs[role] for role in wb.ROLES if refs.get(role)},
+                self.reloaded: kept.get("config") or {}}
+
+    def restore_config(self, v) -> dict:
+        """The Configure tab as this browser left it, once its models are checked again (the
+        sliders are bounded by their depth: a value they refuse leaves the defaults)."""
+        saved = v[self.reloaded] or {}
+        session = v[self.session]
+        if session is None or not saved:
+            return gr.skip()
+        if any(not 0 <= int(saved.get(s) or 0) <= session.num_layers for s in SLIDERS):
+            return gr.skip()
+        return {getattr(self, name): saved[name] for name in KEPT_CONTROLS if name in saved}
 
     def banner(self, session) -> dict:
         text = wb.banner(session)
@@ -589,6 +619,10 @@ class Page:
         # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
         self.session = gr.State(None, time_to_live=LIMITS.session_seconds,
                                 delete_callback=wb.close_session)
+        # what a reload keeps: the models named and the Configure tab (not the build: a reload
+        # is a new session, and the tabs say nothing is built)
+        self.kept = gr.BrowserState(None)
+        self.reloaded = gr.State(None)   # the Configure settings kept, until they are restored
         for tab in (self.models_tab, self.deltas_tab, self.configure_tab, self.build_tab,
                     self.evaluate_tab, self.sweep_tab, self.chat_tab):
             tab()
@@ -881,11 +915,18 @@ class Page:
         models = {self.base, self.task, self.lang, self.session}
         # the bar (a first use converts the embedded models) on the Models tab's empty status,
         # never over the top line's text
+        kept = [getattr(self, name) for name in KEPT_CONTROLS]
         self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
                             api_name="pick_models", concurrency_limit=LIMITS.jobs,
-                            show_progress_on=[self.models_md])
-        demo.load(self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
-                  show_progress_on=[self.models_md])
+                            show_progress_on=[self.models_md]).then(
+            self.remember, config | {self.kept}, [self.kept], api_visibility="private")
+        # a reload: the models and Configure settings this browser last used, then the check
+        demo.load(self.restore_models, {self.kept}, [self.base, self.task, self.lang,
+                                                     self.reloaded],
+                  api_visibility="private", queue=False).then(
+            self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
+            show_progress_on=[self.models_md]).then(
+            self.restore_config, {self.session, self.reloaded}, kept, api_visibility="private")
         # served: the visitor's own saves in the model lists; downloads' progress; cleanup
         own = [self.base, self.task, self.lang]
         if self.access.served:
@@ -899,6 +940,9 @@ class Page:
         gr.on([c.change for c in config - {self.session}], self.update_plan, config,
               self.outputs("plan"), api_name="plan", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=LIMITS.plan_jobs)
+        gr.on([c.change for c in config - {self.session}], self.remember, config | {self.kept},
+              [self.kept], api_visibility="private", show_progress="hidden",
+              trigger_mode="always_last", queue=False)
 
         controls = [*self.control_components().values(), *self.knob_rows.values(), self.ignored_md]
         for trigger in (self.method.change, self.partition.change, demo.load):
