@@ -14,8 +14,10 @@ $(STAMP): requirements.txt requirements-assets.txt requirements-dev.txt requirem
 
 install: $(STAMP)
 
+# the Hub stays allowed: MGSM downloads on first use when the network is there (offline the
+# app says so and evaluates GSM-Symbolic); the tests run offline
 run: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python app.py
+	$(BIN)/python app.py
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra --durations=15

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import mgsm_hub
-from ..checkpoints.references import is_offline
+from ..checkpoints.references import hub_address, hub_reachable, is_offline
 
 MGSM_LANGS = ("bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh")
 MGSM_TO_SYMBOLIC = {"bn": "ben", "de": "deu", "en": "eng", "es": "spa", "fr": "fra", "ja": "jpn",
@@ -139,10 +139,17 @@ def _repo_root() -> Path:
 
 
 def mgsm_help() -> str:
-    """One line: the ways to get MGSM (plain text, no markup)."""
-    return (f"MGSM is not on this machine: set {MGSM_ENV} (or --data-dir) to a folder of "
-            f"mgsm_LANG.tsv files with {MGSM_EXEMPLARS_FILE}, or go online once to download "
-            f"it from the Hub ({MGSM_HUB_ID}, CC BY-SA 4.0)")
+    """One line: why MGSM cannot be read here and the ways to get it (plain text, no markup):
+    the download is switched off (HF_HUB_OFFLINE), or the Hub cannot be reached now."""
+    hub = f"from the Hub ({MGSM_HUB_ID}, CC BY-SA 4.0)"
+    if is_offline():
+        how = (f"HF_HUB_OFFLINE=1 forbids downloading it: run without it while online (make "
+               f"run leaves it unset) and MGSM downloads once {hub}")
+    else:
+        how = (f"the Hub ({hub_address()[0]}) cannot be reached: go online, then choose MGSM "
+               f"and it downloads once {hub}")
+    return (f"MGSM is not on this machine and {how}; or set {MGSM_ENV} (or --data-dir) to a "
+            f"folder of mgsm_LANG.tsv files with {MGSM_EXEMPLARS_FILE}")
 
 
 def local_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
@@ -163,9 +170,10 @@ def local_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
 
 
 def mgsm_reachable(data_dir: str | os.PathLike | None = None) -> bool:
-    """Whether MGSM can be read: on this machine, or downloadable (the Hub is not offline)."""
+    """Whether MGSM can be read: on this machine, or downloadable now (the Hub is allowed and
+    answers: ``hub_reachable``)."""
     try:
-        return local_mgsm_dir(data_dir) is not None or not is_offline()
+        return local_mgsm_dir(data_dir) is not None or hub_reachable()
     except DataError:
         return False
 
@@ -178,7 +186,7 @@ def find_mgsm_dir(data_dir: str | os.PathLike | None = None, *, download: bool =
     d = local_mgsm_dir(data_dir)
     if d is not None:
         return d
-    if download and not is_offline():
+    if download and hub_reachable():
         try:
             return mgsm_hub.download_mgsm(progress=progress)
         except mgsm_hub.MgsmDownloadError as e:
