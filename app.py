@@ -977,6 +977,8 @@ class Page:
         self.sweep_btn.click(lambda: (None, pd.DataFrame(columns=["bottom", "top", "score"])),
                              None, [self.sweep_plot, self.sweep_table], queue=False,
                              api_visibility="private")
+        self.demo_btn.click(lambda: None, None, [self.demo_plot], queue=False,
+                            api_visibility="private")
 
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},
