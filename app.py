@@ -19,6 +19,7 @@ import importlib.util
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 
 import gradio as gr
@@ -27,6 +28,7 @@ import pandas as pd
 from layerswap_core.merge import registry
 from layerswap_core.progress import with_eta
 from layerswap_core.workbench import saves
+from layerswap_core.workbench.agents import AgentTools
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            english_twins, plain_history)
@@ -954,7 +956,41 @@ def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -
     with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         page.layout()
         page.wire(demo)
+        add_agent_tools(demo, page.access)
     return demo
+
+
+# --------------------------------------------------------------------------- agents (MCP)
+AGENT_STATUS = ("job_status", "cancel_job", "close_session")   # answered at once, never queued
+
+
+def add_agent_tools(demo: gr.Blocks, access: Access) -> AgentTools:
+    """The agent tools (``workbench.agents``) as API endpoints, which ``launch(mcp_server=True)``
+    serves as MCP tools: the heavy ones in the page's heavy slots. The page's own endpoints take
+    its session state, which an MCP call cannot carry: they stay in the API, off the tool list."""
+    for fn in demo.fns.values():
+        if fn.api_name and fn.fn is not None:
+            getattr(fn.fn, "__func__", fn.fn)._mcp_type = "page"   # gradio lists only "tool"s
+    # gradio warns of every endpoint with a gr.State input, listed or not: here, only the page's
+    warnings.filterwarnings("ignore", "This MCP server includes a tool that has a gr.State")
+    tools = AgentTools(access)
+    for tool in tools.tools():
+        name = tool.__name__
+        slots = ({"queue": False} if name in AGENT_STATUS
+                 else {"concurrency_id": "heavy", "concurrency_limit": LIMITS.jobs})
+        gr.api(one_line_errors(tool), api_name=name, **slots)
+    return tools
+
+
+def one_line_errors(fn):
+    """``fn`` with its errors as one readable line for the API and MCP caller."""
+    @functools.wraps(fn)
+    def tool(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except Exception as e:  # noqa: BLE001 - every error reaches the agent as one line
+            raise gr.Error(readable_error(e), print_exception=False) from None
+    return tool
 
 
 # --------------------------------------------------------------------------- from a script
@@ -1006,7 +1042,8 @@ def main(argv: list[str] | None = None):
     demo = build_demo({role: getattr(args, role) for role in wb.ROLES},
                       served=served_mode(args.host, args.share))
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS.queue).launch(
-        server_name=args.host, server_port=args.port, share=args.share, css=CSS)
+        server_name=args.host, server_port=args.port, share=args.share, css=CSS,
+        mcp_server=True)
 
 
 if __name__ == "__main__":
