@@ -957,22 +957,18 @@ def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -
         page.layout()
         page.wire(demo)
         add_agent_tools(demo, page.access)
+    agent_tools_only(demo)   # once the block is closed: gradio adds load events when it closes
     return demo
 
 
 # --------------------------------------------------------------------------- agents (MCP)
+AGENT_TOOLS = tuple(tool.__name__ for tool in AgentTools().tools())
 AGENT_STATUS = ("job_status", "cancel_job", "close_session")   # answered at once, never queued
 
 
 def add_agent_tools(demo: gr.Blocks, access: Access) -> AgentTools:
     """The agent tools (``workbench.agents``) as API endpoints, which ``launch(mcp_server=True)``
-    serves as MCP tools: the heavy ones in the page's heavy slots. The page's own endpoints take
-    its session state, which an MCP call cannot carry: they stay in the API, off the tool list."""
-    for fn in demo.fns.values():
-        if fn.api_name and fn.fn is not None:
-            getattr(fn.fn, "__func__", fn.fn)._mcp_type = "page"   # gradio lists only "tool"s
-    # gradio warns of every endpoint with a gr.State input, listed or not: here, only the page's
-    warnings.filterwarnings("ignore", "This MCP server includes a tool that has a gr.State")
+    serves as MCP tools: the heavy ones in the page's heavy slots."""
     tools = AgentTools(access)
     for tool in tools.tools():
         name = tool.__name__
@@ -980,6 +976,17 @@ def add_agent_tools(demo: gr.Blocks, access: Access) -> AgentTools:
                  else {"concurrency_id": "heavy", "concurrency_limit": LIMITS.jobs})
         gr.api(one_line_errors(tool), api_name=name, **slots)
     return tools
+
+
+def agent_tools_only(demo: gr.Blocks) -> None:
+    """Only the agent tools on the MCP tool list: the page's own endpoints take its session
+    state, which an MCP call cannot carry (they stay in the API), and gradio's own (the sign-in
+    button's) are no tools either."""
+    for fn in demo.fns.values():
+        if fn.api_name and fn.api_name not in AGENT_TOOLS and fn.fn is not None:
+            getattr(fn.fn, "__func__", fn.fn)._mcp_type = "page"   # gradio lists only "tool"s
+    # gradio warns of every endpoint with a gr.State input, listed or not: here, only the page's
+    warnings.filterwarnings("ignore", "This MCP server includes a tool that has a gr.State")
 
 
 def one_line_errors(fn):
