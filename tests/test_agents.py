@@ -132,6 +132,35 @@ def test_an_mcp_client_lists_the_tools_and_merges_the_tiny_trio(mcp_url, tiny):
     assert steps["after"][0] and "unknown or expired session" in steps["after"][1]
 
 
+@pytest.mark.slow
+def test_an_mcp_client_merges_the_embedded_demo(mcp_url):
+    """check -> suggest -> build and save -> quick evaluation on the embedded SmolLM2 trio, the
+    tools' defaults."""
+    steps = {}
+
+    async def script(call, tools):
+        for name, args in (("check_models", {}), ("suggest_configuration", {}),
+                           ("build_and_save", {"folder": "demo-merge"}),
+                           ("quick_evaluate", {"questions": 1, "max_new_tokens": 8})):
+            if name != "check_models":
+                args = {"session": steps["check_models"]["session"], **args}
+            if name == "build_and_save":
+                args["config"] = steps["suggest_configuration"]["config"]
+            err, text = await call(name, **args)
+            assert not err, (name, text)
+            steps[name] = json.loads(text)
+        await call("close_session", session=steps["check_models"]["session"])
+
+    over_mcp(mcp_url, script)
+    check = steps["check_models"]
+    assert check["layers"] == 30 and check["models"][0]["model"] == "embedded:smollm2-135m-instruct"
+    config = steps["suggest_configuration"]["config"]
+    assert steps["build_and_save"]["built"].startswith(
+        f"layer swap: bottom {config['bottom']}, top {config['top']}")
+    assert Path(steps["build_and_save"]["saved_to"], "layerswap.yaml").is_file()
+    assert [s["model"] for s in steps["quick_evaluate"]["summary"]] == ["task expert", "merged"]
+
+
 # --------------------------------------------------------------------------- served rules
 @pytest.fixture
 def served_tools(tiny, tmp_path):
