@@ -19,6 +19,7 @@ import functools
 import importlib.util
 import os
 import time
+import warnings
 from pathlib import Path
 
 import gradio as gr
@@ -27,6 +28,7 @@ import pandas as pd
 from layerswap_core.merge import registry
 from layerswap_core.progress import with_eta
 from layerswap_core.workbench import saves
+from layerswap_core.workbench.agents import AgentTools
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            english_twins, plain_history)
@@ -1061,7 +1063,48 @@ def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -
     with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         page.layout()
         page.wire(demo)
+        add_agent_tools(demo, page.access)
+    agent_tools_only(demo)   # once the block is closed: gradio adds load events when it closes
     return demo
+
+
+# --------------------------------------------------------------------------- agents (MCP)
+AGENT_TOOLS = tuple(tool.__name__ for tool in AgentTools().tools())
+AGENT_STATUS = ("job_status", "cancel_job", "close_session")   # answered at once, never queued
+
+
+def add_agent_tools(demo: gr.Blocks, access: Access) -> AgentTools:
+    """The agent tools (``workbench.agents``) as API endpoints, which ``launch(mcp_server=True)``
+    serves as MCP tools: the heavy ones in the page's heavy slots."""
+    tools = AgentTools(access)
+    for tool in tools.tools():
+        name = tool.__name__
+        slots = ({"queue": False} if name in AGENT_STATUS
+                 else {"concurrency_id": "heavy", "concurrency_limit": LIMITS.jobs})
+        gr.api(one_line_errors(tool), api_name=name, **slots)
+    return tools
+
+
+def agent_tools_only(demo: gr.Blocks) -> None:
+    """Only the agent tools on the MCP tool list: the page's own endpoints take its session
+    state, which an MCP call cannot carry (they stay in the API), and gradio's own (the sign-in
+    button's) are no tools either."""
+    for fn in demo.fns.values():
+        if fn.api_name and fn.api_name not in AGENT_TOOLS and fn.fn is not None:
+            getattr(fn.fn, "__func__", fn.fn)._mcp_type = "page"   # gradio lists only "tool"s
+    # gradio warns of every endpoint with a gr.State input, listed or not: here, only the page's
+    warnings.filterwarnings("ignore", "This MCP server includes a tool that has a gr.State")
+
+
+def one_line_errors(fn):
+    """``fn`` with its errors as one readable line for the API and MCP caller."""
+    @functools.wraps(fn)
+    def tool(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except Exception as e:  # noqa: BLE001 - every error reaches the agent as one line
+            raise gr.Error(readable_error(e), print_exception=False) from None
+    return tool
 
 
 # --------------------------------------------------------------------------- from a script
@@ -1113,7 +1156,8 @@ def main(argv: list[str] | None = None):
     demo = build_demo({role: getattr(args, role) for role in wb.ROLES},
                       served=served_mode(args.host, args.share))
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS.queue).launch(
-        server_name=args.host, server_port=args.port, share=args.share, css=CSS)
+        server_name=args.host, server_port=args.port, share=args.share, css=CSS,
+        mcp_server=True)
 
 
 if __name__ == "__main__":
