@@ -93,7 +93,7 @@ def test_build_download_and_save(client, tmp_path):
     status, zip_path = client.predict(api_name="/download")
     assert "built merge (layer swap: bottom 2, top 1" in status
     with zipfile.ZipFile(zip_path) as z:
-        assert sorted(z.namelist()) == ["README.md", "layerswap.yaml"]
+        assert sorted(z.namelist()) == ["README.md", "layerswap.yaml", "mergekit.yaml"]
         assert "bottom: 2" in z.read("layerswap.yaml").decode()
     out = tmp_path / "merged"
     status = client.predict(str(out), False, api_name="/save")

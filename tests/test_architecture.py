@@ -28,7 +28,8 @@ LAYERS = [
     ("checkpoints.references",),                  # model references resolved to folders
     ("checkpoints.loading", "checkpoints.compatibility",   # loading (adapters as dense models);
      "checkpoints.hub"),                          # the one compatibility check; served downloads
-    ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapter plans, executor, live
+    ("merge.lora", "merge.executor", "merge.live", "merge.mergekit_yaml",   # adapter plans,
+     "testing"),                                  # executor, live; mergekit YAML out and in
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
     ("evaluation.mgsm_hub", "evaluation.data", "evaluation.variants", "evaluation.calculator",
      "evaluation.attention", "evaluation.products", "evaluation.lean",   # the lean Llama

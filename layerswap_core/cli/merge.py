@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from ..checkpoints.references import DEFAULT_BASE
 from ..merge.config import FIELDS, MergeConfig
 from ..merge.executor import merge_to_folder, plan_for
 from ..merge.errors import ConfigError
+from ..merge.mergekit_yaml import read_mergekit, to_mergekit
 from .partition import partition_arg
 from .progress import progress_bar
 from . import HELP
@@ -50,7 +52,6 @@ def config_from_args(args) -> MergeConfig:
     if getattr(args, "config", None) and getattr(args, "from_mergekit", None):
         raise ConfigError("give --config or --from-mergekit, not both")
     if getattr(args, "from_mergekit", None):
-        from ..merge.mergekit_yaml import read_mergekit
         cfg = read_mergekit(args.from_mergekit, task=getattr(args, "task", None))
     else:
         cfg = MergeConfig.load(args.config) if getattr(args, "config", None) else MergeConfig()
@@ -77,8 +78,6 @@ def _merge(args) -> int:
 
 def _emit_mergekit(cfg: MergeConfig, args):
     """Write the merge as a mergekit YAML (refused, one line, where mergekit cannot express it)."""
-    from pathlib import Path
-    from ..merge.mergekit_yaml import to_mergekit
     text, notes = to_mergekit(cfg)
     Path(args.emit_mergekit).write_text(text)
     for note in notes:

@@ -37,11 +37,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..checkpoints.compatibility import open_models
+from ..checkpoints.references import resolve
 from .config import DTYPES, MergeConfig, load_yaml
 from .errors import ConfigError
 from .partition import value_text
+from .plan import build_plan
 from .registry import Source, concrete
 
 __all__ = ["to_mergekit", "from_mergekit", "mergekit_file", "read_mergekit", "Opened"]
@@ -73,10 +77,6 @@ def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None,
     config's; the task expert's headers are read (layers, tensor names, dtype) unless ``models``
     (an ``Opened``, e.g. a session's) gives them and the references.
     ConfigError (one line, naming the part) where mergekit cannot express the merge."""
-    from ..checkpoints.compatibility import open_models
-    from ..checkpoints.references import resolve
-    from .plan import build_plan
-
     given = models.refs if models is not None else {}
     refs = {"task": task or config.task, "lang": lang or config.lang, "base": base or config.base}
     refs = {r: v or given.get(r) for r, v in refs.items()}
@@ -460,7 +460,6 @@ def _from_slices(slices, method, task, glob, dtype, num_layers) -> MergeConfig:
 def read_mergekit(path, task=None) -> MergeConfig:
     """``from_mergekit`` of the file ``path``; slices are checked against the depth of the task
     expert (``task``, else the YAML's base_model) when it can be opened. Errors name the file."""
-    from pathlib import Path
     try:
         text = Path(path).read_text()
         cfg = from_mergekit(text)
