@@ -221,9 +221,17 @@ class Page:
             return self.access   # local, called without a page session (a script)
         return self.access.for_visitor(saves.visitor_namespace(user, session_id))
 
+    @staticmethod
+    def page_id(request: gr.Request | None) -> str | None:
+        """The page session, as the dispatcher knows it (its jobs stop when it closes)."""
+        session_id = getattr(request, "session_hash", None)
+        return saves.visitor_namespace(None, session_id) if session_id else None
+
     def end_visit(self, request: gr.Request, profile: gr.OAuthProfile | None):
-        """The page was closed: the visitor's temporary files go (and an anonymous visitor's
-        saves, which nobody can reach any more)."""
+        """The page was closed (its heartbeat ended, seconds ago): its jobs stop at their next
+        step, the visitor's downloads and temporary files go (and an anonymous visitor's saves,
+        which nobody can reach any more)."""
+        wb.leave(self.page_id(request))
         access = self.visitor(request, profile)
         saves.end_visit(access.namespace, access)
 
@@ -275,7 +283,8 @@ class Page:
         wb.close_session(v[self.session])  # nothing runs on models no longer selected
         try:
             session, report = wb.open_session(*refs, gr_progress(progress),
-                                              self.visitor(request, profile))
+                                              self.visitor(request, profile),
+                                              visitor=self.page_id(request))
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
             return {**self.no_session(), self.models_md: warn(e),
                     self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
@@ -388,7 +397,9 @@ class Page:
         config = self.config(v, session)
         out = wb.save(session, config, v[self.folder], v[self.overwrite],
                       gr_progress(progress), access=self.visitor(request, profile))
-        return {self.build_md: ok(f"Saved to `{out}`.")}
+        # served: by its name (the server's folders are not the visitor's business)
+        return {self.build_md: ok(f"Saved as `{out.name}`." if self.access.served
+                                  else f"Saved to `{out}`.")}
 
     def own_saves(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The model lists with the visitor's own saves (served: nobody else's)."""

@@ -142,8 +142,9 @@ def test_saves_go_only_by_name_under_the_visitors_folder(served, built):
         return built.predict(*config(), name, overwrite, api_name="/save")
 
     status = save("good")
-    assert status.startswith("✔"), status
-    mine = Path(status.split("`")[1]).parent             # this visitor's own folder
+    assert status == "✔ Saved as `good`.", status        # by its name, not the server's path
+    mine, = served.out.iterdir()                         # this visitor's own folder
+    assert (mine / "good" / "layerswap.yaml").is_file()
     assert mine.parent == served.out and mine.name.startswith("session-")
     (mine / "link").symlink_to(served.victim)            # a link in the folder pointing out
     notes = mine / "notes"                               # a folder that is not a layerswap output

@@ -11,11 +11,13 @@ Placements (``Dispatcher.placement``), the same job code in all three:
   worker is reused); checkpoints named by ``preload`` are loaded at start-up in the main process
   and moved to ``"cuda"`` there, as ZeroGPU expects, so a worker forked later starts with them.
 
-Fair scheduling: one heavy job per visitor at a time (a second is refused: ``Busy``), at most
+Fair scheduling: one heavy job per person at a time (``Job.person``: a signed-in user, in every
+tab they have open; else the page: a second is refused, ``Busy``), at most
 ``max_waiting`` jobs waiting (``QueueFull``), a duration estimate before a heavy job starts
 (``jobs.estimate_seconds`` at the engine's measured speed) refused when over the time budget
 (``TooLong``) and enforced while it runs; ``cancel(visitor)`` stops the visitor's job at its next
-step, ``leave(visitor)`` also when they close the page. Evaluations run in chunks
+step, ``leave(visitor)`` also when they close the page (``Job.visitor``: one page session, so
+closing one tab stops that tab's jobs, never the same person's jobs in another tab). Evaluations run in chunks
 (``jobs.split``): between two chunks the engine goes back to the queue, so a short job (a
 Build, a chat) waits at most one chunk.
 """
@@ -61,7 +63,6 @@ def _env_int(name: str, default: int) -> int:
 @dataclass
 class Visitor:
     cancel: threading.Event = field(default_factory=threading.Event)
-    heavy: int = 0       # heavy jobs running (at most per_visitor)
     running: int = 0     # any jobs running
     left: bool = False
 
@@ -84,6 +85,7 @@ class Dispatcher:
         self.job_seconds = job_seconds or _env_int("LAYERSWAP_MAX_JOB_SECONDS", 1800)
         self.chunk_items = chunk_items or _env_int("LAYERSWAP_CHUNK_ITEMS", 4)
         self.visitors: dict[str, Visitor] = {}
+        self.heavy: dict[str, int] = {}       # person -> heavy jobs running
         self.speeds: dict[Trio, float] = {}   # measured tokens per second per trio
         self._lock = threading.Lock()
 
@@ -97,21 +99,26 @@ class Dispatcher:
         """The visitor's slot for ``job``: refused (Busy) when they already run a heavy job."""
         v = self._visitor(job.visitor)
         heavy = job.kind not in LIGHT
+        person = job.person or job.visitor
         with self._lock:
-            if heavy and job.visitor and v.heavy >= self.per_visitor:
-                raise Busy("you already have a job running on this server: wait for it to "
-                           "finish, or press Cancel")
+            if heavy and person and self.heavy.get(person, 0) >= self.per_visitor:
+                raise Busy("you already have a job running on this server (in this page or "
+                           "another of yours): wait for it to finish, or press Cancel")
             if not v.running:
                 v.cancel.clear()           # a Cancel pressed before this job is forgotten
             v.left = False
-            v.heavy += heavy
             v.running += 1
+            if heavy and person:
+                self.heavy[person] = self.heavy.get(person, 0) + 1
         try:
             yield v
         finally:
             with self._lock:
-                v.heavy -= heavy
                 v.running -= 1
+                if heavy and person:
+                    self.heavy[person] -= 1
+                    if not self.heavy[person]:
+                        del self.heavy[person]
                 if not v.running and (v.left or not job.visitor):
                     self.visitors.pop(job.visitor, None)
 
@@ -128,8 +135,9 @@ class Dispatcher:
         return v.running > 0
 
     def leave(self, visitor: str) -> None:
-        """The visitor left: their jobs are cancelled (waiting ones leave the queue at once)
-        and what the dispatcher kept for them is dropped."""
+        """The visitor's page closed: its jobs are cancelled (waiting ones leave the queue at
+        once, a running one stops at its next step) and what the dispatcher kept for it is
+        dropped once they have stopped."""
         with self._lock:
             v = self.visitors.get(visitor)
             if v is None:

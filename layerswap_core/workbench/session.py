@@ -148,10 +148,14 @@ class Session:
     (``engines.pool.EnginePool``), and everything that needs one is a job run by the one
     dispatcher (``engines.dispatch``) under this session's ``id``."""
 
-    def __init__(self, report: ModelsReport):
+    def __init__(self, report: ModelsReport, visitor: str | None = None):
         if not report.ok:
             raise WorkbenchError("these models cannot be merged: " + "; ".join(report.problems))
-        self.id = uuid.uuid4().hex              # the visitor, for the dispatcher
+        # the visitor's page for the dispatcher (``visitor``: the page session, so that closing
+        # the page stops its jobs; without one, this session alone); the person behind it (the
+        # access's namespace: a signed-in user in every tab) has one heavy job at a time
+        self.id = visitor or uuid.uuid4().hex
+        self.person = report.access.namespace or self.id
         self.refs = dict(report.refs)
         self.names = dict(report.names or report.refs)
         self.access = report.access
@@ -203,7 +207,7 @@ class Session:
 
     def job(self, kind: str, what=None, items=(), **settings) -> Job:
         """A plain-data job of this visitor on this session's engine."""
-        return Job(kind, self.trio, self.id, what, list(items), settings)
+        return Job(kind, self.trio, self.id, what, list(items), settings, person=self.person)
 
 
 def dispatcher() -> Dispatcher:
@@ -233,10 +237,12 @@ def showing(session: Session, role: str, progress: Progress | None = None):
 
 
 def open_session(base: str, task: str, lang: str, progress: Progress | None = None,
-                 access: Access = LOCAL) -> tuple[Session | None, ModelsReport]:
-    """The report, and a new Session when the models are compatible (else None)."""
+                 access: Access = LOCAL, visitor: str | None = None
+                 ) -> tuple[Session | None, ModelsReport]:
+    """The report, and a new Session when the models are compatible (else None); ``visitor``:
+    the page it is for (``Session``)."""
     report = check_models(base, task, lang, progress, access)
-    return (Session(report) if report.ok else None), report
+    return (Session(report, visitor) if report.ok else None), report
 
 
 def close_session(session: Session | None) -> None:
@@ -246,6 +252,13 @@ def close_session(session: Session | None) -> None:
         dispatcher().leave(session.id)
         session.stats.clear()
         session.built_config = None
+
+
+def leave(visitor: str | None) -> None:
+    """The visitor's page closed: its jobs stop at their next step and give up their places
+    (``Dispatcher.leave``), whatever ``gr.State`` still holds for it."""
+    if visitor:
+        dispatcher().leave(visitor)
 
 
 def banner(session: Session | None) -> str:
