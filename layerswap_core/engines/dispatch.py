@@ -17,9 +17,10 @@ tab they have open; else the page: a second is refused, ``Busy``), at most
 (``jobs.estimate_seconds`` at the engine's measured speed) refused when over the time budget
 (``TooLong``) and enforced while it runs; ``cancel(visitor)`` stops the visitor's job at its next
 step, ``leave(visitor)`` also when they close the page (``Job.visitor``: one page session, so
-closing one tab stops that tab's jobs, never the same person's jobs in another tab). Evaluations run in chunks
-(``jobs.split``): between two chunks the engine goes back to the queue, so a short job (a
-Build, a chat) waits at most one chunk.
+closing one tab stops that tab's jobs, never the same person's jobs in another tab).
+Evaluations run in chunks (``jobs.split``): between two chunks the engine goes back to the
+queue, so a short job (a Build, a chat) waits at most one chunk. On ZeroGPU the duration asked
+for is the same estimate (``_zero_duration``), at the speed the worker measured.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from ..progress import Cancelled, Progress
@@ -180,10 +181,18 @@ class Dispatcher:
         with self.claim(job) as v:
             yield self._guard(v, time.monotonic() + self.job_seconds, progress)
 
+    def _estimated(self, job: J.Job) -> J.Job:
+        """``job`` carrying its estimate: on ZeroGPU the duration asked for (``_zero_duration``)
+        is the estimate this dispatcher admitted it by."""
+        return replace(job, settings={**job.settings, "estimate_seconds": self.estimate(job)})
+
     def _run_one(self, job: J.Job, v: Visitor, guard: Progress):
         if self.placement == "zerogpu":
             guard(0.0, "waiting for the GPU")
-            return zero_call(job)
+            out, speed = zero_call(self._estimated(job))
+            if speed:   # measured in the worker: the next estimates are the GPU's
+                self.speeds[job.trio] = speed
+            return out
         with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
                                 short=job.kind in SHORT) as engine:
             out = J.run_job(engine, job, guard)
@@ -211,7 +220,7 @@ class Dispatcher:
             guard = self._guard(v, self._admit(job), progress)
             if self.placement == "zerogpu":
                 guard(0.0, "waiting for the GPU")
-                yield from _relay(zero_stream(job), guard)
+                yield from _relay(zero_stream(self._estimated(job)), guard)
                 return
             with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
                                     short=job.kind in SHORT) as engine:
@@ -247,13 +256,16 @@ def preload(trio: Trio) -> None:
 
 
 def _zero_duration(job: J.Job) -> int:
-    """The duration ZeroGPU is asked for: the job's estimate (at least 15 s)."""
-    return int(max(15, J.estimate_seconds(job)))
+    """The duration ZeroGPU is asked for: the estimate the dispatcher admitted the job by, at
+    the speed it measured (``Dispatcher.estimate``; at least 15 s)."""
+    est = job.settings.get("estimate_seconds")
+    return int(max(15, est if est is not None else J.estimate_seconds(job)))
 
 
 def _zero_call_task(job: J.Job):
+    """The job's result, and the engine's measured speed (for the next estimates)."""
     with _ZERO_POOL.checkout(job.trio, job.visitor) as engine:
-        return J.run_job(engine, job)
+        return J.run_job(engine, job), engine.tokens_per_second
 
 
 def _zero_stream_task(job: J.Job):
@@ -277,7 +289,8 @@ def gpu(fn=None, *, duration=None):
 
 
 def zero_call(job: J.Job):
-    """Run a job in the ZeroGPU worker (one decorated function: one worker cache)."""
+    """Run a job in the ZeroGPU worker (one decorated function: one worker cache): its result
+    and the worker engine's measured speed."""
     if "call" not in _decorated:
         _decorated["call"] = gpu(_zero_call_task, duration=_zero_duration)
     return _decorated["call"](job)

@@ -273,23 +273,56 @@ def banner(session: Session | None) -> str:
     return f"Models: {models} ({session.num_layers} layers). Merged model: {built}."
 
 
+_WARMING: dict[Trio, threading.Thread] = {}   # trio -> its warm-up, while it runs
+
+
 def warm_up(session: Session) -> threading.Thread | None:
     """Load the engine of the session's models in the background when none is loaded yet (in
-    this process): the first Build then only rewrites the tensors the merge changes."""
+    this process): the first Build then only rewrites the tensors the merge changes. Then,
+    when the dispatcher has no speed for these models yet, one small evaluation measures it
+    (``speed_probe``): the caps and estimates on the page are this server's from the start."""
     d = dispatcher()
     trio = session.trio
-    if d.placement != "local" or any(e.trio == trio for e in d.pool.engines):
+    loaded = any(e.trio == trio for e in d.pool.engines)
+    if d.placement != "local" or (loaded and trio in d.speeds) or trio in _WARMING:
         return None
 
     def load():
         try:
             with d.pool.checkout(trio):
                 pass
+            if trio not in d.speeds:
+                d.run(speed_probe(session))
         except Exception:  # noqa: BLE001 - Build reports loading errors where they matter
             return
+        finally:
+            _WARMING.pop(trio, None)
     thread = threading.Thread(target=load, name="layerswap-warm-up", daemon=True)
+    _WARMING[trio] = thread
     thread.start()
     return thread
+
+
+def speed_probe(session: Session) -> Job:
+    """The server's own job (no visitor: it takes nobody's slot) that measures the engine's
+    speed: one chunk of an evaluation of the task expert at the page's most shots (the longest
+    prompts, so the measured speed errs on the slow side), 16 tokens per answer."""
+    from ..evaluation.data import load_items
+    from ..evaluation.runner import default_exemplars
+
+    items = load_items("gsm-symbolic", "en")[:4]
+    return Job("evaluate", session.trio, "", {"task": "task"}, items,
+               {"shots": LIMITS.shots, "max_new_tokens": 16, "with_nll": False,
+                "exemplars": default_exemplars(items, LIMITS.shots, cot=False)})
+
+
+def measured_speed(session: Session, wait: float = 0.0) -> float | None:
+    """Tokens per second the dispatcher measured on the session's models (None: not yet),
+    after waiting up to ``wait`` seconds for their warm-up's measurement."""
+    thread = _WARMING.get(session.trio)
+    if thread is not None and wait > 0:
+        thread.join(wait)
+    return dispatcher().speeds.get(session.trio)
 
 
 def require(session: Session | None) -> Session:
