@@ -14,11 +14,12 @@ Local by default (loopback: one user, any folder). Served mode (on a Space, on a
 from __future__ import annotations
 
 import argparse
+import contextvars
 import functools
 import importlib.util
-import math
 import os
 import time
+import warnings
 from pathlib import Path
 
 import gradio as gr
@@ -27,20 +28,21 @@ import pandas as pd
 from layerswap_core.merge import registry
 from layerswap_core.progress import with_eta
 from layerswap_core.workbench import saves
+from layerswap_core.workbench.agents import AgentTools
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            english_twins, plain_history)
-from layerswap_core.workbench.controls import (CONTROLS, control_states, ignored_text,
+from layerswap_core.workbench.controls import (CONTROLS, acts_on, control_states, ignored_text,
                                                 outside_validated, since_build)
-from layerswap_core.workbench.deltas import delta_views, suggest
+from layerswap_core.workbench.deltas import delta_views, slider_taus, slider_value, suggest
 from layerswap_core.workbench.demo import (chosen_words, headline, measured_chart,
                                             measured_demo_result,
                                             measured_markdown, result_chart, sweep_markdown)
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
                                                evaluate_roles, evaluation_caps,
                                                evaluation_line, evaluation_note)
-from layerswap_core.workbench.served import (LIMITS, Access, as_text, offered_models,
-                                             readable_error, served_mode)
+from layerswap_core.workbench.served import (LIMITS, Access, Cancelled, as_text,
+                                             offered_models, readable_error, served_mode)
 from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_caps, sweep_grid, sweep_line
 from layerswap_core.workbench import spaces
 
@@ -56,9 +58,12 @@ EVAL_EXPECTATIONS = (
     "benchmark, every one of them scores about 0%: its problems are beyond a model this size in "
     "any language. The demo's measure is graded instead (*The demo result* below): how likely "
     "each model finds the English worked solution of a held-out problem after the Swahili "
-    "question, with two controls. The demo's math expert was trained on other templates than "
-    "the evaluated ones, and at this size it does not solve unseen templates (its card gives "
-    "the count), so accuracy here is near 0% for every model in every language. All demo models "
+    "question, with two controls. The demo's math expert was trained on English variants of "
+    "GSM-Symbolic templates (its card lists them); the GSM-Symbolic data here scores the "
+    "original problems of templates 0050-0099, some of them among those (the note under the "
+    "results names them after each run: not a clean test), while the demo result uses only "
+    "templates it never saw. At this size accuracy on problems a model never saw is near 0%. "
+    "All demo models "
     "decode with the GSM8K calculator (the result of each `<<expr=` note is filled in). With "
     "your own 1B-8B experts, MGSM accuracy with its 95% interval is the number to watch.")
 CHAT_EXPECTATIONS = (
@@ -88,10 +93,16 @@ NUMBER_KNOBS = tuple(k for knobs in METHOD_KNOBS.values() for k in knobs)
 MORE_CONFIG = ("non_layer", "scale_partition", *NUMBER_KNOBS)
 SWAP_LABEL = registry.MERGE_METHODS["layer_swap"].label
 KNOB = registry.KNOBS  # the knobs' labels, defaults and bounds
+# the Configure tab's controls (Page attributes) a page reload restores (``Page.remember``)
+KEPT_CONTROLS = ("method", *SLIDERS, "w_task", "w_lang", "magnitude", "partition", "rules",
+                 *MORE_CONFIG)
+# the line on each tab naming the merge its buttons act on (Page attribute -> who)
+LABELS = {"build_label": "Build makes", "saves_label": "Save, Zip and Push write",
+          "eval_label": "The merged model evaluated", "chat_label": "The merged model here"}
 # what a new (or no) session empties: every view that shows results of earlier models
 SESSION_VIEWS = ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "plan_overlay",
                  "config_md", "diagram", "plan_text", "plan_cells",
-                 "build_md", "config_yaml", "zip_file",
+                 "build_md", "config_yaml", "zip_file", *LABELS,
                  "eval_md", "summary", "bars", "items_table",
                  "sweep_md", "sweep_plot", "sweep_table",
                  "chat_md", "chat_merged", "chat_other")
@@ -99,12 +110,12 @@ SESSION_VIEWS = ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "p
 OUTPUTS = {
     "pick_models": ("status", "models_md", "models_table", "session", *SLIDERS, "xs", "ys",
                     *SESSION_VIEWS),
-    "plan": ("config_md", "diagram", "plan_text", "plan_cells", "plan_overlay"),
+    "plan": ("config_md", "diagram", "plan_text", "plan_cells", "plan_overlay", *LABELS),
     "analyze": ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "threshold",
                 "threshold_lang", "plan_overlay"),
     "rethreshold": ("deltas_md", "heatmaps", "overlap", "profile", "suggestion", "plan_overlay"),
     "apply_suggestion": ("deltas_md", *SLIDERS, "partition"),
-    "build": ("build_md", "config_yaml", "status", "eval_md", "chat_md"),
+    "build": ("build_md", "config_yaml", "status", "eval_md", "chat_md", *LABELS),
     "save": ("build_md",),
     "push": ("build_md",),
     "download": ("build_md", "zip_file"),
@@ -160,8 +171,11 @@ def item_markdown(headers, values) -> str:
 
 def gr_progress(progress: gr.Progress):
     """Gradio's bar for a library ``progress``: what the job does now and the time left at the
-    speed measured during this run (``progress.with_eta``)."""
-    return with_eta(lambda frac, msg: progress(frac, desc=msg))
+    speed measured during this run, counted down every second between reports
+    (``progress.with_eta``). The ticks come from another thread: each call runs in a copy of
+    the event's context, where Gradio finds which event's bar to draw."""
+    event = contextvars.copy_context()
+    return with_eta(lambda frac, msg: event.copy().run(progress, frac, desc=msg), tick=1.0)
 
 
 # --------------------------------------------------------------------------- model work
@@ -247,7 +261,44 @@ class Page:
                 self.bars: None, self.items_table: pd.DataFrame(),
                 self.sweep_md: "", self.sweep_plot: None,
                 self.sweep_table: pd.DataFrame(columns=["bottom", "top", "score"]),
-                self.chat_md: "", self.chat_merged: [], self.chat_other: []}
+                self.chat_md: "", self.chat_merged: [], self.chat_other: [],
+                **self.labels(None, None)}
+
+    def labels(self, session, config) -> dict:
+        """The line on each tab naming the merge its buttons act on: Build the Configure tab's
+        ``config`` (None: not valid now), the others the session's build."""
+        if session is None:
+            return {getattr(self, name): "" for name in LABELS}
+        return {getattr(self, name): acts_on(who, session.built_config, config,
+                                             session.num_layers, builds=name == "build_label")
+                for name, who in LABELS.items()}
+
+    # ---- what a page reload keeps (this browser's localStorage)
+    def remember(self, v) -> dict:
+        """The models in use (as the visitor named them) and the Configure tab's controls."""
+        session, before = v[self.session], v[self.kept] or {}
+        refs = dict(session.names) if session is not None else before.get("refs", {})
+        return {self.kept: {"refs": refs,
+                            "config": {name: v[getattr(self, name)] for name in KEPT_CONTROLS}}}
+
+    def restore_models(self, v) -> dict:
+        """The models this browser last used on the Models tab; its Configure settings held
+        for ``restore_config`` (the check's new sliders are remembered meanwhile)."""
+        kept = v[self.kept] or {}
+        refs = kept.get("refs") or {}
+        return {**{getattr(self, role): refs[role] for role in wb.ROLES if refs.get(role)},
+                self.reloaded: kept.get("config") or {}}
+
+    def restore_config(self, v) -> dict:
+        """The Configure tab as this browser left it, once its models are checked again (the
+        sliders are bounded by their depth: a value they refuse leaves the defaults)."""
+        saved = v[self.reloaded] or {}
+        session = v[self.session]
+        if session is None or not saved:
+            return gr.skip()
+        if any(not 0 <= int(saved.get(s) or 0) <= session.num_layers for s in SLIDERS):
+            return gr.skip()
+        return {getattr(self, name): saved[name] for name in KEPT_CONTROLS if name in saved}
 
     def banner(self, session) -> dict:
         text = wb.banner(session)
@@ -281,18 +332,23 @@ class Page:
     def pick_models(self, v, request: gr.Request, profile: gr.OAuthProfile | None,
                     progress=gr.Progress()):
         refs = (v[self.base], v[self.task], v[self.lang])
-        wb.close_session(v[self.session])  # nothing runs on models no longer selected
+        old = v[self.session]
+        # a failed check keeps the session in use (its models, its build); none: none
+        kept = self.no_session() if old is None else {}
+        still = ("" if old is None else "\n\nStill in use, unchanged: the models and merge on "
+                 "the top line.")
         try:
             session, report = wb.open_session(*refs, gr_progress(progress),
                                               self.visitor(request, profile),
                                               visitor=self.page_id(request))
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
-            return {**self.no_session(), self.models_md: warn(e),
+            return {**kept, self.models_md: warn(e) + still,
                     self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
         if session is None:
             gr.Warning("These models cannot be merged; see the list on the Models tab.")
-            return {**self.no_session(), self.models_md: "⚠ " + report.markdown(),
+            return {**kept, self.models_md: "⚠ " + report.markdown() + still,
                     self.models_table: report.rows}
+        wb.close_session(old)  # nothing runs on models no longer selected
         wb.warm_up(session)  # load the models in the background while the visitor looks around
         config = wb.default_config(session)
         fig, text = wb.plan_view(session, config)
@@ -300,18 +356,23 @@ class Page:
                 self.models_md: ok(report.markdown()), self.models_table: report.rows,
                 **self.slider_updates(session),
                 self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
-                self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config)}
+                self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config),
+                **self.labels(session, config)}
 
     # ---- configure tab
     @guarded("config_md")
     def update_plan(self, v):
         session = wb.require(v[self.session])
-        config = self.config(v, session)
+        try:
+            config = self.config(v, session)
+        except Exception as e:  # noqa: BLE001 - not valid: said here, and on the tabs it feeds
+            return {self.config_md: warn(e), **self.labels(session, None)}
         fig, text = wb.plan_view(session, config)
         changed = since_build(session.built_config, config, session.num_layers)
         out = {self.config_md: ok(config.describe(session.num_layers))
                + (f"\n\n⚠ {changed}" if changed else ""), self.diagram: fig,
-               self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config)}
+               self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config),
+               **self.labels(session, config)}
         if "lang" in session.stats:  # analyzed: the plan over the deltas follows the sliders too
             out[self.plan_overlay] = wb.plan_cells_figure(session, config, over="lang")
         return out
@@ -353,8 +414,8 @@ class Page:
         return {**self.delta_outputs(session, views, v, "Delta statistics ready (each expert's "
                                      f"own tau: task {tau_task:.2e}, language {tau_lang:.2e}; "
                                      "move or type a value to change it)."),
-                self.threshold: gr.update(value=round(math.log10(tau_task), 2)),
-                self.threshold_lang: gr.update(value=round(math.log10(tau_lang), 2))}
+                self.threshold: gr.update(value=slider_value(tau_task)),
+                self.threshold_lang: gr.update(value=slider_value(tau_lang))}
 
     @guarded("deltas_md")
     def rethreshold(self, v):
@@ -362,7 +423,7 @@ class Page:
         session = wb.require(v[self.session])
         if "task" not in session.stats:
             return gr.skip()
-        taus = (10 ** float(v[self.threshold]), 10 ** float(v[self.threshold_lang]))
+        taus = slider_taus(session, (v[self.threshold], v[self.threshold_lang]))
         views = delta_views(session, taus, v[self.metric], v[self.log_scale],
                             matrices_only=v[self.matrices_only])
         return self.delta_outputs(session, views, v,
@@ -389,18 +450,20 @@ class Page:
         config = self.config(v, session)
         result = wb.build(session, config, gr_progress(progress))
         return {self.build_md: ok(result.markdown()), self.config_yaml: config.to_yaml(),
-                **self.banner(session), self.eval_md: "", self.chat_md: ""}
+                **self.banner(session), self.eval_md: "", self.chat_md: "",
+                **self.labels(session, config)}
 
     @guarded("build_md")
     def save(self, v, request: gr.Request, profile: gr.OAuthProfile | None,
              progress=gr.Progress()):
         session = wb.require(v[self.session])
-        config = self.config(v, session)
+        config = session.built()   # what the page shows built, whatever Configure shows now
         out = wb.save(session, config, v[self.folder], v[self.overwrite],
                       gr_progress(progress), access=self.visitor(request, profile))
         # served: by its name (the server's folders are not the visitor's business)
-        return {self.build_md: ok(f"Saved as `{out.name}`." if self.access.served
-                                  else f"Saved to `{out}`.")}
+        where = f"as `{out.name}`" if self.access.served else f"to `{out}`"
+        return {self.build_md: ok(f"Saved {where}: the built merge "
+                                  f"({config.describe(session.num_layers)}).")}
 
     def own_saves(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The model lists with the visitor's own saves (served: nobody else's)."""
@@ -415,9 +478,11 @@ class Page:
         try:
             session = wb.require(v[self.session])
             namespace = self.visitor(request).namespace
+            config = session.built()
             with saves.temp_folder(namespace) as tmp:
-                path = wb.export_zip(session, self.config(v, session), tmp)
-                yield {self.build_md: ok("Config and model card zipped."),
+                path = wb.export_zip(session, config, tmp)
+                yield {self.build_md: ok("Config and model card of the built merge ("
+                                         f"{config.describe(session.num_layers)}) zipped."),
                        self.zip_file: str(path)}
                 # handed over: Gradio copied it into its cache (by content); that copy goes
                 # when the page closes, ours now
@@ -431,12 +496,13 @@ class Page:
     def push(self, v, token: gr.OAuthToken | None, profile: gr.OAuthProfile | None,
              progress=gr.Progress()):
         session = wb.require(v[self.session])
-        config = self.config(v, session)
+        config = session.built()
         url = wb.push_to_hub(session, config, v[self.repo_id], v[self.private],
                              gr_progress(progress),
                              visitor_token=getattr(token, "token", None),
                              visitor=getattr(profile, "username", None))
-        return {self.build_md: ok(f"Pushed to {url}")}
+        return {self.build_md: ok(f"Pushed the built merge "
+                                  f"({config.describe(session.num_layers)}) to {url}")}
 
     def hub_status(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The visitor's Hub downloads in words (nothing changes when there are none)."""
@@ -527,6 +593,9 @@ class Page:
             msg += (f"; best: {fx.replace('_', ' ')} {res.best[0]}, {fy.replace('_', ' ')} "
                     f"{res.best[1]} ({score} {res.best[2]}). Rows are best first: click one to "
                     "load it.")
+        elif res.tied:
+            msg += (f"; no configuration is better: all score {res.rows[0][2]} "
+                    f"({'gold NLL' if res.metric == 'nll' else 'accuracy'}). Click a row to load it.")
         return {self.sweep_md: ok(msg), self.sweep_plot: res.figure,
                 self.sweep_table: pd.DataFrame(res.rows, columns=res.columns),
                 **self.banner(session)}
@@ -587,6 +656,8 @@ class Page:
                 yield {self.chat_md: f"⏳ {who} answering...", self.message: "", **shown}
             said = "; ".join(f"{who}: {n}" for who, n in notes.items() if n)
             yield {self.chat_md: ok("Done." + (f" ({said})" if said else "")), **shown}
+        except Cancelled:   # Stop: the answers so far stay in the panes
+            yield {self.chat_md: "■ Stopped: the answers so far are kept.", **shown}
         except Exception as e:  # noqa: BLE001
             yield {self.chat_md: warn(e), **shown}
 
@@ -603,6 +674,10 @@ class Page:
         # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
         self.session = gr.State(None, time_to_live=LIMITS.session_seconds,
                                 delete_callback=wb.close_session)
+        # what a reload keeps: the models named and the Configure tab (not the build: a reload
+        # is a new session, and the tabs say nothing is built)
+        self.kept = gr.BrowserState(None)
+        self.reloaded = gr.State(None)   # the Configure settings kept, until they are restored
         for tab in (self.models_tab, self.deltas_tab, self.configure_tab, self.build_tab,
                     self.evaluate_tab, self.sweep_tab, self.chat_tab):
             tab()
@@ -639,8 +714,8 @@ class Page:
         with gr.Tab("Deltas", id="deltas"):
             with gr.Row():
                 self.threshold = gr.Slider(
-                    -7, 0, value=-3, step=0.05, label="log10 tau, task expert",
-                    elem_id="threshold",
+                    -7, 0, value=-3, step=0.01, label="log10 tau, task expert",
+                    elem_id="threshold", buttons=[],   # its ↺ went to -3: "Automatic taus"
                     info="rows with mean |delta| above tau count as changed; Analyze sets it "
                          "from this expert's own deltas")
                 self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
@@ -649,9 +724,14 @@ class Page:
                 self.matrices_only = gr.Checkbox(
                     False, label="Only the 7 matrices the paper plots (q, k, v, o, gate, up, down)")
                 self.threshold_lang = gr.Slider(
-                    -7, 0, value=-3, step=0.05, label="log10 tau, language expert",
-                    elem_id="threshold-lang", info="each expert has its own threshold")
-            self.analyze_btn = gr.Button("Analyze deltas", variant="primary", elem_id="analyze")
+                    -7, 0, value=-3, step=0.01, label="log10 tau, language expert",
+                    elem_id="threshold-lang", info="each expert has its own threshold",
+                    buttons=[])
+            with gr.Row():
+                self.analyze_btn = gr.Button("Analyze deltas", variant="primary",
+                                             elem_id="analyze")
+                # Analyze again: the statistics are kept, the taus set from them
+                self.auto_tau_btn = gr.Button("↺ Automatic taus", elem_id="auto-taus")
             self.deltas_md = gr.Markdown(elem_id="deltas-status")
             self.heatmaps = gr.Plot(label="Where each expert changed", elem_id="heatmaps")
             with gr.Row():
@@ -738,8 +818,10 @@ class Page:
                 self.build_btn = gr.Button("Build merged model (in memory)", variant="primary",
                                            elem_id="build-btn")
                 self.cancel_btn = gr.Button("Cancel", variant="stop", elem_id="build-cancel")
+            self.build_label = gr.Markdown(elem_id="build-acts-on")
             self.build_md = gr.Markdown(elem_id="build-status")
             self.config_yaml = gr.Code(label="layerswap.yaml", language="yaml")
+            self.saves_label = gr.Markdown(elem_id="saves-acts-on")
             with gr.Row():
                 self.folder = gr.Textbox(elem_id="folder", **where)
                 self.overwrite = gr.Checkbox(
@@ -761,6 +843,7 @@ class Page:
     def evaluate_tab(self):
         with gr.Tab("Evaluate", id="evaluate"):
             gr.Markdown(EVAL_EXPECTATIONS, elem_id="eval-expectations")
+            self.eval_label = gr.Markdown(elem_id="eval-acts-on")
             source, note = data_default()   # offline without MGSM: GSM-Symbolic, and how to get MGSM
             gr.Markdown(as_text(note), visible=bool(note), elem_id="mgsm-note")
             with gr.Row():
@@ -774,7 +857,8 @@ class Page:
             with gr.Row():  # made in the API's parameter order
                 self.cot = gr.Checkbox(False, label="Chain of thought", min_width=160)
                 self.roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
-                                              value=list(wb.ROLE_LABELS.values()), label="Models")
+                                              value=list(wb.ROLE_LABELS.values()), label="Models",
+                                              elem_id="eval-roles")
                 with gr.Column(min_width=160):
                     self.eval_tokens = gr.Slider(8, LIMITS.new_tokens, value=64, step=8,
                                                  label="Max new tokens", elem_id="eval-tokens")
@@ -848,6 +932,7 @@ class Page:
         language, examples = chat_examples(self.refs["lang"])
         with gr.Tab("Chat", id="chat"):
             gr.Markdown(CHAT_EXPECTATIONS, elem_id="chat-expectations")
+            self.chat_label = gr.Markdown(elem_id="chat-acts-on")
             # made before the panes (the API's parameter order), shown below them
             self.message = gr.Textbox(placeholder=f"Ask a math question in {language}...",
                                       show_label=False, scale=5, elem_id="chat-input",
@@ -858,6 +943,7 @@ class Page:
             with gr.Row():
                 self.message.render()
                 self.send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
+                self.chat_stop = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
                 self.clear = gr.Button("Clear", scale=1)
             self.chat_md = gr.Markdown(elem_id="chat-status")
             gr.Examples([[e] for e in examples], inputs=[self.message],
@@ -894,11 +980,20 @@ class Page:
         models = {self.base, self.task, self.lang, self.session}
         # the bar (a first use converts the embedded models) on the Models tab's empty status,
         # never over the top line's text
+        kept = [getattr(self, name) for name in KEPT_CONTROLS]
         picked = [self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
                                       api_name="pick_models", concurrency_limit=LIMITS.jobs,
-                                      show_progress_on=[self.models_md]),
-                  demo.load(self.pick_models, models, self.outputs("pick_models"),
-                            api_visibility="private", show_progress_on=[self.models_md])]
+                                      show_progress_on=[self.models_md])]
+        picked[0].then(self.remember, config | {self.kept}, [self.kept],
+                       api_visibility="private")
+        # a reload: the models and Configure settings this browser last used, then the check
+        picked.append(demo.load(self.restore_models, {self.kept},
+                                [self.base, self.task, self.lang, self.reloaded],
+                                api_visibility="private", queue=False).then(
+            self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
+            show_progress_on=[self.models_md]))
+        picked[1].then(self.restore_config, {self.session, self.reloaded}, kept,
+                       api_visibility="private")
         # served: the visitor's own saves in the model lists; downloads' progress; cleanup
         own = [self.base, self.task, self.lang]
         if self.access.served:
@@ -912,6 +1007,9 @@ class Page:
         gr.on([c.change for c in config - {self.session}], self.update_plan, config,
               self.outputs("plan"), api_name="plan", show_progress="hidden",
               trigger_mode="always_last", concurrency_limit=LIMITS.plan_jobs)
+        gr.on([c.change for c in config - {self.session}], self.remember, config | {self.kept},
+              [self.kept], api_visibility="private", show_progress="hidden",
+              trigger_mode="always_last", queue=False)
 
         controls = [*self.control_components().values(), *self.knob_rows.values(), self.ignored_md]
         for trigger in (self.method.change, self.partition.change, demo.load):
@@ -922,10 +1020,22 @@ class Page:
                              (self.sweep_btn, self.sweep_md), (self.demo_btn, self.demo_md),
                              (self.send, self.chat_md)):
             button.click(lambda: "", None, [line], queue=False, api_visibility="private")
+        # ... nor its results: a run cancelled or failed leaves no table of an earlier one
+        self.eval_btn.click(lambda: (pd.DataFrame(columns=SUMMARY_HEADERS), None, pd.DataFrame()),
+                            None, [self.summary, self.bars, self.items_table], queue=False,
+                            api_visibility="private")
+        self.sweep_btn.click(lambda: (None, pd.DataFrame(columns=["bottom", "top", "score"])),
+                             None, [self.sweep_plot, self.sweep_table], queue=False,
+                             api_visibility="private")
+        self.demo_btn.click(lambda: None, None, [self.demo_plot], queue=False,
+                            api_visibility="private")
 
         self.analyze_btn.click(self.analyze,
                                config | {self.metric, self.log_scale, self.matrices_only},
                                self.outputs("analyze"), api_name="analyze", **heavy)
+        self.auto_tau_btn.click(self.analyze,
+                                config | {self.metric, self.log_scale, self.matrices_only},
+                                self.outputs("analyze"), api_visibility="private", **heavy)
         # release: the handle let go; input: a value typed into the box (Enter) or dragged
         gr.on([self.threshold.release, self.threshold_lang.release, self.threshold.input,
                self.threshold_lang.input, self.metric.change,
@@ -937,19 +1047,20 @@ class Page:
                              self.outputs("apply_suggestion"), api_name="apply_suggestion")
 
         self.build_btn.click(self.build, config, self.outputs("build"), api_name="build", **light)
-        saved = self.save_btn.click(self.save, config | {self.folder, self.overwrite},
+        saved = self.save_btn.click(self.save, {self.session, self.folder, self.overwrite},
                                     self.outputs("save"), api_name="save", **heavy)
         if self.access.served:
             saved.then(self.own_saves, None, own, api_visibility="private")
-        self.push_btn.click(self.push, config | {self.repo_id, self.private},
+        self.push_btn.click(self.push, {self.session, self.repo_id, self.private},
                             self.outputs("push"), api_name="push", **heavy)
-        self.zip_btn.click(self.download, config, self.outputs("download"), api_name="download")
+        self.zip_btn.click(self.download, {self.session}, self.outputs("download"),
+                           api_name="download")
         # Cancel asks the job to stop between two steps; the job then writes its own outcome
         # (Gradio's cancels= would drop that last update and leave "Cancelling..." on screen);
         # the note goes first, the request after it (cancel_into)
         for button, line in ((self.cancel_btn, self.build_md), (self.eval_cancel, self.eval_md),
                              (self.sweep_cancel, self.sweep_md),
-                             (self.demo_cancel, self.demo_md)):
+                             (self.demo_cancel, self.demo_md), (self.chat_stop, self.chat_md)):
             note, cancel = self.cancel_into(line)
             button.click(note, {self.session}, [line], api_visibility="private").then(
                 cancel, {self.session, line}, [line], api_visibility="private")
@@ -1018,7 +1129,48 @@ def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -
     with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
         page.layout()
         page.wire(demo)
+        add_agent_tools(demo, page.access)
+    agent_tools_only(demo)   # once the block is closed: gradio adds load events when it closes
     return demo
+
+
+# --------------------------------------------------------------------------- agents (MCP)
+AGENT_TOOLS = tuple(tool.__name__ for tool in AgentTools().tools())
+AGENT_STATUS = ("job_status", "cancel_job", "close_session")   # answered at once, never queued
+
+
+def add_agent_tools(demo: gr.Blocks, access: Access) -> AgentTools:
+    """The agent tools (``workbench.agents``) as API endpoints, which ``launch(mcp_server=True)``
+    serves as MCP tools: the heavy ones in the page's heavy slots."""
+    tools = AgentTools(access)
+    for tool in tools.tools():
+        name = tool.__name__
+        slots = ({"queue": False} if name in AGENT_STATUS
+                 else {"concurrency_id": "heavy", "concurrency_limit": LIMITS.jobs})
+        gr.api(one_line_errors(tool), api_name=name, **slots)
+    return tools
+
+
+def agent_tools_only(demo: gr.Blocks) -> None:
+    """Only the agent tools on the MCP tool list: the page's own endpoints take its session
+    state, which an MCP call cannot carry (they stay in the API), and gradio's own (the sign-in
+    button's) are no tools either."""
+    for fn in demo.fns.values():
+        if fn.api_name and fn.api_name not in AGENT_TOOLS and fn.fn is not None:
+            getattr(fn.fn, "__func__", fn.fn)._mcp_type = "page"   # gradio lists only "tool"s
+    # gradio warns of every endpoint with a gr.State input, listed or not: here, only the page's
+    warnings.filterwarnings("ignore", "This MCP server includes a tool that has a gr.State")
+
+
+def one_line_errors(fn):
+    """``fn`` with its errors as one readable line for the API and MCP caller."""
+    @functools.wraps(fn)
+    def tool(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except Exception as e:  # noqa: BLE001 - every error reaches the agent as one line
+            raise gr.Error(readable_error(e), print_exception=False) from None
+    return tool
 
 
 # --------------------------------------------------------------------------- from a script
@@ -1070,7 +1222,8 @@ def main(argv: list[str] | None = None):
     demo = build_demo({role: getattr(args, role) for role in wb.ROLES},
                       served=served_mode(args.host, args.share))
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS.queue).launch(
-        server_name=args.host, server_port=args.port, share=args.share, css=CSS)
+        server_name=args.host, server_port=args.port, share=args.share, css=CSS,
+        mcp_server=True)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def write_model(path: Path, params: float, *, seed: int = 0, like: Path | None =
         cfg = llama_config_for(params)
         cfg["vocab_size"] = 49152   # the SmolLM2 tokenizer's
         print(f"writing the synthetic {label} ({params / 1e9:.1f}B)...", flush=True)
-        write_checkpoint(path, cfg, seed=seed, like=like, delta=0.01)
+        write_checkpoint(path, cfg, seed=seed, like=like, delta=0.01, tokenizer=False)
     copy_tokenizer(tokenizer or resolve(DEFAULT_BASE), path)
     return path
 

@@ -6,7 +6,7 @@ expert, the app's default swap, and the same swap with an English-trained contro
 outer layers; the primary statistic and the Holm-corrected secondary ones, templates as the
 unit.
 
-    python bench/demo_result.py [--n 99] [--n-validation 33] [--threads 2] [--json OUT.json]
+    python bench/demo_result.py [--n 66] [--n-validation 33] [--threads 2] [--json OUT.json]
                                 [--docs docs/demo.md] [--resume WORK.json]
                                 [--base REF --task REF --lang REF] [--seed-expert LABEL=REF ...]
                                 [--control REF | --no-control] [--no-seeds]
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from layerswap_core.workbench.demo import measured_demo_result, reproduce_demo_result
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=99, help="eval variants, spread over the templates "
+    p.add_argument("--n", type=int, default=66, help="eval variants, spread over the templates "
                    "(257: all of them)")
     p.add_argument("--n-validation", type=int, default=33)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")

@@ -1,11 +1,13 @@
 """Merge speed and memory on synthetic >= 1B-parameter checkpoints, against `cp -r`; like with like.
 
-    python bench/merge_bench.py [--params 1.1e9] [--reps 3] [--keep DIR] [--vocab8b] [--no-live]
+    python bench/merge_bench.py [--params 1.1e9] [--vocab 32000] [--reps 3] [--keep DIR]
+                                [--vocab8b] [--no-live]
 
 Writes three random bf16 Llama checkpoints (base; task and lang = base + noise) with
 bench/synthetic.py into a temporary folder under /tmp (deleted afterwards unless --keep, which
-reuses them), then times each contender in its own child process (peak RSS from os.wait4 of that
-child alone):
+reuses them), each with the same real-size tokenizer of its vocabulary (``--vocab``: 32,000 is
+TinyLlama's and Llama-2's, a 2.7 MB tokenizer.json; 128,256 is Llama-3's, 11 MB), then times
+each contender in its own child process (peak RSS from os.wait4 of that child alone):
   cp -r                  `cp -r` of the task checkpoint: the baseline
   ours --non-layer lang  the layer swap (b=5, u=2 of 32, scaled) taking the non-layer tensors from
                          the language expert: single-source tensors only, the same work as
@@ -26,7 +28,10 @@ whole command (Python start-up included) and, for ours, the merge call alone. Ou
 `layerswap merge` command (its entry point, run in the child): on the CPU it imports no torch
 (copies in the kernel, linear blends in numpy); the bench says if torch was imported.
 Targets (issue #30): default layer swap <= 1.3x cp -r and peak RSS <= 300 MiB; transitions 2+2
-<= 2x cp -r.
+<= 2x cp -r. Then the Models check (``workbench.session.check_models``: what the Models tab
+runs on a pick) of the trio, three times in one process (issue #51: < 1 s after the first), and
+twice with the language expert's tokenizer.json re-serialised (other bytes, the same tokenizer:
+the files are parsed and compared).
 
 --vocab8b: the same on a synthetic with Llama-3-8B's vocabulary and width (128,256 x 4096,
 untied head) and 2 decoder layers (bench/synthetic.py ``vocab8b_config``), warm cache only: the
@@ -170,30 +175,48 @@ print(json.dumps(out))
 SETUP = """
 import json, sys, time
 from pathlib import Path
-from bench.synthetic import llama_config_for, vocab8b_config, write_checkpoint
+from bench.synthetic import llama_config_for, vocab8b_config, write_checkpoint, write_tokenizer
 from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
-root, params = Path(sys.argv[1]), float(sys.argv[2])
+root, params, vocab = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 if not (root / "lang" / "config.json").exists():
     t0 = time.time()
-    cfg = vocab8b_config() if params == 0 else llama_config_for(params)
+    cfg = vocab8b_config() if params == 0 else llama_config_for(params, vocab)
     write_checkpoint(root / "base", cfg, seed=0)
     write_checkpoint(root / "task", cfg, seed=1, like=root / "base", delta=0.01)
     write_checkpoint(root / "lang", cfg, seed=2, like=root / "base", delta=0.01)
     print(f"synthetic checkpoints written in {time.time() - t0:.0f} s", file=sys.stderr)
+for role in ("base", "task", "lang"):   # a kept trio from before the tokenizers
+    if not (root / role / "tokenizer.json").exists():
+        write_tokenizer(root / role, CheckpointReader(root / role).config()["vocab_size"])
 r = CheckpointReader(root / "task")
 L = r.config()["num_hidden_layers"]
 b, u, _, _ = MergeConfig().layer_counts(L)
 print(json.dumps({"params": r.numel(), "bytes": r.nbytes(), "layers": L, "b": b, "u": u,
-                  "hidden": r.config()["hidden_size"], "vocab": r.config()["vocab_size"]}))
+                  "hidden": r.config()["hidden_size"], "vocab": r.config()["vocab_size"],
+                  "tokenizer_bytes": (root / "task" / "tokenizer.json").stat().st_size}))
+"""
+
+# The Models tab's check in one process, as the app runs it on every pick: three times on the
+# trio, then twice with a language expert whose tokenizer.json has other bytes (same content).
+MODELS_CHECK = """
+import json, sys, time
+from layerswap_core.workbench.session import check_models
+base, task, lang, resaved = sys.argv[1:5]
+out = []
+for refs in [(base, task, lang)] * 3 + [(base, task, resaved)] * 2:
+    t = time.perf_counter()
+    report = check_models(*refs)
+    out.append([time.perf_counter() - t, report.problems])
+print(json.dumps(out))
 """
 
 
-def make_checkpoints(root: Path, params: float) -> dict:
+def make_checkpoints(root: Path, params: float, vocab: int = 32000) -> dict:
     """Write (or reuse) the three checkpoints in a child process: the parent stays small, so the
     measured children (forked from it) inherit no large resident memory. params 0: the
     8B-vocabulary synthetic (``vocab8b_config``)."""
-    p = subprocess.run([sys.executable, "-c", SETUP, str(root), str(params)], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-c", SETUP, str(root), str(params), str(vocab)], cwd=ROOT,
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"writing the synthetic checkpoints failed:\n{p.stderr[-3000:]}")
@@ -213,6 +236,8 @@ def mergekit_config(paths: dict[str, Path], num_layers: int, b: int, u: int) -> 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--params", type=float, default=1.1e9)
+    ap.add_argument("--vocab", type=int, default=32000,
+                    help="the synthetic's vocabulary and tokenizer (128256: Llama-3's)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keep", type=Path, help="keep the checkpoints in this folder (reused if present)")
     ap.add_argument("--vocab8b", action="store_true",
@@ -232,7 +257,9 @@ def main():
             if not mergekit and not a.no_mergekit:
                 print("mergekit: not installed (no mergekit-yaml beside this Python nor on PATH): its "
                       "row is skipped; `make install` installs it (requirements-dev.txt)")
-            disk_merges(root / "synthetic", a.params, a.reps, tuple(a.states.split(",")), mergekit)
+            name = "synthetic" if a.vocab == 32000 else f"synthetic-vocab{a.vocab}"
+            disk_merges(root / name, a.params, a.reps, tuple(a.states.split(",")), mergekit,
+                        vocab=a.vocab)
             if a.vocab8b:
                 report_8b(disk_merges(root / "vocab8b", 0, max(2, a.reps - 1), ("warm",),
                                       mergekit, transitions=False))
@@ -256,12 +283,14 @@ def recompose():
     print(f"target < 1 s per new config: {'met' if worst < 1 else 'NOT met'} (worst {worst:.3f} s)")
 
 
-def disk_merges(root: Path, params: float, reps: int, states, mergekit, transitions=True) -> dict:
-    info = make_checkpoints(root, params)
+def disk_merges(root: Path, params: float, reps: int, states, mergekit, transitions=True,
+                vocab: int = 32000) -> dict:
+    info = make_checkpoints(root, params, vocab)
     paths = {r: root / r for r in ("base", "task", "lang")}
     L, b, u = info["layers"], info["b"], info["u"]
     print(f"\ncheckpoint: {info['params'] / 1e9:.2f} B parameters, {info['bytes'] / 2**30:.2f} GiB "
-          f"bf16, {L} layers, hidden {info['hidden']}, vocab {info['vocab']}; layer swap b={b}, "
+          f"bf16, {L} layers, hidden {info['hidden']}, vocab {info['vocab']} (tokenizer.json "
+          f"{info['tokenizer_bytes'] / 1e6:.1f} MB, the same file in all three); layer swap b={b}, "
           f"u={u}", flush=True)
     task, lang = str(paths["task"]), str(paths["lang"])
     out = root / "out"
@@ -334,7 +363,33 @@ def disk_merges(root: Path, params: float, reps: int, states, mergekit, transiti
     print(f"start-up of `layerswap merge` (Python and the modules it imports; median): "
           f"{stat(states[0], 'ours --non-layer lang', 'import_s'):.2f} s; torch imported by: "
           f"{', '.join(torch_used) or 'none of ours'}")
+    models_check(paths, root / "lang-resaved")
     return summary
+
+
+def models_check(paths: dict[str, Path], resaved: Path):
+    """The Models tab's check (``MODELS_CHECK``) on the trio, and with a re-serialised tokenizer:
+    a copy of the language expert (its weights hard-linked) whose tokenizer.json is the same
+    JSON written with other indentation."""
+    if not resaved.exists():
+        resaved.mkdir()
+        for f in paths["lang"].iterdir():
+            if f.name != "tokenizer.json":
+                os.link(f, resaved / f.name)
+        tok = json.loads((paths["lang"] / "tokenizer.json").read_text(encoding="utf-8"))
+        (resaved / "tokenizer.json").write_text(json.dumps(tok, indent=1, ensure_ascii=False),
+                                                encoding="utf-8")
+    args = [str(paths["base"]), str(paths["task"]), str(paths["lang"]), str(resaved)]
+    r = run_measured([sys.executable, "-c", MODELS_CHECK, *args])
+    runs = json.loads(r["stdout"].strip().splitlines()[-1])
+    if any(problems for _, problems in runs):
+        raise RuntimeError(f"the Models check found problems: {runs}")
+    same, resaved_runs = [s for s, _ in runs[:3]], [s for s, _ in runs[3:]]
+    print(f"Models check (workbench check_models, one process; peak RSS {r['rss_mib']:.0f} MiB): "
+          f"{', '.join(f'{s:.3f}' for s in same)} s (first, again, again); "
+          f"target < 1 s after the first: {'met' if max(same[1:]) < 1 else 'NOT met'}; with the "
+          f"language expert's tokenizer.json re-serialised (parsed, same tokenizer): "
+          f"{', '.join(f'{s:.3f}' for s in resaved_runs)} s")
 
 
 def report_8b(summary: dict):

@@ -1,13 +1,19 @@
 """Synthetic large checkpoints for benchmarks: random bf16 Llama-shaped, sharded safetensors.
 
-    python bench/synthetic.py OUT_DIR [--params 1.1e9] [--seed 0] [--like OTHER_DIR --delta 0.01]
+    python bench/synthetic.py OUT_DIR [--params 1.1e9] [--vocab 32000] [--seed 0]
+                              [--like OTHER_DIR --delta 0.01]
 
 ``--like`` writes an "expert": the tensors of OTHER_DIR plus small noise, same names and shards.
+Each checkpoint carries the side files a real one has, at a real one's size: a byte-level BPE
+tokenizer.json with the config's vocabulary (Llama-3-like: 256 special tokens at the end, a
+chat template in tokenizer_config.json) and a generation_config.json (``write_tokenizer``; built
+once per vocabulary into the layerswap cache, then copied).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,11 +22,12 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from layerswap_core.checkpoints.reading import INDEX_NAME, CheckpointReader  # noqa: E402
+from layerswap_core.checkpoints.writing import build_once, cache_dir  # noqa: E402
 
 
-def llama_config_for(params: float) -> dict:
-    """A Llama config of about ``params`` parameters (hidden 2048, 32k vocab, untied)."""
-    hidden, inter, vocab = 2048, 5632, 32000
+def llama_config_for(params: float, vocab: int = 32000) -> dict:
+    """A Llama config of about ``params`` parameters (hidden 2048, ``vocab`` tokens, untied)."""
+    hidden, inter = 2048, 5632
     per_layer = 4 * hidden * hidden + 3 * hidden * inter + 2 * hidden
     layers = max(2, round((params - 2 * vocab * hidden) / per_layer))
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
@@ -54,9 +61,96 @@ def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
+# Llama-3's chat template, shortened to what a template does (roles, headers, end of turn).
+CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + "
+                 "message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + "
+                 "'<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+                 "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+TOKENIZER_VERSION = "1"   # bump when the tokenizer written below changes
+
+
+def special_tokens() -> list[str]:
+    """Llama-3's 256 special tokens, the last ids of the vocabulary."""
+    named = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 6: "<|start_header_id|>",
+             7: "<|end_header_id|>", 9: "<|eot_id|>"}
+    return [named.get(k, f"<|reserved_special_token_{k}|>") for k in range(256)]
+
+
+def special_ids(vocab_size: int) -> dict[str, int]:
+    first = vocab_size - 256
+    return {"bos_token_id": first, "eos_token_id": first + 9}
+
+
+def _build_tokenizer(out: Path, vocab_size: int):
+    """A byte-level BPE of ``vocab_size`` tokens: the 256 byte symbols, ``vocab_size - 512``
+    merges of random earlier tokens (2-16 characters: real vocabularies' lengths), 256 special
+    tokens. Only its size and format are real; it tokenizes text consistently, not well."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    if vocab_size < 1024:
+        raise ValueError(f"a synthetic tokenizer needs a vocabulary of 1024 or more, not {vocab_size}")
+    rng = random.Random(vocab_size)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {t: i for i, t in enumerate(alphabet)}
+    short = list(alphabet)        # the tokens new ones are built from
+    merges = []
+    while len(vocab) < vocab_size - 256:
+        a, b = rng.choice(short), rng.choice(short if rng.random() < 0.5 else alphabet)
+        token = a + b
+        if token in vocab or len(token) > 16:
+            continue
+        vocab[token] = len(vocab)
+        merges.append((a, b))
+        if len(token) <= 8:
+            short.append(token)
+    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    specials = special_tokens()
+    tok.add_special_tokens(specials)
+    bos = specials[0]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab_size - 256)])
+    tok.save(str(out / "tokenizer.json"))
+    ids = special_ids(vocab_size)
+    decoder = {str(vocab_size - 256 + k): {"content": t, "lstrip": False, "normalized": False,
+                                           "rstrip": False, "single_word": False, "special": True}
+               for k, t in enumerate(specials)}
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "added_tokens_decoder": decoder, "bos_token": bos, "eos_token": "<|eot_id|>",
+        "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
+        "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 131072,
+        "tokenizer_class": "PreTrainedTokenizerFast"}, indent=2, ensure_ascii=False))
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": bos, "eos_token": "<|eot_id|>"}, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(
+        {**ids, "eos_token_id": [ids["eos_token_id"], ids["bos_token_id"] + 1], "do_sample": True,
+         "temperature": 0.6, "top_p": 0.9}, indent=2))
+    (out / "done").write_text("")
+
+
+def write_tokenizer(out: Path, vocab_size: int) -> Path:
+    """The synthetic tokenizer of ``vocab_size`` tokens and a generation_config.json in ``out``
+    (built once into the cache: 128k tokens take seconds)."""
+    built = build_once(cache_dir() / "bench" / f"tokenizer-{vocab_size}-v{TOKENIZER_VERSION}",
+                       lambda tmp: _build_tokenizer(Path(tmp), vocab_size), done="done")
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+              "generation_config.json"):
+        shutil.copyfile(built / f, out / f)
+    return out
+
+
 def write_checkpoint(out: Path, cfg: dict, seed: int = 0, like: Path | None = None,
-                     delta: float = 0.01, shard_bytes: int = 1 << 30) -> Path:
+                     delta: float = 0.01, shard_bytes: int = 1 << 30,
+                     tokenizer: bool = True) -> Path:
+    """``tokenizer``: with the synthetic tokenizer of the config's vocabulary (its special ids
+    in the config); False: weights and config alone."""
     out.mkdir(parents=True, exist_ok=True)
+    if tokenizer:
+        write_tokenizer(out, cfg["vocab_size"])
+        cfg = {**cfg, **special_ids(cfg["vocab_size"])}
     gen = torch.Generator().manual_seed(seed)
     src = CheckpointReader(like) if like else None
     shapes = tensor_shapes(cfg)
@@ -95,11 +189,12 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("out", type=Path)
     p.add_argument("--params", type=float, default=1.1e9)
+    p.add_argument("--vocab", type=int, default=32000, help="vocabulary (and tokenizer) size")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--like", type=Path)
     p.add_argument("--delta", type=float, default=0.01)
     a = p.parse_args()
-    cfg = json.loads((a.like / "config.json").read_text()) if a.like else llama_config_for(a.params)
+    cfg = json.loads((a.like / "config.json").read_text()) if a.like else llama_config_for(a.params, a.vocab)
     write_checkpoint(a.out, cfg, a.seed, a.like, a.delta)
     print(a.out)
 

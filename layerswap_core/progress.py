@@ -12,7 +12,10 @@ through it).
 """
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 Progress = Callable[[float, str], None]
@@ -29,12 +32,55 @@ def say(progress: Progress | None, fraction: float, message: str) -> None:
         progress(min(max(fraction, 0.0), 1.0), message)
 
 
+# --------------------------------------------------------------------------- the job's count
+@dataclass(frozen=True)
+class Tally:
+    """Where one part of a job is in the whole job, in the words the page and the CLI show.
+
+    A job is ``units`` models (or configurations) times ``items`` items; a part (a chunk the
+    dispatcher runs on its own, or the whole job) starts at unit ``first_unit`` and item
+    ``first_item`` and covers ``part_units`` x ``part_items``. ``text`` counts across the job
+    ("model 2 of 4 (task expert): 11 of 32 items answered"); ``fraction`` is within the part
+    (the dispatcher places the part in the job)."""
+    units: int
+    items: int
+    unit: str = "model"
+    verb: str = "answered"
+    first_unit: int = 0
+    first_item: int = 0
+    part_units: int | None = None
+    part_items: int | None = None
+    name: str | None = None    # the unit's name, when the part's own label is not the one to show
+
+    def fraction(self, index: int, done: float) -> float:
+        """Of the part: ``index`` (its own unit number, from 0) and ``done`` of its items."""
+        units = self.part_units or self.units
+        items = self.part_items or self.items
+        return (index * items + done) / max(1, units * items)
+
+    def text(self, index: int, name: str, done: float, doing: str = "") -> str:
+        unit = self.first_unit + index
+        count = unit * self.items + self.first_item + int(done + 1e-6)
+        head = f"{self.unit} {unit + 1} of {self.units} ({self.name or name})"
+        tally = f"{count} of {self.units * self.items} items {self.verb}"
+        return f"{head}: {doing} · {tally}" if doing else f"{head}: {tally}"
+
+    def say(self, progress: Progress | None, index: int, name: str, done: float,
+            doing: str = "", at: float | None = None) -> None:
+        """Report the part's position: ``done`` items of unit ``index`` (the bar at ``at``
+        items when the work is not counted in items, e.g. setting up or scoring)."""
+        say(progress, self.fraction(index, done if at is None else at),
+            self.text(index, name, done, doing))
+
+
 # --------------------------------------------------------------------------- time left
 def left_text(seconds: float) -> str:
-    """A time left in words, rounded as an estimate deserves: "about 40 s left",
-    "about 3 min left", "about 1 h 20 min left"."""
+    """A time left in words, rounded as an estimate deserves: "a few seconds left" (under
+    10 s), "about 40 s left", "about 3 min left", "about 1 h 20 min left"."""
+    if seconds < 10:
+        return "a few seconds left"
     if seconds < 60:
-        return f"about {max(5, round(seconds / 5) * 5):.0f} s left"
+        return f"about {round(seconds / 5) * 5:.0f} s left"
     minutes = round(seconds / 60)
     if minutes < 60:
         return f"about {minutes} min left"
@@ -85,15 +131,70 @@ class Rate:
         return "" if seconds is None else left_text(seconds)
 
 
+class Eta:
+    """A progress callback with the measured time left behind each message (``with_eta``).
+
+    Between two reports the estimate counts down with the time passed (``tick``: the last
+    message again, "about 40 s left" becoming "about 35 s left"); once it has run out while
+    the step goes on, the message says how long this step has run instead. The CLI's bar
+    counts on its own; the app ticks once a second (``start_ticking``)."""
+
+    def __init__(self, progress: Progress, *, clock: Callable[[], float] = time.monotonic,
+                 **rate):
+        self.progress, self.clock = progress, clock
+        self.rate = Rate(1.0, clock=clock, **rate)
+        self.last: tuple[float, str, float | None, float] | None = None  # frac, msg, left, at
+        self.finished = False
+
+    def __call__(self, fraction: float, message: str) -> None:
+        now = self.clock()
+        left = self.rate.update(fraction, now) if fraction < 1.0 else None
+        self.last = (fraction, message, left, now)
+        self.progress(fraction, self.text(message, left, 0.0))
+
+    @staticmethod
+    def text(message: str, left: float | None, since: float) -> str:
+        """``message`` with the time left ``since`` seconds after it was measured as ``left``."""
+        if left is None:
+            return message
+        if left - since > 0:
+            return f"{message} · {left_text(left - since)}"
+        return f"{message} · still working ({since:.0f} s on this step)"
+
+    def tick(self) -> None:
+        """The last message again, its estimate counted down (nothing before an estimate)."""
+        if self.last is None or self.finished:
+            return
+        fraction, message, left, at = self.last
+        if left is not None:
+            self.progress(fraction, self.text(message, left, self.clock() - at))
+
+    def start_ticking(self, every: float = 1.0) -> None:
+        """Tick every ``every`` seconds from a daemon thread, until this callback is dropped
+        (the job that held it ended) or ``finished``."""
+        ref = weakref.ref(self)
+        del self   # the thread holds only the weak reference
+
+        def loop():
+            while True:
+                time.sleep(every)
+                eta = ref()
+                if eta is None or eta.finished:
+                    return
+                if eta.clock() - eta.last[3] >= every if eta.last else False:
+                    eta.tick()
+                del eta
+        threading.Thread(target=loop, name="layerswap-eta", daemon=True).start()
+
+
 def with_eta(progress: Progress | None, *, clock: Callable[[], float] = time.monotonic,
-             **rate) -> Progress | None:
+             tick: float | None = None, **rate) -> Eta | None:
     """``progress`` with the measured time left behind each message ("... · about 3 min
-    left"), from the fractions reported so far (``Rate``)."""
+    left"), from the fractions reported so far (``Rate``); ``tick``: count the estimate down
+    every so many seconds between reports (``Eta.start_ticking``)."""
     if progress is None:
         return None
-    r = Rate(1.0, clock=clock, **rate)
-
-    def report(fraction: float, message: str) -> None:
-        left = r.left(fraction) if fraction < 1.0 else ""
-        progress(fraction, f"{message} · {left}" if left else message)
-    return report
+    eta = Eta(progress, clock=clock, **rate)
+    if tick:
+        eta.start_ticking(tick)
+    return eta

@@ -69,27 +69,38 @@ def test_models_tab_bounds_the_sliders(client, tiny):
 
 
 def test_configure_plan_follows_sliders(client):
-    s1, fig1, plan1, cells1, _ = client.predict(*config(2, 1), api_name="/plan")
-    s2, fig2, plan2, cells2, _ = client.predict(*config(3, 1, 1, 0), api_name="/plan")
-    assert s1.startswith("✔") and plan1 != plan2 and fig1 != fig2
-    assert "0-2       lang" in plan2 and "blend" in plan2
-    assert cells1 != cells2
-    bad, *_ = client.predict(*config(5, 4), api_name="/plan")
-    assert bad.startswith("⚠") and "exceeds the model's 8 layers" in bad
+    one = named("plan", client.predict(*config(2, 1), api_name="/plan"))
+    two = named("plan", client.predict(*config(3, 1, 1, 0), api_name="/plan"))
+    assert one["config_md"].startswith("✔") and one["plan_text"] != two["plan_text"]
+    assert one["diagram"] != two["diagram"] and one["plan_cells"] != two["plan_cells"]
+    assert "0-2       lang" in two["plan_text"] and "blend" in two["plan_text"]
+    assert "**Build makes**: layer swap: bottom 3, top 1" in two["build_label"]
+    bad = named("plan", client.predict(*config(5, 4), api_name="/plan"))
+    assert bad["config_md"].startswith("⚠") and "exceeds the model's 8 layers" in bad["config_md"]
+    assert "not valid" in bad["build_label"] and "nothing built yet" in bad["saves_label"]
 
 
 def test_build_download_and_save(client, tmp_path):
     out = named("build", client.predict(*config(2, 1), api_name="/build"))
     assert "Built in memory" in out["build_md"] and "bottom: 2" in out["config_yaml"]
     assert "built in memory (layer swap: bottom 2, top 1" in out["status"]
-    status, zip_path = client.predict(*config(2, 1), api_name="/download")
+    assert "the built merge, layer swap: bottom 2, top 1" in out["saves_label"]
+    assert "changed since build" not in out["saves_label"] + out["eval_label"]
+    # the Configure tab moves on: Save and Zip still write the built merge, and say so
+    moved = named("plan", client.predict(*config(3, 1), api_name="/plan"))
+    assert "changed since build — rebuild or save the built one" in moved["saves_label"]
+    assert "changed since build" in moved["eval_label"] and "changed" in moved["chat_label"]
+    status, zip_path = client.predict(api_name="/download")
+    assert "built merge (layer swap: bottom 2, top 1" in status
     with zipfile.ZipFile(zip_path) as z:
         assert sorted(z.namelist()) == ["README.md", "layerswap.yaml"]
+        assert "bottom: 2" in z.read("layerswap.yaml").decode()
     out = tmp_path / "merged"
-    status = client.predict(*config(2, 1), str(out), False, api_name="/save")
+    status = client.predict(str(out), False, api_name="/save")
     assert status.startswith("✔") and (out / "config.json").exists()
     assert (out / "layerswap.yaml").exists() and list(out.glob("*.safetensors"))
-    again = client.predict(*config(2, 1), str(out), False, api_name="/save")
+    assert "bottom: 2" in (out / "layerswap.yaml").read_text()
+    again = client.predict(str(out), False, api_name="/save")
     assert again.startswith("⚠") and "exists" in again
 
 
@@ -161,33 +172,60 @@ def test_bad_models_show_a_message_and_the_app_keeps_working(app_url, tiny, role
 
 
 # ------------------------------------------------------------------------- the page tells the truth
-def test_a_failed_check_clears_the_session(app_url, tiny):
-    """Good check, build, then a failed check: the session is gone (Build refuses instead of
-    rebuilding the old models), the table lists the new models, the old views are empty."""
+def test_a_failed_check_keeps_the_session(app_url, tiny, tmp_path):
+    """Good check, build, then a failed check (a typo, incompatible models): the session in use
+    and its build stay (the top line, the views, Save), the table lists the models tried."""
     from gradio_client import Client
 
     c = Client(app_url, verbose=False)
     good = [str(tiny[r]) for r in ("base", "task", "lang")]
     assert pick(c, *good)["models_md"].startswith("✔")
-    built = named("build", c.predict(*config(), api_name="/build"))
+    built = named("build", c.predict(*config(3, 1), api_name="/build"))
     assert "Merged model: built in memory" in built["status"]
     for bad_task, words in (("embedded:smollm2-135m-instruct", "Not compatible"),
                             ("/no/such/folder", "no such folder")):
         out = pick(c, good[0], bad_task, good[2])
         assert out["models_md"].startswith("⚠") and words in out["models_md"]
-        assert "No models in use" in out["status"] and "Compatible" not in out["models_md"][:20]
+        assert "Still in use, unchanged" in out["models_md"]
         assert [r[1] for r in out["models_table"]["data"]][1] == bad_task
-        assert out["plan_text"] == "" and out["diagram"] is None and out["heatmaps"] is None
-        assert out["build_md"] == "" and out["chat_merged"] == []
-        for api, args in (("/build", config()), ("/evaluate", ("mgsm", "sw", 1, 0, False,
-                                                               ["merged"], 8, False)),
-                          ("/save", (*config(), "/tmp/never", False)),
-                          ("/plan", config()), ("/apply_suggestion", ())):
-            out = c.predict(*args, api_name=api)
-            status = out if isinstance(out, str) else out[0]
-            assert "pick compatible models first" in status, api
-        status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
-        assert "pick compatible models first" in status
+        # the other outputs are left as they were (the API answers with bare updates)
+        assert out["status"] == {"__type__": "update"} and out["build_md"] == {"__type__": "update"}
+        plan = named("plan", c.predict(*config(3, 1), api_name="/plan"))
+        assert plan["config_md"].startswith("✔")
+        assert "the built merge, layer swap: bottom 3, top 1" in plan["saves_label"]
+    status = c.predict(str(tmp_path / "kept"), False, api_name="/save")
+    assert status.startswith("✔") and "bottom: 3" in (tmp_path / "kept" / "layerswap.yaml").read_text()
+    chat_status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
+    assert chat_status.startswith("✔ Done")
+
+
+def test_without_a_session_every_tab_says_pick_models_first(app_url, tiny):
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    out = pick(c, str(tiny["base"]), "/no/such/folder", str(tiny["lang"]))
+    assert "No models in use" in out["status"] and "Still in use" not in out["models_md"]
+    assert out["plan_text"] == "" and out["diagram"] is None and out["saves_label"] == ""
+    for api, args in (("/build", config()), ("/evaluate", ("mgsm", "sw", 1, 0, False,
+                                                           ["merged"], 8, False)),
+                      ("/save", ("/tmp/never", False)), ("/download", ()),
+                      ("/plan", config()), ("/apply_suggestion", ())):
+        out = c.predict(*args, api_name=api)
+        status = out if isinstance(out, str) else out[0]
+        assert "pick compatible models first" in status, api
+    status, *_ = c.predict("Habari?", [], [], "task expert", 16, api_name="/chat")
+    assert "pick compatible models first" in status
+
+
+def test_save_and_zip_before_a_build_say_build_first(app_url, tiny, tmp_path):
+    from gradio_client import Client
+
+    c = Client(app_url, verbose=False)
+    pick(c, *[str(tiny[r]) for r in ("base", "task", "lang")])
+    status = c.predict(str(tmp_path / "never"), False, api_name="/save")
+    assert "build the merged model first" in status and not (tmp_path / "never").exists()
+    status, zipped = c.predict(api_name="/download")
+    assert "build the merged model first" in status and not isinstance(zipped, str)
 
 
 def test_a_new_check_clears_the_old_analysis_and_build(app_url, tiny):

@@ -51,6 +51,7 @@ LAYERS = [
     ("workbench.session",),                       # the session: models, configure, build tabs
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",
      "workbench.demo"),                          # the other tabs; the demo result
+    ("workbench.agents",),                        # the tabs' steps as agent (MCP) tools
     ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora", "cli.data",
      "cli.analysis", "cli.evaluate", "cli.train", "cli.sweep"),
     ("__main__", "cli.__main__", "app"),          # entry points

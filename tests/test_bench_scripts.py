@@ -3,6 +3,7 @@
 broken import in one of them shows up here, not months later."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,3 +41,31 @@ def test_the_merge_bench_forks_its_contenders_from_a_small_process():
     run = [subprocess.run([sys.executable, "-c", c], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300) for c in (probe, code)]
     assert [r.stdout.strip() for r in run] == ["False", "True"], [r.stderr[-500:] for r in run]
+
+
+def test_synthetic_checkpoints_carry_a_tokenizer_of_their_vocabulary(tmp_path, monkeypatch):
+    """bench/synthetic.py's tokenizer: the config's vocabulary exactly, Llama-3's special tokens
+    at its end (their ids in the config and generation_config.json), a chat template that
+    renders; loaded by transformers as a user's would be."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import synthetic
+
+    cfg = synthetic.llama_config_for(0, vocab=4096)
+    cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=4)
+    out = synthetic.write_checkpoint(tmp_path / "m", cfg)
+    tok = AutoTokenizer.from_pretrained(out)
+    written = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert len(tok) == 4096 == written["vocab_size"]
+    assert tok.bos_token_id == written["bos_token_id"] == 4096 - 256
+    assert tok.convert_ids_to_tokens(written["eos_token_id"]) == "<|eot_id|>"
+    assert written["eos_token_id"] in generation["eos_token_id"]
+    ids = tok("Hello world")["input_ids"]
+    assert ids[0] == tok.bos_token_id and tok.decode(ids[1:]) == "Hello world"
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert chat.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")

@@ -257,19 +257,97 @@ def _truth(page, url):
     expect(page.locator("#suggestion")).not_to_contain_text("Suggested configuration")
     expect(overlay.locator(".plot-container")).to_have_count(0)
 
-    # a failed check clears the session: the table lists the new models, Build refuses
+    # a failed check (a typo) keeps the session in use and its build (issue #50): the table
+    # lists the models tried, the top line and every tab still name the built merge
+    _tab(page, "Build")
+    page.locator("#build-btn").click()
+    expect(status).to_contain_text("Merged model: built in memory", timeout=120_000)
+    built = status.inner_text()
     _tab(page, "Models")
     task = page.locator("#task-ref input")
     task.fill("/no/such/folder")
     task.press("Enter")
     page.locator("#pick").click()
     expect(page.locator("#models-status")).to_contain_text("no such folder", timeout=30_000)
+    expect(page.locator("#models-status")).to_contain_text("Still in use, unchanged")
     expect(page.locator("#models-table")).to_contain_text("/no/such/folder")
-    expect(status).to_contain_text("No models in use")
+    expect(status).to_have_text(built)
+    _tab(page, "Chat")
+    expect(page.locator("#chat-acts-on")).to_contain_text("the built merge, layer swap")
     _tab(page, "Build")
+    expect(page.locator("#saves-acts-on")).to_contain_text("the built merge, layer swap")
     page.locator("#build-btn").click()
-    expect(page.locator("#build-status")).to_contain_text("pick compatible models first",
-                                                          timeout=30_000)
+    expect(page.locator("#build-status")).to_contain_text("Built in memory", timeout=120_000)
+    expect(status).to_have_text(built)
+
+
+# --------------------------------------------------------------------------- what you see is saved
+def test_save_writes_the_built_merge_not_the_changed_configure_tab(served, tmp_path):
+    """Issue #50: Build at the defaults (bottom 5, top 2 on the embedded demo), set top one
+    lower on Configure, back on Build: every tab names the built merge and says it changed
+    since build; Save writes the built merge (the layer top 2 takes from the language expert
+    is the language expert's, bit for bit)."""
+    url, refs = served
+    from app import open_chromium
+    from layerswap_core.merge.config import MergeConfig
+    from layerswap_core.workbench import session as wb
+
+    session, _ = wb.open_session(refs["base"], refs["task"], refs["lang"])
+    L = session.num_layers
+    b, u = MergeConfig.default_for(L).layer_counts(L)[:2]
+    assert u >= 1, "the default keeps no top layer of the language expert"
+    out = tmp_path / "saved"
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _built_is_saved(page, url, b, u, out)
+        finally:
+            browser.close()
+
+    from layerswap_core.checkpoints.reading import CheckpointReader
+    import torch
+
+    assert f"top: {u}\n" in (out / "layerswap.yaml").read_text()
+    name = f"model.layers.{L - u}.mlp.down_proj.weight"   # layer 28 of 30: the language expert's
+    with CheckpointReader(str(out)) as saved, CheckpointReader(session.paths["lang"]) as lang, \
+            CheckpointReader(session.paths["task"]) as task:
+        got, want, other = saved.get(name), lang.get(name), task.get(name)
+    assert not torch.equal(want, other)   # the test can tell the two experts apart there
+    assert torch.equal(got, want)
+
+
+def _built_is_saved(page, url, b, u, out):
+    page.goto(url)
+    expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
+    saves = page.locator("#saves-acts-on")
+    _tab(page, "Build")
+    expect(saves).to_contain_text("nothing built yet", timeout=30_000)
+    page.locator("#build-btn").click()
+    expect(page.locator("#build-status")).to_contain_text("Built in memory", timeout=300_000)
+    expect(saves).to_contain_text(f"the built merge, layer swap: bottom {b}, top {u},")
+    expect(saves).not_to_contain_text("changed since build")
+
+    _tab(page, "Configure")
+    page.locator("#top input[type=range]").fill(str(u - 1))
+    expect(page.locator("#config-status")).to_contain_text("Changed since build", timeout=30_000)
+
+    changed = "changed since build — rebuild or save the built one"
+    _tab(page, "Build")
+    expect(page.locator("#build-status")).to_contain_text("Built in memory")   # the build's outcome
+    expect(page.locator("#build-acts-on")).to_contain_text(f"bottom {b}, top {u - 1},")
+    expect(saves).to_contain_text(f"the built merge, layer swap: bottom {b}, top {u},")
+    expect(saves).to_contain_text(changed)
+    for tab, label in (("Evaluate", "#eval-acts-on"), ("Chat", "#chat-acts-on")):
+        _tab(page, tab)
+        expect(page.locator(label)).to_contain_text(f"bottom {b}, top {u},")
+        expect(page.locator(label)).to_contain_text(changed)
+
+    _tab(page, "Build")
+    page.locator("#folder textarea, #folder input").first.fill(str(out))
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(page.locator("#build-status")).to_contain_text("Saved to", timeout=300_000)
+    expect(page.locator("#build-status")).to_contain_text(f"bottom {b}, top {u},")
 
 
 # --------------------------------------------------------------------------- the first ten minutes
@@ -364,3 +442,133 @@ def _first_minutes(page, url):
     page.get_by_role("button", name="Save", exact=True).click()
     expect(page.locator("#build-status")).to_contain_text("Saved to", timeout=120_000)
     expect(page.locator("#build-status")).to_contain_text("outputs")
+
+
+# --------------------------------------------------------------------------- progress
+def test_evaluate_progress_counts_the_whole_job(tiny_served):
+    """Two models on four questions: the bar's line names the model of the job ("model 1 of 2",
+    then "model 2 of 2") and counts the items across it ("N of 8 items")."""
+    import re
+
+    from app import open_chromium
+
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(tiny_served)
+            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
+            _tab(page, "Evaluate")
+            roles = page.locator("#eval-roles")
+            for name in ("language expert", "merged"):
+                roles.get_by_label(name, exact=True).uncheck()
+            fill_kept(page, page.locator("#n-items input[type=number]"), "4")
+            fill_kept(page, page.locator("#shots input[type=number]"), "0")
+            fill_kept(page, page.locator("#eval-tokens input[type=number]"), "64")
+            # every text the progress lines show while the job runs
+            page.evaluate("""() => {
+                window.__progress = [];
+                new MutationObserver(() => {
+                    for (const el of document.querySelectorAll('.progress-text, .progress-level-inner')) {
+                        const t = el.innerText.trim();
+                        if (t && !window.__progress.includes(t)) window.__progress.push(t);
+                    }
+                }).observe(document.body, {subtree: true, childList: true, characterData: true});
+            }""")
+            page.locator("#eval-btn").click()
+            expect(page.locator("#eval-status")).to_contain_text("the first 4 of",
+                                                                 timeout=300_000)
+            seen = page.evaluate("window.__progress")
+        finally:
+            browser.close()
+    lines = [t for t in seen if re.search(r"model \d of \d", t)]
+    print("\n".join(lines))
+    assert any("model 1 of 2 (base)" in t for t in lines), seen
+    assert any("model 2 of 2 (task expert)" in t for t in lines), seen
+    counts = {int(m[1]) for t in lines for m in [re.search(r"(\d) of 8 items", t)] if m}
+    assert counts and max(counts) >= 5, seen          # counted across both models' items
+    assert not [t for t in seen if "of 1)" in t or "of 4 items" in t or "starting" in t], seen
+
+
+def test_chat_stop_keeps_the_answer_so_far(tiny_served):
+    """Chat's Stop (issue #50): the answer streaming now stops where it is and stays in its
+    pane, nothing more arrives in either pane, and the line says so."""
+    from app import open_chromium
+
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _stop_chat(page, tiny_served)
+        finally:
+            browser.close()
+
+
+def _stop_chat(page, url):
+    page.goto(url)
+    expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
+    _tab(page, "Build")
+    page.locator("#build-btn").click()
+    expect(page.locator("#build-status")).to_contain_text("Built in memory", timeout=120_000)
+    _tab(page, "Chat")
+    fill_kept(page, page.locator("#chat-tokens input[type=number]"), "256")
+    page.locator("#chat-input textarea").fill("Juma ana maembe 12. Amebaki na mangapi?")
+    page.locator("#chat-send").click()
+    answer = page.locator("#chat-merged .message.bot").last
+    expect(answer).not_to_have_text("", timeout=120_000)
+    page.locator("#chat-stop").click()
+    status = page.locator("#chat-status")
+    expect(status).to_contain_text("Stopped: the answers so far are kept", timeout=60_000)
+    panes = page.locator("#chat-merged, #chat-other")
+    kept = panes.all_inner_texts()
+    assert answer.inner_text().strip()
+    page.wait_for_timeout(2000)
+    assert panes.all_inner_texts() == kept                 # nothing more arrives in either
+    expect(status).to_contain_text("Stopped")
+
+
+def test_a_reload_keeps_the_models_and_the_configure_tab(tiny_served, tiny):
+    """Issue #50: a page reload checks again the models this browser last used and puts the
+    Configure tab back as it was (gr.BrowserState); nothing is built in the new session."""
+    from app import open_chromium
+
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            _reload(page, tiny_served, str(tiny["task"]), str(tiny["lang"]))
+        finally:
+            browser.close()
+
+
+def _reload(page, url, task, lang):
+    page.goto(url)
+    models = page.locator("#models-status")
+    expect(models).to_contain_text("Compatible", timeout=60_000)
+    for box, ref in (("#task-ref input", lang), ("#lang-ref input", task)):   # swapped roles
+        page.locator(box).fill(ref)
+        page.locator(box).press("Enter")
+    page.locator("#pick").click()
+    row = page.locator("#models-table").get_by_role("row", name=f"task expert {lang} ")
+    expect(row).to_be_visible(timeout=60_000)
+    expect(models).to_contain_text("Compatible")
+    _tab(page, "Configure")
+    plan = page.locator("#plan-text")
+    page.locator("#bottom input[type=range]").fill("3")
+    page.locator("#top input[type=range]").fill("1")
+    page.get_by_text("More: non-layer parameters, scaling presets").click()
+    page.locator("#non-layer").get_by_role("radio", name="task expert").check()
+    expect(plan).to_contain_text("0-2       lang", timeout=30_000)
+    expect(plan).not_to_contain_text("non-layer blend")
+    page.wait_for_timeout(1000)   # the settings reach the browser's storage
+
+    page.reload()
+    expect(models).to_contain_text("Compatible", timeout=60_000)
+    expect(page.locator("#task-ref input")).to_have_value(lang)
+    expect(row).to_be_visible()
+    _tab(page, "Configure")
+    expect(page.locator("#bottom input[type=range]")).to_have_value("3", timeout=30_000)
+    expect(page.locator("#top input[type=range]")).to_have_value("1")
+    expect(plan).to_contain_text("0-2       lang", timeout=30_000)
+    expect(plan).not_to_contain_text("non-layer blend")
+    expect(page.locator("#status")).to_contain_text("not built yet")

@@ -212,3 +212,12 @@ def test_expert_recipes_card_front_matter_round_trips(tmp_path):
     assert trained == set(expert_data.TRAIN_TEMPLATES)
     assert len(trained) == 50 - len([t for t in data.mgsm_overlap_templates() if t < 50])
     assert not trained & data.mgsm_overlap_templates()
+
+
+def test_an_unknown_gsm_symbolic_language_lists_the_codes_lang_takes():
+    with pytest.raises(data.DataError) as e:
+        gsm_symbolic_items("xx", "eval")
+    listed = str(e.value).split("available: ")[1].split(", ")
+    assert {"sw", "en", "bn", "afr"} <= set(listed) and not {"swh", "eng"} & set(listed)
+    for code in ("sw", "afr"):                      # each listed code works
+        assert gsm_symbolic_items(code, "eval")

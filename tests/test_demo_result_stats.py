@@ -155,7 +155,7 @@ def test_the_shipped_result_recomputes_from_its_items_and_is_the_docs_block():
 
     res = measured_demo_result()
     assert res is not None, "assets/experts/demo_result.json (version 3) is shipped"
-    assert res["n"] == len(res["items"]) >= 100 and len(res["refs"]["seeds"]) >= 3
+    assert res["n"] == len(res["items"]) >= 60 and len(res["refs"]["seeds"]) >= 3
     assert res["refs"]["control"], "the shipped result has the control expert"
     again = recompute(res)
     assert again["effects"] == res["effects"] and again["means"] == res["means"]

@@ -346,3 +346,38 @@ def test_zerogpu_emulation_runs_the_apps_jobs_like_the_cpu(tiny, tmp_path, one_t
     # one worker for the calls, one for the stream: each allowed once, then reused
     assert zero["calls"].count("/allow") == 2 and zero["calls"].count("/schedule") >= 6
     assert zero["calls"].count("/release") == zero["calls"].count("/schedule")
+
+
+def test_a_chunked_evaluations_progress_counts_the_whole_job(trio, tiny, one_thread):
+    """2 models x 4 items in chunks of 2: every line names the model of the job ("model 2 of
+    2", never "1 of 1") and counts items across the job; the bar never steps back; no job
+    kind shows."""
+    from layerswap_core.evaluation.data import load_items
+
+    items = load_items("gsm-symbolic", "sw", 4)
+    seen = []
+    Dispatcher(EnginePool(1), chunk_items=2).run(
+        evaluate_job(trio, "p", {"base": "base", "task expert": "task"}, items, tokens=4),
+        progress=lambda f, m: seen.append((f, m)))
+    fractions, messages = zip(*seen)
+    assert all(b >= a - 1e-9 for a, b in zip(fractions, fractions[1:])), fractions
+    assert "model 1 of 2 (base): 0 of 8 items answered" in messages
+    assert any(m.startswith("model 1 of 2 (base): setting up the model") for m in messages)
+    assert "model 2 of 2 (task expert): 6 of 8 items answered" in messages
+    assert messages[-1] == "model 2 of 2 (task expert): 8 of 8 items answered"
+    assert not [m for m in messages if "of 1 " in m or "evaluate" in m or "starting" in m]
+
+
+def test_a_sweeps_progress_names_each_configuration(trio, tiny, items, one_thread):
+    configs = [swap(tiny, 2, 1), swap(tiny, 0, 3)]
+    seen = []
+    Dispatcher(EnginePool(1)).run(
+        J.Job("sweep", trio, "p", configs, list(items),
+              {"shots": 0, "exemplars": [], "metric": "nll",
+               "labels": ["bottom 2, top 1", "bottom 0, top 3"]}),
+        progress=lambda f, m: seen.append(m))
+    assert "configuration 1 of 2 (bottom 2, top 1): 0 of 6 items scored" in seen
+    assert ("configuration 2 of 2 (bottom 0, top 3): scoring the worked solutions · 3 of 6 "
+            "items scored") in seen
+    assert seen[-1] == "configuration 2 of 2 (bottom 0, top 3): 6 of 6 items scored"
+    assert not [m for m in seen if "nll" in m or "starting" in m]

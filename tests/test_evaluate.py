@@ -244,6 +244,11 @@ def test_side_by_side_rows_and_summary(tiny, tiny_lm):
     assert seen[-1] == pytest.approx(1.0) and seen == sorted(seen)
     assert set(result.flat_rows()[0]) >= {"question", "gold", "base output", "task correct"}
     assert "base" in result.table() and "95% CI" in result.table()
+    # the CLI's table and the app's summary show the same cells (accuracy in percent)
+    from layerswap_core.workbench.evaluate import _summary_rows
+    for line, row in zip(result.table().splitlines()[2:], _summary_rows(result)):
+        assert line.split() == " ".join(str(c) for c in row if c != "").split()
+        assert row[1].endswith("%")
 
 
 def test_side_by_side_on_mgsm_uses_the_standard_exemplars(tiny_lm):
@@ -297,18 +302,59 @@ def _card(folder, front: str | None):
     return folder
 
 
-def test_contamination_warning_from_the_model_card(tmp_path):
+def test_training_overlap_names_the_evaluated_templates_a_card_lists(tmp_path):
+    from layerswap_core.evaluation.data import training_overlap
+
+    mgsm = load_mgsm("sw")[:12]                       # rows 0-11: template 0036 is row 11
+    symbolic = gsm_symbolic_items("sw", "eval")[:2]   # templates 0050, 0051
     dirty = _card(tmp_path / "dirty", 'gsm_symbolic_templates: "0030-0040, 0051"')
-    line = ev.contamination_warning(dirty, "mgsm")
-    assert "\n" not in line and "2 GSM-Symbolic template(s)" in line and "0036 = row 11" in line
-    assert "0024" not in line and "0051 = row 74" in line
-    sym = ev.contamination_warning(dirty, "gsm-symbolic")
-    assert "1 GSM-Symbolic template(s)" in sym and "0051" in sym
-    clean = _card(tmp_path / "clean", 'gsm_symbolic_templates: "0000, 0003-0004"')
-    assert ev.contamination_warning(clean, "mgsm") is None
-    assert ev.contamination_warning(_card(tmp_path / "none", None), "mgsm") is None
+    clean, line = training_overlap("m", dirty, mgsm)
+    assert not clean and "\n" not in line and "1 GSM-Symbolic template(s) that are MGSM items" in line
+    assert "0036 = MGSM row 11" in line and "0051" not in line   # row 74 is not evaluated
+    clean, line = training_overlap("m", dirty, symbolic)
+    assert not clean and line == ("m: its card says it was trained on 1 of the 2 GSM-Symbolic "
+                                  "templates evaluated here (0051); its score on them is not a "
+                                  "clean test.")
+    other = _card(tmp_path / "clean", 'gsm_symbolic_templates: "0000, 0003-0004"')
+    assert training_overlap("m", other, symbolic) == (
+        True, "m: its card lists the 3 GSM-Symbolic templates it was trained on; none of them is "
+              "evaluated here.")
+    assert training_overlap("m", _card(tmp_path / "none", None), mgsm) is None
     bad = _card(tmp_path / "bad", "gsm_symbolic_templates: x")
-    assert "cannot read" in ev.contamination_warning(bad, "mgsm")
+    assert "cannot read" in training_overlap("m", bad, mgsm).text
+
+
+@pytest.mark.slow
+def test_the_cli_and_the_app_say_the_same_about_the_demo_math_experts_templates(capsys):
+    """The demo math expert on GSM-Symbolic: ``layerswap eval`` and the Evaluate tab's note make
+    one statement, and it is the card's: of templates 0050-0054, 0050 and 0054 were trained on
+    (0051-0053 were not)."""
+    from layerswap_core.checkpoints.references import resolve
+    from layerswap_core.cli import main
+    from layerswap_core.evaluation.data import card_templates
+    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench.evaluate import evaluate_roles, evaluation_note
+
+    task = wb.DEMO_REFS["task"]
+    trained = card_templates(resolve(task))
+    items = gsm_symbolic_items("sw", "eval")[:5]
+    numbers = [int(it.id[-4:]) for it in items]
+    hit = [f"{t:04d}" for t in numbers if t in trained]
+    assert numbers == [50, 51, 52, 53, 54] and hit == ["0050", "0054"]
+    said = (f"its card says it was trained on 2 of the 5 GSM-Symbolic templates evaluated here "
+            f"(0050, 0054); its score on them is not a clean test.")
+
+    assert main(["eval", "--model", task, "--data", "gsm-symbolic", "--lang", "sw", "--n", "5",
+                 "--shots", "0", "--max-new-tokens", "1", "--device", "cpu"]) == 0
+    cli = [line for line in capsys.readouterr().err.splitlines() if "card" in line]
+    assert cli == [f"warning: {task}: {said}"]
+
+    session, report = wb.open_session(**wb.DEMO_REFS)
+    assert report.ok, report.problems
+    res = evaluate_roles(session, "gsm-symbolic", "sw", 5, 0, False, ("task",), 8)
+    app = [line for line in evaluation_note(res).splitlines() if "card" in line]
+    assert app == [f"⚠ task expert: {said}"]
+    wb.close_session(session)
 
 
 def test_eval_cli_warns_about_a_model_trained_on_mgsm_items(tiny, tmp_path, capsys):
@@ -318,10 +364,10 @@ def test_eval_cli_warns_about_a_model_trained_on_mgsm_items(tiny, tmp_path, caps
     for f in tiny["base"].iterdir():
         (model / f.name).symlink_to(f)
     _card(model, "gsm_symbolic_templates: [36]")
-    assert main(["eval", "--model", str(model), "--n", "1", "--shots", "0",
+    assert main(["eval", "--model", str(model), "--n", "12", "--shots", "0",
                  "--max-new-tokens", "1", "--device", "cpu"]) == 0
     err = capsys.readouterr().err
-    assert "warning:" in err and "0036 = row 11" in err
+    assert "warning:" in err and "0036 = MGSM row 11" in err
 
 
 def test_one_chat_renderer_for_chat_the_demo_and_the_trainer(tiny_lm):

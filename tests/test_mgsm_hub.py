@@ -128,11 +128,77 @@ def test_fresh_offline_machine_defaults_to_gsm_symbolic_and_says_how_to_get_mgsm
     assert [it.answer for it in data.load_items("mgsm", "en")] == ["18", "1000"]
 
 
-def test_online_fresh_machine_keeps_mgsm_the_default(fresh_machine, monkeypatch):
+@pytest.fixture
+def hub_listening(monkeypatch):
+    """HF_ENDPOINT on a port of this machine that accepts connections: a Hub that answers."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+    yield
+    server.close()
+
+
+@pytest.fixture
+def hub_unreachable(monkeypatch):
+    """HF_ENDPOINT on a closed port of this machine: the network is not there."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
+
+
+def test_online_fresh_machine_keeps_mgsm_the_default(fresh_machine, hub_listening, monkeypatch):
     from layerswap_core.workbench.evaluate import data_default
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("HF_HUB_OFFLINE")      # as `make run` starts the app
     assert data_default() == ("mgsm", "")     # downloaded on first use
+
+
+def test_make_run_leaves_the_hub_on_and_make_test_turns_it_off():
+    """`make run` must not forbid MGSM's download (issue #50); the tests stay offline."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    def recipe(target):
+        return subprocess.run(["make", "-n", "-o", ".venv/.installed", target], cwd=root,
+                              capture_output=True, text=True, check=True).stdout
+    assert "app.py" in recipe("run") and "HF_HUB_OFFLINE" not in recipe("run")
+    assert "HF_HUB_OFFLINE=1" in recipe("test")
+
+
+def test_no_network_without_hf_hub_offline_falls_back_and_says_what_to_do(fresh_machine,
+                                                                            hub_unreachable,
+                                                                            monkeypatch):
+    """`make run` on a machine without the network: GSM-Symbolic is the default, the page
+    says the Hub cannot be reached and what to do, and asking for MGSM answers at once."""
+    import time
+    from layerswap_core.workbench.evaluate import data_default
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    source, note = data_default()
+    assert source == "gsm-symbolic"
+    assert "cannot be reached" in note and "go online" in note and data.MGSM_ENV in note
+    assert "HF_HUB_OFFLINE" not in note     # nothing forbids the download: it is not there
+    t0 = time.monotonic()
+    with pytest.raises(DataError, match="cannot be reached"):
+        data.load_items("mgsm", "sw", 2)
+    assert time.monotonic() - t0 < 10
+    assert len(data.load_items("gsm-symbolic", "sw", 2)) == 2
+
+
+def test_hf_hub_offline_says_it_forbids_the_download(fresh_machine):
+    assert "HF_HUB_OFFLINE=1 forbids downloading it" in data.mgsm_help()
+    assert "make run leaves it unset" in data.mgsm_help()
 
 
 def test_page_text_shows_angle_brackets():

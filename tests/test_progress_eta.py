@@ -81,7 +81,8 @@ def test_a_new_phase_starts_a_new_measurement():
     assert rate.update(0.49, 103.0) == pytest.approx(2.0)   # a small step back: no restart
 
 
-@pytest.mark.parametrize("seconds,words", [(3, "about 5 s left"), (42, "about 40 s left"),
+@pytest.mark.parametrize("seconds,words", [(3, "a few seconds left"), (12, "about 10 s left"),
+                                           (42, "about 40 s left"),
                                            (150, "about 2 min left"), (3 * 3600 + 600,
                                                                       "about 3 h 10 min left")])
 def test_left_text(seconds, words):
@@ -99,3 +100,67 @@ def test_a_download_says_its_time_left_from_its_bytes_per_second():
         now[0], d.done = t, done
         line = d.line()
     assert "20%" in line and "about 30 s left" in line, line
+
+
+# --------------------------------------------------------------------------- the job's count
+def test_the_tally_counts_models_and_items_across_the_job():
+    from layerswap_core.progress import Tally
+
+    whole = Tally(2, 4)                               # the CLI: one run, 2 models x 4 items
+    assert whole.text(0, "base", 3) == "model 1 of 2 (base): 3 of 8 items answered"
+    assert whole.text(1, "task expert", 1, "setting up the model") == (
+        "model 2 of 2 (task expert): setting up the model · 5 of 8 items answered")
+    assert whole.fraction(1, 2) == pytest.approx(6 / 8)
+    # the dispatcher's chunk of model 2, items 3-4: counted in the job, the bar within the chunk
+    chunk = Tally(2, 4, first_unit=1, first_item=2, part_units=1, part_items=2)
+    assert chunk.text(0, "task expert", 1) == "model 2 of 2 (task expert): 7 of 8 items answered"
+    assert chunk.fraction(0, 1) == pytest.approx(0.5)
+    cell = Tally(6, 4, unit="configuration", verb="scored", first_unit=2, part_units=1,
+                 name="bottom 3, top 2")
+    assert cell.text(0, "merged", 4) == "configuration 3 of 6 (bottom 3, top 2): 12 of 24 items scored"
+    assert cell.text(0, "merged", 2.9999999).endswith(" 11 of 24 items scored")   # float counts
+
+
+def test_the_estimate_counts_down_between_reports():
+    """At a measured 10 s per 10%, the estimate after 50% is 50 s; with no report for 12 s it
+    has counted down to 40 s; once it runs out the line says how long the step has run."""
+    from layerswap_core.progress import Eta
+
+    now = [0.0]
+    shown = []
+    eta = Eta(lambda f, m: shown.append((f, m)), clock=lambda: now[0], min_seconds=0.0)
+    eta.tick()
+    assert shown == []                                # nothing reported yet: nothing to repeat
+    for t in range(0, 51, 10):
+        now[0] = float(t)
+        eta(t / 100, "model 1 of 2 (base): 3 of 8 items answered")
+    assert shown[-1] == (0.5, "model 1 of 2 (base): 3 of 8 items answered · about 50 s left")
+    now[0] = 62.0
+    eta.tick()
+    assert shown[-1] == (0.5, "model 1 of 2 (base): 3 of 8 items answered · about 40 s left")
+    now[0] = 95.0
+    eta.tick()
+    assert shown[-1][1].endswith("· a few seconds left")
+    now[0] = 130.0
+    eta.tick()
+    assert shown[-1][1].endswith("· still working (80 s on this step)")
+
+
+def test_the_ticking_thread_ends_with_its_job():
+    import gc
+    import threading
+
+    from layerswap_core.progress import with_eta
+
+    shown = []
+    eta = with_eta(lambda f, m: shown.append(m), tick=0.05, min_seconds=0.0)
+    eta(0.1, "a")
+    time.sleep(0.1)
+    eta(0.2, "b")
+    time.sleep(0.5)
+    ticks = [m for m in shown if m.startswith("b")]
+    assert len(ticks) >= 2, shown                     # repeated between reports
+    del eta
+    gc.collect()
+    time.sleep(0.3)
+    assert not [t for t in threading.enumerate() if t.name == "layerswap-eta"]

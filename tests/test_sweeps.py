@@ -294,3 +294,26 @@ def test_nll_without_generating_is_the_one_token_paths_nll(tiny_lm, one_thread):
                              "ci_low": nll_interval(per_item)[0],
                              "ci_high": nll_interval(per_item)[1]}
     assert got["sw"]["nll"] != got["en"]["nll"]   # the languages' own prompts and solutions
+
+
+def test_when_every_configuration_ties_none_is_called_best():
+    """Four configurations all at accuracy 0: the CLI says no configuration is better, the
+    app's sweep result has no best; one better configuration is named."""
+    from layerswap_core.sweeps import report
+    from layerswap_core.workbench.sweep import SweepResult
+
+    def record(b, acc):
+        return {"point": {"bottom": b}, "scores": {"sw": {"accuracy": acc, "correct": 0, "n": 4,
+                                                          "ci_low": 0.0, "ci_high": 0.49}}}
+    zeros = [record(b, 0.0) for b in range(4)]
+    assert report.best(zeros, "sw", "accuracy") is None
+    assert report.best_lines(zeros, ["sw"], "accuracy") == [
+        "no configuration is better in sw: all 4 score 0.000"]
+    one = zeros[:3] + [record(3, 0.25)]
+    assert report.best_lines(one, ["sw"], "accuracy")[0].startswith("best in sw (highest accuracy): bottom 3")
+    res = SweepResult(("bottom", "top"), [0, 1], [0, 1], [[0.0, 0.0], [0.0, 0.0]], "accuracy",
+                      None, [[0, 0, 0.0], [1, 0, 0.0], [0, 1, 0.0], [1, 1, 0.0]])
+    assert res.tied and res.best is None
+    res.rows[3][2] = 0.25
+    res.rows.sort(key=lambda r: -r[2])
+    assert not res.tied and res.best == [1, 1, 0.25]

@@ -743,3 +743,57 @@ def test_the_embedded_bases_are_offered():
     assert wb.EMBEDDED_BASES[0] == wb.DEMO_REFS["base"]
     assert all(ref[len(EMBEDDED_PREFIX):] in embedded() for ref in wb.EMBEDDED_BASES)
     assert "embedded:gemma3-270m" in wb.EMBEDDED_BASES
+
+
+# --------------------------------------------------------------------------- docs/app.md
+APP_DOC = __import__("pathlib").Path(__file__).resolve().parents[1] / "docs" / "app.md"
+
+
+@pytest.mark.slow
+def test_the_demo_taus_in_the_docs_are_the_ones_analyze_reports():
+    """docs/app.md quotes each demo expert's automatic tau as the Deltas tab reports it."""
+    import re
+
+    from layerswap_core.checkpoints import embedded as experts
+    if not (experts.demo_adapter_dir(experts.DEMO_LANG) / "adapter_model.safetensors").exists():
+        pytest.skip("demo expert adapters not shipped in assets/experts")
+    demo, report = wb.open_session(**wb.DEMO_REFS)
+    assert report.ok, report.problems
+    tau_task, tau_lang = delta_views(demo).thresholds
+    text = " ".join(APP_DOC.read_text(encoding="utf-8").split())
+    quoted = re.search(r"tau (\S+) for the math expert, (\S+) for the Swahili one", text)
+    assert quoted and quoted.groups() == (f"{tau_task:.2e}", f"{tau_lang:.2e}"), quoted
+
+
+def test_the_limits_table_in_the_docs_is_the_code_s():
+    """Every served-mode limit, with its default, in docs/app.md's table (and nothing else)."""
+    import dataclasses
+    import re
+
+    from layerswap_core.workbench.served import Limits
+
+    rows = dict(re.findall(r"^\| `(\w+)` \[(\d+)\] \|", APP_DOC.read_text(encoding="utf-8"), re.M))
+    assert rows == {f.name.upper(): str(f.default) for f in dataclasses.fields(Limits)}
+
+
+def test_the_start_up_line_states_the_bound_never_a_count_that_goes_stale(tiny):
+    """The page's top line is written once at start-up: it says how many live models fit, not
+    how many are loaded (it said "0 live models loaded" while the process held one)."""
+    import re
+
+    from layerswap_core.workbench import spaces
+
+    line = spaces.start({role: str(tiny[role]) for role in ("base", "task", "lang")})
+    assert re.fullmatch(r"Jobs run in this process on shared live models: at most \d+ loaded at "
+                        r"once \(LAYERSWAP_MAX_ENGINES\); one heavy job per visitor\.", line), line
+
+
+def test_moving_one_tau_never_nudges_the_other(session):
+    """The sliders show log10 tau rounded to their steps; a slider left where Analyze put it
+    still means its expert's exact automatic tau when the other slider moves."""
+    from layerswap_core.workbench.deltas import slider_taus, slider_value
+
+    tau_task, tau_lang = delta_views(session).thresholds
+    assert 10 ** slider_value(tau_task) != tau_task          # the rounded value fed back differs
+    assert slider_taus(session, (slider_value(tau_task), -1.0)) == (tau_task, 0.1)
+    assert slider_taus(session, (-2.5, slider_value(tau_lang))) == (10 ** -2.5, tau_lang)

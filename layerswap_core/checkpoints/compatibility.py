@@ -125,7 +125,7 @@ def problems(models: ModelSet, *, roles=None, exact: bool = False, tokenizers: b
             out.append(problem)
     if tokenizers and not out:
         for role in others:
-            why = tokenizer_difference(models.paths[ref], models.paths[role])
+            why = tokenizer_difference(models.paths[ref], models.paths[role], names=(ref, role))
             if why:
                 out.append(f"the tokenizers of {role} and {ref}: {why}{tokenizer_hint}")
     return out

@@ -16,7 +16,11 @@ import json
 import os
 import re
 import shutil
+import socket
+import threading
+import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..progress import Progress, say
 from .adapters import is_adapter
@@ -26,11 +30,49 @@ from .tokenizers import TOKENIZER_FILES
 from .writing import build_once, cache_dir, cache_key
 
 __all__ = ["DEFAULT_BASE", "EMBEDDED_PREFIX", "ModelLoadError", "check_folder", "check_free_space",
-           "is_adapter", "is_offline", "read_config_file", "resolve", "set_allow_bin_default"]
+           "hub_reachable", "is_adapter", "is_offline", "read_config_file", "resolve", "set_allow_bin_default"]
 
 
 def is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def hub_address() -> tuple[str, int]:
+    """(host, port) a Hub request connects to first: the HTTPS proxy when one is set, else the
+    Hub's endpoint (HF_ENDPOINT, default https://huggingface.co)."""
+    url = (os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+           or os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    parts = urlsplit(url if "//" in url else f"//{url}")
+    return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
+
+
+_REACHED: dict[tuple[str, int], tuple[float, bool]] = {}   # address -> (when, answer)
+
+
+def hub_reachable(timeout: float = 3.0, max_age: float = 60.0) -> bool:
+    """Whether the Hub can be used now: not switched off (HF_HUB_OFFLINE) and a TCP connection
+    to it (``hub_address``) opens within ``timeout`` seconds, name lookup included (bounded by
+    a thread: getaddrinfo has no timeout of its own). The answer is kept ``max_age`` seconds."""
+    if is_offline():
+        return False
+    address = hub_address()
+    when, answer = _REACHED.get(address, (float("-inf"), False))
+    if time.monotonic() - when < max_age:
+        return answer
+    result: list[bool] = []
+
+    def probe():
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+    thread = threading.Thread(target=probe, name="layerswap-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    answer = bool(result and result[0])
+    _REACHED[address] = (time.monotonic(), answer)
+    return answer
 
 
 # --------------------------------------------------------------------------- resolving references

@@ -5,25 +5,24 @@ import json
 import sys
 from pathlib import Path
 
-from ..evaluation.data import MGSM_HUB_ID, SOURCES, load_items
+from ..evaluation.data import MGSM_HUB_ID, SOURCES, load_items, training_overlap
 from ..checkpoints.references import ModelLoadError, resolve
 from ..checkpoints.loading import load_model
 from .progress import progress_bar
 from . import HELP
 
 
-def _warn_contamination(refs, source: str) -> None:
-    # lazy: evaluation.runner imports torch (1.7-2.1 s), not needed for --help
-    from ..evaluation.runner import contamination_warning
-
+def _training_overlap(refs, items) -> None:
+    """Which evaluated templates each model's card says it was trained on (the statement the
+    app's evaluation note makes: ``data.training_overlap``)."""
     for ref in refs:
         try:
             folder = resolve(ref)
         except ModelLoadError:
             continue   # loading it reports the problem
-        line = contamination_warning(folder, source)
-        if line:
-            print(line, file=sys.stderr)
+        said = training_overlap(ref, folder, items)
+        if said:
+            print(("note: " if said.clean else "warning: ") + said.text, file=sys.stderr)
 
 
 def _lm_eval(args, items, exemplars) -> int:
@@ -63,7 +62,7 @@ def _eval(args) -> int:
     items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir, hub=args.hub)
     exemplars = default_exemplars(items, args.shots, cot=args.cot, data_dir=args.data_dir,
                                   hub=args.hub)
-    _warn_contamination(args.model, args.data)
+    _training_overlap(args.model, items)
     if args.lm_eval:
         return _lm_eval(args, items, exemplars)
     names = {}

@@ -193,8 +193,9 @@ class Dispatcher:
             if speed:   # measured in the worker: the next estimates are the GPU's
                 self.speeds[job.trio] = speed
             return out
-        with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
-                                short=job.kind in SHORT) as engine:
+        # waiting for or loading the engine happens at the chunk's start on the bar
+        with self.pool.checkout(job.trio, job.visitor, lambda f, m: guard(0.0, m),
+                                v.cancel.is_set, short=job.kind in SHORT) as engine:
             out = J.run_job(engine, job, guard)
             if engine.tokens_per_second:
                 self.speeds[job.trio] = engine.tokens_per_second
@@ -205,11 +206,16 @@ class Dispatcher:
         with self.claim(job) as v:
             guard = self._guard(v, self._admit(job), progress)
             chunks = J.split(job, self.chunk_items)
+            # each chunk's share of the bar: its items (a short last chunk, a short share)
+            sizes = [max(1, len(c.items)) for c in chunks]
+            total = sum(sizes)
             parts = []
             for i, chunk in enumerate(chunks):
-                def step(frac, msg, i=i):
-                    guard((i + frac) / len(chunks), msg)
-                step(0.0, f"part {i + 1} of {len(chunks)}" if len(chunks) > 1 else "starting")
+                def step(frac, msg, start=sum(sizes[:i]), size=sizes[i]):
+                    guard((start + size * frac) / total, msg)
+                count = J.tally(chunk)
+                name = next(iter(chunk.what)) if isinstance(chunk.what, dict) else "merged"
+                step(0.0, count.text(0, name, 0) if "part" in chunk.settings else "starting")
                 parts.append(self._run_one(chunk, v, step))
             return J.combine(job, parts)
 

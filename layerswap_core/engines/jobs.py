@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from ..progress import Progress
-from ..progress import say as _say
+from ..progress import Progress, Tally
 from .pool import Engine, Trio
 from ..checkpoints.tokenizers import encode_prompt
 from ..evaluation.generation import chat as generate_chat, chat_prompt
@@ -97,26 +96,40 @@ def _show_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
 
 
 # --------------------------------------------------------------------------- evaluation
+def tally(job: Job) -> Tally:
+    """Where ``job`` is in the job it was split from (``split`` puts it in ``settings["part"]``);
+    a job not split is a whole: its models (or configurations) times its items."""
+    part = job.settings.get("part")
+    if part is not None:
+        return Tally(**part)
+    units = len(job.what) if isinstance(job.what, (dict, list)) else 1
+    return Tally(units, len(job.items))
+
+
 def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     """Side-by-side evaluation (``evaluation.runner.run_side_by_side``) of the models in
-    ``job.what`` ({label: role or config dict}), each shown on the engine just before its run."""
+    ``job.what`` ({label: role or config dict}), each shown on the engine just before its run
+    (the tensors it rewrites counted on the bar)."""
     s = job.settings
     if not job.items:
         raise JobError("no items to evaluate")
+    count = tally(job)
 
-    def model_of(what):
+    def model_of(index, label, what):
         def get():
-            show(engine, what)
+            show(engine, what, lambda f, m: count.say(
+                progress, index, label, 0, f"setting up the model ({f:.0%})"))
             return engine.live.model, engine.live.tokenizer
         return get
 
-    models = {label: model_of(w) for label, w in job.what.items()}
+    models = {label: model_of(i, label, w) for i, (label, w) in enumerate(job.what.items())}
     t0 = time.perf_counter()
     res = run_side_by_side(models, job.items, shots=s.get("shots", 0), cot=bool(s.get("cot")),
                            chat_template=bool(s.get("chat_template")),
                            max_new_tokens=s.get("max_new_tokens"),
                            batch_size=s.get("batch_size", 16), exemplars=s.get("exemplars"),
-                           with_nll=s.get("with_nll", True), device=None, progress=progress)
+                           with_nll=s.get("with_nll", True), device=None, progress=progress,
+                           tally=count)
     engine.measured(job.generated_tokens, time.perf_counter() - t0)
     return {"rows": res.rows, "summary": res.summary, "config": res.config}
 
@@ -135,10 +148,14 @@ def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
                              chat_template=bool(s.get("chat_template")))
     if task.target is None:
         raise JobError("gold NLL needs worked solutions: use GSM-Symbolic items")
-    show(engine, job.what, progress)
-    nlls = task_nll(task, engine.live.model, engine.live.tokenizer,
-                    batch_size=s.get("batch_size", 16), progress=progress)
     label = job.what if isinstance(job.what, str) else "merged"
+    count = tally(job)
+    show(engine, job.what, lambda f, m: count.say(progress, 0, label, 0,
+                                                 f"setting up the model ({f:.0%})"))
+    count.say(progress, 0, label, 0, "scoring the worked solutions")
+    nlls = task_nll(task, engine.live.model, engine.live.tokenizer,
+                    batch_size=s.get("batch_size", 16))
+    count.say(progress, 0, label, len(job.items))
     return {"summary": [{"model": label, "n": len(nlls), "mean_gold_nll": mean_nll(nlls)}],
             "nlls": nlls}
 
@@ -146,20 +163,29 @@ def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
 def split(job: Job, chunk_items: int) -> list[Job]:
     """An evaluation as chunks of one model and at most ``chunk_items`` items (same prompts,
     same exemplars and batches of that size: the outputs do not depend on the chunking when the
-    batch size is the chunk size). A sweep (``what``: a list of configurations) is one
-    evaluation per configuration, of all its items (with ``metric="nll"``: its gold NLL, no
-    generation). Other kinds: the job itself."""
+    batch size is the chunk size). A sweep (``what``: a list of configurations, named by
+    ``settings["labels"]`` where given) is one evaluation per configuration, of all its items
+    (with ``metric="nll"``: its gold NLL, no generation). Other kinds: the job itself. Each
+    chunk knows where it is in the job (``settings["part"]``, read by ``tally``)."""
+    n = len(job.items)
     if job.kind == "sweep":
-        if job.settings.get("metric") == "nll":
-            return [replace(job, kind="nll", what=what) for what in job.what]
-        return [replace(job, kind="evaluate", what={"merged": what}) for what in job.what]
+        labels = job.settings.get("labels") or [None] * len(job.what)
+        nll = job.settings.get("metric") == "nll"
+        return [replace(job, kind="nll" if nll else "evaluate",
+                        what=what if nll else {"merged": what},
+                        settings={**job.settings, "part": dict(
+                            units=len(job.what), items=n, unit="configuration",
+                            verb="scored" if nll else "answered", first_unit=k, part_units=1,
+                            name=label)})
+                for k, (what, label) in enumerate(zip(job.what, labels))]
     if job.kind != "evaluate" or not isinstance(job.what, dict):
         return [job]
-    settings = {**job.settings, "batch_size": chunk_items}
     return [replace(job, what={label: what}, items=job.items[i:i + chunk_items],
-                    settings=settings)
-            for label, what in job.what.items()
-            for i in range(0, len(job.items), chunk_items)]
+                    settings={**job.settings, "batch_size": chunk_items, "part": dict(
+                        units=len(job.what), items=n, first_unit=mi, first_item=i,
+                        part_units=1, part_items=len(job.items[i:i + chunk_items]))})
+            for mi, (label, what) in enumerate(job.what.items())
+            for i in range(0, n, chunk_items)]
 
 
 def combine(job: Job, parts: list[dict]) -> dict:
@@ -265,7 +291,6 @@ def run_job(engine: Engine, job: Job, progress: Progress | None = None):
     if fn is None:
         raise JobError(f"unknown job kind {job.kind!r}" + (" (a streaming kind: stream_job)"
                                                            if job.kind in STREAMING else ""))
-    _say(progress, 0.0, f"{job.kind}: starting")
     return fn(engine, job, progress)
 
 

@@ -30,9 +30,10 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from . import mgsm_hub
-from ..checkpoints.references import is_offline
+from ..checkpoints.references import hub_address, hub_reachable, is_offline
 
 MGSM_LANGS = ("bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh")
 MGSM_TO_SYMBOLIC = {"bn": "ben", "de": "deu", "en": "eng", "es": "spa", "fr": "fra", "ja": "jpn",
@@ -138,10 +139,17 @@ def _repo_root() -> Path:
 
 
 def mgsm_help() -> str:
-    """One line: the ways to get MGSM (plain text, no markup)."""
-    return (f"MGSM is not on this machine: set {MGSM_ENV} (or --data-dir) to a folder of "
-            f"mgsm_LANG.tsv files with {MGSM_EXEMPLARS_FILE}, or go online once to download "
-            f"it from the Hub ({MGSM_HUB_ID}, CC BY-SA 4.0)")
+    """One line: why MGSM cannot be read here and the ways to get it (plain text, no markup):
+    the download is switched off (HF_HUB_OFFLINE), or the Hub cannot be reached now."""
+    hub = f"from the Hub ({MGSM_HUB_ID}, CC BY-SA 4.0)"
+    if is_offline():
+        how = (f"HF_HUB_OFFLINE=1 forbids downloading it: run without it while online (make "
+               f"run leaves it unset) and MGSM downloads once {hub}")
+    else:
+        how = (f"the Hub ({hub_address()[0]}) cannot be reached: go online, then choose MGSM "
+               f"and it downloads once {hub}")
+    return (f"MGSM is not on this machine and {how}; or set {MGSM_ENV} (or --data-dir) to a "
+            f"folder of mgsm_LANG.tsv files with {MGSM_EXEMPLARS_FILE}")
 
 
 def local_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
@@ -162,9 +170,10 @@ def local_mgsm_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
 
 
 def mgsm_reachable(data_dir: str | os.PathLike | None = None) -> bool:
-    """Whether MGSM can be read: on this machine, or downloadable (the Hub is not offline)."""
+    """Whether MGSM can be read: on this machine, or downloadable now (the Hub is allowed and
+    answers: ``hub_reachable``)."""
     try:
-        return local_mgsm_dir(data_dir) is not None or not is_offline()
+        return local_mgsm_dir(data_dir) is not None or hub_reachable()
     except DataError:
         return False
 
@@ -177,7 +186,7 @@ def find_mgsm_dir(data_dir: str | os.PathLike | None = None, *, download: bool =
     d = local_mgsm_dir(data_dir)
     if d is not None:
         return d
-    if download and not is_offline():
+    if download and hub_reachable():
         try:
             return mgsm_hub.download_mgsm(progress=progress)
         except mgsm_hub.MgsmDownloadError as e:
@@ -303,6 +312,12 @@ def symbolic_languages() -> list[str]:
                   if (p / "symbolic").is_dir() and not (p / "ignore").exists())
 
 
+def symbolic_language_names() -> list[str]:
+    """The languages ``--lang`` takes for GSM-Symbolic, as it takes them: MGSM's two-letter
+    code where there is one ("sw"), else the package's code ("afr")."""
+    return sorted(SYMBOLIC_TO_MGSM.get(code, code) for code in symbolic_languages())
+
+
 _CALC = re.compile(r"<<[^<>]*>>")
 _FINAL = re.compile(r"\s*####\s*([^\n#]+?)\s*$")   # usually its own line, sometimes not
 
@@ -378,7 +393,7 @@ def gsm_symbolic_items(lang: str, split: str = "eval") -> list[Item]:
     folder = root / code / "symbolic"
     if not folder.is_dir():
         raise DataError(f"GSM-Symbolic has no language {code!r}; available: "
-                        + ", ".join(symbolic_languages()))
+                        + ", ".join(symbolic_language_names()))
     if (root / code / "ignore").exists():
         raise DataError(f"GSM-Symbolic language {code!r} is disabled in the package")
     wanted = set(SYMBOLIC_TRAIN) - mgsm_overlap_templates() if split == "train" else SYMBOLIC_EVAL
@@ -502,6 +517,53 @@ def card_templates(folder: str | os.PathLike) -> set[int] | None:
         return None if value is None else parse_template_list(value)
     except ValueError as e:
         raise ValueError(f"{path}: {CARD_TEMPLATES_KEY}: {e}") from None
+
+
+# --------------------------------------------------------------------------- training overlap
+def evaluated_templates(items) -> dict[int, str]:
+    """The GSM-Symbolic templates whose problems ``items`` score, each as the page and the CLI
+    name it: "0050" for a GSM-Symbolic item, "0036 = MGSM row 11" for an MGSM item that is a
+    template's own problem (``mgsm_overlap``)."""
+    out: dict[int, str] = {}
+    rows = None
+    for it in items:
+        if it.source == "gsm-symbolic":
+            t = int(it.id.rsplit("-", 1)[1])
+            out[t] = f"{t:04d}"
+        elif it.source == "mgsm":
+            rows = mgsm_overlap() if rows is None else rows
+            out.update({t: f"{t:04d} = MGSM row {r}" for t, r in rows.items() if r == it.origin})
+    return dict(sorted(out.items()))
+
+
+class Overlap(NamedTuple):
+    clean: bool   # no evaluated template is one the model was trained on
+    text: str     # one sentence, the model named first
+
+
+def training_overlap(name: str, folder, items) -> Overlap | None:
+    """The one statement (the app's evaluation note and ``layerswap eval`` print it as is) of
+    which evaluated templates the model ``name`` was trained on, by its card
+    (``card_templates``) against the templates ``items`` score (``evaluated_templates``). None
+    when the card says nothing."""
+    try:
+        trained = card_templates(folder)
+    except ValueError as e:
+        return Overlap(False, f"{name}: cannot read which GSM-Symbolic templates it was "
+                              f"trained on ({e}).")
+    if not trained:
+        return None
+    evaluated = evaluated_templates(items)
+    hit = [label for t, label in evaluated.items() if t in trained]
+    if not hit:
+        return Overlap(True, f"{name}: its card lists the {len(trained)} GSM-Symbolic "
+                             "templates it was trained on; none of them is evaluated here.")
+    source = SOURCES.get(items[0].source, items[0].source)
+    of = (f"{len(hit)} of the {len(evaluated)} GSM-Symbolic templates evaluated here"
+          if items[0].source == "gsm-symbolic" else
+          f"{len(hit)} GSM-Symbolic template(s) that are {source} items evaluated here")
+    return Overlap(False, f"{name}: its card says it was trained on {of} ({', '.join(hit)}); "
+                          "its score on them is not a clean test.")
 
 
 # --------------------------------------------------------------------------- one entry point

@@ -30,11 +30,10 @@ from pathlib import Path
 from typing import Sequence
 
 from . import mgsm_task
-from .data import (SYMBOLIC_EVAL, Item, card_templates, gsm_symbolic_items, load_mgsm,
-                   load_mgsm_exemplars, load_mgsm_exemplars_hub, mgsm_lang, mgsm_overlap,
-                   normalize_number, source_label, to_ascii_digits)
+from .data import (Item, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
+                   load_mgsm_exemplars_hub, mgsm_lang, normalize_number, source_label, to_ascii_digits)
 from ..checkpoints.writing import release_freed_memory
-from ..progress import Progress, say
+from ..progress import Progress, Tally, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
@@ -389,16 +388,23 @@ class SideBySideResult:
         return path
 
     def table(self) -> str:
-        """The summary as a fixed-width text table."""
-        head = f"{'model':<40} {'accuracy':>8} {'95% CI':>15} {'n':>4} {'strict':>7} {'gold NLL':>8}"
+        """The summary as a fixed-width text table (the cells the app's summary shows:
+        ``summary_cells``)."""
+        head = f"{'model':<40} {'accuracy':>8} {'95% CI':>15} {'strict':>7} {'gold NLL':>8} {'n':>4}"
         lines = [head, "-" * len(head)]
         for s in self.summary:
-            nll = s.get("mean_gold_nll")
-            lines.append(f"{s['model'][-40:]:<40} {s['accuracy']:>8.3f} "
-                         f"{'[%.3f, %.3f]' % (s['ci_low'], s['ci_high']):>15} {s['n']:>4} "
-                         f"{s['strict_accuracy']:>7.3f} "
-                         f"{'-' if nll is None else format(nll, '.3f'):>8}")
+            acc, ci, strict, nll, n = summary_cells(s)
+            lines.append(f"{s['model'][-40:]:<40} {acc:>8} {ci:>15} {strict:>7} "
+                         f"{nll or '-':>8} {n:>4}")
         return "\n".join(lines)
+
+
+def summary_cells(s: dict) -> list[str]:
+    """One model's summary as the CLI's table and the app's show it: accuracy, its 95% interval,
+    strict accuracy (percentages, one decimal), gold NLL ("" when not scored), n."""
+    nll = s.get("mean_gold_nll")
+    return [f"{s['accuracy']:.1%}", f"[{s['ci_low']:.1%}, {s['ci_high']:.1%}]",
+            f"{s['strict_accuracy']:.1%}", "" if nll is None else f"{nll:.3f}", str(s["n"])]
 
 
 def mean_nll(nlls: Sequence[float] | None) -> float | None:
@@ -449,7 +455,8 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
                      chat_template: bool = False, max_new_tokens: int | None = None,
                      batch_size: int = 16, exemplars: Sequence[Item] | None = None,
                      data_dir=None, with_nll: bool = True, device: str | None = "cpu",
-                     lean: bool = True, progress: Progress | None = None) -> SideBySideResult:
+                     lean: bool = True, progress: Progress | None = None,
+                     tally: Tally | None = None) -> SideBySideResult:
     """Evaluate the same items with the same prompts on each model (up to four, e.g. base,
     task expert, language expert, merged).
 
@@ -462,7 +469,8 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     record is ``side_by_side_task``, scored by ``tasks.run_task``; each model's prompts are built
     once and also feed the gold NLL. Accuracy uses the flexible filter; strict accuracy is
     reported beside it. Mean gold NLL is computed where items have worked solutions
-    (GSM-Symbolic).
+    (GSM-Symbolic). ``progress`` counts models and items (``progress.Tally``: ``tally`` places
+    this run in a larger job, e.g. one chunk of the dispatcher's).
     """
     if not items:
         raise ValueError("no items to evaluate")
@@ -475,23 +483,25 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     has_solutions = task.target is not None
     rows = [{"id": it.id, "question": it.question, "gold": it.answer, "models": {}} for it in items]
     summary = []
-    n_models = len(models)
+    n_items = len(items)
+    count = tally or Tally(len(models), n_items)
+    gen_share = 0.9 if has_solutions else 1.0   # of a model's part of the bar: answering
     for mi, (name, spec) in enumerate(models.items()):
-        def step(frac, msg, mi=mi, name=name):
-            if progress is not None:
-                progress((mi + frac) / n_models, f"{name} (model {mi + 1} of {n_models}): {msg}")
-        step(0.0, f"loading, then {len(items)} items" if isinstance(spec, (str, Path))
-             else f"preparing the model, then {len(items)} items")
+        count.say(progress, mi, name, 0, "loading the model" if isinstance(spec, (str, Path))
+                  else "setting up the model")
         (model, tokenizer), loaded_here = _ensure_loaded(spec, device, lean and not chat_template)
         try:
             run = run_task(task, model, tokenizer, batch_size=batch_size,
-                           progress=lambda f, m: step(0.9 * f if has_solutions else f, m))
+                           progress=lambda f, m, mi=mi, name=name: count.say(
+                               progress, mi, name, f * n_items, at=gen_share * f * n_items))
             nlls = None
             release_freed_memory()  # generation's temporaries, before the NLL pass needs its own
             if has_solutions:
                 nlls = task_nll(task, model, tokenizer, batch_size=batch_size,
                                 prompts=run.prompts,   # the prompts, built once
-                                progress=lambda f, m: step(0.9 + 0.1 * f, m))
+                                progress=lambda f, m, mi=mi, name=name: count.say(
+                                    progress, mi, name, n_items, "scoring the worked solutions",
+                                    at=(gen_share + (1 - gen_share) * f) * n_items))
         finally:
             if loaded_here:
                 del model
@@ -501,7 +511,7 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
                                        "strict_correct": run.strict_correct[i],
                                        "gold_nll": None if nlls is None else nlls[i]}
         summary.append(summarize(name, run.correct, run.strict_correct, nlls))
-        step(1.0, f"accuracy {summary[-1]['accuracy']:.3f}")
+        count.say(progress, mi, name, n_items)
     config = {"data": source_label(source), "lang": lang, "n": len(items), "shots": len(exemplars),
               "format": "cot" if cot else "direct", "chat_template": chat_template,
               "max_new_tokens": task.max_new_tokens, "exemplars": [e.id for e in exemplars],
@@ -509,27 +519,3 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
               "models": {n: (str(s) if isinstance(s, (str, Path)) else "in-memory")
                          for n, s in models.items()}}
     return SideBySideResult(rows, summary, config)
-
-
-# --------------------------------------------------------------------------- contamination
-def contamination_warning(folder, source: str) -> str | None:
-    """One line when the model card in ``folder`` says it was trained on GSM-Symbolic templates
-    that are scored by an evaluation of ``source``: MGSM items (``data.mgsm_overlap``) for MGSM,
-    the evaluation templates 0050-0099 for GSM-Symbolic. None when the card says nothing."""
-    try:
-        trained = card_templates(folder)
-    except ValueError as e:
-        return f"warning: cannot read which templates the model was trained on: {e}"
-    if not trained:
-        return None
-    if source == "mgsm":
-        rows = mgsm_overlap()
-        hit = sorted(t for t in trained if t in rows)
-        what = "MGSM items: " + ", ".join(f"{t:04d} = row {rows[t]}" for t in hit)
-    else:
-        hit = sorted(t for t in trained if t in SYMBOLIC_EVAL)
-        what = "evaluation templates: " + ", ".join(f"{t:04d}" for t in hit)
-    if not hit:
-        return None
-    return (f"warning: {folder}'s card says it was trained on {len(hit)} GSM-Symbolic template(s) "
-            f"that are {what}; its score on them is not a clean test")

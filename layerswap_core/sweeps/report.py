@@ -13,12 +13,17 @@ def score_of(record: dict, lang: str, metric: str) -> float | None:
 
 def best(records: list[dict], lang: str, metric: str) -> dict | None:
     """The best record for ``lang``: highest accuracy / lowest NLL (ties: the first in grid
-    order)."""
+    order); None when nothing was scored, or when every configuration scored the same (none is
+    better)."""
     scored = [r for r in records if score_of(r, lang, metric) is not None]
-    if not scored:
+    if not scored or (len(scored) > 1 and all_tie(scored, lang, metric)):
         return None
     sign = 1 if metric == "nll" else -1
     return min(scored, key=lambda r: sign * score_of(r, lang, metric))
+
+
+def all_tie(records: list[dict], lang: str, metric: str) -> bool:
+    return len({score_of(r, lang, metric) for r in records}) == 1
 
 
 def point_text(point: dict) -> str:
@@ -52,8 +57,13 @@ def best_lines(records: list[dict], langs: list[str], metric: str) -> list[str]:
     what = "lowest gold NLL" if metric == "nll" else "highest accuracy"
     out = []
     for lang in langs:
+        scored = [r for r in records if score_of(r, lang, metric) is not None]
         b = best(records, lang, metric)
-        if b is not None:
+        if b is None and len(scored) > 1:
+            value = score_of(scored[0], lang, metric)
+            out.append(f"no configuration is better in {lang}: all {len(scored)} score "
+                       + format(value, ".4f" if metric == "nll" else ".3f"))
+        elif b is not None:
             out.append(f"best in {lang} ({what}): {point_text(b['point'])}: "
                        f"{score_text(b['scores'][lang], metric)}")
     return out

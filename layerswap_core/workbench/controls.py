@@ -77,10 +77,31 @@ def outside_validated(counts: dict[str, int], num_layers: int) -> list[str]:
     return out
 
 
+CHANGED = "changed since build — rebuild or save the built one"
+
+
 def since_build(built, config, num_layers: int) -> str:
     """"" when nothing was built or the configuration is the built one; else one line saying the
-    merged model (Evaluate, Chat) is still the built one."""
+    merged model (Save, Zip, Push, Evaluate, Chat) is still the built one."""
     if built is None or config is None or built == config:
         return ""
-    return ("Changed since build: Evaluate and Chat still use the built model ("
-            f"{built.describe(num_layers)}); rebuild on the Build tab to use this one.")
+    return ("Changed since build: Save, Zip, Push, Evaluate and Chat still use the built model "
+            f"({built.describe(num_layers)}); rebuild on the Build tab to use this one.")
+
+
+def acts_on(who: str, built, config, num_layers: int, *, builds: bool = False) -> str:
+    """One line for a tab: which merge ``who`` (e.g. "Save, Zip and Push write") acts on: the
+    session's ``built`` configuration (None: nothing built), or with ``builds`` the Configure
+    tab's ``config`` (None: its settings are not valid now)."""
+    if builds:
+        if config is None:
+            return f"**{who}**: ⚠ the Configure tab's settings, not valid now (see there)."
+        return f"**{who}**: {config.describe(num_layers)} (the Configure tab)."
+    if built is None:
+        return f"**{who}**: the built merge; nothing built yet (Build tab)."
+    line = f"**{who}**: the built merge, {built.describe(num_layers)}."
+    if config is None:
+        return line + " ⚠ The Configure tab's settings are not valid now."
+    if config != built:
+        return line + f" ⚠ The Configure tab shows {config.describe(num_layers)}: {CHANGED}."
+    return line

@@ -5,6 +5,7 @@ The statistics are computed once per session (``analyze_deltas``, cached on disk
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,20 @@ def auto_thresholds(task, lang) -> tuple[float, float]:
     (the demo's: about 10x), so one map would be all 0% or all 100%; each expert's own tau lies
     between its quiet and its busy tensors, so both maps show where that expert changed most."""
     return auto_threshold(task), auto_threshold(lang)
+
+
+def slider_value(tau: float) -> float:
+    """A tau as its threshold slider shows it: log10, on the slider's 0.01 steps."""
+    return round(math.log10(tau), 2)
+
+
+def slider_taus(session: Session, values) -> tuple[float, float]:
+    """The (task, language) taus of the two threshold sliders (log10 values). A slider still
+    at its expert's automatic tau (as Analyze put it there, rounded to the slider's steps)
+    means that tau exactly: moving one slider never nudges the other expert's tau."""
+    auto = auto_thresholds(session.stats["task"], session.stats["lang"])
+    return tuple(a if round(float(v), 2) == slider_value(a) else 10 ** float(v)
+                 for v, a in zip(values, auto))
 
 
 def map_contrast(views: "DeltaViews") -> tuple[float, float]:

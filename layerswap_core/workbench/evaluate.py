@@ -12,9 +12,10 @@ from typing import Any
 
 from .served import LIMITS, Progress, WorkbenchError, bounded
 from .session import ROLE_LABELS, Session, dispatcher
-from ..evaluation.data import find_mgsm_dir, load_items, mgsm_help, mgsm_reachable
+from ..evaluation.data import (find_mgsm_dir, load_items, mgsm_help, mgsm_reachable,
+                               training_overlap)
 from ..evaluation.mgsm_hub import LICENCE
-from ..evaluation.runner import SideBySideResult, default_exemplars
+from ..evaluation.runner import SideBySideResult, default_exemplars, summary_cells
 from . import figures as plots
 
 
@@ -127,9 +128,24 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
                       exemplars=exemplars, with_nll=True)
     result = SideBySideResult(**dispatcher().run(job, progress))
     result.config["items_available"] = len(available)
+    result.config["training"] = training_notes(session, roles, items)
     headers, rows = _table(result)
     return EvalResult(headers, rows, _summary_rows(result), plots.accuracy_bars(result.summary),
                       result)
+
+
+def training_notes(session: Session, roles, items) -> list[tuple[bool, str]]:
+    """(clean, sentence) per evaluated model whose card says which GSM-Symbolic templates it
+    was trained on (``data.training_overlap``: the sentence ``layerswap eval`` prints); the
+    merged model holds the experts' layers, so it inherits what theirs say."""
+    said = {r: training_overlap(ROLE_LABELS[r], path, items)
+            for r, path in session.paths.items()}
+    notes = [said[r] for r in roles if said.get(r)]
+    dirty = [ROLE_LABELS[r] for r in ("task", "lang") if said.get(r) and not said[r].clean]
+    if "merged" in roles and dirty:
+        notes.append((False, f"merged: it holds layers of the {' and the '.join(dirty)}, so "
+                             "the templates named for them are not a clean test for it either."))
+    return [tuple(n) for n in notes]
 
 
 def evaluation_note(res: EvalResult) -> str:
@@ -144,6 +160,8 @@ def evaluation_note(res: EvalResult) -> str:
     if c["data"] == "MGSM":
         text += (f" MGSM is under {LICENCE}. Gold NLL is blank: MGSM's test questions come "
                  "without worked solutions to score.")
+    for clean, sentence in c.get("training", ()):
+        text += "\n\n" + ("" if clean else "⚠ ") + sentence
     return text
 
 
@@ -166,9 +184,7 @@ SUMMARY_HEADERS = ["model", "accuracy", "95% CI", "strict", "gold NLL", "n"]
 
 
 def _summary_rows(result) -> list[list]:
-    return [[s["model"], f"{s['accuracy']:.1%}", f"[{s['ci_low']:.1%}, {s['ci_high']:.1%}]",
-             f"{s['strict_accuracy']:.1%}",
-             "" if s.get("mean_gold_nll") is None else f"{s['mean_gold_nll']:.3f}", s["n"]]
-            for s in result.summary]
+    """The CLI's table cells (``runner.summary_cells``), one row per model."""
+    return [[s["model"], *summary_cells(s)[:-1], s["n"]] for s in result.summary]
 
 

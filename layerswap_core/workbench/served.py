@@ -80,6 +80,8 @@ class Limits:
     plan_jobs: int = 4               # plan redraws (and builds, chats) at once
     queue: int = 16                  # jobs waiting for a live model at once (more are refused)
     session_seconds: int = 6 * 3600  # an open page keeps its models this long (closed: freed soon)
+    agent_sessions: int = 32         # agent (MCP) sessions open at once (workbench.agents)
+    agent_idle_seconds: int = 3600   # an agent session left idle this long is closed
 
     @classmethod
     def from_env(cls) -> "Limits":

@@ -194,13 +194,18 @@ class Session:
         return Trio(self.refs["task"], self.refs["lang"], self.refs.get("base"),
                     device=ZERO_DEVICE if zero else self.device)
 
+    def built(self):
+        """The configuration last built: the one merged model Save, Zip, Push, Evaluate and
+        Chat act on, whatever the Configure tab shows since."""
+        if self.built_config is None:
+            raise WorkbenchError("build the merged model first (Build tab)")
+        return self.built_config
+
     def what(self, role: str):
         """What a job shows for ``role``: "base", "task", "lang", or "merged" (the last build,
         as a config dict)."""
         if role == "merged":
-            if self.built_config is None:
-                raise WorkbenchError("build the merged model first (Build tab)")
-            return self.built_config.to_dict()
+            return self.built().to_dict()
         if role in self.paths:
             return role
         raise WorkbenchError(f"no {ROLE_LABELS.get(role, role)} model chosen (Models tab)")

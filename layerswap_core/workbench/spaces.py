@@ -30,7 +30,8 @@ GPU = dispatch.gpu   # spaces.GPU where the package is installed (a no-op off Ze
 
 def start(refs: dict[str, str]) -> str:
     """Prepare this server for its placement; returns one line for the page saying where jobs
-    run and how many live models fit."""
+    run and how many live models fit (never how many are loaded now: the line is written once,
+    at start-up, and would go stale)."""
     d = dispatch.default()
     if ZERO_GPU:
         import spaces  # noqa: F401 - before anything initialises CUDA
@@ -40,12 +41,12 @@ def start(refs: dict[str, str]) -> str:
     else:
         trio = Trio(refs["task"], refs["lang"], refs.get("base"), device=pick_device())
         pool = d.pool
-    if unbuilt(trio.task):   # built on the page's first load instead, with its progress bar
-        return d.describe()
-    try:
-        n = pool.bound(trio)
-    except Exception:  # noqa: BLE001 - a model that cannot be read is reported on pick
-        return d.describe()
     where = {"local": "in this process", "zerogpu": "on ZeroGPU"}[d.placement]
-    return (f"Jobs run {where} on shared live models: at most {n} loaded at once "
+    fit = "as many as fit in memory"
+    if not unbuilt(trio.task):   # else built on the page's first load, with its progress bar
+        try:
+            fit = f"at most {pool.bound(trio)}"
+        except Exception:  # noqa: BLE001 - a model that cannot be read is reported on pick
+            pass
+    return (f"Jobs run {where} on shared live models: {fit} loaded at once "
             "(LAYERSWAP_MAX_ENGINES); one heavy job per visitor.")

@@ -33,8 +33,14 @@ class SweepResult:
 
     @property
     def best(self) -> list | None:
-        """[x, y, score] of the best configuration (lowest NLL, highest accuracy), if any."""
-        return self.rows[0] if self.rows else None
+        """[x, y, score] of the best configuration (lowest NLL, highest accuracy); None when
+        none was scored or all scored the same (none is better: ``tied``)."""
+        return self.rows[0] if self.rows and not self.tied else None
+
+    @property
+    def tied(self) -> bool:
+        """Two or more configurations scored, all the same."""
+        return len(self.rows) > 1 and len({r[2] for r in self.rows}) == 1
 
 
 SWEEP_AXES = {"bottom / top": ("bottom", "top"),
@@ -124,7 +130,7 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     items = load_items(source, lang, n)
     if metric == "nll" and not all(it.solution for it in items):
         raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
-    cells, configs = [], []
+    cells, configs, labels = [], [], []
     for iy, y in enumerate(ys):
         for ix, x in enumerate(xs):
             try:
@@ -134,6 +140,7 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
                 continue  # impossible cell (more swapped layers than the model has): empty
             cells.append((iy, ix))
             configs.append(cfg.to_dict())
+            labels.append(f"{fx.replace('_', ' ')} {x}, {fy.replace('_', ' ')} {y}")
     scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
     rows = []
     # one job, a chunk per configuration: the engine shows each cell in turn (another
@@ -141,7 +148,7 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     scoring = _scoring(metric)
     summaries = dispatcher().run(session.job(
         "sweep", configs, items, shots=shots, exemplars=default_exemplars(items, shots, cot=False),
-        **scoring), progress) if configs else []
+        labels=labels, **scoring), progress) if configs else []
     for (iy, ix), s in zip(cells, summaries):
         scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
         if scores[iy][ix] is not None:
