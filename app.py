@@ -39,10 +39,11 @@ from layerswap_core.workbench.demo import (chosen_words, headline, measured_char
                                             measured_demo_result,
                                             measured_markdown, result_chart, sweep_markdown)
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
-                                               evaluate_roles, evaluation_note)
+                                               evaluate_roles, evaluation_caps,
+                                               evaluation_line, evaluation_note)
 from layerswap_core.workbench.served import (LIMITS, Access, Cancelled, as_text,
                                              offered_models, readable_error, served_mode)
-from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
+from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_caps, sweep_grid, sweep_line
 from layerswap_core.workbench import spaces
 
 TITLE = "layerswap: compose math and language experts by swapping layers"
@@ -235,9 +236,17 @@ class Page:
             return self.access   # local, called without a page session (a script)
         return self.access.for_visitor(saves.visitor_namespace(user, session_id))
 
+    @staticmethod
+    def page_id(request: gr.Request | None) -> str | None:
+        """The page session, as the dispatcher knows it (its jobs stop when it closes)."""
+        session_id = getattr(request, "session_hash", None)
+        return saves.visitor_namespace(None, session_id) if session_id else None
+
     def end_visit(self, request: gr.Request, profile: gr.OAuthProfile | None):
-        """The page was closed: the visitor's temporary files go (and an anonymous visitor's
-        saves, which nobody can reach any more)."""
+        """The page was closed (its heartbeat ended, seconds ago): its jobs stop at their next
+        step, the visitor's downloads and temporary files go (and an anonymous visitor's saves,
+        which nobody can reach any more)."""
+        wb.leave(self.page_id(request))
         access = self.visitor(request, profile)
         saves.end_visit(access.namespace, access)
 
@@ -330,7 +339,8 @@ class Page:
                  "the top line.")
         try:
             session, report = wb.open_session(*refs, gr_progress(progress),
-                                              self.visitor(request, profile))
+                                              self.visitor(request, profile),
+                                              visitor=self.page_id(request))
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
             return {**kept, self.models_md: warn(e) + still,
                     self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
@@ -450,7 +460,9 @@ class Page:
         config = session.built()   # what the page shows built, whatever Configure shows now
         out = wb.save(session, config, v[self.folder], v[self.overwrite],
                       gr_progress(progress), access=self.visitor(request, profile))
-        return {self.build_md: ok(f"Saved to `{out}`: the built merge "
+        # served: by its name (the server's folders are not the visitor's business)
+        where = f"as `{out.name}`" if self.access.served else f"to `{out}`"
+        return {self.build_md: ok(f"Saved {where}: the built merge "
                                   f"({config.describe(session.num_layers)}).")}
 
     def own_saves(self, request: gr.Request, profile: gr.OAuthProfile | None):
@@ -534,6 +546,37 @@ class Page:
         return {self.eval_md: ok(evaluation_note(res)),
                 self.summary: res.summary_rows, self.bars: res.figure,
                 self.items_table: pd.DataFrame(res.rows, columns=res.headers)}
+
+    # ---- what fits the job budget (Evaluate and Sweep tabs)
+    def estimates(self, v) -> dict:
+        """The Evaluate and Sweep tabs' estimates, as their controls stand now."""
+        session = v[self.session]
+        try:
+            return {self.eval_estimate: as_text(evaluation_line(
+                        session, v[self.n_items], v[self.eval_tokens], v[self.roles])),
+                    self.sweep_estimate: as_text(sweep_line(
+                        session, v[self.axes], v[self.xs], v[self.ys], v[self.sweep_n],
+                        v[self.sweep_metric]))}
+        except Exception as e:  # noqa: BLE001 - a line, no toast: it follows the sliders
+            return {self.eval_estimate: "⚠ " + as_text(readable_error(e)),
+                    self.sweep_estimate: ""}
+
+    def limits(self, v) -> dict:
+        """The sliders' maxima at the speed measured on the visitor's models (once their
+        warm-up has measured it): what the page offers, the server runs; and the estimates."""
+        session = v[self.session]
+        if session is None:
+            return self.estimates(v)
+        wb.measured_speed(session, wait=60)
+        (n, t), items = evaluation_caps(session), sweep_caps(session)
+        values = {self.n_items: min(int(v[self.n_items]), n),
+                  self.eval_tokens: min(int(v[self.eval_tokens]), t),
+                  self.sweep_n: min(int(v[self.sweep_n]), items)}
+        # a slider needs its maximum above its minimum: one at its minimum is held there
+        out = {c: gr.update(maximum=max(hi, lo + step), value=values[c], interactive=hi > lo)
+               for c, lo, step, hi in ((self.n_items, 1, 1, n), (self.eval_tokens, 8, 8, t),
+                                       (self.sweep_n, 1, 1, items))}
+        return {**out, **self.estimates({**v, **values})}
 
     # ---- sweep tab
     @guarded("sweep_md")
@@ -820,6 +863,8 @@ class Page:
                     self.eval_tokens = gr.Slider(8, LIMITS.new_tokens, value=64, step=8,
                                                  label="Max new tokens", elem_id="eval-tokens")
                     self.chat_template = gr.Checkbox(False, label="Chat template")
+            # the estimate as the sliders stand; their maxima fit this server's job budget
+            self.eval_estimate = gr.Markdown(elem_id="eval-estimate")
             with gr.Row():
                 self.eval_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-btn")
                 self.eval_cancel = gr.Button("Cancel", variant="stop")
@@ -874,6 +919,7 @@ class Page:
                 self.sweep_shots = gr.Slider(0, LIMITS.shots, value=0, step=1, label="Shots",
                                              info="MGSM: its standard exemplars, in order",
                                              elem_id="sweep-shots")
+            self.sweep_estimate = gr.Markdown(elem_id="sweep-estimate")
             with gr.Row():
                 self.sweep_btn = gr.Button("Run sweep", variant="primary", elem_id="sweep-btn")
                 self.sweep_cancel = gr.Button("Cancel", variant="stop", elem_id="sweep-cancel")
@@ -935,17 +981,19 @@ class Page:
         # the bar (a first use converts the embedded models) on the Models tab's empty status,
         # never over the top line's text
         kept = [getattr(self, name) for name in KEPT_CONTROLS]
-        self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
-                            api_name="pick_models", concurrency_limit=LIMITS.jobs,
-                            show_progress_on=[self.models_md]).then(
-            self.remember, config | {self.kept}, [self.kept], api_visibility="private")
+        picked = [self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
+                                      api_name="pick_models", concurrency_limit=LIMITS.jobs,
+                                      show_progress_on=[self.models_md])]
+        picked[0].then(self.remember, config | {self.kept}, [self.kept],
+                       api_visibility="private")
         # a reload: the models and Configure settings this browser last used, then the check
-        demo.load(self.restore_models, {self.kept}, [self.base, self.task, self.lang,
-                                                     self.reloaded],
-                  api_visibility="private", queue=False).then(
+        picked.append(demo.load(self.restore_models, {self.kept},
+                                [self.base, self.task, self.lang, self.reloaded],
+                                api_visibility="private", queue=False).then(
             self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
-            show_progress_on=[self.models_md]).then(
-            self.restore_config, {self.session, self.reloaded}, kept, api_visibility="private")
+            show_progress_on=[self.models_md]))
+        picked[1].then(self.restore_config, {self.session, self.reloaded}, kept,
+                       api_visibility="private")
         # served: the visitor's own saves in the model lists; downloads' progress; cleanup
         own = [self.base, self.task, self.lang]
         if self.access.served:
@@ -1017,18 +1065,36 @@ class Page:
             button.click(note, {self.session}, [line], api_visibility="private").then(
                 cancel, {self.session, line}, [line], api_visibility="private")
 
-        self.eval_btn.click(self.evaluate, {self.session, self.source, self.eval_lang,
-                                            self.n_items, self.shots, self.cot, self.roles,
-                                            self.eval_tokens, self.chat_template},
-                            self.outputs("evaluate"), api_name="evaluate", **heavy)
+        evaluated = self.eval_btn.click(self.evaluate, {self.session, self.source, self.eval_lang,
+                                                        self.n_items, self.shots, self.cot,
+                                                        self.roles, self.eval_tokens,
+                                                        self.chat_template},
+                                        self.outputs("evaluate"), api_name="evaluate", **heavy)
 
-        self.sweep_btn.click(self.sweep, config | {self.axes, self.xs, self.ys, self.sweep_source,
-                                                   self.sweep_lang, self.sweep_n,
-                                                   self.sweep_metric, self.sweep_shots},
-                             self.outputs("sweep"), api_name="sweep", **heavy)
-        self.demo_btn.click(self.demo_result, {self.session, self.demo_n},
-                            self.outputs("demo_result"),
-                            api_name="demo_result", **heavy)
+        swept = self.sweep_btn.click(self.sweep, config | {self.axes, self.xs, self.ys,
+                                                           self.sweep_source, self.sweep_lang,
+                                                           self.sweep_n, self.sweep_metric,
+                                                           self.sweep_shots},
+                                     self.outputs("sweep"), api_name="sweep", **heavy)
+        reproduced = self.demo_btn.click(self.demo_result, {self.session, self.demo_n},
+                                         self.outputs("demo_result"),
+                                         api_name="demo_result", **heavy)
+        # the Evaluate and Sweep maxima follow the speed measured on the models picked (and
+        # after every job, which measures it again); the estimates follow every control
+        budget = {self.session, self.n_items, self.eval_tokens, self.roles, self.axes, self.xs,
+                  self.ys, self.sweep_n, self.sweep_metric}
+        lines = [self.eval_estimate, self.sweep_estimate]
+        quiet = dict(api_visibility="private", show_progress="hidden", concurrency_limit=None)
+        maxima = [self.n_items, self.eval_tokens, self.sweep_n, *lines]
+        # (never two at once for a page: an event that read a slider before its maximum was
+        # lowered would be refused by Gradio)
+        for event in (*picked, evaluated, swept, reproduced):
+            event.then(self.limits, budget, maxima, **quiet)
+        # the visitor's own moves only (input: a drag, a typed value): a change made by
+        # ``limits`` itself could be read half-applied, with a value over its new maximum
+        gr.on([c.input for c in (self.n_items, self.eval_tokens, self.roles, self.sweep_n,
+                                 self.sweep_metric, self.axes, self.xs, self.ys)],
+              self.estimates, budget, lines, trigger_mode="always_last", **quiet)
         self.items_table.select(self.show_item, {self.items_table}, [self.item_details],
                                 api_visibility="private")
         for button in (self.eval_btn, self.pick_btn):  # a new table or new models: no details

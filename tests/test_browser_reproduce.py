@@ -86,6 +86,15 @@ def demo_page(one_thread):
     demo.close()
 
 
+def settled():
+    """Wait for the warm-up's speed measurement on the demo models (the server's own short
+    job, run once when they are first picked): the CPU measured below is then the visitor's."""
+    from layerswap_core.workbench import session as wb
+
+    session, _ = wb.open_session(**wb.DEMO_REFS)
+    wb.measured_speed(session, wait=300)
+
+
 def test_reproduce_shows_progress_and_cancel_stops_it(demo_page):
     from app import open_chromium
 
@@ -96,6 +105,7 @@ def test_reproduce_shows_progress_and_cancel_stops_it(demo_page):
         try:
             page.goto(demo_page)
             expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=300_000)
+            settled()
             page.get_by_role("tab", name="Evaluate").click()
             page.locator("#demo-n input[type=number]").fill("2")
             page.locator("#demo-btn").click()
@@ -192,3 +202,40 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
     percents = [float(t.rsplit("- ", 1)[1].rstrip("%")) for t in steps if t.endswith("%")]
     assert percents and max(percents) > 50 and percents[0] < max(percents), percents
     assert any("building embedded:smollm2-math-en" in t for t in seen)
+
+
+def test_closing_the_page_stops_its_reproduce(demo_page):
+    """A visitor closes the page while Reproduce runs: its heartbeat ends, the page's unload
+    cancels the job, the server's CPU falls to idle within BOUND s and the dispatcher keeps
+    nothing for that page (its slot is free) (issue #51, item 1)."""
+    from app import open_chromium
+    from layerswap_core.workbench import session as wb
+
+    pid = os.getpid()
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(demo_page)
+            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=300_000)
+            settled()
+            page.get_by_role("tab", name="Evaluate").click()
+            page.locator("#demo-n input[type=number]").fill("2")
+            page.locator("#demo-btn").click()
+            expect(page.locator("#demo-result .progress-level-inner")).to_contain_text(
+                "%", timeout=120_000)
+            busy = cpu_share(pid)
+            assert busy > 0.3, f"the server used {busy:.0%} of a core while Reproduce ran"
+            assert wb.dispatcher().visitors, "no job of the page is known to the dispatcher"
+            page.close()                     # the tab closes: no Cancel pressed
+            t_close = time.monotonic()
+            shares, started = [], []
+            while not shares or (time.monotonic() - t_close < BOUND and shares[-1] >= 0.2):
+                started.append(time.monotonic() - t_close)
+                shares.append(cpu_share(pid))
+            print(f"CPU while running {busy:.2f} of a core; after closing the page, 3 s "
+                  f"windows: {[round(s, 2) for s in shares]} (from {started[-1]:.1f} s)")
+            assert shares[-1] < min(0.2, busy / 2) and started[-1] < BOUND, (busy, shares)
+            assert wb.dispatcher().visitors == {} and wb.dispatcher().heavy == {}
+        finally:
+            browser.close()

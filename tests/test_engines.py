@@ -244,6 +244,29 @@ def test_queue_and_per_visitor_limits_refuse_with_clear_messages(trio, tiny, one
     assert not waiting.is_alive()
 
 
+def test_one_heavy_job_per_person_and_closing_a_page_stops_only_its_jobs(trio, one_thread):
+    """A signed-in person's second page cannot start a second heavy job (a light one can, and
+    so can another person); closing that second page leaves the first page's job running;
+    closing the first page stops it at its next step, and nothing is kept for either."""
+    from dataclasses import replace
+
+    d = Dispatcher(EnginePool(1))
+    first = replace(chat_job(trio, "page-1", "task", tokens=200), person="hf-alice")
+    stream = d.stream(first)
+    next(stream)                                   # page 1 chats
+    second = replace(evaluate_job(trio, "page-2", {"task": "task"}, []), person="hf-alice")
+    with pytest.raises(Busy, match="another of yours"):
+        d.run(second)
+    with d.claim(replace(second, kind="show")), d.claim(replace(second, person="hf-bob")):
+        pass
+    d.leave("page-2")
+    next(stream)                                   # page 1 goes on
+    d.leave("page-1")
+    with pytest.raises(Cancelled):
+        next(stream)
+    assert d.visitors == {} and d.heavy == {}
+
+
 def test_a_visitor_who_leaves_is_cancelled_and_forgotten(trio, one_thread):
     pool = EnginePool(1)
     d = Dispatcher(pool)

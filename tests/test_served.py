@@ -139,11 +139,12 @@ def test_saves_go_only_by_name_under_the_visitors_folder(served, built):
                        if not k.startswith("outputs")}}
 
     def save(name, overwrite=False):
-        return built.predict(*config(), name, overwrite, api_name="/save")
+        return built.predict(name, overwrite, api_name="/save")
 
     status = save("good")
-    assert status.startswith("✔"), status
-    mine = Path(status.split("`")[1]).parent             # this visitor's own folder
+    assert status.startswith("✔ Saved as `good`: "), status   # by its name, not a path
+    mine, = served.out.iterdir()                         # this visitor's own folder
+    assert (mine / "good" / "layerswap.yaml").is_file()
     assert mine.parent == served.out and mine.name.startswith("session-")
     (mine / "link").symlink_to(served.victim)            # a link in the folder pointing out
     notes = mine / "notes"                               # a folder that is not a layerswap output
@@ -194,7 +195,7 @@ def test_every_parsed_text_is_capped(served, built, tiny):
     assert "at most 512 characters" in out["models_md"]
     status, *_ = built.predict("a" * 2001, [], [], "task expert", 16, api_name="/chat")
     assert "message: at most 2000 characters" in status
-    status = built.predict(*config(), "y" * 101, False, api_name="/save")
+    status = built.predict("y" * 101, False, api_name="/save")
     assert "at most 100 characters" in status
 
 

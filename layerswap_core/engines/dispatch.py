@@ -11,13 +11,16 @@ Placements (``Dispatcher.placement``), the same job code in all three:
   worker is reused); checkpoints named by ``preload`` are loaded at start-up in the main process
   and moved to ``"cuda"`` there, as ZeroGPU expects, so a worker forked later starts with them.
 
-Fair scheduling: one heavy job per visitor at a time (a second is refused: ``Busy``), at most
+Fair scheduling: one heavy job per person at a time (``Job.person``: a signed-in user, in every
+tab they have open; else the page: a second is refused, ``Busy``), at most
 ``max_waiting`` jobs waiting (``QueueFull``), a duration estimate before a heavy job starts
 (``jobs.estimate_seconds`` at the engine's measured speed) refused when over the time budget
 (``TooLong``) and enforced while it runs; ``cancel(visitor)`` stops the visitor's job at its next
-step, ``leave(visitor)`` also when they close the page. Evaluations run in chunks
-(``jobs.split``): between two chunks the engine goes back to the queue, so a short job (a
-Build, a chat) waits at most one chunk.
+step, ``leave(visitor)`` also when they close the page (``Job.visitor``: one page session, so
+closing one tab stops that tab's jobs, never the same person's jobs in another tab).
+Evaluations run in chunks (``jobs.split``): between two chunks the engine goes back to the
+queue, so a short job (a Build, a chat) waits at most one chunk. On ZeroGPU the duration asked
+for is the same estimate (``_zero_duration``), at the speed the worker measured.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from ..progress import Cancelled, Progress
@@ -61,7 +64,6 @@ def _env_int(name: str, default: int) -> int:
 @dataclass
 class Visitor:
     cancel: threading.Event = field(default_factory=threading.Event)
-    heavy: int = 0       # heavy jobs running (at most per_visitor)
     running: int = 0     # any jobs running
     left: bool = False
 
@@ -84,6 +86,7 @@ class Dispatcher:
         self.job_seconds = job_seconds or _env_int("LAYERSWAP_MAX_JOB_SECONDS", 1800)
         self.chunk_items = chunk_items or _env_int("LAYERSWAP_CHUNK_ITEMS", 4)
         self.visitors: dict[str, Visitor] = {}
+        self.heavy: dict[str, int] = {}       # person -> heavy jobs running
         self.speeds: dict[Trio, float] = {}   # measured tokens per second per trio
         self._lock = threading.Lock()
 
@@ -97,21 +100,26 @@ class Dispatcher:
         """The visitor's slot for ``job``: refused (Busy) when they already run a heavy job."""
         v = self._visitor(job.visitor)
         heavy = job.kind not in LIGHT
+        person = job.person or job.visitor
         with self._lock:
-            if heavy and job.visitor and v.heavy >= self.per_visitor:
-                raise Busy("you already have a job running on this server: wait for it to "
-                           "finish, or press Cancel")
+            if heavy and person and self.heavy.get(person, 0) >= self.per_visitor:
+                raise Busy("you already have a job running on this server (in this page or "
+                           "another of yours): wait for it to finish, or press Cancel")
             if not v.running:
                 v.cancel.clear()           # a Cancel pressed before this job is forgotten
             v.left = False
-            v.heavy += heavy
             v.running += 1
+            if heavy and person:
+                self.heavy[person] = self.heavy.get(person, 0) + 1
         try:
             yield v
         finally:
             with self._lock:
-                v.heavy -= heavy
                 v.running -= 1
+                if heavy and person:
+                    self.heavy[person] -= 1
+                    if not self.heavy[person]:
+                        del self.heavy[person]
                 if not v.running and (v.left or not job.visitor):
                     self.visitors.pop(job.visitor, None)
 
@@ -128,8 +136,9 @@ class Dispatcher:
         return v.running > 0
 
     def leave(self, visitor: str) -> None:
-        """The visitor left: their jobs are cancelled (waiting ones leave the queue at once)
-        and what the dispatcher kept for them is dropped."""
+        """The visitor's page closed: its jobs are cancelled (waiting ones leave the queue at
+        once, a running one stops at its next step) and what the dispatcher kept for it is
+        dropped once they have stopped."""
         with self._lock:
             v = self.visitors.get(visitor)
             if v is None:
@@ -172,10 +181,18 @@ class Dispatcher:
         with self.claim(job) as v:
             yield self._guard(v, time.monotonic() + self.job_seconds, progress)
 
+    def _estimated(self, job: J.Job) -> J.Job:
+        """``job`` carrying its estimate: on ZeroGPU the duration asked for (``_zero_duration``)
+        is the estimate this dispatcher admitted it by."""
+        return replace(job, settings={**job.settings, "estimate_seconds": self.estimate(job)})
+
     def _run_one(self, job: J.Job, v: Visitor, guard: Progress):
         if self.placement == "zerogpu":
             guard(0.0, "waiting for the GPU")
-            return zero_call(job)
+            out, speed = zero_call(self._estimated(job))
+            if speed:   # measured in the worker: the next estimates are the GPU's
+                self.speeds[job.trio] = speed
+            return out
         # waiting for or loading the engine happens at the chunk's start on the bar
         with self.pool.checkout(job.trio, job.visitor, lambda f, m: guard(0.0, m),
                                 v.cancel.is_set, short=job.kind in SHORT) as engine:
@@ -209,7 +226,7 @@ class Dispatcher:
             guard = self._guard(v, self._admit(job), progress)
             if self.placement == "zerogpu":
                 guard(0.0, "waiting for the GPU")
-                yield from _relay(zero_stream(job), guard)
+                yield from _relay(zero_stream(self._estimated(job)), guard)
                 return
             with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
                                     short=job.kind in SHORT) as engine:
@@ -245,13 +262,16 @@ def preload(trio: Trio) -> None:
 
 
 def _zero_duration(job: J.Job) -> int:
-    """The duration ZeroGPU is asked for: the job's estimate (at least 15 s)."""
-    return int(max(15, J.estimate_seconds(job)))
+    """The duration ZeroGPU is asked for: the estimate the dispatcher admitted the job by, at
+    the speed it measured (``Dispatcher.estimate``; at least 15 s)."""
+    est = job.settings.get("estimate_seconds")
+    return int(max(15, est if est is not None else J.estimate_seconds(job)))
 
 
 def _zero_call_task(job: J.Job):
+    """The job's result, and the engine's measured speed (for the next estimates)."""
     with _ZERO_POOL.checkout(job.trio, job.visitor) as engine:
-        return J.run_job(engine, job)
+        return J.run_job(engine, job), engine.tokens_per_second
 
 
 def _zero_stream_task(job: J.Job):
@@ -275,7 +295,8 @@ def gpu(fn=None, *, duration=None):
 
 
 def zero_call(job: J.Job):
-    """Run a job in the ZeroGPU worker (one decorated function: one worker cache)."""
+    """Run a job in the ZeroGPU worker (one decorated function: one worker cache): its result
+    and the worker engine's measured speed."""
     if "call" not in _decorated:
         _decorated["call"] = gpu(_zero_call_task, duration=_zero_duration)
     return _decorated["call"](job)

@@ -1,6 +1,7 @@
 """Jobs: plain data in, plain data out, run on one engine held from the plan to the last token.
 
-A ``Job`` names its kind, the ``Trio`` of its engine, the visitor it is for, what the engine
+A ``Job`` names its kind, the ``Trio`` of its engine, the visitor (page) it is for and the
+person behind it, what the engine
 shows (``what``: a role "base" / "task" / "lang", a merge config as a dict, or for an evaluation
 {label: either}), its items (``evaluation.data.Item``) and its settings (generation settings and
 the like). Every field pickles: the same job runs in this process or in a ZeroGPU worker.
@@ -45,6 +46,9 @@ class Job:
     what: Any = None
     items: list = field(default_factory=list)
     settings: dict = field(default_factory=dict)
+    # who the visitor is across their pages (a signed-in user's name): one heavy job per person
+    # (``engines.dispatch``); empty: the page (``visitor``) is the person
+    person: str = ""
 
     @property
     def generated_tokens(self) -> int:

@@ -28,6 +28,74 @@ class EvalResult:
     raw: Any = None
 
 
+# --------------------------------------------------------------------------- what fits the budget
+# Caps leave a fifth of the time budget for a server slower than last measured: what the page
+# offers is admitted (``engines.dispatch``) after a job measured a speed up to 20% lower.
+HEADROOM = 0.8
+DEFAULT_ROLES = ("base", "task", "lang", "merged")
+
+
+def session_roles(session: Session) -> tuple[str, ...]:
+    """The models the Evaluate tab can run on this session (no base: three)."""
+    return tuple(r for r in DEFAULT_ROLES if r != "base" or session.has_base)
+
+
+def evaluation_seconds(session: Session, n: int, max_new_tokens: int,
+                       roles: tuple[str, ...] = DEFAULT_ROLES) -> float:
+    """The dispatcher's estimate of an evaluation of ``n`` questions, ``max_new_tokens`` each,
+    over ``roles``, at the speed measured on the session's models (the number it admits the
+    job by, and asks ZeroGPU for)."""
+    job = session.job("evaluate", {r: r for r in roles}, [None] * int(n),
+                      max_new_tokens=int(max_new_tokens))
+    return dispatcher().estimate(job)
+
+
+def evaluation_caps(session: Session) -> tuple[int, int]:
+    """(questions, max new tokens): the Evaluate sliders' maxima on this server. Every model
+    at both maxima is estimated within ``HEADROOM`` of the job budget; the server's limits
+    (``LIMITS``) scaled down together when it is not."""
+    roles, budget = session_roles(session), HEADROOM * dispatcher().job_seconds
+    questions, tokens = LIMITS.eval_questions, LIMITS.new_tokens
+    for percent in range(100, 0, -1):
+        n = max(1, questions * percent // 100)
+        t = max(8, tokens * percent // 100 // 8 * 8)    # the slider's steps of 8
+        if evaluation_seconds(session, n, t, roles) <= budget:
+            return n, t
+    return 1, 8
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def speed_words(session: Session) -> str:
+    speed = dispatcher().speeds.get(session.trio)
+    if speed is None:
+        return "at an assumed speed: none measured on these models yet"
+    return f"at {speed:.1f} tokens/s, measured on these models here"
+
+
+def estimate_line(seconds: float, session: Session) -> str:
+    """The estimate of a job before it runs, against the server's budget (one line)."""
+    budget = dispatcher().job_seconds
+    if seconds > budget:
+        return (f"⚠ About {minutes(seconds)} ({speed_words(session)}): over the "
+                f"{minutes(budget)} this server allows per job.")
+    return (f"About {minutes(seconds)} ({speed_words(session)}); this server allows "
+            f"{minutes(budget)} per job.")
+
+
+def evaluation_line(session: Session | None, n, max_new_tokens, roles) -> str:
+    """The Evaluate tab's estimate as the sliders stand (``roles`` by role or label)."""
+    if session is None:
+        return ""
+    labels = {label: role for role, label in ROLE_LABELS.items()}
+    roles = tuple(labels.get(r, r) for r in roles or ())
+    if not roles:
+        return "Choose at least one model."
+    return estimate_line(evaluation_seconds(session, n, max_new_tokens, roles), session)
+
+
 def data_default() -> tuple[str, str]:
     """The data set the Evaluate and Sweep tabs start on, and a one-line note (plain text).
 

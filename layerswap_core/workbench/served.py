@@ -269,12 +269,13 @@ def output_folder(access: Access, folder) -> Path:
 
 def check_replace(out: Path, overwrite: bool) -> None:
     """An existing folder is replaced only with overwrite, and only when it is a layerswap
-    output (it has its layerswap.yaml): never a model, a cache or anything else."""
+    output (it has its layerswap.yaml): never a model, a cache or anything else. The messages
+    name the folder by its name (served, the server's paths are not the visitor's business)."""
     target = Path(out).expanduser()
     if not (target.exists() or target.is_symlink()):
         return
     if not overwrite:
-        raise WorkbenchError(f"{target} already exists: tick Overwrite to replace it")
+        raise WorkbenchError(f"{target.name} already exists: tick Overwrite to replace it")
     if not target.is_dir() or not (target / "layerswap.yaml").is_file():
-        raise WorkbenchError(f"{target} is not a layerswap output (no layerswap.yaml): "
+        raise WorkbenchError(f"{target.name} is not a layerswap output (no layerswap.yaml): "
                              "not replacing it")

@@ -148,10 +148,14 @@ class Session:
     (``engines.pool.EnginePool``), and everything that needs one is a job run by the one
     dispatcher (``engines.dispatch``) under this session's ``id``."""
 
-    def __init__(self, report: ModelsReport):
+    def __init__(self, report: ModelsReport, visitor: str | None = None):
         if not report.ok:
             raise WorkbenchError("these models cannot be merged: " + "; ".join(report.problems))
-        self.id = uuid.uuid4().hex              # the visitor, for the dispatcher
+        # the visitor's page for the dispatcher (``visitor``: the page session, so that closing
+        # the page stops its jobs; without one, this session alone); the person behind it (the
+        # access's namespace: a signed-in user in every tab) has one heavy job at a time
+        self.id = visitor or uuid.uuid4().hex
+        self.person = report.access.namespace or self.id
         self.refs = dict(report.refs)
         self.names = dict(report.names or report.refs)
         self.access = report.access
@@ -208,7 +212,7 @@ class Session:
 
     def job(self, kind: str, what=None, items=(), **settings) -> Job:
         """A plain-data job of this visitor on this session's engine."""
-        return Job(kind, self.trio, self.id, what, list(items), settings)
+        return Job(kind, self.trio, self.id, what, list(items), settings, person=self.person)
 
 
 def dispatcher() -> Dispatcher:
@@ -238,10 +242,12 @@ def showing(session: Session, role: str, progress: Progress | None = None):
 
 
 def open_session(base: str, task: str, lang: str, progress: Progress | None = None,
-                 access: Access = LOCAL) -> tuple[Session | None, ModelsReport]:
-    """The report, and a new Session when the models are compatible (else None)."""
+                 access: Access = LOCAL, visitor: str | None = None
+                 ) -> tuple[Session | None, ModelsReport]:
+    """The report, and a new Session when the models are compatible (else None); ``visitor``:
+    the page it is for (``Session``)."""
     report = check_models(base, task, lang, progress, access)
-    return (Session(report) if report.ok else None), report
+    return (Session(report, visitor) if report.ok else None), report
 
 
 def close_session(session: Session | None) -> None:
@@ -251,6 +257,13 @@ def close_session(session: Session | None) -> None:
         dispatcher().leave(session.id)
         session.stats.clear()
         session.built_config = None
+
+
+def leave(visitor: str | None) -> None:
+    """The visitor's page closed: its jobs stop at their next step and give up their places
+    (``Dispatcher.leave``), whatever ``gr.State`` still holds for it."""
+    if visitor:
+        dispatcher().leave(visitor)
 
 
 def banner(session: Session | None) -> str:
@@ -265,23 +278,56 @@ def banner(session: Session | None) -> str:
     return f"Models: {models} ({session.num_layers} layers). Merged model: {built}."
 
 
+_WARMING: dict[Trio, threading.Thread] = {}   # trio -> its warm-up, while it runs
+
+
 def warm_up(session: Session) -> threading.Thread | None:
     """Load the engine of the session's models in the background when none is loaded yet (in
-    this process): the first Build then only rewrites the tensors the merge changes."""
+    this process): the first Build then only rewrites the tensors the merge changes. Then,
+    when the dispatcher has no speed for these models yet, one small evaluation measures it
+    (``speed_probe``): the caps and estimates on the page are this server's from the start."""
     d = dispatcher()
     trio = session.trio
-    if d.placement != "local" or any(e.trio == trio for e in d.pool.engines):
+    loaded = any(e.trio == trio for e in d.pool.engines)
+    if d.placement != "local" or (loaded and trio in d.speeds) or trio in _WARMING:
         return None
 
     def load():
         try:
             with d.pool.checkout(trio):
                 pass
+            if trio not in d.speeds:
+                d.run(speed_probe(session))
         except Exception:  # noqa: BLE001 - Build reports loading errors where they matter
             return
+        finally:
+            _WARMING.pop(trio, None)
     thread = threading.Thread(target=load, name="layerswap-warm-up", daemon=True)
+    _WARMING[trio] = thread
     thread.start()
     return thread
+
+
+def speed_probe(session: Session) -> Job:
+    """The server's own job (no visitor: it takes nobody's slot) that measures the engine's
+    speed: one chunk of an evaluation of the task expert at the page's most shots (the longest
+    prompts, so the measured speed errs on the slow side), 16 tokens per answer."""
+    from ..evaluation.data import load_items
+    from ..evaluation.runner import default_exemplars
+
+    items = load_items("gsm-symbolic", "en")[:4]
+    return Job("evaluate", session.trio, "", {"task": "task"}, items,
+               {"shots": LIMITS.shots, "max_new_tokens": 16, "with_nll": False,
+                "exemplars": default_exemplars(items, LIMITS.shots, cot=False)})
+
+
+def measured_speed(session: Session, wait: float = 0.0) -> float | None:
+    """Tokens per second the dispatcher measured on the session's models (None: not yet),
+    after waiting up to ``wait`` seconds for their warm-up's measurement."""
+    thread = _WARMING.get(session.trio)
+    if thread is not None and wait > 0:
+        thread.join(wait)
+    return dispatcher().speeds.get(session.trio)
 
 
 def require(session: Session | None) -> Session:

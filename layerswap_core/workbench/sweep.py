@@ -11,6 +11,7 @@ from .session import Session, dispatcher
 from ..evaluation.data import load_items
 from ..evaluation.runner import default_exemplars
 from ..merge.partition import ConfigError, parse_layers
+from .evaluate import HEADROOM, estimate_line
 from . import figures as plots
 
 
@@ -72,6 +73,42 @@ def parse_values(text: str, name: str, hi: int) -> list[int]:
     return sorted(out)
 
 
+def _scoring(metric: str) -> dict:
+    """A sweep job's settings for its score: the gold NLL teacher-forced, or 64-token answers."""
+    return {"metric": "nll"} if metric == "nll" else {"max_new_tokens": 64, "with_nll": False}
+
+
+def sweep_seconds(session: Session, cells: int, n: int, metric: str = "nll") -> float:
+    """The dispatcher's estimate of a sweep of ``cells`` configurations on ``n`` items."""
+    job = session.job("sweep", [None] * int(cells), [None] * int(n), **_scoring(metric))
+    return dispatcher().estimate(job)
+
+
+def sweep_caps(session: Session) -> int:
+    """The most items the Sweep slider offers on this server: the largest grid scored by
+    accuracy (the slower score) is estimated within ``HEADROOM`` of the job budget."""
+    budget = HEADROOM * dispatcher().job_seconds
+    for n in range(LIMITS.sweep_items, 1, -1):
+        if sweep_seconds(session, LIMITS.sweep_cells, n, "accuracy") <= budget:
+            return n
+    return 1
+
+
+def sweep_line(session: Session | None, axes: str, x_values: str, y_values: str, n,
+               metric: str) -> str:
+    """The Sweep tab's estimate as its grid and sliders stand (the grid's own error, if any)."""
+    if session is None:
+        return ""
+    try:
+        fx, fy = SWEEP_AXES.get(axes, SWEEP_AXES["bottom / top"])
+        cells = (len(parse_values(x_values, fx.replace("_", " "), session.num_layers))
+                 * len(parse_values(y_values, fy.replace("_", " "), session.num_layers)))
+    except WorkbenchError as e:
+        return f"⚠ {e}"
+    return f"{cells} configurations. " + estimate_line(sweep_seconds(session, cells, n, metric),
+                                                       session)
+
+
 def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
                x_values: str = "0,2,4", y_values: str = "0,1,2", source: str = "gsm-symbolic",
                lang: str = "sw", n: int = 4, shots: int = 0, metric: str = "nll",
@@ -108,7 +145,7 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     rows = []
     # one job, a chunk per configuration: the engine shows each cell in turn (another
     # visitor's short job waits at most one cell); the NLL is teacher-forced, no generation
-    scoring = {"metric": "nll"} if metric == "nll" else {"max_new_tokens": 64, "with_nll": False}
+    scoring = _scoring(metric)
     summaries = dispatcher().run(session.job(
         "sweep", configs, items, shots=shots, exemplars=default_exemplars(items, shots, cot=False),
         labels=labels, **scoring), progress) if configs else []
