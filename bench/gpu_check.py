@@ -163,7 +163,7 @@ def check_evaluate_and_chat(refs: dict) -> dict:
     items = load_items(ITEMS["source"], "sw", 4, data_dir=ITEMS["data_dir"])
     n_layers = None
     out = {}
-    for side, dev in SIDES.items():
+    for side in SIDES:
         d = Dispatcher(EnginePool(1), placement="local")
         trio = _trio(refs, side)
         if n_layers is None:

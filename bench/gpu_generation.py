@@ -145,12 +145,12 @@ def main(argv=None) -> int:
         passes = Passes(model)
         prompts = task.prompts(tok)
         runs = {
-            "ours": lambda: [g.text for g in generate(model, tok, prompts, stop=(),
+            "ours": lambda: [g.text for g in generate(model, tok, prompts, stop=(),  # noqa: F821
                                                       max_new_tokens=a.tokens, batch_size=16)],
             "ours, no drafts": lambda: [g.text for g in generate(
-                model, tok, prompts, stop=(), max_new_tokens=a.tokens, batch_size=16,
+                model, tok, prompts, stop=(), max_new_tokens=a.tokens, batch_size=16,  # noqa: F821
                 lookahead=0)],
-            "transformers": lambda: transformers_generate(model, tok, prompts, a.tokens,
+            "transformers": lambda: transformers_generate(model, tok, prompts, a.tokens,  # noqa: F821
                                                           a.device),
         }
         chosen = [c for c in CONTENDERS if c in a.contenders]

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                     got, t_live = timed(lambda: evaluate_role(live.model, live.tokenizer, sets,
                                                               a.max_new_tokens))
                 else:
-                    want, t_direct = timed(lambda: evaluate_role(model, tok, sets,
+                    want, t_direct = timed(lambda: evaluate_role(model, tok, sets,  # noqa: F821
                                                                  a.max_new_tokens))
             del model, tok
             row["show"].append(t_show)
@@ -123,8 +123,8 @@ def main(argv=None) -> int:
                   f"direct load {t_load:5.2f} s + eval {t_direct:6.2f} s | ratio "
                   f"{t_live / t_direct:.2f} | identical {got == want}", flush=True)
 
-    print(f"\n| role | live: show | live: evaluate | direct: load | direct: evaluate | "
-          f"evaluate live / direct | identical outputs |")
+    print("\n| role | live: show | live: evaluate | direct: load | direct: evaluate | "
+          "evaluate live / direct | identical outputs |")
     print("|---|---|---|---|---|---|---|")
     for role, row in runs.items():
         print(f"| {role} ({TRIO[role]}) | {spread(row['show'])} s | {spread(row['live'])} s | "

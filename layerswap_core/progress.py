@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 Progress = Callable[[float, str], None]
 

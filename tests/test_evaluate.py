@@ -341,8 +341,8 @@ def test_the_cli_and_the_app_say_the_same_about_the_demo_math_experts_templates(
     numbers = [int(it.id[-4:]) for it in items]
     hit = [f"{t:04d}" for t in numbers if t in trained]
     assert numbers == [50, 51, 52, 53, 54] and hit == ["0050", "0054"]
-    said = (f"its card says it was trained on 2 of the 5 GSM-Symbolic templates evaluated here "
-            f"(0050, 0054); its score on them is not a clean test.")
+    said = ("its card says it was trained on 2 of the 5 GSM-Symbolic templates evaluated here "
+            "(0050, 0054); its score on them is not a clean test.")
 
     assert main(["eval", "--model", task, "--data", "gsm-symbolic", "--lang", "sw", "--n", "5",
                  "--shots", "0", "--max-new-tokens", "1", "--device", "cpu"]) == 0

@@ -9,7 +9,6 @@ import random
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ import torch
 from layerswap_core.checkpoints.loading import load_model
 from layerswap_core.evaluation.attention import packed_attention
 from layerswap_core.evaluation.generation import generate
-from layerswap_core.evaluation.lean import (LeanCache, LeanLlama, lean_reason, load_lean,
+from layerswap_core.evaluation.lean import (LeanLlama, lean_reason, load_lean,
                                             load_lean_model)
 from layerswap_core.evaluation.prefill import cache_classes
 from layerswap_core.evaluation.products import packed_products, split_head

@@ -100,7 +100,7 @@ def test_showing_roles_and_merges_allocates_no_new_parameter_memory(live):
         assert {n: p.data_ptr() for n, p in live.model.named_parameters()} == ptrs
         assert live.resident_bytes() == size
     # the only tensors the live model keeps are views into the mapped files
-    for role, src in live.sources.items():
+    for src in live.sources.values():
         assert not hasattr(src, "_cache")
         assert set(src.reader._maps) <= {src.reader.location(n).path for n in src.names}
 

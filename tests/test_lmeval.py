@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from layerswap_core.evaluation import runner as ev
+from layerswap_core.evaluation import mgsm_task
 from layerswap_core.evaluation.data import MGSM_LANGS, load_items
 from layerswap_core.evaluation.lmeval import installed_task_yaml, mgsm_task_config, run_lm_eval
 from layerswap_core.checkpoints.loading import load_model
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.mark.parametrize("lang", MGSM_LANGS)
 def test_prompt_words_match_installed_yaml(lang):
-    w = ev.PROMPT_WORDS[lang]
+    w = mgsm_task.PROMPT_WORDS[lang]
     direct, cot = installed_task_yaml(lang, False), installed_task_yaml(lang, True)
     assert f'"{w.question} "+question+"\\n{w.direct_answer}"' in direct["doc_to_text"]
     assert f'"{w.question} "+question+"\\n{w.cot_answer}"' in cot["doc_to_text"]
@@ -28,10 +29,9 @@ def test_prompt_words_match_installed_yaml(lang):
 
 
 def test_prompt_words_are_read_for_every_installed_language_with_an_english_fallback():
-    from layerswap_core.evaluation import mgsm_task
 
-    assert tuple(ev.PROMPT_WORDS) == mgsm_task.languages() and set(MGSM_LANGS) <= set(ev.PROMPT_WORDS)
-    assert ev.prompt_words("swh") == ev.PROMPT_WORDS["sw"] and ev.prompt_words("yor") == ev.PROMPT_WORDS["en"]
+    assert tuple(mgsm_task.PROMPT_WORDS) == mgsm_task.languages() and set(MGSM_LANGS) <= set(mgsm_task.PROMPT_WORDS)
+    assert ev.prompt_words("swh") == mgsm_task.PROMPT_WORDS["sw"] and ev.prompt_words("yor") == mgsm_task.PROMPT_WORDS["en"]
     assert ev.stop_strings("yor") == ev.stop_strings("en")
     # lm-eval's RegexFilter finds nothing: None, not its "[invalid]" placeholder
     assert mgsm_task.apply_filter("no number", "sw", True, "strict-match") is None

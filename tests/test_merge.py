@@ -10,7 +10,6 @@ import pytest
 import torch
 from huggingface_hub import save_torch_state_dict
 
-from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.checkpoints.reading import CheckpointError, CheckpointReader
 from layerswap_core.checkpoints.writing import OutputFolderError, ShardedWriter, atomic_output_dir
 from layerswap_core.merge.executor import MergeError, merge_to_folder, plan_for

@@ -24,7 +24,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
@@ -206,7 +206,7 @@ class DeltaStats:
                 os.unlink(tmp)
 
     @classmethod
-    def load(cls, path: Path) -> "DeltaStats":
+    def load(cls, path: Path) -> DeltaStats:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             rows, offsets = z["rows"], z["offsets"]

@@ -7,7 +7,7 @@ plain-language explanation (see its docstring for the formula).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -10,6 +10,8 @@ to PEFT's merge_and_unload. Everything here takes folders: references are resolv
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import re
 import time
@@ -20,6 +22,9 @@ from ..progress import Progress, say
 from .reading import ST_TO_DTYPE, TORCH_DTYPES, CheckpointReader, read_json_object
 from .tokenizers import TOKENIZER_FILES
 from .writing import ShardedWriter, atomic_output_dir
+
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used (start-up)
+    import torch
 
 ADAPTER_CONFIG = "adapter_config.json"   # a folder with it is a PEFT adapter, not a model
 

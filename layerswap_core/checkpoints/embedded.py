@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..progress import Progress, say
 from .adapters import ADAPTER_WEIGHTS, apply_adapter

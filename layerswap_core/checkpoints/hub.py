@@ -78,7 +78,7 @@ class HubLimits:
     jobs: int = 2                          # LAYERSWAP_MAX_DOWNLOADS: downloads at once
 
     @classmethod
-    def from_env(cls, served: bool = True) -> "HubLimits":
+    def from_env(cls, served: bool = True) -> HubLimits:
         d = cls() if served else cls(None, None, 20.0, 2)
         try:
             timeout = float(os.environ.get("LAYERSWAP_HUB_TIMEOUT") or d.timeout)

@@ -8,6 +8,8 @@ maps just that tensor's pages until released. ``get`` lets safetensors read exot
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import math
 import mmap
@@ -16,9 +18,13 @@ import warnings
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 from safetensors import SafetensorError, safe_open
+
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used (start-up)
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 # Files read so far in this process, by kind ("config": config.json, "header": a safetensors

@@ -6,6 +6,8 @@ layerswap cache, folders that are not layerswap outputs); ``cache_dir`` is layer
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import errno
 import hashlib
@@ -19,9 +21,12 @@ import struct
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from .reading import DTYPE_TO_ST, INDEX_NAME, ST_SIZES, CheckpointError, TensorLocation
+
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used (start-up)
+    import torch
 
 
 def parse_size(size: int | str) -> int:

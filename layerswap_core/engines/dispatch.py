@@ -29,7 +29,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..progress import Cancelled, Progress
 from ..progress import say as _say

@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from ..progress import Progress, Tally
 from .pool import Engine, Trio

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -101,9 +101,10 @@ def _greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
     return kw
 
 
-from .lean import plain_argmax
-from .prefill import (MIN_SHARED_PREFIX, _forward_kwargs, _growing_on, _kv, cache_classes,
-                      _plain_cache_ok, _prefill, batch_order, layer_shapes, own_kv, shared_prefix)
+from .lean import plain_argmax  # noqa: E402 - after the helpers prefill imports from here
+from .prefill import (  # noqa: E402
+    MIN_SHARED_PREFIX, _forward_kwargs, _growing_on, _kv, cache_classes, _plain_cache_ok, _prefill,
+    batch_order, layer_shapes, own_kv, shared_prefix)
 
 
 def _plain_greedy_ok(model) -> bool:
@@ -774,6 +775,6 @@ def chat(model, tokenizer, messages: list[dict] | str, *, system: str | None = N
     if stream:
         return replies
     reply = ""
-    for reply in replies:
+    for reply in replies:  # noqa: B007 - the last one is the answer
         pass
     return reply

@@ -11,7 +11,7 @@ N." answer).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .data import Item, load_mgsm, mgsm_lang
 from .runner import answer_phrase, default_exemplars

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from ..checkpoints.writing import cache_dir
 
@@ -123,7 +123,7 @@ def download_mgsm(dest: str | os.PathLike | None = None, *,
         folder = Path(snapshot()) if snapshot is not None else _hub_snapshot()
     except MgsmDownloadError:
         raise
-    except Exception as e:   # network, auth, disk: one line
+    except Exception as e:   # noqa: BLE001 - network, auth, disk: one line
         raise MgsmDownloadError(f"could not download MGSM from the Hub ({HUB_ID}): "
                                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     return build_mgsm_folder(folder, dest)

@@ -8,7 +8,7 @@ pieces are assembled into one batch KV cache that grows in place (``GrowingLayer
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -27,7 +27,7 @@ import string
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import mgsm_task
 from .data import (Item, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
@@ -35,7 +35,7 @@ from .data import (Item, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
 from ..checkpoints.writing import release_freed_memory
 from ..progress import Progress, Tally, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
-from .mgsm_task import (FLEXIBLE_FILTER, PROMPT_WORDS, STRICT_FILTER, PromptWords, apply_filter,
+from .mgsm_task import (FLEXIBLE_FILTER, STRICT_FILTER, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
 from .prompts import has_chat_template, render_chat
 from .tasks import Extraction, Task, run_task, token_nll

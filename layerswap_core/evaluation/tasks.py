@@ -13,7 +13,8 @@ NLL of the runner (``runner.gold_nll``), the trainer's loss and its held-out los
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -136,7 +136,7 @@ def _answer(text: str) -> tuple[str, str]:
     return solution_text(body, calculator=True), gold
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _generated(lang: str, template: int, seed: int, n: int) -> tuple[tuple[str, str, str], ...]:
     """(question, solution, gold) of ``n`` variants of one template (the package's engine)."""
     from multilingual_gsm_symbolic.templates import AnnotatedQuestion
@@ -214,7 +214,7 @@ def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _paired(template: int, split: str) -> tuple[int, ...]:
     """Indices of the template's variants in ``split`` that survive disjointness (by English
     question text against the earlier splits of the same template and within the split; for

@@ -18,6 +18,8 @@ blocks) for both.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import collections
 import concurrent.futures
 import contextlib
@@ -25,13 +27,17 @@ import functools
 import itertools
 import math
 import os
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from . import methods
 from ..checkpoints.reading import ST_TO_DTYPE
 from ..progress import Progress, say as _say
 from .errors import ConfigError, MergeError
 from .registry import Source
+
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used (start-up)
+    import torch
+    import numpy
 
 # Row blocks hold at most this many float32 bytes of the output (the inputs and the method's
 # temporaries are a few blocks more): bounded working memory whatever the tensor's size.
@@ -295,7 +301,7 @@ def check_finite(name: str, merged: torch.Tensor, inputs: list[torch.Tensor], sr
                      f"or values beyond the range of {merged.dtype}); {outcome}")
 
 
-def magnitude_weights(fetch: Callable[[str, str, "slice | None"], torch.Tensor], roles,
+def magnitude_weights(fetch: Callable[[str, str, slice | None], torch.Tensor], roles,
                       names: list[str], shape_of: Callable[[str], Sequence[int]],
                       progress: Progress | None = None,
                       block_bytes: int | None = None) -> tuple[float, float]:

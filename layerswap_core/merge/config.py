@@ -133,7 +133,7 @@ class MergeConfig:
     """
 
     @classmethod
-    def default_for(cls, num_layers: int, **kw) -> "MergeConfig":
+    def default_for(cls, num_layers: int, **kw) -> MergeConfig:
         """Defaults with concrete layer counts for a model of ``num_layers`` layers."""
         cfg = cls(**kw)
         b, u = cfg.layer_counts(num_layers)[:2]
@@ -149,7 +149,7 @@ class MergeConfig:
         return b, u, self.transition_bottom, self.transition_top
 
     # ---- validation
-    def check_fields(self) -> "MergeConfig":
+    def check_fields(self) -> MergeConfig:
         """Each field's type and bounds (``Knob.refuses``; one line naming the first refused
         field, in ``FIELDS`` order)."""
         for name, k in FIELDS.items():
@@ -158,7 +158,7 @@ class MergeConfig:
                 raise ConfigError(k.message(value))
         return self
 
-    def validate(self, num_layers: int | None = None, has_base: bool | None = None) -> "MergeConfig":
+    def validate(self, num_layers: int | None = None, has_base: bool | None = None) -> MergeConfig:
         self.check_fields()
         if self.has_blends and not self.uses_magnitude and self.w_task + self.w_lang <= 0:
             raise ConfigError("w_task + w_lang is 0: the blend has no weight (give a positive weight)")
@@ -201,7 +201,7 @@ class MergeConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MergeConfig":
+    def from_dict(cls, d: dict) -> MergeConfig:
         """A config from a mapping (YAML), every field checked (``check_fields``).
 
         A mapping written by an earlier layerswap (it has ``layerswap_version`` but lacks the
@@ -229,11 +229,11 @@ class MergeConfig:
         return yaml.safe_dump({**self.to_dict(), "layerswap_version": __version__}, sort_keys=False)
 
     @classmethod
-    def from_yaml(cls, text: str) -> "MergeConfig":
+    def from_yaml(cls, text: str) -> MergeConfig:
         return cls.from_dict(load_yaml(text, "merge config") or {})
 
     @classmethod
-    def load(cls, path) -> "MergeConfig":
+    def load(cls, path) -> MergeConfig:
         from pathlib import Path
         try:
             return cls.from_yaml(Path(path).read_text())

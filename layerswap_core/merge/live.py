@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -194,7 +194,7 @@ class LiveModel:
         return ShowResult("task", count, len(self.names), nbytes, time.perf_counter() - t0)
 
     @classmethod
-    def from_refs(cls, task, lang, base=None, **kw) -> "LiveModel":
+    def from_refs(cls, task, lang, base=None, **kw) -> LiveModel:
         return cls(open_inputs(task, lang, base), **kw)
 
     @property
@@ -242,7 +242,8 @@ class LiveModel:
                 continue  # read straight into the parameter
             views = {m: self.sources[m][n] for m in src.models}
             for rows, value in source_rows(
-                    n, src, param.shape, lambda m, rows: views[m] if rows is None else views[m][rows],
+                    n, src, param.shape,
+                    lambda m, rows: views[m] if rows is None else views[m][rows],  # noqa: F821
                     param.dtype, param.device,
                     "non-finite result refused; the next plan rewrites every tensor",
                     apply.LARGE_BLOCK_BYTES):

@@ -63,7 +63,7 @@ class Opened(NamedTuple):
     task_dtypes: set
 
     @classmethod
-    def of(cls, models) -> "Opened":
+    def of(cls, models) -> Opened:
         """From a ``ModelSet`` (``checkpoints.compatibility``)."""
         task = models.readers["task"]
         return cls(dict(models.refs), {r: str(p) for r, p in models.paths.items()}, models.arch,
@@ -464,7 +464,6 @@ def read_mergekit(path, task=None) -> MergeConfig:
         text = Path(path).read_text()
         cfg = from_mergekit(text)
         if cfg.method == "layer_swap":
-            from ..checkpoints.compatibility import open_models
             num_layers = open_models({"task": str(task or cfg.task)}).arch.num_layers
             from_mergekit(text, num_layers)
         return cfg

@@ -16,9 +16,15 @@ method is one ``@register(...)`` here; nothing lists methods by name elsewhere.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used (start-up)
+    import torch
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..checkpoints.architectures import KIND_GROUPS, LAYER_KIND_ORDER, Architecture
 from .errors import ConfigError  # noqa: F401  (also re-exported for older imports)
@@ -212,7 +212,7 @@ class Partition:
     scaled: bool = False
 
     @classmethod
-    def preset(cls, name: str, num_layers: int, scale: bool = False) -> "Partition":
+    def preset(cls, name: str, num_layers: int, scale: bool = False) -> Partition:
         """A published preset in absolute layers (ConfigError where it does not fit); ``scale``:
         the counts scaled with depth (the tool's own rule)."""
         key = str(name).upper()
@@ -222,7 +222,7 @@ class Partition:
         return replace(cls.from_rules(rules, num_layers, name=key), scaled=scale)
 
     @classmethod
-    def from_rules(cls, rules: Iterable[dict], num_layers: int, name: str = "custom") -> "Partition":
+    def from_rules(cls, rules: Iterable[dict], num_layers: int, name: str = "custom") -> Partition:
         """Rules: mappings with 'layers' (see ``parse_layer_selection``; absent: every layer and
         the non-layer parameters), 'kinds' (``parse_kinds``) and 'to' (task/lang/base, default
         lang)."""
@@ -241,7 +241,7 @@ class Partition:
         return cls(tuple(parsed), num_layers, name)
 
     @classmethod
-    def from_spec(cls, spec, num_layers: int, scale: bool = False) -> "Partition":
+    def from_spec(cls, spec, num_layers: int, scale: bool = False) -> Partition:
         """A preset name ("A"/"B"/"C") or a list of rule mappings."""
         if isinstance(spec, str):
             return cls.preset(spec, num_layers, scale)

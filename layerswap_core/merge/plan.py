@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..checkpoints.architectures import KIND_GROUPS, LAYER_KIND_ORDER, Architecture
 from .config import MergeConfig
@@ -181,13 +181,13 @@ class MergePlan:
         lines.append("tensors: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
         return "\n".join(lines)
 
-    def changed_names(self, other: "MergePlan | None") -> list[str]:
+    def changed_names(self, other: MergePlan | None) -> list[str]:
         """Names whose source differs from ``other`` (all names when other is None)."""
         if other is None:
             return list(self.sources)
         return [n for n, s in self.sources.items() if other.sources.get(n) != s]
 
-    def with_magnitude(self, magnitude: tuple[float, float]) -> "MergePlan":
+    def with_magnitude(self, magnitude: tuple[float, float]) -> MergePlan:
         return MergePlan(self.config, self.arch,
                          {n: s.resolved(magnitude) for n, s in self.sources.items()},
                          tuple(magnitude))

@@ -19,7 +19,8 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from . import methods
 from .errors import ConfigError
@@ -50,7 +51,7 @@ class Source:
     args: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
-    def copy(cls, model: str) -> "Source":
+    def copy(cls, model: str) -> Source:
         return cls("copy", (model,))
 
     @property
@@ -79,7 +80,7 @@ class Source:
     def kwargs(self) -> dict:
         return dict(self.args)
 
-    def resolved(self, magnitude: tuple[float, float]) -> "Source":
+    def resolved(self, magnitude: tuple[float, float]) -> Source:
         """This source with magnitude-adjusted weights filled in."""
         if self.weights is not None:
             return self

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from .order import chunks
 from .scoring import SweepWorker
@@ -108,7 +108,7 @@ def run_on_ray(jobs: list[dict], worker_args: dict, handle: Callable[[dict], Non
                 if not any(alive):
                     left = sum(len(q) for q in queues)
                     raise RuntimeError(f"all {len(actors)} Ray workers died; {left} "
-                                       "configurations not scored (run again to go on)")
+                                       "configurations not scored (run again to go on)") from None
                 for w in idle:            # idle workers take the orphaned run at once
                     submit(w)
                 continue

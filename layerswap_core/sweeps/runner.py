@@ -9,7 +9,7 @@ worker in this process, on the engine its ``checkout`` lends) or ``ray`` (one ac
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from ..merge.config import MergeConfig
 from ..progress import Progress

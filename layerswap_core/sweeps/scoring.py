@@ -40,7 +40,7 @@ class EvalSettings:
     batch_size: int = 16
     data_dir: str | None = None
 
-    def check(self) -> "EvalSettings":
+    def check(self) -> EvalSettings:
         if self.data not in DATA:
             raise ValueError(f"data: one of {', '.join(DATA)}, not {self.data!r}")
         if self.metric not in METRICS:

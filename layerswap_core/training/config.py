@@ -70,7 +70,7 @@ class TrainConfig:
     eval_batches: int | None = None            # cap on validation batches (None: whole file)
     save_every: int = 0                        # >0: <output>/checkpoint-<step> every N steps
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         if self.mode not in MODES:
             raise TrainError(f"mode: unknown {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.schedule not in SCHEDULES:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..engines.jobs import context_tokens, fit_context  # noqa: F401  (the chat's context rules)
 from .served import LIMITS, WorkbenchError, bounded, capped

@@ -67,7 +67,7 @@ def slider_taus(session: Session, values) -> tuple[float, float]:
                  for v, a in zip(values, auto))
 
 
-def map_contrast(views: "DeltaViews") -> tuple[float, float]:
+def map_contrast(views: DeltaViews) -> tuple[float, float]:
     """Per heatmap: the largest minus the smallest cell, in the colour's units (for a fraction
     map, 0.2 = 20 percentage points)."""
     import numpy as np

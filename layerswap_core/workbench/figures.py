@@ -8,7 +8,7 @@ bottom (as in the layer-swapping paper) and module kinds on the x axis in
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go

@@ -66,7 +66,7 @@ class Quotas:
     keep_seconds: float | None = 24 * 3600  # LAYERSWAP_SAVES_HOURS
 
     @classmethod
-    def from_env(cls) -> "Quotas":
+    def from_env(cls) -> Quotas:
         d = cls()
         hours = hub.env_number("LAYERSWAP_SAVES_HOURS", d.keep_seconds / 3600)
         return cls(hub.env_gb("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", d.per_visitor / GB),

@@ -84,7 +84,7 @@ class Limits:
     agent_idle_seconds: int = 3600   # an agent session left idle this long is closed
 
     @classmethod
-    def from_env(cls) -> "Limits":
+    def from_env(cls) -> Limits:
         return cls(**{f: _env_int(f"LAYERSWAP_MAX_{f.upper()}", getattr(cls, f))
                       for f in cls.__dataclass_fields__})
 
@@ -145,7 +145,7 @@ class Access:
     trusted: frozenset[str] = frozenset()
     namespace: str | None = None     # served: the visitor's own folder under output_root
 
-    def for_visitor(self, namespace: str | None) -> "Access":
+    def for_visitor(self, namespace: str | None) -> Access:
         """The same access for one visitor (``saves.visitor_namespace``): served, their saves
         live in ``output_root/namespace`` and only they can list, pick or overwrite them."""
         return replace(self, namespace=namespace)
@@ -158,7 +158,7 @@ class Access:
         return self.output_root / self.namespace
 
     @classmethod
-    def from_env(cls, served: bool, trusted=()) -> "Access":
+    def from_env(cls, served: bool, trusted=()) -> Access:
         out = Path(os.environ.get("LAYERSWAP_OUTPUT_DIR") or cache_dir() / "outputs").expanduser()
         dirs = os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
         roots = [Path(d).expanduser() for d in dirs if d.strip()]

@@ -33,6 +33,8 @@ from ..checkpoints.loading import dense_from_adapter, describe, pick_device
 from ..checkpoints.references import DEFAULT_BASE, check_free_space, is_adapter, is_offline
 from ..engines.dispatch import ZERO_DEVICE, Dispatcher, default as default_dispatcher
 from ..engines.jobs import Job, show
+from ..evaluation.data import load_items
+from ..evaluation.runner import default_exemplars
 from ..engines.pool import Trio
 from ..merge import mergekit_yaml, registry
 from ..progress import say as _say
@@ -312,9 +314,6 @@ def speed_probe(session: Session) -> Job:
     """The server's own job (no visitor: it takes nobody's slot) that measures the engine's
     speed: one chunk of an evaluation of the task expert at the page's most shots (the longest
     prompts, so the measured speed errs on the slow side), 16 tokens per answer."""
-    from ..evaluation.data import load_items
-    from ..evaluation.runner import default_exemplars
-
     items = load_items("gsm-symbolic", "en")[:4]
     return Job("evaluate", session.trio, "", {"task": "task"}, items,
                {"shots": LIMITS.shots, "max_new_tokens": 16, "with_nll": False,
@@ -344,7 +343,7 @@ def parse_custom_rules(text: str) -> list[dict]:
     ignored. The rest of the parameters go to the task expert.
     """
     rules = []
-    for i, line in enumerate((text or "").splitlines()):
+    for line in (text or "").splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
