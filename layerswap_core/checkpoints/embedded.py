@@ -405,6 +405,11 @@ DESCRIPTIONS = {
     SWAHILI_EXPERT: "SmolLM2-135M-Instruct + Swahili reading LoRA on the outer layers 0-5 and "
                     "28-29 only (partial training; question translations of non-evaluated "
                     "templates, dictionary and numerals; no worked math)",
+    **{name: f"the Swahili reading expert's recipe and training with seed {name[-1]} (the demo "
+             f"result's seeds)" for name in SWAHILI_SEEDS},
+    CONTROL_EXPERT: "SmolLM2-135M-Instruct + a LoRA on the outer layers trained as the Swahili "
+                    "expert was, on English text only, scaled to its norm (the demo result's "
+                    "control)",
 }
 for _name, _description in DESCRIPTIONS.items():
     register_expert(_name, _description, ASSETS / _name, embedded_name(DEMO_BASE))
