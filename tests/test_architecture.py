@@ -30,7 +30,8 @@ LAYERS = [
      "checkpoints.hub"),                          # the one compatibility check; served downloads
     ("merge.lora", "merge.executor", "merge.live", "testing"),   # adapter plans, executor, live
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
-    ("evaluation.mgsm_hub", "evaluation.data", "evaluation.variants", "evaluation.calculator",
+    ("evaluation.mgsm_hub", "evaluation.data", "evaluation.bengali", "evaluation.variants",
+     "evaluation.calculator",
      "evaluation.attention", "evaluation.products", "evaluation.lean",   # the lean Llama
      "evaluation.prefill", "evaluation.generation",
      "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
