@@ -58,7 +58,7 @@ import tomllib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from . import bengali
 from .data import DataError, Item, gold_number, mgsm_overlap_templates, solution_text, symbolic_root
