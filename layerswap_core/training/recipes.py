@@ -283,20 +283,22 @@ def swahili_number(n: int) -> str:
         f"{head} {swahili_number(rest)}"
 
 
-def numeral_rows(count: int = NUMERALS, seed: int = SEED) -> list[dict]:
-    """Swahili numeral exercises, digits -> words and words -> digits, on numbers drawn from a
-    fixed mix of sizes (0-20, 21-100, 101-1,000, 1,001-100,000)."""
+def numeral_rows(count: int = NUMERALS, seed: int = SEED, words=None,
+                 words_prompt: str = NUMERAL_WORDS_PROMPT,
+                 digits_prompt: str = NUMERAL_DIGITS_PROMPT) -> list[dict]:
+    """Numeral exercises (Swahili unless ``words`` and the prompts say otherwise), digits ->
+    words and words -> digits, on numbers drawn from a fixed mix of sizes (0-20, 21-100,
+    101-1,000, 1,001-100,000)."""
+    words = words or swahili_number
     rng = random.Random(seed + 17)
     rows = []
     for k in range(count):
         lo, hi = ((0, 20), (21, 100), (101, 1000), (1001, 100_000))[k % 4]
         n = rng.randint(lo, hi)
         if k % 2:
-            rows.append(chat_row(NUMERAL_DIGITS_PROMPT + swahili_number(n), str(n),
-                                 "numerals words->digits"))
+            rows.append(chat_row(digits_prompt + words(n), str(n), "numerals words->digits"))
         else:
-            rows.append(chat_row(NUMERAL_WORDS_PROMPT + str(n), swahili_number(n),
-                                 "numerals digits->words"))
+            rows.append(chat_row(words_prompt + str(n), words(n), "numerals digits->words"))
     return rows
 
 
@@ -395,13 +397,8 @@ def english_control_examples(split: str = "train", seed: int = SEED) -> list[dic
         group = words[(k * DICT_WORDS_PER_EXAMPLE) % len(words):][:DICT_WORDS_PER_EXAMPLE]
         rows.append(chat_row(ENG_WORDS_PROMPT + ", ".join(group),
                              ", ".join(sorted(group, key=str.lower)), "english word order"))
-    num = random.Random(seed + 17)
-    for k in range(NUMERALS):
-        lo, hi = ((0, 20), (21, 100), (101, 1000), (1001, 100_000))[k % 4]
-        n = num.randint(lo, hi)
-        rows.append(chat_row(ENG_NUMERAL_DIGITS + english_number(n), str(n), "numerals words->digits")
-                    if k % 2 else chat_row(ENG_NUMERAL_WORDS + str(n), english_number(n),
-                                           "numerals digits->words"))
+    rows += numeral_rows(seed=seed, words=english_number, words_prompt=ENG_NUMERAL_WORDS,
+                         digits_prompt=ENG_NUMERAL_DIGITS)
     rng.shuffle(rows)
     return rows
 
