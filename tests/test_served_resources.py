@@ -446,8 +446,9 @@ def test_temp_folders_go_after_the_download_and_at_the_end_of_the_visit(served, 
     c = visitor(served)
     assert pick(c, str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))[
         "models_md"].startswith("✔")
+    assert c.predict(*config(), api_name="/build")[0].startswith("✔")   # Zip: the built merge
     for _ in range(3):
-        status, zipped = c.predict(*config(), api_name="/download")
+        status, zipped = c.predict(api_name="/download")
         assert status.startswith("✔") and Path(zipped).name == "layerswap-merge.zip"
     assert set(root.glob("layerswap-*")) - before == set()    # ours: gone once handed over
     ns = saves.visitor_namespace(None, c.session_hash)
