@@ -141,7 +141,7 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
                           progress: Progress | None = None, dtype=None, live=None,
                           seeds: dict[str, str] | None = None, control: str | None = None,
                           measured: dict | None = None, on_measured: Callable | None = None,
-                          resamples: int = 10_000, seed: int = 0, **_ignored) -> dict:
+                          resamples: int = 10_000, seed: int = 0) -> dict:
     """The demo result as data (module docstring). ``refs``: base, task, lang (the first seed);
     ``seeds``: more language experts, label -> reference (the bench's other seeds);
     ``control``: the control expert's reference. ``n``: eval items, ``n_validation``:
