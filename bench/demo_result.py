@@ -11,9 +11,13 @@ unit.
                                 [--base REF --task REF --lang REF] [--seed-expert LABEL=REF ...]
                                 [--control REF | --no-control] [--no-seeds]
     python bench/demo_result.py --from-json assets/experts/demo_result.json --docs docs/demo.md
+    python bench/demo_result.py --language bn --n 177 [...]   # the Bengali trio (Gemma-3-270M)
 
 Defaults: the embedded demo trio, its two more seeds (``embedded:smollm2-swahili-seed1``,
-``-seed2``) and its control expert (``embedded:smollm2-english-control``). Prints the headline
+``-seed2``) and its control expert (``embedded:smollm2-english-control``). ``--language bn``:
+the Bengali questions and the Bengali demo trio (``embedded:gemma3-270m``, ``gemma3-math-en``,
+``gemma3-bengali``; one seed, no control expert is trained for it), written by default to
+``assets/experts/demo_result_bn.json``. Prints the headline
 and the tables, then writes the JSON (every per-item value and every statistic;
 ``assets/experts/demo_result.json`` is this file for the shipped experts) and, with
 ``--docs``, rewrites the block between ``<!-- demo-result -->`` and ``<!-- /demo-result -->``.
@@ -34,9 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main(argv=None) -> int:
     import torch
 
-    from layerswap_core.checkpoints.embedded import (CONTROL_EXPERT, EMBEDDED_PREFIX,
+    from layerswap_core.checkpoints.embedded import (CONTROL_EXPERT, DEMO_TRIOS, EMBEDDED_PREFIX,
                                                      SWAHILI_SEEDS)
-    from layerswap_core.training.demo_experts import DEMO_BASE, DEMO_LANG, DEMO_TASK
     from layerswap_core.workbench.demo import measured_demo_result, reproduce_demo_result
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -44,9 +47,11 @@ def main(argv=None) -> int:
                    "(257: all of them)")
     p.add_argument("--n-validation", type=int, default=33)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    p.add_argument("--base", default=DEMO_BASE)
-    p.add_argument("--task", default=DEMO_TASK)
-    p.add_argument("--lang", default=DEMO_LANG)
+    p.add_argument("--language", choices=sorted(DEMO_TRIOS), default="sw",
+                   help="the question language and its demo trio (default: sw)")
+    p.add_argument("--base", help="default: the language's demo trio")
+    p.add_argument("--task")
+    p.add_argument("--lang")
     p.add_argument("--seed-expert", action="append", metavar="LABEL=REF",
                    help="another seed's language expert (default: the shipped seeds 1 and 2)")
     p.add_argument("--no-seeds", action="store_true", help="the first seed only")
@@ -58,6 +63,10 @@ def main(argv=None) -> int:
     p.add_argument("--resume", help="a file of finished measurements, read and extended")
     p.add_argument("--from-json", help="a stored result to print (and --docs), nothing rerun")
     a = p.parse_args(argv)
+    trio = DEMO_TRIOS[a.language]
+    a.base, a.task, a.lang = a.base or trio["base"], a.task or trio["task"], a.lang or trio["lang"]
+    if a.language != "sw":      # one seed and no control expert for the other trios
+        a.no_seeds, a.no_control = a.no_seeds or not a.seed_expert, True
     if a.threads:
         torch.set_num_threads(a.threads)
     t0 = time.time()
@@ -66,7 +75,7 @@ def main(argv=None) -> int:
         print(f"[{f:4.0%} {time.time() - t0:5.0f} s] {m}", file=sys.stderr, flush=True)
 
     if a.from_json:
-        res = measured_demo_result(a.from_json)
+        res = measured_demo_result(a.from_json, lang=a.language)
         if res is None:
             print(f"{a.from_json}: not a demo result (version 3)", file=sys.stderr)
             return 1
@@ -87,7 +96,8 @@ def main(argv=None) -> int:
                                     n_validation=a.n_validation, seeds=seeds,
                                     control=None if a.no_control else a.control,
                                     measured=measured, on_measured=keep,
-                                    resamples=a.resamples, progress=progress)
+                                    resamples=a.resamples, progress=progress,
+                                    lang=a.language)
     print(docs_block(res))
     if a.json:
         write_json(Path(a.json), res)

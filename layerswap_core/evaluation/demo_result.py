@@ -305,9 +305,33 @@ def paired_stats(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_
 # values, then the mean over templates, a bootstrap that resamples templates, and the sign
 # test over template means. One statistic is primary, declared here before any run
 # (``effect_specs``); the others are secondary and their sign-test p-values Holm-corrected.
+LANG_NAMES = {"sw": "Swahili", "bn": "Bengali"}   # the question languages the demo measures
 QUESTIONS = {"sw": "Swahili question", "en": "English question"}
 OTHER = "-other"        # a question key + OTHER: the item's solution after its partner's question
 CONDITIONS = tuple(q + o for q in QUESTIONS for o in ("", OTHER))
+
+
+def questions(lang: str = "sw") -> dict[str, str]:
+    """The two questions of a result in ``lang``: its own language's and English."""
+    if lang not in LANG_NAMES:
+        raise ValueError(f"no demo measure in {lang!r}; measured: {', '.join(LANG_NAMES)}")
+    return {lang: f"{LANG_NAMES[lang]} question", "en": "English question"}
+
+
+def conditions(lang: str = "sw") -> tuple[str, ...]:
+    return tuple(q + o for q in questions(lang) for o in ("", OTHER))
+
+
+def condition_names(lang: str = "sw") -> dict[str, str]:
+    name = LANG_NAMES[lang]
+    return {lang: f"own {name} question", lang + OTHER: f"another item's {name} question",
+            "en": "own English question", "en" + OTHER: "another item's English question"}
+
+
+def result_lang(items: Sequence[dict]) -> str:
+    """The question language of a result's items (the condition that is not English)."""
+    keys = [c for c in (items[0]["nll"] if items else ()) if c != "en" and not c.endswith(OTHER)]
+    return keys[0] if keys else "sw"
 MATH = "math expert"
 
 
@@ -356,43 +380,43 @@ def item_effects(items: Sequence[dict], models: Sequence[str], vs: str, question
 
 
 def effect_specs(swaps: Sequence[str], control: str | None = None,
-                 default: str | None = None, what: str = "the swap") -> list[dict]:
+                 default: str | None = None, what: str = "the swap", lang: str = "sw") -> list[dict]:
     """The statistics of the demo result, the first one primary. ``swaps``: the measured swap
     with each seed's language expert (``what`` names it); ``control``: the same swap with the
     control expert's outer layers; ``default``: the app's default swap (first seed) where it is
-    another swap."""
-    pooled = list(swaps)
+    another swap. ``lang``: the question language (``LANG_NAMES``)."""
+    pooled, qs, name = list(swaps), questions(lang), LANG_NAMES[lang]
     what = f"{what} ({len(pooled)} seeds pooled)" if len(pooled) > 1 else what
-    specs = [dict(key="primary", label=f"{what} vs math expert, Swahili question, "
-                  "question-specific", models=pooled, vs=MATH, question="sw", specific=True),
+    specs = [dict(key="primary", label=f"{what} vs math expert, {name} question, "
+                  "question-specific", models=pooled, vs=MATH, question=lang, specific=True),
              dict(key="english", label=f"{what} vs math expert, English question, "
                   "question-specific", models=pooled, vs=MATH, question="en", specific=True)]
     if len(pooled) > 1:
-        specs += [dict(key=f"seed:{m}", label=f"{m} vs math expert, Swahili question, "
-                       "question-specific", models=[m], vs=MATH, question="sw", specific=True)
+        specs += [dict(key=f"seed:{m}", label=f"{m} vs math expert, {name} question, "
+                       "question-specific", models=[m], vs=MATH, question=lang, specific=True)
                   for m in pooled]
     if control:
-        specs += [dict(key="control", label=f"{control} vs math expert, Swahili question, "
-                       "question-specific", models=[control], vs=MATH, question="sw",
+        specs += [dict(key="control", label=f"{control} vs math expert, {name} question, "
+                       "question-specific", models=[control], vs=MATH, question=lang,
                        specific=True),
-                  dict(key="vs-control", label=f"{pooled[0]} vs {control}, Swahili question, "
-                       "question-specific", models=[pooled[0]], vs=control, question="sw",
+                  dict(key="vs-control", label=f"{pooled[0]} vs {control}, {name} question, "
+                       "question-specific", models=[pooled[0]], vs=control, question=lang,
                        specific=True)]
     if default and default not in pooled:
-        specs.append(dict(key="default", label=f"{default} vs math expert, Swahili question, "
-                          "question-specific", models=[default], vs=MATH, question="sw",
+        specs.append(dict(key="default", label=f"{default} vs math expert, {name} question, "
+                          "question-specific", models=[default], vs=MATH, question=lang,
                           specific=True))
-    for q in QUESTIONS:
-        specs.append(dict(key=f"matched-{q}", label=f"{what} vs math expert, {QUESTIONS[q]}, "
+    for q in qs:
+        specs.append(dict(key=f"matched-{q}", label=f"{what} vs math expert, {qs[q]}, "
                           "own question only", models=pooled, vs=MATH, question=q,
                           specific=False))
     for part in ("first", "rest"):
         for specific in (False, True):
             specs.append(dict(key=f"{part}-{'specific' if specific else 'matched'}",
-                              label=f"{what} vs math expert, Swahili question, "
+                              label=f"{what} vs math expert, {name} question, "
                               f"{'question-specific' if specific else 'own question only'}, "
                               f"{'first ' + str(FIRST_K) + ' tokens' if part == 'first' else 'the rest'}",
-                              models=pooled, vs=MATH, question="sw", specific=specific,
+                              models=pooled, vs=MATH, question=lang, specific=specific,
                               part=part))
     return specs
 
@@ -402,7 +426,7 @@ def summarize_effects(items: Sequence[dict], specs: Sequence[dict], *, resamples
     """Every statistic of ``specs`` from the per-item values alone (``template_stats`` of
     ``item_effects``), skipping those whose models were not measured; the secondary ones'
     sign-test p-values Holm-adjusted together (``p_holm``; the primary's is its own)."""
-    have = set(items[0]["nll"].get("sw", {})) if items else set()
+    have = set(items[0]["nll"].get(result_lang(items), {})) if items else set()
     rows = []
     for spec in specs:
         if not set(spec["models"]) | {spec["vs"]} <= have:
@@ -439,8 +463,7 @@ def _p(p: float | None) -> str:
     return "n/a" if p is None or math.isnan(p) else (f"{p:.2g}" if p >= 1e-4 else "<1e-4")
 
 
-CONDITION_NAMES = {"sw": "own Swahili question", "sw-other": "another item's Swahili question",
-                   "en": "own English question", "en-other": "another item's English question"}
+CONDITION_NAMES = {k: v for lang in LANG_NAMES for k, v in condition_names(lang).items()}
 
 
 def means_table(means: Sequence[dict]) -> str:

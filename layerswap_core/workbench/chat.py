@@ -19,7 +19,8 @@ from .session import Session, dispatcher
 # Examples per language of the language expert: short problems like the evaluated ones. A
 # language's examples show only when the language expert is in that language (``chat_examples``).
 # Swahili: held-out *validation* variants of the demo's templates (evaluation.variants; never the
-# eval set), the kind of problem the demo is measured on. Bengali: shown only with a Bengali expert.
+# eval set), the kind of problem the demo is measured on; Bengali: the same validation variants in
+# Bengali (``evaluation.bengali``), shown only with a Bengali expert.
 CHAT_EXAMPLES = {
     "sw": ["Chupa cha limoni ni 7 oz za limoni. Baraka ananywa 4 michupa za limoni. Ikiwa "
            "limoni ina 5 kalori kwa kila oz, alikula kalori ngapi?",
@@ -27,8 +28,9 @@ CHAT_EXAMPLES = {
            "kama Faraji sasa. Sarah ana umri gani sasa?",
            "Keki ina 72 huduma. Ikiwa Asha anaweza kula 3 huduma kwa siku huku Nyota anaweza kula "
            "mara tatu kama hiyo, siku ngapi keki itadumu?"],
-    "bn": ["রহিমের কাছে ১৫টি আপেল আছে। সে ৭টি আপেল খেয়ে ফেলল। তার কাছে কয়টি আপেল আছে?",
-           "একটি বইয়ের দাম ১২০ টাকা। ৩টি বইয়ের দাম কত?"],
+    "bn": ["হাসান প্রতিদিন 64 ইমেইল পান। সেই ইমেইলগুলোর 25% এর কোনো উত্তর দেওয়ার প্রয়োজন নেই। তিনি বাকিগুলোর উত্তর দেন। 4 দিনের কাজের সপ্তাহে হাসান কতগুলি ইমেইলের উত্তর দেন?",
+           "তমাল 22 বছর বয়সী। সাত বছর পর তার বোন দিলরুবা তমাল এর বর্তমান বয়সের পাঁচবার গুণ হবে। দিলরুবা এর বর্তমানে বয়স কত?",
+           "একটি কেক আছে 72 সার্ভিং। যদি শারমিন প্রতিদিন 3 সার্ভিং খেতে পারে এবং মৌমিতা তিনবার বেশি খেতে পারে, তবে কেক কতদিন চলবে?"],
 }
 # The same validation variants in English (the math expert's language; the numbers are paired
 # item by item, the names are the English template's): the control a visitor can compare with.
@@ -39,6 +41,9 @@ ENGLISH_TWINS = {
            "is now. How old is Sarah right now?",
            "A cake has 72 servings. If Ashley can eat 3 servings a day while Lily can eat thrice "
            "as much, how many days will the cake last?"],
+    "bn": ["Matt receives 64 emails a day. 25% of those emails don't require any response. He responds to the rest of them. How many emails does Matt respond to in a 4 day work week?",
+           'Bob is 22 years old. In seven years his sister Sarah will be five times as old as Bob is now. How old is Sarah right now?',
+           'A cake has 72 servings. If Ashley can eat 3 servings a day while Lily can eat thrice as much, how many days will the cake last?'],
 }
 LANGUAGE_NAMES = {"sw": "Swahili", "bn": "Bengali"}
 # words of a model reference that name its language (``embedded:smollm2-swahili``, ``bn-lora``)

@@ -39,8 +39,8 @@ from ..progress import Progress, say
 from ..analysis.deltas import delta_stats
 from ..analysis.suggest import delta_story, suggest_config
 from ..checkpoints.embedded import ASSETS
-from ..evaluation.demo_result import (CONDITION_NAMES, FIRST_K, MATH, OTHER, PARTS, QUESTIONS,
-                                       answer_is_copied, condition_means, effect_specs,
+from ..evaluation.demo_result import (CONDITION_NAMES, FIRST_K, LANG_NAMES, MATH, OTHER, PARTS,
+                                       answer_is_copied, condition_names, conditions, condition_means, effect_specs,
                                        effects_table, item_effects, means_table,
                                        mismatched_partners, reading_nll, reading_target,
                                        summarize_effects, template_stats)
@@ -52,6 +52,7 @@ from .figures import effects_chart
 
 SWEEP = ((0, 0), (2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top); 0/0: no swap
 RESULT_FILE = "demo_result.json"   # the measured result, shipped beside the demo experts
+RESULT_FILES = {"sw": RESULT_FILE, "bn": "demo_result_bn.json"}   # per question language
 VERSION = 3
 CONTROL = "English-control outer layers"
 
@@ -99,13 +100,11 @@ def weights_fingerprint(model) -> str:
     return h.hexdigest()
 
 
-def _item_record(item, partner) -> dict:
+def _item_record(item, partner, lang: str = "sw") -> dict:
     _, split, template, k = item.id.split("-")
     return {"id": item.id, "template": int(template), "seed": SPLIT_SEEDS[split] + int(template),
             "variant": int(k), "gold": item.answer, "other": partner.id,
-            "answer_copied": answer_is_copied(item), "nll": {c: {} for c in
-                                                             (q + o for q in QUESTIONS
-                                                              for o in ("", OTHER))}}
+            "answer_copied": answer_is_copied(item), "nll": {c: {} for c in conditions(lang)}}
 
 
 class _Measurer:
@@ -130,7 +129,7 @@ class _Measurer:
                 [reading_target(it) for it in en],
                 [None if answer_is_copied(it) else it.answer for it in en],
                 progress=lambda f, m: self.tell(len(en), f, f"{what}, after the "
-                                                f"{CONDITION_NAMES[cond]}: {m}"))
+                                                f"{CONDITION_NAMES.get(cond, cond)}: {m}"))
             if self.on_measured:
                 self.on_measured(key, self.measured[key])
         self.tell(len(en), 1.0, None)
@@ -141,8 +140,9 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
                           progress: Progress | None = None, dtype=None, live=None,
                           seeds: dict[str, str] | None = None, control: str | None = None,
                           measured: dict | None = None, on_measured: Callable | None = None,
-                          resamples: int = 10_000, seed: int = 0) -> dict:
+                          resamples: int = 10_000, seed: int = 0, lang: str = "sw") -> dict:
     """The demo result as data (module docstring). ``refs``: base, task, lang (the first seed);
+    ``lang``: the question language (``"sw"``, or ``"bn"`` for the Gemma trio);
     ``seeds``: more language experts, label -> reference (the bench's other seeds);
     ``control``: the control expert's reference. ``n``: eval items, ``n_validation``:
     validation items (each spread over the templates). ``live``: a ``LiveModel`` over ``refs``
@@ -161,14 +161,14 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
         # validation leaves out the templates the language expert's checkpoint was chosen on
         skip = set(proxy_templates()) if split == "validation" else set()
         by = {q: spread([i for i in variant_items(q, split) if template_of(i) not in skip], k)
-              for q in ("sw", "en")}
-        assert [i.id for i in by["sw"]] == [i.id for i in by["en"]], "unpaired variant sets"
-        return by, mismatched_partners(by["sw"], template_of)
+              for q in (lang, "en")}
+        assert [i.id for i in by[lang]] == [i.id for i in by["en"]], "unpaired variant sets"
+        return by, mismatched_partners(by[lang], template_of)
 
     (val, val_pairs), (ev, ev_pairs) = sets("validation", n_validation), sets("eval", n)
     sweep_cfgs = [(b, u) for b, u in SWEEP if b + u < L]
     n_models = 2 + len(langs) + bool(control)          # math, a swap per seed, default, control
-    work = 2 * len(sweep_cfgs) * len(val["sw"]) + 4 * n_models * len(ev["sw"])
+    work = 2 * len(sweep_cfgs) * len(val[lang]) + 4 * n_models * len(ev[lang])
     done = [0]
 
     def tell(k: int, frac: float, message: str | None):
@@ -185,9 +185,9 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
     live.show("task")
     math_digest = weights_fingerprint(live.model)
     val_math = {c: val_m.run(live, c, "validation: math expert (no swap)", math_digest)
-                for c in ("sw", "sw" + OTHER)}
+                for c in (lang, lang + OTHER)}
     sweep = []
-    templates = [template_of(i) for i in val["sw"]]
+    templates = [template_of(i) for i in val[lang]]
     for b, u in sweep_cfgs:
         if (b, u) == (0, 0):
             vals = val_math
@@ -195,19 +195,19 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
             live.show(MergeConfig(bottom=b, top=u, lang=refs["lang"], **common))
             digest = weights_fingerprint(live.model)
             vals = {c: val_m.run(live, c, f"validation: swap bottom {b}, top {u}", digest)
-                    for c in ("sw", "sw" + OTHER)}
+                    for c in (lang, lang + OTHER)}
         rows = [{"nll": {c: {"m": vals[c][i], MATH: val_math[c][i]} for c in vals}}
                 for i in range(len(templates))]
-        effect = template_stats(item_effects(rows, ["m"], MATH, "sw"), templates,
+        effect = template_stats(item_effects(rows, ["m"], MATH, lang), templates,
                                 resamples=200, seed=seed)["mean"]
         sweep.append({"bottom": b, "top": u, "n": len(templates),
                       "n_templates": len(set(templates)), "effect": effect,
-                      "nll": sum(v[0] for v in vals["sw"]) / len(templates)})
+                      "nll": sum(v[0] for v in vals[lang]) / len(templates)})
     best = best_of(sweep)
     chosen = None if (best["bottom"], best["top"]) == (0, 0) else (best["bottom"], best["top"])
     default = MergeConfig.default_for(L, lang=refs["lang"], **common)
 
-    records = [_item_record(it, ev["sw"][p]) for it, p in zip(ev["en"], ev_pairs)]
+    records = [_item_record(it, ev[lang][p], lang) for it, p in zip(ev["en"], ev_pairs)]
     seen: dict[str, str] = {}            # weights digest -> the first model shown with them
     same_weights: dict[str, str] = {}    # model -> an earlier model with bit-equal weights
     models: list[str] = []
@@ -248,12 +248,12 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
             f"the default swap ({b}/{u}; validation chose no swap)")
     specs = effect_specs(swaps, swap_name(b, u, CONTROL) if control else None,
                          swap_name(default.bottom, default.top, "language expert seed 0"),
-                         what=what)
-    res = {"version": VERSION, "n": len(records), "n_templates": len({r["template"] for r in
+                         what=what, lang=lang)
+    res = {"version": VERSION, "lang": lang, "n": len(records), "n_templates": len({r["template"] for r in
                                                                      records}),
-           "n_validation": len(val["sw"]), "validation_ids": [i.id for i in val["sw"]],
+           "n_validation": len(val[lang]), "validation_ids": [i.id for i in val[lang]],
            "first_k": FIRST_K, "parts": list(PARTS),
-           "conditions": CONDITION_NAMES, "refs": {**refs, "seeds": langs, "control": control},
+           "conditions": condition_names(lang), "refs": {**refs, "seeds": langs, "control": control},
            "models": models, "chosen": None if chosen is None else
            {"bottom": chosen[0], "top": chosen[1]},
            "default": {"bottom": default.bottom, "top": default.top}, "sweep": sweep,
@@ -284,11 +284,11 @@ def result_markdown(res: dict) -> str:
             + means_table(res["means"]))
 
 
-def measured_demo_result(path: str | Path | None = None) -> dict | None:
-    """The shipped measurement (``bench/demo_result.py --json``), with its markdown rebuilt
-    from the stored statistics; None when none is shipped (or an older format)."""
+def measured_demo_result(path: str | Path | None = None, lang: str = "sw") -> dict | None:
+    """The shipped measurement (``bench/demo_result.py --json``) in ``lang``, with its markdown
+    rebuilt from the stored statistics; None when none is shipped (or an older format)."""
 
-    p = Path(path) if path else ASSETS / RESULT_FILE
+    p = Path(path) if path else ASSETS / RESULT_FILES[lang]
     if not p.is_file():
         return None
     res = json.loads(p.read_text())
@@ -348,18 +348,20 @@ def headline(res: dict) -> str:
     seeds = len(res["refs"].get("seeds") or {}) or 1
     swap = (f"{chosen_words(res)}, no swap among the choices," if res["chosen"] else
             f"{res['swap']['what']} ({chosen_words(res)})")
+    lang = res.get("lang", "sw")
+    name = LANG_NAMES[lang]
     text = (f"On {res['n']} held-out variants of {res['n_templates']} templates, {swap} minus "
             f"the math expert, in English "
-            f"solution NLL after the item's own Swahili question minus after another item's "
+            f"solution NLL after the item's own {name} question minus after another item's "
             f"({seeds} language-expert seed{'s' if seeds > 1 else ''}"
             f"{' pooled' if seeds > 1 else ''}; the primary statistic): {_said(p)}: "
             f"{verdict(res)}.")
     en = effect(res, "english")
     if en:
         text += f" After the English question: {_said(en)}."
-    m, first = effect(res, "matched-sw"), effect(res, "first-matched")
+    m, first = effect(res, f"matched-{lang}"), effect(res, "first-matched")
     if m and first:
-        text += (f" Without the mismatched control (own Swahili question only) the swap's "
+        text += (f" Without the mismatched control (own {name} question only) the swap's "
                  f"difference is {m['mean']:+.3f}; over the first {res['first_k']} solution "
                  f"tokens alone it is {first['mean']:+.3f}.")
     ctl = effect(res, "control")
@@ -375,7 +377,8 @@ def sweep_markdown(res: dict) -> str:
     """The sweep on the validation variants and the suggestion of the delta analysis, in words."""
     rows = " · ".join(f"b={r['bottom']} u={r['top']}: {r['effect']:+.4f}" for r in res["sweep"])
     text = (f"Sweep on {res['n_validation']} validation variants (question-specific NLL effect "
-            f"against the math expert after the Swahili question, mean over templates; b=0 u=0 "
+            f"against the math expert after the {LANG_NAMES[res.get('lang', 'sw')]} question, "
+            f"mean over templates; b=0 u=0 "
             f"is the math expert, no swap; never the eval items): {rows}; "
             f"{chosen_words(res)}.")
     s = res.get("suggestion")
