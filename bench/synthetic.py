@@ -22,7 +22,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from layerswap_core.checkpoints.reading import INDEX_NAME, CheckpointReader  # noqa: E402
-from layerswap_core.checkpoints.writing import build_once, cache_dir  # noqa: E402
+from layerswap_core.checkpoints.cache import build_once, cache_dir  # noqa: E402
 
 
 def llama_config_for(params: float, vocab: int = 32000) -> dict:

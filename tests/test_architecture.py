@@ -17,9 +17,11 @@ LAYERS = [
     # imports), the architectures' tensor names, the per-tensor merge methods
     ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "engines",
      "sweeps", "workbench",
-     "checkpoints.architectures", "merge.methods", "merge.errors", "progress"),
-    ("checkpoints.reading", "checkpoints.tokenizers"),   # tensors, headers, configs; tokenizers
-    ("checkpoints.writing",),                     # the sharded writer, output folders, the cache
+     "checkpoints.architectures", "merge.methods", "merge.errors", "progress",
+     "memory", "settings"),                       # the process's memory; numbers from variables
+    ("checkpoints.reading", "checkpoints.tokenizers",   # tensors, headers, configs; tokenizers;
+     "checkpoints.cache"),                        # the cache folder, the cached build, LRU
+    ("checkpoints.writing",),                     # the sharded writer, output folders
     ("checkpoints.adapters",),                    # PEFT adapters: the reader, the applier
     ("checkpoints.embedded",),                    # the embedded models' registry (data rows)
     ("merge.partition", "merge.registry", "merge.config",   # partitions, the methods registry,
@@ -243,7 +245,8 @@ def test_rooms_import_only_rooms_below_them():
 
 def test_every_module_sits_in_a_room():
     outside = {m for m in module_files() if m.split(".")[0] not in ROOMS}
-    assert outside <= {PACKAGE, "__main__", "app", "testing", "progress"}, outside
+    below_every_room = {"progress", "memory", "settings"}
+    assert outside <= {PACKAGE, "__main__", "app", "testing", *below_every_room}, outside
 
 
 # Optional extras: the modules allowed to import them (inside functions, so the core never

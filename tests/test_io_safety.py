@@ -22,6 +22,7 @@ import torch
 from huggingface_hub import save_torch_state_dict
 
 from layerswap_core.checkpoints import reading, writing
+from layerswap_core.checkpoints.cache import build_once, cache_key
 from layerswap_core.cli import main
 from layerswap_core.checkpoints.reading import CheckpointError, CheckpointReader
 from layerswap_core.checkpoints.writing import OutputFolderError, atomic_output_dir, check_output_dir
@@ -435,17 +436,17 @@ def test_build_once_first_rename_wins_and_leaves_no_temp_folder(tmp_path):
         (winner / "other.txt").write_text("x")
         winner.rename(final)
 
-    assert writing.build_once(final, loser) == final
+    assert build_once(final, loser) == final
     assert json.loads((final / "config.json").read_text()) == {"who": "winner"}
     assert sorted(p.name for p in final.parent.iterdir()) == ["thing-0123"]
     calls = []
-    assert writing.build_once(final, calls.append) == final and not calls   # built: not again
+    assert build_once(final, calls.append) == final and not calls   # built: not again
 
     def broken(tmp):
         (tmp / "half.bin").write_bytes(b"12")
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        writing.build_once(tmp_path / "cache" / "broken", broken)
+        build_once(tmp_path / "cache" / "broken", broken)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["thing-0123"]
-    assert writing.cache_key("a", (1, 2)) == writing.cache_key("a", [1, 2]) != writing.cache_key("b")
+    assert cache_key("a", (1, 2)) == cache_key("a", [1, 2]) != cache_key("b")

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from layerswap_core.workbench.served import LIMITS, REFUSED, served_mode
-from layerswap_core.checkpoints.writing import cache_dir
+from layerswap_core.checkpoints.cache import cache_dir
 from served_client import launch, pick, visitor
 
 NO_PARTITION = "none (bottom/top sliders)"

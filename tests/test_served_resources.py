@@ -353,7 +353,7 @@ def test_a_save_reserves_all_it_writes_and_little_more(tiny, tmp_path, monkeypat
     a save can take: one shard, and many shards (a small shard cap)."""
     from layerswap_core.checkpoints.compatibility import open_models
     from layerswap_core.merge.executor import CARD_ROOM, merge_to_folder, most_output_bytes
-    from layerswap_core.workbench.saves import folder_bytes
+    from layerswap_core.checkpoints.cache import folder_bytes
 
     s, _ = served_session(tiny, tmp_path / "outputs", "session-a")
     with CheckpointReader(s.paths["task"]) as reader:

@@ -32,7 +32,7 @@ import torch
 from ..checkpoints.architectures import LAYER_KIND_ORDER, get_architecture
 from ..checkpoints.compatibility import open_models, problems
 from ..checkpoints.reading import INDEX_NAME, CheckpointReader
-from ..checkpoints.writing import cache_dir
+from ..checkpoints.cache import cache_dir
 from ..checkpoints.references import is_adapter, resolve
 from ..checkpoints.loading import pick_device
 from ..progress import Progress

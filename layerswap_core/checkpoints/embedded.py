@@ -33,7 +33,7 @@ from collections.abc import Callable
 from ..progress import Progress, say
 from .adapters import ADAPTER_WEIGHTS, apply_adapter
 from .reading import ModelLoadError
-from .writing import build_once, cache_dir
+from .cache import build_once, cache_dir
 
 EMBEDDED_PREFIX = "embedded:"
 DEFAULT_BASE = "embedded:smollm2-135m-instruct"

@@ -22,7 +22,6 @@ Errors are sentences (``ModelLoadError``): never an internal URL or an exception
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import shutil
 import tempfile
@@ -32,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..progress import Progress, Rate, say
+from ..settings import env_number
 from .references import ModelLoadError, check_folder, check_free_space, is_offline
-from .writing import cache_dir
+from .cache import cache_dir, evict_lru, folder_bytes
 
 GB = 10 ** 9
 PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
@@ -48,24 +48,10 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / GB:.2f} GB" if nbytes >= GB / 10 else f"{nbytes / 10 ** 6:.1f} MB"
 
 
-def env_number(name: str, default: float | None) -> float | None:
-    """A positive number from a variable; unset or unreadable: ``default``; "off", "none" or
-    "0": None (no limit)."""
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw in ("off", "none", "no", "0", "unlimited"):
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        return default
-    return value if value > 0 else None
-
-
 def env_gb(name: str, default: float | None) -> int | None:
-    """Bytes from a variable in GB (decimal, 10^9 bytes), as ``env_number``."""
-    value = env_number(name, default)
+    """Bytes from a variable in GB (decimal, 10^9 bytes); unset or unreadable: ``default``;
+    "off", "none" or "0": None (no limit): ``settings.env_number``."""
+    value = env_number(name, default, off=True)
     return None if value is None else int(value * GB)
 
 
@@ -80,17 +66,10 @@ class HubLimits:
     @classmethod
     def from_env(cls, served: bool = True) -> HubLimits:
         d = cls() if served else cls(None, None, 20.0, 2)
-        try:
-            timeout = float(os.environ.get("LAYERSWAP_HUB_TIMEOUT") or d.timeout)
-        except ValueError:
-            timeout = d.timeout
-        try:
-            jobs = max(1, int(os.environ.get("LAYERSWAP_MAX_DOWNLOADS") or d.jobs))
-        except ValueError:
-            jobs = d.jobs
         return cls(env_gb("LAYERSWAP_MAX_DOWNLOAD_GB", d.max_download and d.max_download / GB),
                    env_gb("LAYERSWAP_MAX_HUB_CACHE_GB", d.cache_bytes and d.cache_bytes / GB),
-                   max(timeout, 0.1), jobs)
+                   max(env_number("LAYERSWAP_HUB_TIMEOUT", d.timeout), 0.1),
+                   max(1, env_number("LAYERSWAP_MAX_DOWNLOADS", d.jobs, int)))
 
 
 def too_big(nbytes: int, limit: int | None) -> str | None:
@@ -215,17 +194,6 @@ class HubCache:
         d = self.repo_dir(repo_id)
         (d / USED).touch()
 
-    @staticmethod
-    def size(folder: Path) -> int:
-        total = 0
-        for dirpath, _, files in os.walk(folder):
-            for f in files:
-                try:
-                    total += os.lstat(os.path.join(dirpath, f)).st_size
-                except OSError:
-                    pass
-        return total
-
     # ---- holds: models a live session uses are never evicted
     def hold(self, visitor: str, path) -> None:
         with self.lock:
@@ -257,16 +225,11 @@ class HubCache:
                 repos = [p for p in self.root.iterdir() if p.is_dir() and "--" in p.name]
             except OSError:
                 repos = []
-            sizes = {p: self.size(p) for p in repos}
-            used = sum(sizes.values())
+            sizes = {p: folder_bytes(p) for p in repos}
             busy = {self.repo_dir(r) for r, j in self.jobs.items() if j.running}
-            for repo in sorted(repos, key=self.used):
-                if used + nbytes <= cap:
-                    break
-                if repo in busy or repo == self.repo_dir(keep) or self.held(repo):
-                    continue
-                shutil.rmtree(repo, ignore_errors=True)
-                used -= sizes[repo]
+            busy.add(self.repo_dir(keep))
+            used = evict_lru(sizes, sum(sizes.values()), nbytes, cap, oldest_first=self.used,
+                             keep=lambda repo: repo in busy or self.held(repo))
             if used + nbytes > cap:
                 raise ModelLoadError(
                     f"the server's model cache ({_gb(cap)}, LAYERSWAP_MAX_HUB_CACHE_GB) is full "

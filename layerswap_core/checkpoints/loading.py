@@ -15,7 +15,7 @@ from .adapters import AdapterError, apply_adapter, load_adapter
 from .architectures import get_architecture, tied_embeddings
 from .reading import INDEX_NAME, CheckpointError, CheckpointReader, weight_files
 from .references import ModelLoadError, read_config_file, resolve
-from .writing import build_once, cache_dir, cache_key
+from .cache import build_once, cache_dir, cache_key
 
 
 def default_dtype(device: str):

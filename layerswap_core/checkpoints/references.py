@@ -23,11 +23,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..progress import Progress, say
+from ..settings import env_number
 from .adapters import is_adapter
 from .embedded import DEFAULT_BASE, EMBEDDED_PREFIX, embedded_path
 from .reading import INDEX_NAME, ModelLoadError, read_config_file, weight_files
 from .tokenizers import TOKENIZER_FILES
-from .writing import build_once, cache_dir, cache_key
+from .cache import build_once, cache_dir, cache_key
 
 __all__ = ["DEFAULT_BASE", "EMBEDDED_PREFIX", "ModelLoadError", "check_folder", "check_free_space",
            "hub_reachable", "is_adapter", "is_offline", "read_config_file", "resolve", "set_allow_bin_default"]
@@ -182,10 +183,10 @@ def _from_hub(repo_id: str, progress: Progress | None) -> Path:
                 "network is available, or give a local folder") from None
     else:
         size = _hub_download_size(repo_id, patterns)
-        limit = os.environ.get("LAYERSWAP_MAX_DOWNLOAD_GB", "").strip()
-        if size and limit.replace(".", "", 1).isdigit() and 0 < float(limit) < size / 1e9:
+        limit = env_number("LAYERSWAP_MAX_DOWNLOAD_GB", None, off=True)
+        if size and limit is not None and limit < size / 1e9:
             raise ModelLoadError(f"{repo_id} is {size / 1e9:.2f} GB to download; the limit is "
-                                 f"{float(limit):g} GB (LAYERSWAP_MAX_DOWNLOAD_GB)")
+                                 f"{limit:g} GB (LAYERSWAP_MAX_DOWNLOAD_GB)")
         check_free_space(_hub_cache(), size, f"downloading {repo_id}")
         say(progress, 0.0, f"Downloading {repo_id} from the Hugging Face Hub "
                            f"({_gib(size)} to download)...")

@@ -1,8 +1,9 @@
-"""Writing checkpoints: the streaming sharded writer, the atomic output folder, the cache folder.
+"""Writing checkpoints: the streaming sharded writer and the atomic output folder.
 
 ``ShardedWriter`` streams tensors into HF shards + index (nothing buffered); ``atomic_output_dir``
 makes an output folder appear only when complete, never replacing what it must not (inputs, the
-layerswap cache, folders that are not layerswap outputs); ``cache_dir`` is layerswap's cache.
+layerswap cache, folders that are not layerswap outputs); ``remove_stale`` clears the folders
+stopped processes left behind.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import struct
 import tempfile
 import threading
 from pathlib import Path
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
+from .cache import MODEL_CACHES, cache_dir
 from .reading import DTYPE_TO_ST, INDEX_NAME, ST_SIZES, CheckpointError, TensorLocation
 
 if TYPE_CHECKING:   # annotations only: torch is imported where it is used (start-up)
@@ -374,44 +376,6 @@ def is_layerswap_output(folder: str | Path) -> bool:
     return (Path(folder) / MARKER).is_file()
 
 
-_MODEL_CACHES = ("embedded", "adapters", "from_bin", "deltas")  # folders of cache_dir()
-
-
-def cache_dir() -> Path:
-    """layerswap's cache ($LAYERSWAP_CACHE, else ~/.cache/layerswap), created if missing."""
-    d = Path(os.environ.get("LAYERSWAP_CACHE") or Path.home() / ".cache" / "layerswap")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def cache_key(*parts) -> str:
-    """The one key scheme of built caches: 16 hex digits of the sha1 of the parts as JSON (paths,
-    sizes, mtimes, versions: whatever identifies the inputs)."""
-    return hashlib.sha1(json.dumps(list(parts), default=str).encode()).hexdigest()[:16]
-
-
-def build_once(final: str | Path, build, *, done: str = "config.json") -> Path:
-    """Build a cache folder once: ``final`` as it is when it holds ``done``; else
-    ``build(tmp)`` fills a temporary folder beside it, which is renamed to ``final`` atomically.
-    The race rule: the first rename wins; a process that loses it uses the winner's folder, and
-    its own temporary folder is removed (so is a failed build's: nothing half-written)."""
-    final = Path(final)
-    if (final / done).exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        build(tmp)
-        try:
-            tmp.rename(final)
-        except OSError:  # another process finished first
-            if not (final / done).exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def _cache_refusal(target: Path) -> str | None:
     """Why ``target`` may never be written (the layerswap cache), or None.
 
@@ -421,7 +385,7 @@ def _cache_refusal(target: Path) -> str | None:
         cache = cache_dir().resolve()
     except OSError:  # no usable cache folder: nothing there to protect
         return None
-    for folder in (cache, *(cache / name for name in _MODEL_CACHES)):
+    for folder in (cache, *(cache / name for name in MODEL_CACHES)):
         if _is_within(folder, target):
             return f"{target} holds the layerswap model cache ({folder})"
         if folder == cache or not _is_within(target, folder):
@@ -466,28 +430,41 @@ def check_output_dir(target: str | Path, *, overwrite: bool = False, force: bool
     return target
 
 
-def remove_stale_partials(parent: str | Path) -> list[Path]:
-    """Remove the partial folders that dead processes of this host left in ``parent``.
-
-    A stale ".old-" folder holds a replaced output whose successor never arrived: it is put back
-    if its name is free. Folders of live processes (and of this process) are kept."""
+def remove_stale(parent: str | Path, stale: Callable[[Path], bool]) -> list[Path]:
+    """Remove the folders in ``parent`` (not links) that ``stale`` picks: what stopped processes
+    left behind. Returns them."""
     removed = []
     try:
         entries = list(Path(parent).iterdir())
     except OSError:
         return removed
     for p in entries:
-        m = _TEMP.match(p.name)
-        if not m or m.group(2) != _HOST or _alive(int(m.group(3))):
-            continue
-        if m.group(1) == "old":
-            original = p.parent / p.name[1:].rsplit(".old-", 1)[0]
-            if (p / "x").is_dir() and not original.exists():
-                with contextlib.suppress(OSError):
-                    os.rename(p / "x", original)
-        shutil.rmtree(p, ignore_errors=True)
-        removed.append(p)
+        if p.is_dir() and not p.is_symlink() and stale(p):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
     return removed
+
+
+def remove_stale_partials(parent: str | Path) -> list[Path]:
+    """Remove the partial folders that dead processes of this host left in ``parent``.
+
+    A stale ".old-" folder holds a replaced output whose successor never arrived: it is put back
+    if its name is free. Folders of live processes (and of this process) are kept."""
+    return remove_stale(parent, _left_by_dead_process)
+
+
+def _left_by_dead_process(p: Path) -> bool:
+    """Whether ``p`` is a temporary folder of a dead process of this host; an ".old-" one's
+    replaced output is first put back where its name is free."""
+    m = _TEMP.match(p.name)
+    if not m or m.group(2) != _HOST or _alive(int(m.group(3))):
+        return False
+    if m.group(1) == "old":
+        original = p.parent / p.name[1:].rsplit(".old-", 1)[0]
+        if (p / "x").is_dir() and not original.exists():
+            with contextlib.suppress(OSError):
+                os.rename(p / "x", original)
+    return True
 
 
 def _alive(pid: int) -> bool:
@@ -646,26 +623,3 @@ def atomic_output_dir(target: str | Path, *, overwrite: bool = False, force: boo
                 raise _write_error(target, e) from e
             raise
 
-
-def memory_available() -> int | None:
-    """Bytes of memory the system could give this process now (Linux ``MemAvailable``: free
-    memory plus what the page cache would hand back); None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def release_freed_memory() -> None:
-    """Give freed heap memory back to the OS. glibc keeps the freed blocks of large temporaries
-    (float32 blends, a forward pass's activations) in its arenas, where they count as the
-    process's resident memory until trimmed; elsewhere nothing to do."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 
 from ..progress import Cancelled, Progress
 from ..progress import say as _say
+from ..settings import env_number
 from . import jobs as J
 from .pool import EnginePool, Trio
 
@@ -54,13 +55,6 @@ class TooLong(ValueError):
     """A job over the server's time budget."""
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 @dataclass
 class Visitor:
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -77,14 +71,15 @@ class Dispatcher:
     def __init__(self, pool: EnginePool | None = None, *, placement: str | None = None,
                  max_waiting: int | None = None, per_visitor: int = 1,
                  job_seconds: int | None = None, chunk_items: int | None = None):
-        waiting = max_waiting if max_waiting is not None else _env_int("LAYERSWAP_MAX_QUEUE", 16)
+        waiting = (max_waiting if max_waiting is not None
+                   else env_number("LAYERSWAP_MAX_QUEUE", 16, int))
         self.pool = pool if pool is not None else EnginePool(max_waiting=waiting)
         self.placement = placement or ("zerogpu" if ZERO_GPU else "local")
         if self.placement not in ("local", "zerogpu"):
             raise ValueError(f"placement {self.placement!r}: 'local' or 'zerogpu'")
         self.per_visitor = per_visitor
-        self.job_seconds = job_seconds or _env_int("LAYERSWAP_MAX_JOB_SECONDS", 1800)
-        self.chunk_items = chunk_items or _env_int("LAYERSWAP_CHUNK_ITEMS", 4)
+        self.job_seconds = job_seconds or env_number("LAYERSWAP_MAX_JOB_SECONDS", 1800, int)
+        self.chunk_items = chunk_items or env_number("LAYERSWAP_CHUNK_ITEMS", 4, int)
         self.visitors: dict[str, Visitor] = {}
         self.heavy: dict[str, int] = {}       # person -> heavy jobs running
         self.speeds: dict[Trio, float] = {}   # measured tokens per second per trio

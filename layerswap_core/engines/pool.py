@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator
 from ..progress import Cancelled, Progress
 from ..progress import say as _say
 from ..checkpoints.reading import CheckpointReader
-from ..checkpoints.writing import memory_available
+from ..memory import memory_available
+from ..settings import env_number
 from ..checkpoints.references import resolve
 from ..merge.live import LiveModel, live_dtype
 
@@ -119,10 +120,7 @@ def fitting_engines(per_engine: int, free: int, margin: float = MARGIN) -> int:
 
 
 def per_trio_from_env() -> int:
-    try:
-        return max(1, int(os.environ.get("LAYERSWAP_ENGINES_PER_TRIO", 1)))
-    except ValueError:
-        return 1
+    return max(1, env_number("LAYERSWAP_ENGINES_PER_TRIO", 1, int))
 
 
 def max_engines_from_env() -> int | None:

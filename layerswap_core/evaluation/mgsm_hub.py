@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from collections.abc import Callable
 
-from ..checkpoints.writing import cache_dir
+from ..checkpoints.cache import cache_dir
 
 HUB_ID = "juletxara/mgsm"
 LICENCE = "CC BY-SA 4.0"

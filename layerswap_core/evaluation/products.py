@@ -44,7 +44,7 @@ import threading
 import torch
 
 from ..checkpoints.architectures import SHARED_INPUT_KINDS, get_architecture
-from ..checkpoints.writing import memory_available
+from ..memory import memory_available
 from .attention import thread_switch
 
 BLOCK = 2048             # vocabulary rows per product of the split head

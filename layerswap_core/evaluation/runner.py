@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from . import mgsm_task
 from .data import (Item, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
                    load_mgsm_exemplars_hub, mgsm_lang, normalize_number, source_label, to_ascii_digits)
-from ..checkpoints.writing import release_freed_memory
+from ..memory import release_freed_memory
 from ..progress import Progress, Tally, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .mgsm_task import (FLEXIBLE_FILTER, STRICT_FILTER, apply_filter,

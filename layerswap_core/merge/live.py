@@ -29,7 +29,7 @@ from collections.abc import Iterator
 import torch
 
 from ..checkpoints.reading import CheckpointReader, ST_TO_DTYPE
-from ..checkpoints.writing import release_freed_memory
+from ..memory import release_freed_memory
 from ..progress import Progress
 from ..progress import say as _say
 from . import apply

@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoints import hub
+from ..checkpoints.cache import evict_lru, folder_bytes
+from ..checkpoints.writing import remove_stale
+from ..settings import env_number
 from .served import Access, WorkbenchError
 
 GB = hub.GB
@@ -68,7 +71,7 @@ class Quotas:
     @classmethod
     def from_env(cls) -> Quotas:
         d = cls()
-        hours = hub.env_number("LAYERSWAP_SAVES_HOURS", d.keep_seconds / 3600)
+        hours = env_number("LAYERSWAP_SAVES_HOURS", d.keep_seconds / 3600, off=True)
         return cls(hub.env_gb("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", d.per_visitor / GB),
                    hub.env_gb("LAYERSWAP_MAX_SAVES_GB", d.total / GB),
                    None if hours is None else hours * 3600)
@@ -76,10 +79,6 @@ class Quotas:
 
 _LOCK = threading.Lock()
 _WRITING: dict[Path, tuple[str, int]] = {}       # save folder being written -> (namespace, bytes)
-
-
-def folder_bytes(folder: Path) -> int:
-    return hub.HubCache.size(folder) if Path(folder).is_dir() else 0
 
 
 def _saves(root: Path) -> list[Path]:
@@ -155,13 +154,9 @@ def _make_room(access: Access, out: Path, nbytes: int, replaced: int, total: int
                              f"{hub._gb(total)} this server keeps for all saves "
                              "(LAYERSWAP_MAX_SAVES_GB)")
     mine = access.saves_root
-    for p in sorted(saves, key=lambda p: -_age(p)):          # oldest first
-        if used + nbytes <= total:
-            break
-        if p == out or p in _WRITING or (mine is not None and p.parent == mine):
-            continue
-        shutil.rmtree(p, ignore_errors=True)
-        used -= saves[p]
+    used = evict_lru(saves, used, nbytes, total, oldest_first=lambda p: -_age(p),
+                     keep=lambda p: (p == out or p in _WRITING
+                                     or (mine is not None and p.parent == mine)))
     if used + nbytes > total:
         raise WorkbenchError(
             f"this save needs {hub._gb(nbytes)}; the saves on this server already use "
@@ -236,12 +231,8 @@ def _remove(path: Path) -> None:
 def sweep_temp(max_age: float = 6 * 3600) -> list[Path]:
     """Remove ``layerswap-dl-*`` folders of the system temporary folder older than ``max_age``
     (what a stopped process left)."""
-    gone = []
-    for p in temp_root().glob(TEMP_PREFIX + "*"):
-        if p.is_dir() and not p.is_symlink() and _age(p) > max_age:
-            shutil.rmtree(p, ignore_errors=True)
-            gone.append(p)
-    return gone
+    return remove_stale(temp_root(),
+                        lambda p: p.name.startswith(TEMP_PREFIX) and _age(p) > max_age)
 
 
 def downloads(access: Access) -> list:

@@ -20,7 +20,8 @@ from pathlib import Path
 from ..checkpoints.references import EMBEDDED_PREFIX, is_adapter
 from ..progress import Cancelled, Progress  # noqa: F401  (Cancelled: re-exported)
 from ..checkpoints import hub
-from ..checkpoints.writing import cache_dir
+from ..checkpoints.cache import cache_dir
+from ..settings import env_number
 
 
 
@@ -50,13 +51,6 @@ def as_text(msg: str) -> str:
 
 
 # --------------------------------------------------------------------------- limits
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 @dataclass(frozen=True)
 class Limits:
     """Work allowed per request, so one visitor cannot exhaust a shared Space.
@@ -85,7 +79,7 @@ class Limits:
 
     @classmethod
     def from_env(cls) -> Limits:
-        return cls(**{f: _env_int(f"LAYERSWAP_MAX_{f.upper()}", getattr(cls, f))
+        return cls(**{f: env_number(f"LAYERSWAP_MAX_{f.upper()}", getattr(cls, f), int)
                       for f in cls.__dataclass_fields__})
 
 
