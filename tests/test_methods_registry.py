@@ -251,6 +251,11 @@ def test_a_knob_or_arithmetic_is_declared_once():
         registry.unregister_method("toy")
     with pytest.raises(ValueError, match="unknown widget"):
         registry.Knob("x", "number", widget="dial")
+    # a method naming existing knobs and arithmetic leaves them when it goes
+    registry.merge_method("toy3", "toy 3", knobs=("w_task",), arithmetic=(methods.METHODS["linear"],),
+                          sources=dict, describe=str)
+    registry.unregister_method("toy3")
+    assert "linear" in methods.METHODS and "w_task" in FIELDS and "toy3" not in registry.MERGE_METHODS
 
 
 def test_a_per_tensor_method_owns_its_label_row_wise_flag_and_lora_coefficients():

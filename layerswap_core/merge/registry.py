@@ -228,6 +228,7 @@ class MergeMethod:
 
 SLICES, BLEND = "slices", "blend"   # MergeMethod.mergekit: the writers mergekit_yaml has
 MERGE_METHODS: dict[str, MergeMethod] = {}
+_BROUGHT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # id -> (knobs, arithmetic)
 _listeners: list[Callable[[], None]] = []
 
 
@@ -280,24 +281,28 @@ def register_method(method: MergeMethod, knobs: Mapping[str, Knob] | None = None
     missing = [a for a in method.arithmetic if a not in methods.METHODS and a not in arithmetic]
     if missing:
         raise ValueError(f"method {method.id}: unknown per-tensor method(s) {missing}")
+    knobs = {k: v for k, v in knobs.items() if k not in KNOBS}
+    arithmetic = {a: v for a, v in arithmetic.items() if a not in methods.METHODS}
     KNOBS.update(knobs)
     methods.METHODS.update(arithmetic)
     MERGE_METHODS[method.id] = method
+    _BROUGHT[method.id] = (tuple(knobs), tuple(arithmetic))
     _changed()
     return method
 
 
 def unregister_method(method_id: str):
-    """Take ``method_id`` away, with its arithmetic and the knobs no other method uses."""
-    method = MERGE_METHODS.pop(method_id, None)
-    if method is None:
+    """Take ``method_id`` away, with the knobs and arithmetic it brought that no other method
+    uses."""
+    if MERGE_METHODS.pop(method_id, None) is None:
         return
+    knobs, arithmetic = _BROUGHT.pop(method_id)
     used = {k for m in MERGE_METHODS.values() for k in m.knobs}
-    for k in method.knobs:
+    for k in knobs:
         if k not in used:
             KNOBS.pop(k, None)
     kept = {a for m in MERGE_METHODS.values() for a in m.arithmetic}
-    for a in method.arithmetic:
+    for a in arithmetic:
         if a not in kept:
             methods.METHODS.pop(a, None)
     _changed()
