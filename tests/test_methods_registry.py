@@ -149,10 +149,113 @@ def test_knob_checks_are_strict_and_follow_the_declared_bounds():
         k["partition"].refuses(5)
 
 
-def test_knobs_are_declared_before_the_config_is_made():
-    with pytest.raises(RuntimeError, match="declare knobs in merge/registry.py"):
-        registry.knob("alpha", "number", 0.5, lo=0, hi=1)
-    assert "alpha" not in registry.KNOBS and "alpha" not in FIELDS
+def _toy_scale(tensors, weights):
+    base, lang = (t.float() for t in tensors)
+    return base + float(weights[0]) * (lang - base)
+
+
+def _declare_toy():
+    """A method with new knobs (a number box and a checkbox) and its own per-tensor
+    arithmetic, all in one declaration."""
+    return registry.merge_method(
+        "toy", "toy scale",
+        knobs=(registry.Knob("toy_alpha", "number", 0.5, lo=0.0, hi=2.0, step=0.1,
+                             label="toy alpha", short="alpha", help="scale of the lang delta"),
+               registry.Knob("toy_flag", "bool", False, label="toy flag", help="a flag"),
+               "w_task"),
+        arithmetic=(methods.tensor_method(
+            "toy_scale", _toy_scale, "", "base + alpha * (lang - base)", row_wise=True,
+            label=lambda source: f"toy x{source.weights[0]:g}",
+            coefficients=lambda source: {"lang": source.weights[0]}),),
+        sources=lambda config, names, arch, blend: dict.fromkeys(
+            names, Source("toy_scale", ("base", "lang"), (float(config.toy_alpha),))),
+        describe=lambda config, num_layers: f"toy: alpha {config.toy_alpha:g}"
+                                            f"{' (flag)' if config.toy_flag else ''}",
+        needs_base=True, linear=True)
+
+
+def test_a_method_declared_in_one_place_reaches_config_plan_cli_controls_and_lora():
+    from layerswap_core.merge.lora import _coefficients
+    from layerswap_core.workbench import controls
+
+    parser_flags = lambda: {o for a in next(a for a in build_parser()._actions  # noqa: E731
+                                            if a.dest == "command").choices["plan"]._actions
+                            for o in a.option_strings}
+    _declare_toy()
+    try:
+        # MergeConfig: the new knobs are fields with their defaults and declared checks
+        cfg = MergeConfig(method="toy")
+        assert (cfg.toy_alpha, cfg.toy_flag) == (0.5, False)
+        assert list(FIELDS)[-7:] == ["toy_alpha", "toy_flag", "dtype", "tokenizer_source",
+                                     "task", "lang", "base"]
+        with pytest.raises(ConfigError, match="^toy_alpha: must be a number from 0 to 2"):
+            MergeConfig.from_yaml("method: toy\ntoy_alpha: 3\n")
+        assert MergeConfig.from_yaml("method: toy\ntoy_alpha: 1\n").toy_alpha == 1.0
+        assert cfg.needs_base and "toy" in registry.linear_methods()
+        # the plan: every tensor the toy arithmetic, labelled by it, computed by it
+        names, arch = llama(4)
+        plan = build_plan(MergeConfig(method="toy", toy_alpha=0.25), names, arch)
+        src = Source("toy_scale", ("base", "lang"), (0.25,))
+        assert set(plan.sources.values()) == {src} and src.label == "toy x0.25"
+        assert plan.summary_text().startswith("toy: alpha 0.25")
+        out = methods.apply("toy_scale", [torch.zeros(3), torch.full((3,), 4.0)], [0.25])
+        assert torch.equal(out, torch.ones(3))
+        assert _coefficients(src, cfg) == {"lang": 0.25}          # the LoRA path
+        # the CLI: --method choice and one typed flag per new knob
+        assert {"--toy-alpha", "--toy-flag"} <= parser_flags()
+        args = build_parser().parse_args(["plan", "--method", "toy", "--toy-alpha", "1.5",
+                                          "--toy-flag"])
+        got = config_from_args(args)
+        assert (got.method, got.toy_alpha, got.toy_flag) == ("toy", 1.5, True)
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["plan", "--toy-alpha", "half"])
+        # the app's controls: a row of the method's own knobs, each its declared widget
+        assert controls.method_controls()["toy"] == ("toy_alpha", "toy_flag")
+        spec = controls.control_spec("toy_alpha")
+        assert (spec.widget, spec.kwargs()) == ("number", {
+            "value": 0.5, "label": "toy alpha", "minimum": 0.0, "maximum": 2.0, "step": 0.1})
+        assert controls.control_spec("toy_flag").widget == "checkbox"
+        assert controls.field_value("toy_alpha", "0.5") == 0.5
+        states = controls.control_states("toy scale")
+        assert states["toy_alpha"] is None and states["toy_flag"] is None
+        assert states["w_task"] is None and states["bottom"] == "not used by toy scale"
+        swap = controls.control_states("layer swap")
+        assert swap["toy_alpha"] == "not used by layer swap"
+        assert "alpha, toy flag (not used by layer swap)" in controls.ignored_text(swap)
+        assert wb.METHOD_LABELS["toy scale"] == "toy"
+    finally:
+        registry.unregister_method("toy")
+    # gone everywhere, the knobs and the arithmetic with it; the shared knob stays
+    assert "toy_alpha" not in FIELDS and "toy_alpha" not in registry.KNOBS
+    assert "w_task" in FIELDS and "toy_scale" not in methods.METHODS
+    assert "--toy-alpha" not in parser_flags() and "toy" not in controls.method_controls()
+    with pytest.raises(TypeError):
+        MergeConfig(toy_alpha=1.0)
+    assert "toy_alpha" not in MergeConfig().to_dict()
+    assert MergeConfig() == MergeConfig.from_dict(MergeConfig().to_dict())
+
+
+def test_a_knob_or_arithmetic_is_declared_once():
+    _declare_toy()
+    try:
+        with pytest.raises(ValueError, match="registered twice"):
+            _declare_toy()
+        with pytest.raises(ValueError, match="knob 'w_task' is declared twice, differently"):
+            registry.merge_method("toy2", "toy 2", knobs=(registry.Knob("w_task", "bool"),),
+                                  sources=dict, describe=str)
+        with pytest.raises(ValueError, match="per-tensor method 'ties' is already registered"):
+            registry.merge_method("toy2", "toy 2", arithmetic=(methods.tensor_method(
+                "ties", _toy_scale, "", "", label=str),), sources=dict, describe=str)
+        assert "toy2" not in registry.MERGE_METHODS
+    finally:
+        registry.unregister_method("toy")
+    with pytest.raises(ValueError, match="unknown widget"):
+        registry.Knob("x", "number", widget="dial")
+    # a method naming existing knobs and arithmetic leaves them when it goes
+    registry.merge_method("toy3", "toy 3", knobs=("w_task",), arithmetic=(methods.METHODS["linear"],),
+                          sources=dict, describe=str)
+    registry.unregister_method("toy3")
+    assert "linear" in methods.METHODS and "w_task" in FIELDS and "toy3" not in registry.MERGE_METHODS
 
 
 def test_a_per_tensor_method_owns_its_label_row_wise_flag_and_lora_coefficients():

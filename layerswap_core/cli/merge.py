@@ -14,8 +14,12 @@ from .progress import progress_bar
 from . import HELP
 
 MODEL_FIELDS = ("task", "lang", "base")
-# MergeConfig fields set by the flag of the same name (--partition is parsed on its own)
-FLAG_FIELDS = tuple(name for name in FIELDS if name != "partition")
+
+
+def flag_fields() -> tuple[str, ...]:
+    """MergeConfig fields set by the flag of the same name (--partition is parsed on its own);
+    read when used, so a method registered later brings its knobs' flags."""
+    return tuple(name for name in FIELDS if name != "partition")
 
 
 def add_config_flags(s):
@@ -55,7 +59,7 @@ def config_from_args(args) -> MergeConfig:
         cfg = read_mergekit(args.from_mergekit, task=getattr(args, "task", None))
     else:
         cfg = MergeConfig.load(args.config) if getattr(args, "config", None) else MergeConfig()
-    updates = {f: getattr(args, f) for f in FLAG_FIELDS if getattr(args, f, None) is not None}
+    updates = {f: getattr(args, f) for f in flag_fields() if getattr(args, f, None) is not None}
     if getattr(args, "partition", None):
         updates["partition"] = partition_arg(args.partition)
     return replace(cfg, **updates).check_fields()

@@ -3,7 +3,8 @@ checked, read from and written to YAML; the layer-count defaults and the paper's
 
 The fields are ``method``, the knobs of the registered methods (``registry.KNOBS``: layer counts,
 weights, partition, lambdas, ...) and the output/model fields below (dtype, tokenizer source,
-the three model references). Each field's kind and bounds are declared on its ``Knob``, which
+the three model references); a method registered or unregistered later remakes them
+(``registry.on_change``). Each field's kind and bounds are declared on its ``Knob``, which
 also checks them (``Knob.refuses``, strict: no text read as a number, no bool as a number); a
 refused value becomes a one-line ``ConfigError`` naming the field. (A pydantic model built from
 the knobs did this check until 2026-11-27: importing it took about 0.15 s of a 1.2 s
@@ -24,7 +25,7 @@ from typing import Any  # noqa: F401 - MergeConfig's "value" fields are annotate
 
 from .errors import ConfigError
 from .partition import MODELS, REFERENCE_LAYERS, Partition, scale_layers, value_text
-from .registry import MERGE_METHODS, Knob, get_method, seal_knobs
+from .registry import KNOBS, MERGE_METHODS, Knob, get_method, on_change
 from .. import __version__
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -96,22 +97,34 @@ def _model(name: str, help: str) -> Knob:
 
 # MergeConfig's fields in order: the method, the knobs of the registered methods, the output
 # and the models (the CLI's --task/--lang/--base are written by hand, with --config).
-FIELDS: dict[str, Knob] = {k.name: k for k in (
-    Knob("method", "choice", "layer_swap", choices=lambda: tuple(MERGE_METHODS),
-         help="merge method"),
-    *seal_knobs().values(),
+METHOD = Knob("method", "choice", "layer_swap", choices=lambda: tuple(MERGE_METHODS),
+              help="merge method")
+OUTPUT_FIELDS = (
     Knob("dtype", "choice", None, optional=True, choices=DTYPES,
          help="output dtype (default: the task expert's)"),
     Knob("tokenizer_source", "choice", None, optional=True, choices=MODELS,
          help="take the tokenizer from this model (required if the vocabularies differ)"),
     _model("task", "task (e.g. math) expert: folder, owner/name or embedded:NAME"),
     _model("lang", "language expert"),
-    _model("base", "common base model (magnitude weights, task arithmetic, TIES)"))}
+    _model("base", "common base model (magnitude weights, task arithmetic, TIES)"))
+FIELDS: dict[str, Knob] = {}   # kept up to date in place (``_fields_of_knobs``)
+_GENERATED = ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
+              "__dataclass_fields__", "__dataclass_params__")
 
 
 def _fields_of_knobs(cls):
-    """The dataclass fields of ``FIELDS`` (name, default) on ``cls``, in that order."""
+    """Make ``FIELDS`` (the method, ``registry.KNOBS``, the output and model fields) the
+    dataclass fields (name, default) of ``cls``, in that order; again, on the same class, when
+    the registry changes (the dataclass methods are made anew; a config made before keeps its
+    values and reads a new field's default)."""
+    FIELDS.clear()
+    FIELDS.update({k.name: k for k in (METHOD, *KNOBS.values(), *OUTPUT_FIELDS)})
     hint = {"count": "int", "number": "float", "bool": "bool", "choice": "str", "value": "Any"}
+    for name in _GENERATED:
+        if name in cls.__dict__:
+            delattr(cls, name)
+    for name in set(cls.__dict__.get("__annotations__", {})) - set(FIELDS):
+        delattr(cls, name)   # the default of a knob no longer declared
     cls.__annotations__ = {k.name: hint[k.kind] + (" | None" if k.optional else "")
                            for k in FIELDS.values()}
     for k in FIELDS.values():
@@ -243,3 +256,6 @@ class MergeConfig:
     def describe(self, num_layers: int | None = None) -> str:
         """One line, e.g. 'layer swap: bottom 5, top 2, transitions 0/0, non-layer averaged'."""
         return get_method(self.method).describe(self, num_layers)
+
+
+on_change(lambda: _fields_of_knobs(MergeConfig))

@@ -12,7 +12,8 @@ layerswap builds, or a one-line ``ConfigError`` naming what mergekit cannot expr
   expert (mergekit copies config.json and the tokenizer from it; ``from_mergekit`` reads it as the
   task expert). Partitions whose rules take whole layers are slices too.
 - soup: ``linear`` over the two experts; task arithmetic: ``task_arithmetic`` (normalize false);
-  TIES: ``ties`` (weights 1, normalize true, ``lambda``).
+  TIES: ``ties`` (weights 1, normalize true, ``lambda``). Each method's own declaration says
+  which (``registry.MergeMethod.mergekit``: ``SLICES``, ``BLEND`` or its own writer).
 - refused: magnitude-adjusted weights (computed from the deltas at merge time; mergekit has no
   such weighting) and so the magnitude soup; partition rules that split a layer by module kind
   (a mergekit slice takes whole layers).
@@ -46,7 +47,7 @@ from .config import DTYPES, MergeConfig, load_yaml
 from .errors import ConfigError
 from .partition import value_text
 from .plan import build_plan
-from .registry import Source, concrete
+from .registry import BLEND, SLICES, Source, concrete, get_method
 
 __all__ = ["to_mergekit", "from_mergekit", "mergekit_file", "read_mergekit", "Opened"]
 
@@ -104,36 +105,23 @@ def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None,
             notes.append(f"{role}: {ref} is written as its folder {paths[role]}")
     out_dtype = config.dtype or _torch_dtype_name(models.task_dtypes)
     doc: dict = {"merge_method": None}
-    if config.method == "layer_swap":
+    method = get_method(config.method)
+    if method.mergekit == SLICES:
         doc.update(_slices(plan, paths, notes))
-    elif config.method == "soup":
+    elif method.mergekit == BLEND:
         doc.update(merge_method="linear", base_model=paths["task"],
                    models=_blend_sources(Source("linear", ("task", "lang"),
                                                 (config.w_task, config.w_lang)),
                                          paths, notes, layers=None))
-    elif config.method == "task_arithmetic":
-        doc.update(merge_method="task_arithmetic", base_model=paths["base"],
-                   parameters={"normalize": False},
-                   models=[{"model": paths["task"], "parameters": {"weight": config.lambda_task}},
-                           {"model": paths["lang"], "parameters": {"weight": config.lambda_lang}}])
-    elif config.method == "ties":
-        doc.update(merge_method="ties", base_model=paths["base"],
-                   parameters={"normalize": True, "lambda": config.ties_lambda},
-                   models=[{"model": paths[r], "parameters": {"weight": 1.0,
-                                                              "density": config.ties_density}}
-                           for r in ("task", "lang")])
-        if config.ties_density < 1:
-            notes.append("TIES: an entry whose |delta| ties with its tensor's trim threshold is "
-                         "kept by layerswap (all tied entries), by mergekit only within exactly k "
-                         "= int(density * n) entries: such entries can differ, all others are "
-                         "bit-identical")
+    elif method.mergekit is not None:
+        doc.update(method.mergekit(config, paths, notes))
     else:
         raise ConfigError(f"mergekit has no counterpart of method {config.method}")
-    if config.method in ("task_arithmetic", "ties"):
+    donor = "base" if method.needs_base else "task"   # mergekit's base_model
+    if donor == "base":
         notes.append("config.json and the tokenizer: mergekit copies them from base_model (the "
                      "base), layerswap from the task expert; the tensors are the same")
     tok = config.tokenizer_source or "task"
-    donor = "base" if config.method in ("task_arithmetic", "ties") else "task"
     if tok != donor:
         notes.append(f"tokenizer: layerswap takes it from the {tok} model, mergekit copies it "
                      f"from the {donor} model (mergekit's tokenizer_source would rebuild the "

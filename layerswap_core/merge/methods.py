@@ -11,8 +11,13 @@ start-up, more than a warm copy of a 2 GiB checkpoint takes).
 A ``Method`` owns everything the other modules need to know about it: its label in a plan
 (``label(source)``), whether it is row-wise (computed in row blocks, ``apply.row_blocks``), its
 whole-tensor statistics (``whole_tensor``, e.g. TIES's trim thresholds) and, when it is linear in
-the deltas, each model's coefficient (``coefficients(source)``, read by the LoRA path). A new
-method is one ``@register(...)`` here; nothing lists methods by name elsewhere.
+the deltas, each model's coefficient (``coefficients(source)``, read by the LoRA path).
+
+``copy`` and ``linear`` (the plans' copies and blends, shared by several merge methods) are
+registered here. A merge method's own arithmetic (``task_arithmetic``, ``ties``: the functions
+below) is registered with the rest of that method, in its one ``merge_method(...)`` declaration
+in ``registry.py`` (``arithmetic=(tensor_method(...),)``); nothing lists methods by name
+elsewhere.
 """
 from __future__ import annotations
 
@@ -56,14 +61,22 @@ class Method:
 METHODS: dict[str, Method] = {}
 
 
-def register(name: str, paper: str, description: str, *, label: Callable[[Any], str],
-             row_wise: bool = False, whole_tensor: Callable[..., dict] | None = None,
-             coefficients: Callable[[Any], dict] | None = None,
-             shares: Callable[[Any], dict] = lambda source: {}, cell: str = "",
-             arrays: Callable[..., Any] | None = None):
+def tensor_method(name: str, fn: Callable[..., Any], paper: str, description: str, *,
+                  label: Callable[[Any], str], row_wise: bool = False,
+                  whole_tensor: Callable[..., dict] | None = None,
+                  coefficients: Callable[[Any], dict] | None = None,
+                  shares: Callable[[Any], dict] = lambda source: {}, cell: str = "",
+                  arrays: Callable[..., Any] | None = None) -> Method:
+    """One per-tensor method as a record (not registered: ``register`` or a merge method's
+    declaration, ``registry.merge_method(arithmetic=...)``, registers it)."""
+    return Method(name, fn, paper, description, label, row_wise, whole_tensor, coefficients,
+                  shares, cell or name, arrays)
+
+
+def register(name: str, paper: str, description: str, **kw):
+    """Register the decorated function as the per-tensor method ``name`` (``tensor_method``)."""
     def wrap(fn):
-        METHODS[name] = Method(name, fn, paper, description, label, row_wise, whole_tensor,
-                               coefficients, shares, cell or name, arrays)
+        METHODS[name] = tensor_method(name, fn, paper, description, **kw)
         return fn
     return wrap
 
@@ -146,13 +159,6 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
     return out.div_(total)
 
 
-@register("task_arithmetic", "https://arxiv.org/abs/2212.04089",
-          "base + sum(lambda_i * (t_i - base)) (the scaled deltas summed first, as mergekit "
-          "does)",
-          row_wise=True,
-          label=lambda source: "task arithmetic " + "/".join(f"{w:g}"
-                                                               for w in source.weights or ()),
-          coefficients=lambda source: dict(zip(source.models[1:], source.weights)))
 def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     import torch
     base, experts = tensors[0].float(), tensors[1:]
@@ -251,14 +257,6 @@ def ties_thresholds(blocks: Callable[[], Iterable[Sequence[torch.Tensor]]], nume
         thresholds.append(kth_largest(mags, density))
         del mags
     return {"thresholds": thresholds}
-
-
-register("ties", "https://arxiv.org/abs/2306.01708",
-         "TIES: trim each delta to its top-density magnitudes (per tensor), elect the sign of "
-         "the summed deltas (a zero sum counts as positive, as in mergekit), average the deltas "
-         "that agree with it (disjoint mean), base + lam * mean",
-         label=lambda source: f"ties d={dict(source.args).get('density', 0.2)}",
-         row_wise=True, whole_tensor=ties_thresholds)(ties)
 
 
 def apply(method: str, tensors: Sequence[torch.Tensor], weights, kwargs: dict | None = None) -> torch.Tensor:

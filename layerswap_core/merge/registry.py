@@ -1,26 +1,28 @@
-"""The merge methods a config can name, each registered ONCE (the one file to add a method to).
+"""The merge methods a config can name, each declared ONCE (the one place to add a method).
 
-A ``MergeMethod`` declares its id (``MergeConfig.method``), the label the app shows, whether it
-needs the base model, whether it is linear in the deltas (then LoRA experts merge exactly, see
-``lora.py``), its knobs (``MergeConfig`` fields with default, bounds and help), how it sends
-every parameter to a ``Source`` and how it describes itself in one line. ``MergeConfig``'s
-fields and their checks (``Knob.refuses``; ``config.py``), ``build_plan`` (``plan.py``), the
-CLI's flags and ``--method`` choices, the app's method radio and knob controls and the LoRA
-path all read this registry.
+A method is one ``merge_method(...)`` declaration below (mergekit's ``@merge_method``): its id
+(``MergeConfig.method``), its label and its knobs with their controls (``Knob``: kind, default,
+bounds, CLI help, the app control's widget, label and short name), its own per-tensor
+arithmetic (``arithmetic``: ``methods.tensor_method`` records of functions in ``methods.py``),
+whether it needs the base model, whether it is linear in the deltas (then LoRA experts merge
+exactly, see ``lora.py``), how it sends every parameter to a ``Source``, how it describes itself
+in one line and how it is written as a mergekit YAML (``mergekit``). Everything else reads this
+registry: ``MergeConfig``'s fields and their checks (``Knob.refuses``; ``config.py``),
+``build_plan`` (``plan.py``), the CLI's flags and ``--method`` choices (``cli/merge.py``), the
+app's method radio and controls (``workbench/controls.py``), the LoRA path and ``to_mergekit``.
 
-A knob is a ``Knob`` in ``KNOBS``: declared once (several methods may read it, e.g. the blend
-weights), it becomes a ``MergeConfig`` field when ``config.py`` is imported, so a new knob is
-declared here, next to the method that reads it. A method without new knobs may also be
-registered later (``register_method``; ``unregister_method`` takes it away).
+A knob is declared once, by the first method that lists it as a ``Knob``; other methods may
+list it again (the same ``Knob``, or its name). A method declared later (a plugin, a test) works
+the same way: its knobs become ``MergeConfig`` fields at once (``on_change``), and
+``unregister_method`` takes the method, its arithmetic and the knobs only it used away again.
 """
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
-from collections.abc import Callable
 
 from . import methods
 from .errors import ConfigError
@@ -88,6 +90,16 @@ class Source:
 
 
 # --------------------------------------------------------------------------- knobs
+KINDS = ("count", "number", "bool", "choice", "value")
+# The app controls a knob can ask for (the app lays "partition" out itself: presets and rules).
+WIDGETS = {"slider": "a slider over [lo, hi] (a count: 0 to the model's depth)",
+           "number": "a number box with the knob's bounds and step",
+           "checkbox": "a checkbox", "choice": "a radio of the knob's options",
+           "text": "a text box", "partition": "the partition presets and custom rules"}
+DEFAULT_WIDGET = {"count": "slider", "number": "number", "bool": "checkbox", "choice": "choice",
+                  "value": "text"}
+
+
 @dataclass(frozen=True)
 class Knob:
     """One ``MergeConfig`` field: its kind and bounds (checked by ``refuses``), its
@@ -97,6 +109,8 @@ class Knob:
     ``lo_open``), "bool", "choice" (one of ``choices``, a tuple or a function returning one) or
     "value" (anything ``check(name, value)`` accepts; it raises ConfigError). ``optional``: None
     is allowed too. The CLI sets every knob with ``--NAME`` (a "value" knob's flag is text).
+    ``widget``: the app control (``WIDGETS``; default by kind: ``control``); ``short``: its name
+    in the page's one-line notes (default: the name with spaces).
     """
     name: str
     kind: str
@@ -111,6 +125,24 @@ class Knob:
     choices: tuple | Callable[[], Any] = ()
     check: Callable[[str, Any], None] | None = None
     step: float | None = None      # the app control's step (None: 1)
+    widget: str = ""               # the app control: one of WIDGETS ("": by kind)
+    short: str = ""                # its name in the page's notes ("": the name with spaces)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"knob {self.name}: unknown kind {self.kind!r}; one of {KINDS}")
+        if self.widget and self.widget not in WIDGETS:
+            raise ValueError(f"knob {self.name}: unknown widget {self.widget!r}; one of "
+                             f"{tuple(WIDGETS)}")
+
+    @property
+    def control(self) -> str:
+        """The app control's kind (``WIDGETS``): the declared widget, else the kind's default."""
+        return self.widget or DEFAULT_WIDGET[self.kind]
+
+    @property
+    def short_name(self) -> str:
+        return self.short or self.name.replace("_", " ")
 
     def options(self) -> tuple:
         return tuple(self.choices() if callable(self.choices) else self.choices)
@@ -151,28 +183,17 @@ class Knob:
         return f"{self.name}: must be a number {span}{self.note}, got {value_text(value)}"
 
 
-KNOBS: dict[str, Knob] = {}
-_sealed: list[bool] = []  # set once config.py has made the knobs MergeConfig's fields
-
-
-def knob(name: str, kind: str, default=None, **kw) -> Knob:
-    """Declare a knob (a MergeConfig field) once, by name, in this file."""
-    if _sealed:
-        raise RuntimeError(f"knob {name!r}: declare knobs in merge/registry.py (MergeConfig's "
-                           "fields are already made)")
-    if name in KNOBS:
-        raise ValueError(f"knob {name!r} is declared twice")
-    KNOBS[name] = Knob(name, kind, default, **kw)
-    return KNOBS[name]
+KNOBS: dict[str, Knob] = {}   # the registered methods' knobs, in declaration order
 
 
 def _weight(name: str, help: str) -> Knob:
-    return knob(name, "number", 1.0, lo=0.0, hi=MAX_WEIGHT, help=help, label=name,
-                note=" (only the ratio w_task : w_lang matters)")
+    return Knob(name, "number", 1.0, lo=0.0, hi=MAX_WEIGHT, help=help, label=name,
+                widget="slider", note=" (only the ratio w_task : w_lang matters)")
 
 
-def _lambda(name: str, help: str, label: str, default: float = 1.0) -> Knob:
-    return knob(name, "number", default, lo=-MAX_LAMBDA, hi=MAX_LAMBDA, help=help, label=label)
+def _lambda(name: str, help: str, label: str, short: str, default: float = 1.0) -> Knob:
+    return Knob(name, "number", default, lo=-MAX_LAMBDA, hi=MAX_LAMBDA, help=help, label=label,
+                short=short)
 
 
 # --------------------------------------------------------------------------- methods
@@ -184,7 +205,12 @@ class MergeMethod:
     ``blends(config)``: whether some tensors are that blend; ``magnitude``: the blend weights are
     always the magnitude-adjusted ones; ``check(config, num_layers)`` the checks that need the
     model's depth (raises ConfigError); ``concrete(config, num_layers)`` the config as merged at
-    that depth, recorded with the output (e.g. the layer counts a depth-scaled default gives)."""
+    that depth, recorded with the output (e.g. the layer counts a depth-scaled default gives);
+    ``arithmetic``: the per-tensor methods it brings (``methods.METHODS`` names, registered and
+    unregistered with it); ``mergekit``: how ``to_mergekit`` writes it: ``SLICES`` (the plan's
+    copies and blends as slices), ``BLEND`` (mergekit's linear over the two experts),
+    ``mergekit(config, paths, notes)`` returning the YAML's method, base model, parameters and
+    models (it may append notes), or None (no mergekit counterpart)."""
     id: str
     label: str
     knobs: tuple[str, ...]
@@ -196,28 +222,90 @@ class MergeMethod:
     magnitude: bool = False
     check: Callable[[Any, int], None] | None = None
     concrete: Callable[[Any, int], Any] | None = None
+    arithmetic: tuple[str, ...] = ()
+    mergekit: str | Callable[..., dict] | None = None
 
 
+SLICES, BLEND = "slices", "blend"   # MergeMethod.mergekit: the writers mergekit_yaml has
 MERGE_METHODS: dict[str, MergeMethod] = {}
+_BROUGHT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # id -> (knobs, arithmetic)
+_listeners: list[Callable[[], None]] = []
 
 
-def seal_knobs() -> dict[str, Knob]:
-    """The knobs, for ``config.py`` to make them MergeConfig's fields; no knob may follow."""
-    _sealed.append(True)
-    return dict(KNOBS)
+def on_change(listener: Callable[[], None]):
+    """Call ``listener()`` whenever a method (and so the knobs) is registered or unregistered
+    (``config.py`` remakes ``MergeConfig``'s fields)."""
+    _listeners.append(listener)
 
 
-def register_method(method: MergeMethod) -> MergeMethod:
-    unknown = [k for k in method.knobs if k not in KNOBS]
+def _changed():
+    for listener in _listeners:
+        listener()
+
+
+def merge_method(id: str, label: str, *, knobs: Sequence[Knob | str] = (),
+                 sources: Callable[..., dict], describe: Callable[..., str],
+                 arithmetic: Sequence[methods.Method] = (), **hooks) -> MergeMethod:
+    """Declare a merge method in one place: its id and label, its knobs (a ``Knob`` declares one;
+    a name lists one another method declared), the per-tensor ``arithmetic`` it brings
+    (``methods.tensor_method`` records), ``sources``, ``describe`` and the other ``MergeMethod``
+    fields (``needs_base``, ``linear``, ``blends``, ``magnitude``, ``check``, ``concrete``,
+    ``mergekit``). ValueError for a knob or arithmetic declared twice differently."""
+    if id in MERGE_METHODS:
+        raise ValueError(f"method {id!r} is registered twice")
+    for k in knobs:
+        if isinstance(k, Knob) and KNOBS.get(k.name, k) != k:
+            raise ValueError(f"method {id}: knob {k.name!r} is declared twice, differently")
+    for a in arithmetic:
+        if methods.METHODS.get(a.name, a) != a:
+            raise ValueError(f"method {id}: per-tensor method {a.name!r} is already registered")
+    names = tuple(k.name if isinstance(k, Knob) else k for k in knobs)
+    new = {k.name: k for k in knobs if isinstance(k, Knob) and k.name not in KNOBS}
+    return register_method(
+        MergeMethod(id, label, names, sources, describe,
+                    arithmetic=tuple(a.name for a in arithmetic), **hooks),
+        new, {a.name: a for a in arithmetic})
+
+
+def register_method(method: MergeMethod, knobs: Mapping[str, Knob] | None = None,
+                    arithmetic: Mapping[str, methods.Method] | None = None) -> MergeMethod:
+    """Register ``method`` with the knobs and per-tensor methods it declares (``merge_method``
+    is the one way to write a declaration)."""
+    knobs, arithmetic = dict(knobs or {}), dict(arithmetic or {})
+    if method.id in MERGE_METHODS:
+        raise ValueError(f"method {method.id!r} is registered twice")
+    unknown = [k for k in method.knobs if k not in KNOBS and k not in knobs]
     if unknown:
-        raise ValueError(f"method {method.id}: undeclared knob(s) {unknown} (declare them with "
-                         "knob() in merge/registry.py)")
+        raise ValueError(f"method {method.id}: undeclared knob(s) {unknown} (declare each as a "
+                         "Knob in its method's merge_method(...))")
+    missing = [a for a in method.arithmetic if a not in methods.METHODS and a not in arithmetic]
+    if missing:
+        raise ValueError(f"method {method.id}: unknown per-tensor method(s) {missing}")
+    knobs = {k: v for k, v in knobs.items() if k not in KNOBS}
+    arithmetic = {a: v for a, v in arithmetic.items() if a not in methods.METHODS}
+    KNOBS.update(knobs)
+    methods.METHODS.update(arithmetic)
     MERGE_METHODS[method.id] = method
+    _BROUGHT[method.id] = (tuple(knobs), tuple(arithmetic))
+    _changed()
     return method
 
 
 def unregister_method(method_id: str):
-    MERGE_METHODS.pop(method_id, None)
+    """Take ``method_id`` away, with the knobs and arithmetic it brought that no other method
+    uses."""
+    if MERGE_METHODS.pop(method_id, None) is None:
+        return
+    knobs, arithmetic = _BROUGHT.pop(method_id)
+    used = {k for m in MERGE_METHODS.values() for k in m.knobs}
+    for k in knobs:
+        if k not in used:
+            KNOBS.pop(k, None)
+    kept = {a for m in MERGE_METHODS.values() for a in m.arithmetic}
+    for a in arithmetic:
+        if a not in kept:
+            methods.METHODS.pop(a, None)
+    _changed()
 
 
 def get_method(method_id: str) -> MergeMethod:
@@ -273,33 +361,39 @@ def non_layer_text(config, blends: bool = False) -> str:
 
 
 # --------------------------------------------------------------------------- layer swap
-knob("bottom", "count", None, optional=True, label="Bottom layers b (language)",
-     help="bottom layers from the language expert (default: 5 of 32, scaled to the model)")
-knob("top", "count", None, optional=True, label="Top layers u (language)",
-     help="top layers from the language expert (default: 2 of 32, scaled)")
-knob("transition_bottom", "count", 0, label="Transition t_b (blended)",
-     help="blended layers above the bottom ones")
-knob("transition_top", "count", 0, label="Transition t_u (blended)",
-     help="blended layers below the top ones")
-_weight("w_task", "blend weight of the task expert (0..1e4)")
-_weight("w_lang", "blend weight of the language expert (0..1e4)")
-knob("magnitude_weights", "bool", False, label="Magnitude-adjusted weights (needs base)",
-     help="blend weights = inverse mean delta from the base (needs --base; replaces "
-          "--w-task/--w-lang)")
-knob("non_layer", "choice", "blend", choices=NON_LAYER_SOURCES,
-     label="Non-layer parameters (embeddings, final norm, LM head)",
-     help="layer swap: where the non-layer parameters (embeddings, final norm, LM head) come "
-          "from: blend (default; Algorithm 1 averages them with the blend weights), task or lang")
-knob("partition", "value", None, check=check_partition_spec,
-     label="Partition (parameters to the language expert)",
-     help="A, B, C (the published presets, in absolute layers), or a YAML file with a list of "
-          "rules ({layers: '0-5', kinds: attention}; layers: non-layer addresses the embeddings, "
-          "final norm and LM head)")
-knob("scale_partition", "bool", False,
-     label="Scale presets A/B/C to this depth (layerswap's own rule; the paper's presets are "
-           "absolute layers)",
-     help="scale the presets' published layer counts (for 32/36-layer models) to this model's "
-          "depth: the tool's own rule, not the paper's")
+BOTTOM = Knob("bottom", "count", None, optional=True, label="Bottom layers b (language)",
+              help="bottom layers from the language expert (default: 5 of 32, scaled to the "
+                   "model)")
+TOP = Knob("top", "count", None, optional=True, label="Top layers u (language)",
+           help="top layers from the language expert (default: 2 of 32, scaled)")
+TRANSITION_BOTTOM = Knob("transition_bottom", "count", 0, label="Transition t_b (blended)",
+                         short="t_b", help="blended layers above the bottom ones")
+TRANSITION_TOP = Knob("transition_top", "count", 0, label="Transition t_u (blended)",
+                      short="t_u", help="blended layers below the top ones")
+W_TASK = _weight("w_task", "blend weight of the task expert (0..1e4)")
+W_LANG = _weight("w_lang", "blend weight of the language expert (0..1e4)")
+MAGNITUDE_WEIGHTS = Knob(
+    "magnitude_weights", "bool", False, label="Magnitude-adjusted weights (needs base)",
+    help="blend weights = inverse mean delta from the base (needs --base; replaces "
+         "--w-task/--w-lang)")
+NON_LAYER = Knob(
+    "non_layer", "choice", "blend", choices=NON_LAYER_SOURCES, short="non-layer source",
+    label="Non-layer parameters (embeddings, final norm, LM head)",
+    help="layer swap: where the non-layer parameters (embeddings, final norm, LM head) come "
+         "from: blend (default; Algorithm 1 averages them with the blend weights), task or lang")
+PARTITION = Knob(
+    "partition", "value", None, check=check_partition_spec, widget="partition",
+    label="Partition (parameters to the language expert)",
+    help="A, B, C (the published presets, in absolute layers), or a YAML file with a list of "
+         "rules ({layers: '0-5', kinds: attention}; layers: non-layer addresses the embeddings, "
+         "final norm and LM head)")
+SCALE_PARTITION = Knob(
+    "scale_partition", "bool", False, short="scale presets",
+    label="Scale presets A/B/C to this depth (layerswap's own rule; the paper's presets are "
+          "absolute layers)",
+    help="scale the presets' published layer counts (for 32/36-layer models) to this model's "
+         "depth: the tool's own rule, not the paper's")
+BLEND_KNOBS = (W_TASK, W_LANG, MAGNITUDE_WEIGHTS)
 
 
 def layer_zone(layer: int, num_layers: int, b: int, u: int, tb: int, tu: int) -> str:
@@ -372,49 +466,90 @@ def _swap_describe(config, num_layers: int | None) -> str:
         non_layer_text(config, bool(tb or tu))
 
 
-register_method(MergeMethod(
+merge_method(
     "layer_swap", "layer swap",
-    ("bottom", "top", "transition_bottom", "transition_top", "w_task", "w_lang",
-     "magnitude_weights", "non_layer", "partition", "scale_partition"),
-    _swap_sources, _swap_describe, linear=True, blends=_swap_blends, check=_swap_check,
-    concrete=_swap_concrete))
+    knobs=(BOTTOM, TOP, TRANSITION_BOTTOM, TRANSITION_TOP, *BLEND_KNOBS, NON_LAYER, PARTITION,
+           SCALE_PARTITION),
+    sources=_swap_sources, describe=_swap_describe, linear=True, blends=_swap_blends,
+    check=_swap_check, concrete=_swap_concrete, mergekit=SLICES)
+
 
 # --------------------------------------------------------------------------- soups
-register_method(MergeMethod(
-    "soup", "model soup", ("w_task", "w_lang", "magnitude_weights"),
-    lambda config, names, arch, blend: dict.fromkeys(names, blend),
-    lambda config, num_layers: "model soup, " + weights_text(config),
-    linear=True, blends=lambda config: True))
-register_method(MergeMethod(
-    "magnitude_soup", "magnitude soup", (),
-    lambda config, names, arch, blend: dict.fromkeys(names, blend),
-    lambda config, num_layers: "magnitude-weighted soup",
-    needs_base=True, blends=lambda config: True, magnitude=True))
+def _soup_sources(config, names, arch, blend):
+    return dict.fromkeys(names, blend)
+
+
+merge_method(
+    "soup", "model soup", knobs=BLEND_KNOBS, sources=_soup_sources,
+    describe=lambda config, num_layers: "model soup, " + weights_text(config),
+    linear=True, blends=lambda config: True, mergekit=BLEND)
+merge_method(
+    "magnitude_soup", "magnitude soup", sources=_soup_sources,
+    describe=lambda config, num_layers: "magnitude-weighted soup",
+    needs_base=True, blends=lambda config: True, magnitude=True)
+
 
 # --------------------------------------------------------------------------- task arithmetic
-_lambda("lambda_task", "task arithmetic scale of the task delta (-100..100)",
-        "task arithmetic: lambda task")
-_lambda("lambda_lang", "task arithmetic scale of the language delta (-100..100)", "lambda lang")
-register_method(MergeMethod(
-    "task_arithmetic", "task arithmetic", ("lambda_task", "lambda_lang"),
-    lambda config, names, arch, blend: dict.fromkeys(names, Source(
+def _task_arithmetic_mergekit(config, paths, notes) -> dict:
+    return dict(merge_method="task_arithmetic", base_model=paths["base"],
+                parameters={"normalize": False},
+                models=[{"model": paths["task"], "parameters": {"weight": config.lambda_task}},
+                        {"model": paths["lang"], "parameters": {"weight": config.lambda_lang}}])
+
+
+merge_method(
+    "task_arithmetic", "task arithmetic",
+    knobs=(_lambda("lambda_task", "task arithmetic scale of the task delta (-100..100)",
+                   "task arithmetic: lambda task", "lambda task"),
+           _lambda("lambda_lang", "task arithmetic scale of the language delta (-100..100)",
+                   "lambda lang", "lambda lang")),
+    arithmetic=(methods.tensor_method(
+        "task_arithmetic", methods.task_arithmetic, "https://arxiv.org/abs/2212.04089",
+        "base + sum(lambda_i * (t_i - base)) (the scaled deltas summed first, as mergekit does)",
+        row_wise=True,
+        label=lambda source: "task arithmetic " + "/".join(f"{w:g}"
+                                                            for w in source.weights or ()),
+        coefficients=lambda source: dict(zip(source.models[1:], source.weights))),),
+    sources=lambda config, names, arch, blend: dict.fromkeys(names, Source(
         "task_arithmetic", ("base", "task", "lang"),
         (float(config.lambda_task), float(config.lambda_lang)))),
-    lambda config, num_layers: f"task arithmetic: lambda task {config.lambda_task:g}, "
-                               f"lang {config.lambda_lang:g}",
-    needs_base=True, linear=True))
+    describe=lambda config, num_layers: f"task arithmetic: lambda task {config.lambda_task:g}, "
+                                        f"lang {config.lambda_lang:g}",
+    needs_base=True, linear=True, mergekit=_task_arithmetic_mergekit)
+
 
 # --------------------------------------------------------------------------- TIES
-knob("ties_density", "number", 0.2, lo=0.0, hi=1.0, lo_open=True, step=0.05,
-     label="TIES density (0-1]",
-     note=" (the fraction of each delta kept)",
-     help="TIES: fraction of each delta kept, per tensor (0 < d <= 1)")
-_lambda("ties_lambda", "TIES: scale of the merged delta (-100..100)", "TIES lambda")
-register_method(MergeMethod(
-    "ties", "TIES", ("ties_density", "ties_lambda"),
-    lambda config, names, arch, blend: dict.fromkeys(names, Source(
+def _ties_mergekit(config, paths, notes) -> dict:
+    if config.ties_density < 1:
+        notes.append("TIES: an entry whose |delta| ties with its tensor's trim threshold is "
+                     "kept by layerswap (all tied entries), by mergekit only within exactly k "
+                     "= int(density * n) entries: such entries can differ, all others are "
+                     "bit-identical")
+    return dict(merge_method="ties", base_model=paths["base"],
+                parameters={"normalize": True, "lambda": config.ties_lambda},
+                models=[{"model": paths[r], "parameters": {"weight": 1.0,
+                                                           "density": config.ties_density}}
+                        for r in ("task", "lang")])
+
+
+merge_method(
+    "ties", "TIES",
+    knobs=(Knob("ties_density", "number", 0.2, lo=0.0, hi=1.0, lo_open=True, step=0.05,
+                label="TIES density (0-1]", short="TIES density",
+                note=" (the fraction of each delta kept)",
+                help="TIES: fraction of each delta kept, per tensor (0 < d <= 1)"),
+           _lambda("ties_lambda", "TIES: scale of the merged delta (-100..100)", "TIES lambda",
+                   "TIES lambda")),
+    arithmetic=(methods.tensor_method(
+        "ties", methods.ties, "https://arxiv.org/abs/2306.01708",
+        "TIES: trim each delta to its top-density magnitudes (per tensor), elect the sign of "
+        "the summed deltas (a zero sum counts as positive, as in mergekit), average the deltas "
+        "that agree with it (disjoint mean), base + lam * mean",
+        label=lambda source: f"ties d={dict(source.args).get('density', 0.2)}",
+        row_wise=True, whole_tensor=methods.ties_thresholds),),
+    sources=lambda config, names, arch, blend: dict.fromkeys(names, Source(
         "ties", ("base", "task", "lang"), (1.0, 1.0),
         (("density", float(config.ties_density)), ("lam", float(config.ties_lambda))))),
-    lambda config, num_layers: f"TIES: density {config.ties_density:g}, "
-                               f"lambda {config.ties_lambda:g}",
-    needs_base=True))
+    describe=lambda config, num_layers: f"TIES: density {config.ties_density:g}, "
+                                        f"lambda {config.ties_lambda:g}",
+    needs_base=True, mergekit=_ties_mergekit)
