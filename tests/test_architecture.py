@@ -27,6 +27,7 @@ LAYERS = [
     ("checkpoints.references",),                  # model references resolved to folders
     ("checkpoints.loading", "checkpoints.compatibility",   # loading (adapters as dense models);
      "checkpoints.hub"),                          # the one compatibility check; served downloads
+    ("checkpoints.preflight",),                   # the check from metadata, before a download
     ("merge.lora", "merge.executor", "merge.live", "merge.mergekit_yaml",   # adapter plans,
      "testing"),                                  # executor, live; mergekit YAML out and in
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
