@@ -54,8 +54,8 @@ LAYERS = [
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",
      "workbench.demo"),                          # the other tabs; the demo result
     ("workbench.agents",),                        # the tabs' steps as agent (MCP) tools
-    ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora", "cli.data",
-     "cli.analysis", "cli.evaluate", "cli.train", "cli.sweep"),
+    ("cli", "cli.progress", "cli.partition", "cli.models", "cli.check", "cli.merge", "cli.lora",
+     "cli.data", "cli.analysis", "cli.evaluate", "cli.train", "cli.sweep"),
     ("__main__", "cli.__main__", "app"),          # entry points
 ]
 # The only places that import modules by name at run time: the lazy API of the package root, and

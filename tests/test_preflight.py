@@ -255,3 +255,22 @@ def test_refusals_in_words_and_local_folders_as_they_are(fake_hub, tiny):
     assert pf.ok and pf.models["task"].download_bytes == 0
     assert pf.models["lang"].download_bytes > 0
     assert hub_id("fake/lang") and not hub_id(str(tiny["task"])) and not hub_id("embedded:x")
+
+
+def test_the_check_command_prints_the_summary_and_refuses_in_one_line(fake_hub, capsys):
+    from layerswap_core.cli import main
+
+    assert main(["check", "--base", "fake/base", "--task", "fake/task", "--lang", "fake/lang"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["task", "lang", "base", "download",
+                                                    "compatible"]
+    assert out[3].startswith("download: 51.9 MB in all; memory: about 13.8 MB")
+    assert main(["check", "--task", "fake/task", "--lang", "fake/other-vocab"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("refused: different vocabulary sizes: lang has 32000, task has "
+                              "49152; tensor model.embed_tokens.weight")
+    assert main(["check", "--task", "fake/task", "--lang", "/no/such/folder"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("task: fake/task: llama (llama), 8 layers")   # what could be read
+    assert out[-1] == ("refused: lang /no/such/folder: /no/such/folder: no such folder (and not "
+                       "a Hub repo id of the form owner/name)")

@@ -112,11 +112,15 @@ class Preflight:
             out.append(f"download: {_gb(self.download_bytes)} in all; memory: about "
                        f"{_gb(self.memory_bytes)} for the live model, plus up to "
                        f"{_gb(self.mapped_bytes)} of page cache for the weight files "
-                       f"(pre-flight fetched {_gb(self.fetched_bytes)})")
+                       f"(pre-flight fetched {_small(self.fetched_bytes)})")
         out += [f"note: {n}" for n in self.notes]
         out.append(f"refused: {self.refusal}" if self.problems else
                    "compatible: same architecture, depth, shapes, vocabulary and tokenizer")
         return out
+
+
+def _small(nbytes: int) -> str:
+    return _gb(nbytes) if nbytes >= 10 ** 6 else f"{nbytes / 1000:.1f} kB"
 
 
 def hub_id(ref: str) -> bool:
