@@ -49,7 +49,8 @@ LAYERS = [
     ("workbench.figures", "workbench.spaces", "workbench.served",   # figures, the ZeroGPU shim,
      "workbench.controls"),                       # which controls the method reads,
                                                   # limits, access and one-line errors
-    ("workbench.saves",),                         # served disk: namespaces, quotas, temp files
+    ("workbench.saves", "workbench.preflight"),   # served disk: namespaces, quotas, temp files;
+                                                  # the Models tab's pre-flight of a pick
     ("workbench.session",),                       # the session: models, configure, build tabs
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",
      "workbench.demo"),                          # the other tabs; the demo result

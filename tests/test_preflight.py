@@ -34,6 +34,7 @@ class CountingHub:
                       for r, f in repos.items()}
         self.sent: dict[str, int] = {}
         self.ranges: list[tuple[str, str, str | None]] = []   # repo, file, Range header
+        self.auths: list[str | None] = []                      # every request's authorization
         self.lock = threading.Lock()
         hub_ = self
 
@@ -61,6 +62,7 @@ class CountingHub:
 
     def handle(self, h):
         path = h.path.split("?")[0]
+        self.auths.append(h.headers.get("authorization"))
         if path.startswith("/api/models/"):
             repo = path[len("/api/models/"):].split("/revision/")[0]
             files = self.repos.get(repo)
@@ -274,3 +276,31 @@ def test_the_check_command_prints_the_summary_and_refuses_in_one_line(fake_hub, 
     assert out[0].startswith("task: fake/task: llama (llama), 8 layers")   # what could be read
     assert out[-1] == ("refused: lang /no/such/folder: /no/such/folder: no such folder (and not "
                        "a Hub repo id of the form owner/name)")
+
+
+def test_the_models_tab_preflight_with_a_visitors_rules(fake_hub, tiny, tmp_path, monkeypatch):
+    """Served: a Hub id is read from its metadata (no server token, nothing downloaded into the
+    served cache), a folder outside the model roots is refused, one under them is read."""
+    from layerswap_core.workbench.preflight import preflight_markdown, preflight_models
+    from layerswap_core.workbench.served import REFUSED, Access
+
+    monkeypatch.setenv("HF_TOKEN", "hf_server_secret_token")
+    cache = hub.HubCache(tmp_path / "served-hub", hub.HubLimits(None, None, 5.0, 1))
+    before = hub.set_served_cache(cache)
+    try:
+        access = Access(True, tmp_path / "out", (tiny["base"].parent,), namespace="alice")
+        pf = preflight_models(str(tiny["base"]), "fake/task", "fake/other-vocab", access)
+        assert pf.refusal.startswith("different vocabulary sizes: lang has 32000, task has 49152")
+        md = preflight_markdown(pf, access)
+        assert md.startswith("**Not compatible**: different vocabulary sizes")
+        assert "http" not in md and fake_hub.url not in md
+        pf = preflight_models(str(tiny["base"]), "fake/task", "fake/lang", access)
+        md = preflight_markdown(pf, access)
+        assert pf.ok and md.startswith("**Compatible** (from their metadata")
+        assert "- download: 34.6 MB in all" in md and "memory available now" in md
+        assert not (tmp_path / "served-hub").exists()              # nothing downloaded
+        pf = preflight_models("/etc", "fake/task", "fake/lang", access)
+        assert pf.problems == [f"base /etc: {REFUSED}"]
+    finally:
+        hub.set_served_cache(before)
+    assert not any(a == "Bearer hf_server_secret_token" for a in fake_hub.auths)

@@ -123,11 +123,13 @@ def _small(nbytes: int) -> str:
     return _gb(nbytes) if nbytes >= 10 ** 6 else f"{nbytes / 1000:.1f} kB"
 
 
-def hub_id(ref: str) -> bool:
-    """Whether ``references.resolve`` takes ``ref`` for a Hub id (not a folder, not embedded)."""
+def hub_id(ref: str, served: bool = False) -> bool:
+    """Whether ``references.resolve`` takes ``ref`` for a Hub id (not a folder, not embedded).
+    ``served``: whatever lies on the server's disk (a visitor's owner/name is never read as a
+    relative path)."""
     s = str(ref).strip()
     return (bool(_REPO_ID.match(s)) and not s.startswith((".", "~", EMBEDDED_PREFIX))
-            and not Path(s).expanduser().exists())
+            and (served or not Path(s).expanduser().exists()))
 
 
 # --------------------------------------------------------------------------- the Hub's side
@@ -270,11 +272,12 @@ def preflight(refs: dict[str, str], *, served: bool = False, token=None,
         paths: dict[str, Path] = {}
         remote: dict[str, _HubModel] = {}
         for i, (role, ref) in enumerate(refs.items()):
+            on_hub = hub_id(ref, served)
             say(progress, i / (len(refs) + 2), f"reading what the Hub lists of {ref}"
-                if hub_id(ref) else f"reading {ref}")
+                if on_hub else f"reading {ref}")
             try:
-                cached = served_cache().cached(ref) if served and hub_id(ref) else None
-                if hub_id(ref) and cached is None:
+                cached = served_cache().cached(ref) if served and on_hub else None
+                if on_hub and cached is None:
                     hub = hub or _Hub(endpoint, token, limits)
                     model = remote[role] = _HubModel(ref, Path(tmp) / role)
                     try:
