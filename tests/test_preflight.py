@@ -301,6 +301,11 @@ def test_the_models_tab_preflight_with_a_visitors_rules(fake_hub, tiny, tmp_path
         assert not (tmp_path / "served-hub").exists()              # nothing downloaded
         pf = preflight_models("/etc", "fake/task", "fake/lang", access)
         assert pf.problems == [f"base /etc: {REFUSED}"]
+        shutil.copytree(tiny["lang"], tmp_path / "served-hub" / "fake--lang" / SHA)
+        fake_hub.reset()
+        pf = preflight_models("", "fake/task", "fake/lang", access)   # lang: the served copy
+        assert pf.ok and pf.models["lang"].download_bytes == 0
+        assert not any(r == "fake/lang" for r, _, _ in fake_hub.ranges)
     finally:
         hub.set_served_cache(before)
     assert not any(a == "Bearer hf_server_secret_token" for a in fake_hub.auths)

@@ -247,7 +247,7 @@ def _skeleton(hub: _Hub, model: _HubModel) -> None:
         if name in model.files:
             hub.small_file(model, name)
     for name in model.files:
-        if name.endswith(".safetensors"):
+        if name.endswith(".safetensors") and "/" not in name:   # what the readers read
             hub.header(model, name)
 
 
@@ -288,12 +288,14 @@ def preflight(refs: dict[str, str], *, served: bool = False, token=None,
                         raise ModelLoadError("this model is gated or private: not downloaded "
                                              "on this server")
                     paths[role] = model.folder
+                elif on_hub:
+                    paths[role] = cached
                 elif not ref.startswith(EMBEDDED_PREFIX) and Path(ref).expanduser().is_dir() \
                         and is_adapter(Path(ref).expanduser()):
                     notes.append(f"{role}: {ref} is an adapter: checked when the models are "
                                  "picked")
                 else:
-                    paths[role] = Path(cached or resolve(ref))
+                    paths[role] = resolve(ref)
             except (ModelLoadError, ValueError, OSError) as e:
                 found.append(f"{role} {ref}: {e}")
         for role, path in list(paths.items()):
