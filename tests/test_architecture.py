@@ -29,6 +29,7 @@ LAYERS = [
     ("checkpoints.references",),                  # model references resolved to folders
     ("checkpoints.loading", "checkpoints.compatibility",   # loading (adapters as dense models);
      "checkpoints.hub"),                          # the one compatibility check; served downloads
+    ("checkpoints.preflight",),                   # the check from metadata, before a download
     ("merge.lora", "merge.executor", "merge.live", "merge.mergekit_yaml",   # adapter plans,
      "testing"),                                  # executor, live; mergekit YAML out and in
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
@@ -50,13 +51,14 @@ LAYERS = [
     ("workbench.figures", "workbench.spaces", "workbench.served",   # figures, the ZeroGPU shim,
      "workbench.controls"),                       # which controls the method reads,
                                                   # limits, access and one-line errors
-    ("workbench.saves",),                         # served disk: namespaces, quotas, temp files
+    ("workbench.saves", "workbench.preflight"),   # served disk: namespaces, quotas, temp files;
+                                                  # the Models tab's pre-flight of a pick
     ("workbench.session",),                       # the session: models, configure, build tabs
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",
      "workbench.demo"),                          # the other tabs; the demo result
     ("workbench.agents",),                        # the tabs' steps as agent (MCP) tools
-    ("cli", "cli.progress", "cli.partition", "cli.models", "cli.merge", "cli.lora", "cli.data",
-     "cli.analysis", "cli.evaluate", "cli.train", "cli.sweep"),
+    ("cli", "cli.progress", "cli.partition", "cli.models", "cli.check", "cli.merge", "cli.lora",
+     "cli.data", "cli.analysis", "cli.evaluate", "cli.train", "cli.sweep"),
     ("__main__", "cli.__main__", "app"),          # entry points
 ]
 # The only places that import modules by name at run time: the lazy API of the package root, and

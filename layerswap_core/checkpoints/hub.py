@@ -145,6 +145,12 @@ def _words(exc: BaseException, timeout: float) -> str:
     return "the download failed; try again later"
 
 
+def file_url(endpoint: str, repo_id: str, sha: str, name: str) -> str:
+    """The ``resolve`` URL of one file of a repository at a commit."""
+    from urllib.parse import quote
+    return f"{endpoint}/{repo_id}/resolve/{quote(sha, safe='')}/{quote(name)}"
+
+
 _SAFE_NAME = re.compile(r"[\w.-]+(/[\w.-]+)*")
 
 
@@ -320,8 +326,6 @@ class HubCache:
             job.error, job.state = _words(e, self.limits.timeout), "failed"
 
     def _download(self, job: Download) -> Path:
-        from urllib.parse import quote
-
         from huggingface_hub import HfApi, constants
         from huggingface_hub.utils import get_session
 
@@ -351,8 +355,8 @@ class HubCache:
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.root))
         try:
             for name, size in files.items():
-                url = f"{endpoint}/{job.repo_id}/resolve/{quote(sha, safe='')}/{quote(name)}"
-                self._fetch_file(job, get_session(), url, partial / name, size)
+                self._fetch_file(job, get_session(), file_url(endpoint, job.repo_id, sha, name),
+                                 partial / name, size)
             check_folder(partial)
             final = self.repo_dir(job.repo_id) / re.sub(r"[^\w.-]", "_", sha)
             final.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,8 @@ from ..checkpoints.references import ModelLoadError, set_allow_bin_default
 COMMANDS = {
     "models": {"info": "describe models (architecture, layers, dtype, size)",
                "prepare": "build the embedded models into the cache (offline)"},
+    "check": {"check": "whether a base and two experts fit together, from their metadata "
+                       "(nothing downloaded)"},
     "merge": {"merge": "merge a task expert and a language expert into a folder",
               "plan": "show which model every layer comes from (reads no tensors)"},
     "analysis": {"analyze": "where experts changed: per-tensor row-MAV delta statistics",

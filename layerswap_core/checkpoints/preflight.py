@@ -1,0 +1,359 @@
+"""Pre-flight: whether models can be used together, from their metadata alone.
+
+A served pick of a Hub id downloads the whole repository (``hub``): three 8B experts are about
+48 GB before anyone learns that their vocabularies differ. ``preflight`` answers first, from the
+Hub's file listing (sizes, licence, gated or private) and a few small reads: config.json, the
+safetensors index, each weight file's header (two HTTP range reads: its 8-byte length, then its
+JSON) and, only when nothing else is wrong, the tokenizer files (tokenizer identity needs them;
+a file with the same blob as one already fetched is copied, not fetched again).
+
+What it reads lands in a *skeleton* folder: config, index and tokenizer files as they are, each
+weight file as its header followed by a hole up to its listed size (a sparse file: no tensor
+data, next to no disk). To every reader that does not touch tensor data the skeleton is the model
+folder, so the one compatibility check (``compatibility.open_models`` and ``problems``) and
+``loading.describe`` run on it unchanged. Local folders and embedded models are read as they are.
+
+The answer is plain data (``Preflight``): each model's architecture, depth, vocabulary, dtype,
+size, licence and gated status, what a download would fetch, an estimate of the memory the trio
+needs, and the problems, the first of which is the one-line refusal.
+"""
+from __future__ import annotations
+
+import fnmatch
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..progress import Progress, say
+from .adapters import is_adapter
+from .compatibility import open_models, problems
+from .embedded import EMBEDDED_PREFIX
+from .hub import (PATTERNS, HubLimits, _clean_names, _gb, _words, file_url, served_cache,
+                  too_big)
+from .loading import ModelInfo, describe
+from .reading import INDEX_NAME, ModelLoadError
+from .references import _REPO_ID, resolve
+from .tokenizers import TOKENIZER_FILES
+
+# a config, index or tokenizer file listed larger than this is not read for a pre-flight
+MAX_SMALL_FILE = 64 * 2 ** 20
+# read_header's own bound on a safetensors header
+MAX_HEADER = 100 << 20
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """One model as the pre-flight saw it (``info``: ``loading.describe`` of its headers)."""
+    role: str
+    ref: str
+    info: ModelInfo
+    download_bytes: int = 0          # what a download would fetch (0: the model is here)
+    fetched_bytes: int = 0           # what this pre-flight fetched of it
+    license: str | None = None
+    gated: bool = False
+    private: bool = False
+
+    def line(self) -> str:
+        i = self.info
+        where = (f"{_gb(self.download_bytes)} to download" if self.download_bytes
+                 else "here, nothing to download")
+        terms = [f"licence {self.license}" if self.license else "",
+                 "gated" if self.gated else "", "private" if self.private else ""]
+        return (f"{self.role}: {self.ref}: {i.model_type} ({i.family}), {i.num_layers} layers, "
+                f"hidden {i.hidden_size}, vocab {i.vocab_size}, {i.dtype}, "
+                f"{i.num_params / 1e6:.1f} M params, {_gb(i.size_bytes)} of weights; {where}"
+                + "".join(f", {t}" for t in terms if t))
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The pre-flight of models used together (``models``: role -> facts, the reference first).
+
+    ``memory_bytes`` estimates what the trio needs in memory: a live model holds one private copy
+    of the reference model in its own dtype (the weights' bytes; small models on the CPU run in
+    float32, twice that for bf16 weights) and maps the models' weight files, page cache that is
+    shared and evictable (``mapped_bytes``)."""
+    models: dict[str, ModelFacts]
+    problems: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def refusal(self) -> str | None:
+        """The one-line reason the models are refused, or None."""
+        return "; ".join(self.problems) if self.problems else None
+
+    @property
+    def download_bytes(self) -> int:
+        return sum(f.download_bytes for f in self.models.values())
+
+    @property
+    def fetched_bytes(self) -> int:
+        return sum(f.fetched_bytes for f in self.models.values())
+
+    @property
+    def memory_bytes(self) -> int:
+        first = next(iter(self.models.values()), None)
+        return first.info.size_bytes if first else 0
+
+    @property
+    def mapped_bytes(self) -> int:
+        return sum(f.info.size_bytes for f in self.models.values())
+
+    def lines(self) -> list[str]:
+        """The summary, one line each: every model, the totals, then the verdict."""
+        out = [f.line() for f in self.models.values()]
+        if self.models:
+            out.append(f"download: {_gb(self.download_bytes)} in all; memory: about "
+                       f"{_gb(self.memory_bytes)} for the live model, plus up to "
+                       f"{_gb(self.mapped_bytes)} of page cache for the weight files "
+                       f"(pre-flight fetched {_small(self.fetched_bytes)})")
+        out += [f"note: {n}" for n in self.notes]
+        out.append(f"refused: {self.refusal}" if self.problems else
+                   "compatible: same architecture, depth, shapes, vocabulary and tokenizer")
+        return out
+
+
+def _small(nbytes: int) -> str:
+    return _gb(nbytes) if nbytes >= 10 ** 6 else f"{nbytes / 1000:.1f} kB"
+
+
+def hub_id(ref: str, served: bool = False) -> bool:
+    """Whether ``references.resolve`` takes ``ref`` for a Hub id (not a folder, not embedded).
+    ``served``: whatever lies on the server's disk (a visitor's owner/name is never read as a
+    relative path)."""
+    s = str(ref).strip()
+    return (bool(_REPO_ID.match(s)) and not s.startswith((".", "~", EMBEDDED_PREFIX))
+            and (served or not Path(s).expanduser().exists()))
+
+
+# --------------------------------------------------------------------------- the Hub's side
+@dataclass
+class _HubModel:
+    """What the pre-flight knows of one Hub repository so far."""
+    repo_id: str
+    folder: Path
+    files: dict[str, int] = field(default_factory=dict)        # name -> listed size
+    blobs: dict[str, str | None] = field(default_factory=dict)  # name -> blob id
+    url: dict[str, str] = field(default_factory=dict)           # name -> resolve URL
+    fetched: int = 0
+    license: str | None = None
+    gated: bool = False
+    private: bool = False
+
+
+class _Hub:
+    """Listing and small reads on the Hub: no retries, the limits' timeout, ``token`` as
+    huggingface_hub takes it (False: none, as a server must for its visitors)."""
+
+    def __init__(self, endpoint: str | None, token, limits: HubLimits):
+        from huggingface_hub import constants
+        from huggingface_hub.utils import build_hf_headers, get_session
+
+        self.endpoint = endpoint or constants.ENDPOINT
+        self.token, self.limits = token, limits
+        self.client = get_session()
+        self.headers = build_hf_headers(token=token)
+        self.fetched_blobs: dict[tuple[str, str], Path] = {}    # (name, blob) -> a copy here
+
+    def listing(self, model: _HubModel) -> None:
+        from huggingface_hub import HfApi
+
+        info = HfApi(endpoint=self.endpoint, token=self.token).model_info(
+            model.repo_id, files_metadata=True, timeout=self.limits.timeout)
+        model.gated, model.private = bool(getattr(info, "gated", False)), bool(info.private)
+        card = getattr(info, "card_data", None)
+        model.license = (card.get("license") if card is not None else None) or next(
+            (t.split(":", 1)[1] for t in info.tags or () if t.startswith("license:")), None)
+        siblings = [s for s in info.siblings or ()
+                    if any(fnmatch.fnmatch(s.rfilename, p) for p in PATTERNS)]
+        _clean_names(s.rfilename for s in siblings)
+        if any(s.size is None for s in siblings):
+            raise ModelLoadError("the Hub does not list the size of every file")
+        model.files = {s.rfilename: s.size for s in siblings}
+        model.blobs = {s.rfilename: s.blob_id for s in siblings}
+        model.url = {n: file_url(self.endpoint, model.repo_id, info.sha or "main", n)
+                     for n in model.files}
+        if not any(n.endswith(".safetensors") for n in model.files):
+            raise ModelLoadError("the repository has no safetensors weights")
+
+    def read(self, model: _HubModel, name: str, start: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``start`` to ``start + length`` of a file (the rest of it without ``length``):
+        a range request; a Hub that ignores the range is read only as far as needed."""
+        from huggingface_hub.utils import hf_raise_for_status
+
+        headers = dict(self.headers)
+        if length is not None:
+            headers["Range"] = f"bytes={start}-{start + length - 1}"
+        want = (length if length is not None else model.files[name] - start)
+        out = bytearray()
+        with self.client.stream("GET", model.url[name], headers=headers,
+                                timeout=self.limits.timeout) as r:
+            if r.status_code >= 400:
+                r.read()
+                hf_raise_for_status(r)
+            skip = start if r.status_code != 206 else 0
+            for chunk in r.iter_bytes():
+                model.fetched += len(chunk)
+                if skip:
+                    cut = min(skip, len(chunk))
+                    chunk, skip = chunk[cut:], skip - cut
+                out += chunk
+                if len(out) >= want:
+                    break
+        if len(out) < want:
+            raise ModelLoadError(f"the Hub sent less of {name} than it listed")
+        return bytes(out[:want])
+
+    def small_file(self, model: _HubModel, name: str) -> None:
+        """A config, index or tokenizer file into the skeleton (a blob fetched before: copied)."""
+        size = model.files[name]
+        if size > MAX_SMALL_FILE:
+            raise ModelLoadError(f"{name} is listed at {_gb(size)}: too large for a pre-flight")
+        dest = model.folder / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        key = (name, model.blobs.get(name) or "")
+        if key[1] and key in self.fetched_blobs:
+            shutil.copyfile(self.fetched_blobs[key], dest)
+            return
+        dest.write_bytes(self.read(model, name) if size else b"")
+        if key[1]:
+            self.fetched_blobs[key] = dest
+
+    def header(self, model: _HubModel, name: str) -> None:
+        """A weight file into the skeleton: its header, then a hole up to its listed size."""
+        size = model.files[name]
+        (n,) = struct.unpack("<Q", self.read(model, name, 0, 8))
+        if n > min(size - 8, MAX_HEADER):
+            raise ModelLoadError(f"{name} is not a safetensors file (bad header length)")
+        raw = self.read(model, name, 8, n)
+        dest = model.folder / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "wb") as f:
+            f.write(struct.pack("<Q", n) + raw)
+            f.truncate(size)
+
+
+def _skeleton(hub: _Hub, model: _HubModel) -> None:
+    """The listing, config.json, the index and every weight file's header."""
+    hub.listing(model)
+    model.folder.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", INDEX_NAME):
+        if name in model.files:
+            hub.small_file(model, name)
+    for name in model.files:
+        if name.endswith(".safetensors") and "/" not in name:   # what the readers read
+            hub.header(model, name)
+
+
+# --------------------------------------------------------------------------- the pre-flight
+def preflight(refs: dict[str, str], *, served: bool = False, token=None,
+              endpoint: str | None = None, limits: HubLimits | None = None,
+              progress: Progress | None = None) -> Preflight:
+    """The pre-flight of the models ``{role: reference}`` (the first role is the reference the
+    others are checked against; empty references are left out). Hub ids are read from their
+    metadata (``served``: the served cache's copy when it has one, the visitor's rules: no token,
+    gated and private models refused); anything else is resolved as it is. Never raises for a
+    model that cannot be read: that is a problem of the answer."""
+    refs = {role: str(ref).strip() for role, ref in refs.items() if str(ref or "").strip()}
+    limits = limits or (served_cache().limits if served else HubLimits.from_env(served=False))
+    if served:
+        token = False
+    found: list[str] = []
+    notes: list[str] = []
+    facts: dict[str, ModelFacts] = {}
+    with tempfile.TemporaryDirectory(prefix="layerswap-preflight-") as tmp:
+        hub = None
+        paths: dict[str, Path] = {}
+        remote: dict[str, _HubModel] = {}
+        for i, (role, ref) in enumerate(refs.items()):
+            on_hub = hub_id(ref, served)
+            say(progress, i / (len(refs) + 2), f"reading what the Hub lists of {ref}"
+                if on_hub else f"reading {ref}")
+            try:
+                cached = served_cache().cached(ref) if served and on_hub else None
+                if on_hub and cached is None:
+                    hub = hub or _Hub(endpoint, token, limits)
+                    model = remote[role] = _HubModel(ref, Path(tmp) / role)
+                    try:
+                        _skeleton(hub, model)
+                    except Exception as e:  # noqa: BLE001 - every failure becomes a sentence
+                        raise ModelLoadError(_words(e, limits.timeout)) from e
+                    if served and (model.gated or model.private):
+                        raise ModelLoadError("this model is gated or private: not downloaded "
+                                             "on this server")
+                    paths[role] = model.folder
+                elif on_hub:
+                    paths[role] = cached
+                elif not ref.startswith(EMBEDDED_PREFIX) and Path(ref).expanduser().is_dir() \
+                        and is_adapter(Path(ref).expanduser()):
+                    notes.append(f"{role}: {ref} is an adapter: checked when the models are "
+                                 "picked")
+                else:
+                    paths[role] = resolve(ref)
+            except (ModelLoadError, ValueError, OSError) as e:
+                found.append(f"{role} {ref}: {e}")
+        for role, path in list(paths.items()):
+            model = remote.get(role)
+            try:
+                info = replace(describe(path), ref=refs[role], path="" if model else str(path))
+            except (ModelLoadError, ValueError, OSError) as e:
+                found.append(f"{role} {refs[role]}: {e}")
+                continue
+            download = sum(model.files.values()) if model else 0
+            facts[role] = ModelFacts(role, refs[role], info, download, 0,
+                                     *((model.license, model.gated, model.private) if model
+                                       else (None, False, False)))
+            refusal = too_big(download, limits.max_download)
+            if refusal:   # said, and the rest is still checked: both are worth knowing
+                found.append(f"{role} {refs[role]}: {refusal}")
+        if len(facts) == len(paths) > 1:
+            found += _compatibility(hub, paths, remote, found, limits, progress,
+                                    len(refs) / (len(refs) + 2))
+        facts = {role: replace(f, fetched_bytes=remote[role].fetched if role in remote else 0)
+                 for role, f in facts.items()}
+        return Preflight(facts, [_named(p, paths, refs) for p in found], notes)
+
+
+def _compatibility(hub: _Hub | None, paths: dict[str, Path], remote: dict[str, _HubModel],
+                   found: list[str], limits: HubLimits, progress: Progress | None,
+                   at: float) -> list[str]:
+    """The one compatibility check on the folders: architecture, depth, vocabulary size and
+    shapes from the headers; the tokenizers (fetched now) only when nothing else is wrong."""
+    say(progress, at, "checking architecture, shapes and vocabulary")
+    try:
+        models = open_models(paths)
+    except (ModelLoadError, ValueError, OSError) as e:
+        return [str(e)]
+    out = problems(models, tokenizers=False)
+    if out or found:
+        return out
+    say(progress, (1 + at) / 2, "comparing the tokenizers")
+    for model in remote.values():
+        try:
+            for name in TOKENIZER_FILES:
+                if name in model.files:
+                    hub.small_file(model, name)
+        except Exception as e:  # noqa: BLE001 - every failure becomes a sentence
+            return [f"{model.folder.name} {model.repo_id}: {_words(e, limits.timeout)}"]
+    return problems(models)
+
+
+def _named(problem: str, paths: dict[str, Path], refs: dict[str, str]) -> str:
+    """A problem with each skeleton folder named by its reference."""
+    for role, path in paths.items():
+        for p in {str(path), str(path.resolve())}:
+            problem = problem.replace(p, refs[role])
+    return problem
+
+
+def check(base: str | None, task: str, lang: str, **kwargs) -> Preflight:
+    """``preflight`` of a trio, against the task expert (as ``compatibility.compatibility``)."""
+    return preflight({"task": task, "lang": lang, "base": base or ""}, **kwargs)
+
+

@@ -1,0 +1,54 @@
+"""The Models tab's pre-flight: before "Download and use", whether the picked models fit together,
+from their metadata alone (``checkpoints.preflight``: the Hub's listing, configs, weight headers,
+tokenizers; no weight is downloaded), and what using them would cost (download, memory).
+
+Served, a Hub id is read with a visitor's rules (no server token, gated and private models
+refused, the served cache's limits and its copies); any other reference is vetted first
+(``served.vet_reference``), as the pick vets it.
+"""
+from __future__ import annotations
+
+from ..checkpoints.preflight import Preflight, preflight
+from ..checkpoints.writing import memory_available
+from ..progress import Progress
+from .served import HUB_ID, LIMITS, LOCAL, Access, WorkbenchError, as_text, capped, \
+    readable_error, vet_reference
+
+LABELS = {"base": "base", "task": "task expert", "lang": "language expert"}
+
+
+def preflight_models(base: str, task: str, lang: str, access: Access = LOCAL,
+                     progress: Progress | None = None) -> Preflight:
+    """The pre-flight of the trio (checked against the task expert, as ``check_models``).
+    WorkbenchError when the task or language expert is missing; a reference this server refuses
+    is a problem of the answer, as is every model that cannot be read."""
+    names = {role: capped(f"{LABELS[role]} reference", ref, LIMITS.ref_chars).strip()
+             for role, ref in (("task", task), ("lang", lang), ("base", base))}
+    for role in ("task", "lang"):
+        if not names[role]:
+            raise WorkbenchError(f"give a {LABELS[role]} (an embedded: name, a folder or a Hub id)")
+    refs, refused = {}, []
+    for role, name in names.items():
+        if not name:
+            continue
+        if not access.served or name in access.trusted or HUB_ID.fullmatch(name):
+            refs[role] = name          # a Hub id is read from its metadata, not downloaded
+            continue
+        try:
+            refs[role] = vet_reference(name, access, progress)
+        except ValueError as e:
+            refused.append(f"{role} {name}: {readable_error(e)}")
+    if refused:
+        return Preflight({}, refused)
+    return preflight(refs, served=access.served, progress=progress)
+
+
+def preflight_markdown(pf: Preflight, access: Access = LOCAL) -> str:
+    """The pre-flight for the page: a verdict line, then one line per model and the totals."""
+    head = ("**Compatible** (from their metadata: nothing downloaded yet)" if pf.ok
+            else f"**Not compatible**: {pf.refusal}")
+    lines = pf.lines()[:-1]
+    free = memory_available() if access.served and pf.models else None
+    if free is not None:
+        lines.append(f"this server has {free / 10 ** 9:.1f} GB of memory available now")
+    return "\n".join([as_text(head), *(f"- {as_text(line)}" for line in lines)])

@@ -1,0 +1,311 @@
+"""Pre-flight from metadata alone, against a fake Hub on loopback that counts what it sends.
+
+The fake Hub (stdlib http.server in a thread on 127.0.0.1) answers model info with file sizes
+and blob ids (``/api/models/<repo>``) and file resolves with HTTP ranges
+(``/<repo>/resolve/<rev>/<file>``, ``Range: bytes=a-b`` answered 206). Its repositories are
+folders of the tiny family: ``fake/task``, ``fake/lang``, ``fake/base`` (the tiny trio),
+``fake/other-vocab`` (the task expert cut to a 32,000-token vocabulary) and ``fake/other-tokenizer``
+(the task expert with two tokens' ids swapped in its tokenizer.json).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from layerswap_core.checkpoints import hub
+from layerswap_core.checkpoints.preflight import check, hub_id, preflight
+from layerswap_core.checkpoints.reading import CheckpointReader, read_header
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+MB = 10 ** 6
+
+
+class CountingHub:
+    """A fake Hub serving ``{repo: folder}``, counting the bytes it sends per repository."""
+
+    def __init__(self, repos: dict[str, Path]):
+        self.repos = {r: {p.name: p.read_bytes() for p in sorted(Path(f).iterdir()) if p.is_file()}
+                      for r, f in repos.items()}
+        self.sent: dict[str, int] = {}
+        self.ranges: list[tuple[str, str, str | None]] = []   # repo, file, Range header
+        self.auths: list[str | None] = []                      # every request's authorization
+        self.lock = threading.Lock()
+        hub_ = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                hub_.handle(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def reset(self):
+        self.sent.clear()
+        self.ranges.clear()
+
+    def handle(self, h):
+        path = h.path.split("?")[0]
+        self.auths.append(h.headers.get("authorization"))
+        if path.startswith("/api/models/"):
+            repo = path[len("/api/models/"):].split("/revision/")[0]
+            files = self.repos.get(repo)
+            if files is None:
+                return self.send(h, repo, 404, json.dumps({"error": "Repository not found"}).encode())
+            listing = {"id": repo, "modelId": repo, "sha": SHA, "private": False,
+                       "gated": "manual" if repo == "fake/gated" else False,
+                       "cardData": {"license": "apache-2.0"},
+                       "siblings": [{"rfilename": n, "size": len(b),
+                                     "blobId": hashlib.sha1(b).hexdigest()}
+                                    for n, b in files.items()]}
+            return self.send(h, repo, 200, json.dumps(listing).encode())
+        repo, _, rest = path[1:].partition("/resolve/")
+        name = rest.split("/", 1)[1] if "/" in rest else ""
+        data = self.repos.get(repo, {}).get(name)
+        if data is None:
+            return self.send(h, repo, 404, json.dumps({"error": "Entry not found"}).encode())
+        rng = h.headers.get("range")
+        with self.lock:
+            self.ranges.append((repo, name, rng))
+        if rng:
+            a, b = (int(x) for x in rng.removeprefix("bytes=").split("-"))
+            return self.send(h, repo, 206, data[a:b + 1],
+                             {"content-range": f"bytes {a}-{min(b, len(data) - 1)}/{len(data)}"})
+        return self.send(h, repo, 200, data)
+
+    def send(self, h, repo: str, status: int, body: bytes, headers: dict | None = None):
+        h.send_response(status)
+        h.send_header("content-length", str(len(body)))
+        h.send_header("x-repo-commit", SHA)
+        if status == 404:
+            h.send_header("x-error-code", "RepoNotFound" if b"Repository" in body
+                          else "EntryNotFound")
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.end_headers()
+        try:
+            h.wfile.write(body)
+        except OSError:
+            pass
+        with self.lock:
+            self.sent[repo] = self.sent.get(repo, 0) + len(body)
+
+
+def _other_vocab(task: Path, out: Path, vocab: int = 32000) -> Path:
+    """The task expert with its embedding (tied head) cut to ``vocab`` rows."""
+    from safetensors.numpy import save_file
+
+    shutil.copytree(task, out)
+    reader = CheckpointReader(task)
+    tensors = {n: reader.read_array(n) for n in reader.names()}
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:vocab].copy()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["vocab_size"] = vocab
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _other_tokenizer(task: Path, out: Path) -> Path:
+    """The task expert with the ids of two ordinary tokens swapped in its tokenizer.json."""
+    shutil.copytree(task, out)
+    tok = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[1000:1002]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (out / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def fake_hub(tiny, tmp_path_factory):
+    from huggingface_hub import constants
+
+    root = tmp_path_factory.mktemp("preflight-repos")
+    fh = CountingHub({"fake/task": tiny["task"], "fake/lang": tiny["lang"],
+                      "fake/base": tiny["base"], "fake/gated": tiny["lang"],
+                      "fake/other-vocab": _other_vocab(tiny["task"], root / "other-vocab"),
+                      "fake/other-tokenizer": _other_tokenizer(tiny["task"],
+                                                               root / "other-tokenizer")})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "0")
+        mp.setattr(constants, "HF_HUB_OFFLINE", False)
+        mp.setattr(constants, "ENDPOINT", fh.url)
+        mp.setenv("HF_ENDPOINT", fh.url)
+        try:
+            yield fh
+        finally:
+            fh.close()
+
+
+def weight_bytes_fetched(fh: CountingHub) -> list[tuple[str, str, str | None]]:
+    """Requests of a weight file that reach past its header (any tensor byte)."""
+    out = []
+    for repo, name, rng in fh.ranges:
+        if not name.endswith(".safetensors"):
+            continue
+        data = fh.repos[repo][name]
+        header_end = 8 + int.from_bytes(data[:8], "little")
+        end = int(rng.removeprefix("bytes=").split("-")[1]) if rng else len(data) - 1
+        if end >= header_end:
+            out.append((repo, name, rng))
+    return out
+
+
+def test_a_trio_with_another_vocabulary_is_refused_from_under_a_megabyte_each(fake_hub):
+    fake_hub.reset()
+    pf = check("fake/base", "fake/task", "fake/other-vocab")
+    assert not pf.ok
+    assert pf.problems == [
+        "different vocabulary sizes: lang has 32000, task has 49152",
+        "tensor model.embed_tokens.weight: shape [32000, 64] in the lang (fake/other-vocab) but "
+        "[49152, 64] in the task (fake/task)"]
+    assert "\n" not in pf.refusal
+    sent_by_repo = {r: n for r, n in fake_hub.sent.items() if r.startswith("fake/")}
+    assert set(sent_by_repo) == {"fake/base", "fake/task", "fake/other-vocab"}
+    for repo, sent in sent_by_repo.items():
+        assert sent < 1 * MB, (repo, sent)
+        whole = sum(len(b) for b in fake_hub.repos[repo].values())
+        assert whole > 10 * MB                        # what a download would have fetched
+    assert weight_bytes_fetched(fake_hub) == []
+    assert not any(name.startswith("tokenizer") for _, name, _ in fake_hub.ranges)
+    assert pf.lines()[-1] == f"refused: {pf.refusal}"
+
+
+def test_a_compatible_trio_shows_sizes_and_memory_before_any_weight_byte(fake_hub, tiny):
+    fake_hub.reset()
+    pf = check("fake/base", "fake/task", "fake/lang")
+    assert pf.ok, pf.problems
+    assert list(pf.models) == ["task", "lang", "base"]
+    assert weight_bytes_fetched(fake_hub) == []
+    # the three share one tokenizer (the same blobs): fetched once, copied for the others
+    assert [r for r, n, _ in fake_hub.ranges if n == "tokenizer.json"] == ["fake/task"]
+    listed = {r: sum(len(b) for b in fake_hub.repos[f"fake/{r}"].values())
+              for r in ("task", "lang", "base")}
+    for role, facts in pf.models.items():
+        assert facts.download_bytes == listed[role]
+        assert facts.info.size_bytes == (tiny[role] / "model.safetensors").stat().st_size
+        assert facts.info.num_layers == 8 and facts.info.vocab_size == 49152
+        assert facts.info.num_params == CheckpointReader(tiny[role]).numel()
+        assert facts.license == "apache-2.0" and not facts.gated
+        assert facts.fetched_bytes == fake_hub.sent[f"fake/{role}"] - _listing_bytes(fake_hub, role)
+    assert pf.download_bytes == sum(listed.values())
+    assert pf.memory_bytes == pf.models["task"].info.size_bytes
+    assert pf.mapped_bytes == sum(f.info.size_bytes for f in pf.models.values())
+    text = "\n".join(pf.lines())
+    assert "to download" in text and "memory: about" in text
+    assert pf.lines()[-1].startswith("compatible")
+
+
+def _listing_bytes(fh: CountingHub, role: str) -> int:
+    files = fh.repos[f"fake/{role}"]
+    listing = {"id": f"fake/{role}", "modelId": f"fake/{role}", "sha": SHA, "private": False,
+               "gated": False, "cardData": {"license": "apache-2.0"},
+               "siblings": [{"rfilename": n, "size": len(b),
+                             "blobId": hashlib.sha1(b).hexdigest()} for n, b in files.items()]}
+    return len(json.dumps(listing).encode())
+
+
+def test_a_different_tokenizer_is_refused_with_its_reason(fake_hub):
+    fake_hub.reset()
+    pf = check("", "fake/task", "fake/other-tokenizer")
+    assert not pf.ok and len(pf.problems) == 1
+    assert pf.refusal.startswith("the tokenizers of lang and task: their tokenizer.json differ: "
+                                 "token ")
+    assert weight_bytes_fetched(fake_hub) == []
+
+
+def test_the_skeleton_headers_are_the_files_headers(fake_hub, tiny, tmp_path):
+    """A weight file's header as the pre-flight fetched it parses to the file's own locations."""
+    from layerswap_core.checkpoints.preflight import _Hub, _HubModel, _skeleton
+
+    model = _HubModel("fake/task", tmp_path / "task")
+    _skeleton(_Hub(None, False, hub.HubLimits(None, None, 5.0, 1)), model)
+    got = read_header(model.folder / "model.safetensors")
+    want = read_header(tiny["task"] / "model.safetensors")
+    assert {n: loc[1:] for n, loc in got.items()} == {n: loc[1:] for n, loc in want.items()}
+    assert (model.folder / "model.safetensors").stat().st_blocks * 512 < 1 * MB   # a hole
+
+
+def test_refusals_in_words_and_local_folders_as_they_are(fake_hub, tiny):
+    pf = check(None, "fake/task", "fake/no-such-model")
+    assert pf.refusal == "lang fake/no-such-model: no public model of that name on the Hub"
+    pf = preflight({"task": "fake/task", "lang": "fake/gated"}, served=True)
+    assert pf.refusal == ("lang fake/gated: this model is gated or private: not downloaded on "
+                          "this server")
+    pf = preflight({"task": "fake/task", "lang": "fake/lang"},
+                   limits=hub.HubLimits(max_download=1 * MB))
+    assert pf.problems[0].startswith("task fake/task: 17.")
+    assert "per model (LAYERSWAP_MAX_DOWNLOAD_GB)" in pf.problems[0]
+    pf = check(str(tiny["base"]), str(tiny["task"]), "fake/lang")
+    assert pf.ok and pf.models["task"].download_bytes == 0
+    assert pf.models["lang"].download_bytes > 0
+    assert hub_id("fake/lang") and not hub_id(str(tiny["task"])) and not hub_id("embedded:x")
+
+
+def test_the_check_command_prints_the_summary_and_refuses_in_one_line(fake_hub, capsys):
+    from layerswap_core.cli import main
+
+    assert main(["check", "--base", "fake/base", "--task", "fake/task", "--lang", "fake/lang"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["task", "lang", "base", "download",
+                                                    "compatible"]
+    assert out[3].startswith("download: 51.9 MB in all; memory: about 13.8 MB")
+    assert main(["check", "--task", "fake/task", "--lang", "fake/other-vocab"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("refused: different vocabulary sizes: lang has 32000, task has "
+                              "49152; tensor model.embed_tokens.weight")
+    assert main(["check", "--task", "fake/task", "--lang", "/no/such/folder"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("task: fake/task: llama (llama), 8 layers")   # what could be read
+    assert out[-1] == ("refused: lang /no/such/folder: /no/such/folder: no such folder (and not "
+                       "a Hub repo id of the form owner/name)")
+
+
+def test_the_models_tab_preflight_with_a_visitors_rules(fake_hub, tiny, tmp_path, monkeypatch):
+    """Served: a Hub id is read from its metadata (no server token, nothing downloaded into the
+    served cache), a folder outside the model roots is refused, one under them is read."""
+    from layerswap_core.workbench.preflight import preflight_markdown, preflight_models
+    from layerswap_core.workbench.served import REFUSED, Access
+
+    monkeypatch.setenv("HF_TOKEN", "hf_server_secret_token")
+    cache = hub.HubCache(tmp_path / "served-hub", hub.HubLimits(None, None, 5.0, 1))
+    before = hub.set_served_cache(cache)
+    try:
+        access = Access(True, tmp_path / "out", (tiny["base"].parent,), namespace="alice")
+        pf = preflight_models(str(tiny["base"]), "fake/task", "fake/other-vocab", access)
+        assert pf.refusal.startswith("different vocabulary sizes: lang has 32000, task has 49152")
+        md = preflight_markdown(pf, access)
+        assert md.startswith("**Not compatible**: different vocabulary sizes")
+        assert "http" not in md and fake_hub.url not in md
+        pf = preflight_models(str(tiny["base"]), "fake/task", "fake/lang", access)
+        md = preflight_markdown(pf, access)
+        assert pf.ok and md.startswith("**Compatible** (from their metadata")
+        assert "- download: 34.6 MB in all" in md and "memory available now" in md
+        assert not (tmp_path / "served-hub").exists()              # nothing downloaded
+        pf = preflight_models("/etc", "fake/task", "fake/lang", access)
+        assert pf.problems == [f"base /etc: {REFUSED}"]
+        shutil.copytree(tiny["lang"], tmp_path / "served-hub" / "fake--lang" / SHA)
+        fake_hub.reset()
+        pf = preflight_models("", "fake/task", "fake/lang", access)   # lang: the served copy
+        assert pf.ok and pf.models["lang"].download_bytes == 0
+        assert not any(r == "fake/lang" for r, _, _ in fake_hub.ranges)
+    finally:
+        hub.set_served_cache(before)
+    assert not any(a == "Bearer hf_server_secret_token" for a in fake_hub.auths)
