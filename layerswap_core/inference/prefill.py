@@ -38,7 +38,7 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def _forward_kwargs(model) -> dict:
+def forward_kwargs(model) -> dict:
     """``logits_to_keep=1`` where the model takes it: prompt passes need no logits but the last."""
     import inspect
 
@@ -46,7 +46,7 @@ def _forward_kwargs(model) -> dict:
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
-def _plain_cache_ok(model) -> bool:
+def plain_cache_ok(model) -> bool:
     """Whether this model's KV cache is a plain per-layer [batch, heads, seq, dim] store.
 
     Only then can caches be assembled row by row (sliding-window and hybrid caches cannot).
@@ -67,7 +67,7 @@ def _plain_cache_ok(model) -> bool:
         return False
 
 
-def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+def kv_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """(keys, values) per layer of a plain dynamic cache, else None."""
     if isinstance(cache, LeanCache):
         plain = LeanLayer
@@ -86,7 +86,7 @@ def _prefix_cache(model, prefix: list[int], device):
     """KV cache of the shared prefix (batch 1), or None if this model's cache cannot be reused."""
     try:
         out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True,
-                    **_forward_kwargs(model))
+                    **forward_kwargs(model))
         cache = out.past_key_values
         if cache is None or not hasattr(cache, "batch_repeat_interleave"):
             return None
@@ -107,13 +107,13 @@ def cache_classes(model) -> tuple[type, type]:
     return DynamicCache, DynamicLayer
 
 
-def _growing_layer_class(model=None):
+def growing_layer_class(model=None):
     """``GrowingLayer`` for ``model``'s caches (transformers' without a model)."""
-    return _growing_on(cache_classes(model)[1])
+    return growing_on(cache_classes(model)[1])
 
 
 @functools.cache
-def _growing_on(base: type):
+def growing_on(base: type):
     class GrowingLayer(base):
         """A plain KV cache layer that appends in place into spare capacity.
 
@@ -213,14 +213,14 @@ def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv,
     """Run sequences that continue a shared prefix, in groups of similar length.
 
     ``seqs`` are the tokens after the prefix (empty ones are skipped); ``prefix_kv`` the
-    prefix's (keys, values) per layer (``_kv``), or [] with no prefix. Each group is laid out
+    prefix's (keys, values) per layer (``kv_layers``), or [] with no prefix. Each group is laid out
     right-aligned, [padding | tokens], on top of the prefix, with positions counted from
     ``n_prefix``. ``keep(members)`` says how many last positions need logits (default 1).
     Yields (members, group width, model output); the output's cache holds the group's keys
     and values after the prefix's.
     """
     cache_cls = cache_classes(model)[0]
-    fwd = _forward_kwargs(model)
+    fwd = forward_kwargs(model)
     for members in prefill_groups([len(s) for s in seqs]):
         gw = max(len(seqs[b]) for b in members)
         ids = torch.full((len(members), gw), pad, dtype=torch.long)
@@ -251,7 +251,7 @@ def own_kv(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv, pad: 
     cache is not a plain one."""
     result: list = [None] * len(seqs)
     for members, gw, out in group_passes(model, seqs, n_prefix, prefix_kv, pad, device):
-        kv = _kv(out.past_key_values)
+        kv = kv_layers(out.past_key_values)
         if kv is None:
             return None
         end = n_prefix + gw
@@ -269,7 +269,7 @@ def layer_shapes(kvs: Sequence[list], prefix_kv) -> list:
     return next(([(k[None], v[None]) for k, v in kv] for kv in kvs if kv), prefix_kv)
 
 
-def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
+def prefill_cache(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
              device, room: int = 0):
     """KV cache of every row but its last token, laid out as [prefix | padding | own tokens].
 
@@ -279,7 +279,7 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
     tokens to come. Returns None when the model's cache is not a plain one (the caller then
     lets ``generate`` do a padded pass).
     """
-    prefix_kv = _kv(prefix) if prefix is not None else []
+    prefix_kv = kv_layers(prefix) if prefix is not None else []
     if prefix_kv is None:
         return None
     own = [r[n_prefix:len(r) - 1] for r in rows]     # tokens each row needs before generation
@@ -301,7 +301,7 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
         K[:, :, :n_prefix] = pk[0]
         V[:, :, :n_prefix] = pk[1]
     cache_cls, plain = cache_classes(model)
-    grow = _growing_on(plain)
+    grow = growing_on(plain)
     cache = cache_cls()
     cache.layers = [grow(K, V, span) for K, V in assembled]
     return cache
