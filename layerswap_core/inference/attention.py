@@ -20,6 +20,9 @@ import threading
 
 import torch
 
+__all__ = ["NAME", "lean_attention", "packed_attention", "packed_sdpa", "thread_switch",
+           "without_cudnn_attention"]
+
 NAME = "layerswap_sdpa"
 _local = threading.local()     # .on: packed attention asked for in this thread
 

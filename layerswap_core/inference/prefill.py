@@ -1,9 +1,9 @@
-"""The prompt pass of batched evaluation, shared by ``generation.generate`` and
-``runner.gold_nll``: prompts that start alike are batched together (``batch_order``), their
+"""The prompt pass of batched evaluation, shared by ``generation.generate`` (and its decoding
+loop, ``decoding.refill_decode``) and ``evaluation.runner.gold_nll``: prompts that start alike are batched together (``batch_order``), their
 shared prefix (the few-shot exemplars) is run once (``shared_prefix``), the rest of each prompt
 in groups of similar length on top of it (``group_passes``, little compute on padding), and the
 pieces are assembled into one batch KV cache that grows in place (``GrowingLayer``,
-``assemble_prefill``).
+``prefill_cache``).
 """
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ import torch
 from .attention import packed_attention
 from .lean import LeanCache, LeanLayer
 from .products import split_head
+
+__all__ = ["MIN_SHARED_PREFIX", "PREFILL_MAX_TOKENS", "PREFILL_SLACK", "batch_order",
+           "cache_classes", "common_prefix_len", "forward_kwargs", "group_passes",
+           "growing_layer_class", "growing_on", "kv_layers", "layer_shapes", "own_kv",
+           "plain_cache_ok", "prefill_cache", "prefill_groups", "shared_prefix"]
 
 
 MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass

@@ -42,6 +42,8 @@ from ..checkpoints.architectures import SHARED_INPUT_KINDS, get_architecture
 from ..checkpoints.writing import memory_available
 from .attention import thread_switch
 
+__all__ = ["BLOCK", "PACKED_BYTES", "PACKED_ROWS", "CpuLinear", "packed_products", "split_head"]
+
 BLOCK = 2048             # vocabulary rows per product of the split head
 PACKED_ROWS = 256        # most rows (tokens) a product on prepacked weights takes
 PACKED_BYTES = 1 << 30   # most bytes of prepacked weights held at once (a copy, for the block)
