@@ -307,13 +307,13 @@ def test_refills_run_their_prompts_ahead_in_groups(embedded_base, monkeypatch):
 
     model, tok = load_model(embedded_base)
     prompts = FEW_SHOT + [p + " 7 and then" for p in FEW_SHOT] + [p + " so" for p in FEW_SHOT]
+    alone = [generate(model, tok, [p], max_new_tokens=8, stop=["."], refill=False)[0]
+             for p in prompts]
     runs = []
     own_kv = decoding.own_kv
     monkeypatch.setattr(decoding, "own_kv", lambda model, seqs, *a: (
         runs.append(len(seqs)), own_kv(model, seqs, *a))[1])
     got = generate(model, tok, prompts, max_new_tokens=8, stop=["."], batch_size=2, lookahead=0)
-    alone = [generate(model, tok, [p], max_new_tokens=8, stop=["."], refill=False)[0]
-             for p in prompts]
     assert got == alone
     assert sum(runs) == len(prompts)               # each prompt's own tokens run once
     assert runs[0] == 4                            # the first batch and the next one
