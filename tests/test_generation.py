@@ -412,9 +412,9 @@ def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkey
         hook.remove()
         monkeypatch.undo()
     assert got == alone
-    decoding = [w for rows, w in widths if rows <= 3 and w <= decoding.LOOKAHEAD + 1]
-    assert max(decoding) > 1                                 # drafts were fed
-    assert sum(g.num_tokens for g in got) > 2 * len(decoding)
+    decode_widths = [w for rows, w in widths if rows <= 3 and w <= decoding.LOOKAHEAD + 1]
+    assert max(decode_widths) > 1                            # drafts were fed
+    assert sum(g.num_tokens for g in got) > 2 * len(decode_widths)
     # the cache grows by the drafts some row kept, not by every pass's width: the columns of
     # drafts no row kept are written over by the next pass (and the outputs above are equal)
     assert len(steps) == len(passes) and sum(steps) < sum(passes)
