@@ -48,7 +48,7 @@ from layerswap_core.checkpoints.loading import load_model  # noqa: E402
 from layerswap_core.checkpoints.references import resolve  # noqa: E402
 from layerswap_core.evaluation.data import Item, mgsm_overlap_templates  # noqa: E402
 from layerswap_core.evaluation.mgsm_task import prompt_words  # noqa: E402
-from layerswap_core.evaluation.generation import generate  # noqa: E402
+from layerswap_core.inference.generation import generate  # noqa: E402
 from layerswap_core.evaluation.mgsm_task import stop_strings  # noqa: E402
 from layerswap_core.evaluation.runner import (build_prompt, default_exemplars,  # noqa: E402
                                               extract_answer, gold_nll, is_correct,

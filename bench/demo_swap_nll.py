@@ -34,7 +34,7 @@ def sign_test(a: list[float], b: list[float]) -> dict:
 def main(argv=None) -> int:
     import torch
 
-    from layerswap_core.evaluation.prompts import render_chat
+    from layerswap_core.inference.prompts import render_chat
     from layerswap_core.evaluation.runner import gold_nll
     from layerswap_core.evaluation.variants import variant_items
     from layerswap_core.merge.config import MergeConfig

@@ -60,7 +60,7 @@ def main() -> int:
     import torch
 
     from layerswap_core.evaluation import runner as ev
-    from layerswap_core.evaluation.generation import generate
+    from layerswap_core.inference.generation import generate
     from layerswap_core.checkpoints.references import DEFAULT_BASE
     from layerswap_core.checkpoints.loading import load_model
 
@@ -94,7 +94,7 @@ def main() -> int:
     # own stop_strings costs ~1 s per call to set up, which would flatter the batched run).
     from transformers import StoppingCriteriaList
 
-    from layerswap_core.evaluation.generation import _StopOnStrings, cut_at_stop
+    from layerswap_core.inference.stops import StopOnStrings, cut_at_stop
     eos = tok.eos_token_id
 
     def run_single():
@@ -106,7 +106,7 @@ def main() -> int:
                 out = model.generate(**ids, max_new_tokens=args.max_new_tokens, do_sample=False,
                                      temperature=None, top_p=None, top_k=None, pad_token_id=eos,
                                      stopping_criteria=StoppingCriteriaList(
-                                         [_StopOnStrings(tok, stop, width)]))
+                                         [StopOnStrings(tok, stop, width)]))
                 new = out[0, width:].tolist()
                 n += len(new)
                 texts.append(cut_at_stop(tok.decode(new, skip_special_tokens=True), stop)[0])

@@ -13,7 +13,7 @@ then runs, alternating, each in its own process:
             --include_path DIR --num_fewshot K --batch_size B --log_samples`` (what users run)
   ours      ``layerswap eval --model FOLDER --data mgsm --lang L --n N --shots K [--cot]
             --batch-size B --max-new-tokens M --device cpu --out JSON``
-(a plain Llama on the CPU, as the embedded SmolLM2, runs through ``evaluation.lean``: the same
+(a plain Llama on the CPU, as the embedded SmolLM2, runs through ``inference.lean``: the same
 logits as transformers' modules, without importing transformers; ``--transformers`` is not
 passed) and reports whole-process wall time and CPU seconds (os.wait4), min and median, the ratio
 lm_eval / ours, and the generations compared item by item (identical / differing).
@@ -247,7 +247,7 @@ def ablation(a, lang: str, cot: bool, model_and_tokenizer) -> None:
     """What each of our features buys: ``generate`` on the task's prompts with the features
     turned off one by one (alternating order), min/median wall, outputs against all on."""
     from layerswap_core.evaluation.data import load_mgsm
-    from layerswap_core.evaluation.generation import generate
+    from layerswap_core.inference.generation import generate
     from layerswap_core.evaluation.runner import default_exemplars, side_by_side_task
 
     model, tok = model_and_tokenizer

@@ -33,7 +33,7 @@ In both, transformers ran last, after our runs had met most cache lengths. Separ
 with PyTorch's default cuDNN attention ours took 17.1 and 4.2 s, transformers 13.9 and 3.3 s;
 with ``--no-cudnn-sdp`` ours 3.5 and 2.8 s, transformers 3.2 and 3.0 s. cuDNN plans every new
 shape, and decoding meets a new cache length at each step. Our generation now runs without
-cuDNN's attention on CUDA (``evaluation.attention.without_cudnn_attention``): ours 3.0 and
+cuDNN's attention on CUDA (``inference.attention.without_cudnn_attention``): ours 3.0 and
 2.4 s alone after that, transformers (default settings) 14.0 and 4.4 s. Without CUDA and
 ``--device cuda`` it prints "no GPU: not run".
 """
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
 
     from layerswap_core.checkpoints.loading import load_model
     from layerswap_core.evaluation.data import load_mgsm
-    from layerswap_core.evaluation.generation import generate
+    from layerswap_core.inference.generation import generate
     from layerswap_core.evaluation.runner import default_exemplars, side_by_side_task
 
     write_model(a.dir, a.params, seed=1, tokenizer=a.tokenizer)

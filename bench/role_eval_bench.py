@@ -4,7 +4,7 @@ For each role of the embedded demo trio (base ``embedded:smollm2-135m-instruct``
 ``embedded:smollm2-math-en``, language expert ``embedded:smollm2-swahili``) the same MGSM
 questions (the first N Swahili and the first N English, 2-shot, direct answers, greedy) are
 evaluated as the app's side-by-side evaluation does (``evaluation.runner.build_prompt`` with
-the default exemplars and each language's stop strings, ``evaluation.generation.generate`` with
+the default exemplars and each language's stop strings, ``inference.generation.generate`` with
 batch 16):
 
 * live: one ``LiveModel`` (what the app holds per session) is made to show the role, then
@@ -51,7 +51,7 @@ def question_sets(n: int, shots: int) -> list[tuple[str, list, list]]:
 def evaluate_role(model, tok, sets, max_new_tokens: int) -> list[tuple[str, int]]:
     """(text, generated tokens) per question, as ``evaluate.run_side_by_side`` generates them."""
     from layerswap_core.evaluation import runner as ev
-    from layerswap_core.evaluation.generation import generate
+    from layerswap_core.inference.generation import generate
 
     out = []
     for lang, items, exemplars in sets:

@@ -22,9 +22,10 @@ _API = {
     "merge_adapters": "merge.lora", "apply_adapter": "checkpoints.adapters", "load_adapter": "checkpoints.adapters",
     # analysis
     "delta_stats": "analysis.deltas", "suggest_config": "analysis.suggest",
+    # inference
+    "generate": "inference.generation", "chat": "inference.chat",
     # evaluation
     "load_mgsm": "evaluation.data", "load_items": "evaluation.data", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
-    "generate": "evaluation.generation", "chat": "evaluation.generation",
     # experts
     "TrainConfig": "training.config", "DEMO_TASK": "checkpoints.embedded", "DEMO_LANG": "checkpoints.embedded",
 }

@@ -15,8 +15,8 @@ PACKAGE = "layerswap_core"
 LAYERS = [
     # the package root and the rooms' __init__ (docstrings, version, lazy API names: no static
     # imports), the architectures' tensor names, the per-tensor merge methods
-    ("layerswap_core", "checkpoints", "merge", "analysis", "evaluation", "training", "engines",
-     "sweeps", "workbench",
+    ("layerswap_core", "checkpoints", "merge", "analysis", "inference", "evaluation", "training",
+     "engines", "sweeps", "workbench",
      "checkpoints.architectures", "merge.methods", "merge.errors", "progress",
      "memory", "settings"),                       # the process's memory; numbers from variables
     ("checkpoints.reading", "checkpoints.tokenizers",   # tensors, headers, configs; tokenizers;
@@ -33,12 +33,15 @@ LAYERS = [
     ("merge.lora", "merge.executor", "merge.live", "merge.mergekit_yaml",   # adapter plans,
      "testing"),                                  # executor, live; mergekit YAML out and in
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
+    ("inference.calculator", "inference.prompts",    # the GSM8K calculator; the one chat renderer
+     "inference.attention", "inference.stops"),   # decoding passes' attention; stop strings
+    ("inference.products", "inference.lean"),     # CPU products of decoding; the lean Llama
+    ("inference.prefill",),                       # the prompt pass, the growing batch cache
+    ("inference.decoding",),                      # the refilled greedy loop
+    ("inference.generation", "inference.chat"),   # batched generation; streaming and chat
     ("evaluation.mgsm_hub", "evaluation.data", "evaluation.bengali", "evaluation.variants",
-     "evaluation.calculator",
-     "evaluation.attention", "evaluation.products", "evaluation.lean",   # the lean Llama
-     "evaluation.prefill", "evaluation.generation",
      "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
-     "evaluation.demo_result", "evaluation.prompts",   # evaluation; the one chat renderer,
+     "evaluation.demo_result",                    # evaluation
      "evaluation.tasks"),                         # task records and their one scorer
     ("training.config", "training.sft_data", "training.trainer", "training.recipes",
      "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
@@ -225,8 +228,8 @@ def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
 
 # The rooms (sub-packages) bottom first; the data flows up this list only. Modules at the package
 # root (the lazy API, testing helpers) and the entry points are outside the rooms.
-ROOMS = ["checkpoints", "merge", "analysis", "evaluation", "training", "engines", "sweeps",
-         "workbench",
+ROOMS = ["checkpoints", "merge", "analysis", "inference", "evaluation", "training", "engines",
+         "sweeps", "workbench",
          "cli"]
 
 

@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - CI installs it (requirements-dev.txt)
 # the tracker Gradio draws over a pending output: its text, its bar, the elapsed time
 TRACKER = ("{sel} .progress-level-inner, {sel} .progress-bar-wrap, {sel} .progress-text, "
            "{sel} .meta-text, {sel} .meta-text-center")
-# Cancel is checked between every 8 generated tokens (evaluation.generation): on a quiet 2-core
+# Cancel is checked between every 8 generated tokens (inference.generation): on a quiet 2-core
 # CPU 8 tokens of a 135M model take under a second; 20 s leaves room for a CPU shared with
 # other work (load 10 on 2 cores here) plus two 3 s measuring windows
 BOUND = 20.0

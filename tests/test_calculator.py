@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from layerswap_core.evaluation.calculator import Calculator, completion, evaluate, number_text
+from layerswap_core.inference.calculator import Calculator, completion, evaluate, number_text
 
 
 def test_evaluate_is_arithmetic_only():

@@ -89,7 +89,7 @@ def test_reading_nll_is_the_runner_gold_nll_with_its_first_tokens_apart(tiny_lm)
     import torch
 
     from layerswap_core.checkpoints.tokenizers import encode_continuation, encode_prompt
-    from layerswap_core.evaluation.prompts import render_chat
+    from layerswap_core.inference.prompts import render_chat
     from layerswap_core.evaluation.runner import gold_nll
     from layerswap_core.evaluation.tasks import token_nll
     from layerswap_core.evaluation.variants import variant_items

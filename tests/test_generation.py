@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from layerswap_core.evaluation.generation import (chat, chat_prompt, cut_at_stop, generate,
-                                                  generate_one, stream_generate)
+from layerswap_core.inference.chat import chat, chat_prompt, stream_generate
+from layerswap_core.inference.generation import cut_at_stop, generate, generate_one
 
 PROMPTS = [
     "Swali: Bata wa Janet hutaga mayai 16 kila siku.\nAnswer:",
@@ -38,6 +38,8 @@ def test_empty_prompt_continues_from_start_of_text(tiny_lm):
     assert alone.num_tokens == 6 and alone.text
     assert generate(model, tok, ["", "Hello"], max_new_tokens=6, batch_size=2)[0] == alone
     assert alone.text == generate(model, tok, [tok.bos_token], max_new_tokens=6)[0].text
+    # nothing before the first token (no shared prefix, prompts of one token): transformers' text
+    assert alone.text == _hf_greedy(model, tok, tok.bos_token, 6)
 
 
 def test_stop_strings_cut_output_and_count_tokens(tiny_lm):
@@ -86,7 +88,7 @@ def test_chat_uses_template(tiny_lm):
 
 
 def test_shared_prefix_is_computed_once_and_changes_nothing(tiny_lm):
-    from layerswap_core.evaluation.prefill import common_prefix_len
+    from layerswap_core.inference.prefill import common_prefix_len
 
     model, tok = tiny_lm
     shots = "Swali: Juma ana maembe 3 na ananunua 4 zaidi. Ana maembe mangapi?\nAnswer:7\n\n" * 3
@@ -165,7 +167,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
     Mistral's sliding-window cache the padded fallback) gives transformers' own greedy text.
     The real SmolLM2 (Llama) is sensitive to any slip in positions or cache layout; tiny random
     models cover the other cache shapes."""
-    from layerswap_core.evaluation.prefill import _plain_cache_ok
+    from layerswap_core.inference.prefill import plain_cache_ok
     from layerswap_core.checkpoints.loading import load_model
     from layerswap_core.testing import make_tiny_model
 
@@ -174,7 +176,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
     else:
         model, tok = load_model(make_tiny_model(tmp_path / model_type, num_layers=4, seed=3,
                                                 model_type=model_type))
-    assert _plain_cache_ok(model) == (model_type != "mistral")
+    assert plain_cache_ok(model) == (model_type != "mistral")
     for prompts in (FEW_SHOT, PROMPTS[:4]):     # one batch with a shared prefix, one without
         got = generate(model, tok, prompts, max_new_tokens=10, batch_size=4)
         assert [g.text for g in got] == [_hf_greedy(model, tok, p, 10) for p in prompts]
@@ -183,7 +185,7 @@ def test_batched_equals_plain_transformers_generate(tmp_path, embedded_base, mod
 
 
 def test_prefill_groups_cover_rows_and_bound_padding():
-    from layerswap_core.evaluation.prefill import prefill_groups
+    from layerswap_core.inference.prefill import prefill_groups
 
     lengths = [130, 59, 0, 94, 62, 205, 99, 90, 130, 210, 105, 121, 1, 136, 121, 126, 120, 210]
     groups = prefill_groups(lengths, slack=0.125, max_tokens=600)
@@ -199,9 +201,9 @@ def test_prefill_groups_cover_rows_and_bound_padding():
 def test_growing_cache_layer_matches_concatenation():
     import torch
 
-    from layerswap_core.evaluation.prefill import _growing_layer_class
+    from layerswap_core.inference.prefill import growing_layer_class
 
-    grow = _growing_layer_class()
+    grow = growing_layer_class()
     torch.manual_seed(0)
     k0, v0 = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
     buf_k, buf_v = torch.zeros(2, 3, 7, 4), torch.zeros(2, 3, 7, 4)
@@ -225,7 +227,7 @@ def test_growing_cache_layer_matches_concatenation():
 def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
     """Rows that hit their stop string drop out of the decoding batch; every text still equals
     transformers' greedy output cut at the stop, and counts equal running alone."""
-    from layerswap_core.evaluation.generation import cut_at_stop
+    from layerswap_core.inference.generation import cut_at_stop
     from layerswap_core.checkpoints.loading import load_model
 
     model, tok = load_model(embedded_base)
@@ -250,14 +252,14 @@ def test_finished_rows_leave_the_batch_and_change_nothing(embedded_base):
 
 def test_generation_config_beyond_argmax_goes_through_transformers(tiny):
     """A model whose generation_config asks for a repetition penalty still gets it."""
-    from layerswap_core.evaluation.generation import _plain_greedy_ok
+    from layerswap_core.inference.generation import plain_greedy_ok
     from layerswap_core.checkpoints.loading import load_model
 
     model, tok = load_model(tiny["base"])
     plain = generate(model, tok, PROMPTS[:3], max_new_tokens=12, batch_size=3)
-    assert _plain_greedy_ok(model)
+    assert plain_greedy_ok(model)
     model.generation_config.repetition_penalty = 1.8
-    assert not _plain_greedy_ok(model)
+    assert not plain_greedy_ok(model)
     got = generate(model, tok, PROMPTS[:3], max_new_tokens=12, batch_size=3)
     assert [g.text for g in got] == [_hf_greedy(model, tok, p, 12) for p in PROMPTS[:3]]
     assert [g.text for g in got] != [g.text for g in plain]
@@ -282,7 +284,7 @@ def test_refilled_batch_equals_one_by_one_token_for_token(embedded_base):
         steps_refilled = [rows for rows, width in sizes if width == 1]
         sizes.clear()
         batches = generate(model, tok, prompts, max_new_tokens=12, stop=stop, batch_size=3,
-                           refill=False)
+                           refill=False, lookahead=0)
         steps_batches = [rows for rows, width in sizes if width == 1]
     finally:
         hook.remove()
@@ -301,17 +303,17 @@ def test_refills_run_their_prompts_ahead_in_groups(embedded_base, monkeypatch):
     place frees (up to a batch ahead): each prompt once, in far fewer passes than there are
     refills, and every output still equals the prompt decoded alone."""
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.evaluation import generation
+    from layerswap_core.inference import decoding
 
     model, tok = load_model(embedded_base)
     prompts = FEW_SHOT + [p + " 7 and then" for p in FEW_SHOT] + [p + " so" for p in FEW_SHOT]
-    runs = []
-    own_kv = generation.own_kv
-    monkeypatch.setattr(generation, "own_kv", lambda model, seqs, *a: (
-        runs.append(len(seqs)), own_kv(model, seqs, *a))[1])
-    got = generate(model, tok, prompts, max_new_tokens=8, stop=["."], batch_size=2, lookahead=0)
     alone = [generate(model, tok, [p], max_new_tokens=8, stop=["."], refill=False)[0]
              for p in prompts]
+    runs = []
+    own_kv = decoding.own_kv
+    monkeypatch.setattr(decoding, "own_kv", lambda model, seqs, *a: (
+        runs.append(len(seqs)), own_kv(model, seqs, *a))[1])
+    got = generate(model, tok, prompts, max_new_tokens=8, stop=["."], batch_size=2, lookahead=0)
     assert got == alone
     assert sum(runs) == len(prompts)               # each prompt's own tokens run once
     assert runs[0] == 4                            # the first batch and the next one
@@ -325,16 +327,17 @@ def test_refill_relayout_keeps_rows(embedded_base, monkeypatch):
     import torch
 
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.evaluation import generation
-    from layerswap_core.evaluation.prefill import _kv, shared_prefix
+    from layerswap_core.inference import decoding
+    from layerswap_core.inference.prefill import kv_layers, shared_prefix
+    from layerswap_core.inference.stops import eos_ids
 
     model, tok = load_model(embedded_base)
     prompts = [FEW_SHOT[1], FEW_SHOT[3], FEW_SHOT[0], FEW_SHOT[2]]      # shortest first
     rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     assert len(rows[2]) > max(len(rows[0]), len(rows[1])) + 10   # > max_new_tokens
     layouts = []
-    relayout = generation._Slots.relayout
-    monkeypatch.setattr(generation._Slots, "relayout",
+    relayout = decoding.Slots.relayout
+    monkeypatch.setattr(decoding.Slots, "relayout",
                         lambda self, n: (layouts.append(n), relayout(self, n))[1])
     alone = [generate(model, tok, [p], max_new_tokens=10, stop=["."], refill=False)[0]
              for p in prompts]
@@ -342,24 +345,24 @@ def test_refill_relayout_keeps_rows(embedded_base, monkeypatch):
     for capacity in (None, 1):                 # 1: the cache is full at once and compacted
         layouts.clear()
         with torch.inference_mode():
-            got = generation._refill_decode(
-                model, tok, rows, 2, n_prefix, _kv(cache), tok.eos_token_id, "cpu", 10,
-                set(generation._eos_ids(model, tok)), ["."], capacity=capacity)
+            got = decoding.refill_decode(
+                model, tok, rows, 2, n_prefix, kv_layers(cache), tok.eos_token_id, "cpu", 10,
+                set(eos_ids(model, tok)), ["."], capacity=capacity)
         assert layouts                          # laid out again at least once
         assert [len(t) for t in got] == [g.num_tokens for g in alone]
-        assert [generation.cut_at_stop(tok.decode(t, skip_special_tokens=True), ["."])[0]
+        assert [cut_at_stop(tok.decode(t, skip_special_tokens=True), ["."])[0]
                 for t in got] == [g.text for g in alone]
 
 
 def test_drafter_drafts_what_followed_and_continues_loops():
-    from layerswap_core.evaluation.generation import _Drafter, _pass_width
+    from layerswap_core.inference.decoding import Drafter, pass_width
 
-    d = _Drafter([5, 6, 7, 8, 9, 5, 6])
+    d = Drafter([5, 6, 7, 8, 9, 5, 6])
     assert d.draft(3) == [7, 8, 9]          # what followed "5 6" before
     assert d.draft(0) == []
-    loop = _Drafter([1, 2, 3, 4, 3, 4])
+    loop = Drafter([1, 2, 3, 4, 3, 4])
     assert loop.draft(5) == [3, 4, 3, 4, 3]  # its own loop, continued past the end
-    assert _Drafter([1, 2, 3]).draft(4) == []  # nothing seen before
+    assert Drafter([1, 2, 3]).draft(4) == []  # nothing seen before
     before = loop.rate
     loop.record(4, 4)
     assert loop.rate > before
@@ -367,9 +370,9 @@ def test_drafter_drafts_what_followed_and_continues_loops():
         loop.record(4, 0)
     assert loop.rate < before
     # rows whose drafts hold are fed wide passes, rows whose drafts fail one token at a time
-    assert _pass_width([[1] * 16] * 4, [0.95] * 4) > 8
-    assert _pass_width([[1] * 16] * 16, [0.05] * 16) == 1
-    assert _pass_width([[], [], []], [0.9] * 3) == 1
+    assert pass_width([[1] * 16] * 4, [0.95] * 4) > 8
+    assert pass_width([[1] * 16] * 16, [0.05] * 16) == 1
+    assert pass_width([[], [], []], [0.9] * 3) == 1
 
 
 def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkeypatch):
@@ -380,8 +383,9 @@ def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkey
     import torch
 
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.evaluation import generation
-    from layerswap_core.evaluation.prefill import _kv, shared_prefix
+    from layerswap_core.inference import decoding
+    from layerswap_core.inference.prefill import kv_layers, shared_prefix
+    from layerswap_core.inference.stops import eos_ids
 
     model, tok = load_model(embedded_base)
     prompts = FEW_SHOT[:2] + ["Count: 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,",
@@ -399,8 +403,8 @@ def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkey
             passes.append(kw["input_ids"].shape[1])
 
     hook = model.register_forward_pre_hook(seen, with_kwargs=True)
-    advance = generation._Slots.advance
-    monkeypatch.setattr(generation._Slots, "advance",
+    advance = decoding.Slots.advance
+    monkeypatch.setattr(decoding.Slots, "advance",
                         lambda self, k: (steps.append(k), advance(self, k))[1])
     try:
         got = generate(model, tok, prompts, max_new_tokens=n, batch_size=3)
@@ -408,9 +412,9 @@ def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkey
         hook.remove()
         monkeypatch.undo()
     assert got == alone
-    decoding = [w for rows, w in widths if rows <= 3 and w <= generation.LOOKAHEAD + 1]
-    assert max(decoding) > 1                                 # drafts were fed
-    assert sum(g.num_tokens for g in got) > 2 * len(decoding)
+    decode_widths = [w for rows, w in widths if rows <= 3 and w <= decoding.LOOKAHEAD + 1]
+    assert max(decode_widths) > 1                            # drafts were fed
+    assert sum(g.num_tokens for g in got) > 2 * len(decode_widths)
     # the cache grows by the drafts some row kept, not by every pass's width: the columns of
     # drafts no row kept are written over by the next pass (and the outputs above are equal)
     assert len(steps) == len(passes) and sum(steps) < sum(passes)
@@ -419,13 +423,13 @@ def test_lookahead_gives_the_greedy_tokens_in_fewer_passes(embedded_base, monkey
     rows = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts[:2]]   # one prefix
     n_prefix, cache = shared_prefix(model, rows, "cpu")
     layouts = []
-    relayout = generation._Slots.relayout
-    monkeypatch.setattr(generation._Slots, "relayout",
+    relayout = decoding.Slots.relayout
+    monkeypatch.setattr(decoding.Slots, "relayout",
                         lambda self, k: (layouts.append(k), relayout(self, k))[1])
     with torch.inference_mode():
-        tokens = generation._refill_decode(
-            model, tok, rows, 1, n_prefix, _kv(cache), tok.eos_token_id, "cpu", n,
-            set(generation._eos_ids(model, tok)), [], capacity=1, lookahead=8)
+        tokens = decoding.refill_decode(
+            model, tok, rows, 1, n_prefix, kv_layers(cache), tok.eos_token_id, "cpu", n,
+            set(eos_ids(model, tok)), [], capacity=1, lookahead=8)
     assert layouts
     assert [tok.decode(t, skip_special_tokens=True) for t in tokens] == [
         g.text for g in alone[:2]]
@@ -438,7 +442,7 @@ def test_packed_attention_equals_sdpa_and_changes_nothing_outside(embedded_base,
     import torch
 
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.evaluation import attention
+    from layerswap_core.inference import attention
 
     model, tok = load_model(embedded_base)
     assert model.config.num_attention_heads > model.config.num_key_value_heads
@@ -497,7 +501,7 @@ def test_split_head_gives_the_same_logits_and_changes_nothing_outside(embedded_b
     import torch
 
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.evaluation import products as head_mod
+    from layerswap_core.inference import products as head_mod
 
     model, tok = load_model(embedded_base)
     lm_head = model.get_output_embeddings()
@@ -553,7 +557,7 @@ def test_packed_products_keep_the_greedy_text_and_change_nothing_outside(tmp_pat
     import torch
 
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.evaluation import products
+    from layerswap_core.inference import products
     from layerswap_core.testing import make_tiny_model
 
     if model_type == "embedded":
@@ -608,7 +612,7 @@ def test_packed_products_keep_the_greedy_text_and_change_nothing_outside(tmp_pat
     assert torch.equal(after, plain_short) and products._local.packed is None
     assert torch.equal(other[0], other[1])     # another thread: torch's own, block or not
 
-    import layerswap_core.evaluation.generation as gen_mod
+    import layerswap_core.inference.generation as gen_mod
 
     calls = []
     real = products.packed_products
@@ -633,7 +637,7 @@ def test_cudnn_attention_is_off_inside_cuda_blocks_and_restored_after_the_last()
 
     import torch
 
-    from layerswap_core.evaluation.attention import without_cudnn_attention
+    from layerswap_core.inference.attention import without_cudnn_attention
 
     enabled = torch.backends.cuda.cudnn_sdp_enabled
     original = enabled()
@@ -676,26 +680,3 @@ def test_cudnn_attention_is_off_inside_cuda_blocks_and_restored_after_the_last()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(original)
 
-
-def test_block_argmax_is_torchs_argmax_with_ties_and_nan():
-    """``_argmax`` picks what ``argmax(-1)`` picks: the first of equal maxima, whether they sit
-    in one block or in two; a row holding NaN and a vocabulary that is not a whole number of
-    blocks go to torch's own."""
-    import torch
-
-    from layerswap_core.evaluation.generation import ARGMAX_BLOCK, _argmax
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 3, 48 * ARGMAX_BLOCK, generator=g)
-    x[0, 0, [7, 40 * ARGMAX_BLOCK]] = 100.0                # tied maxima in two blocks
-    x[0, 1, [ARGMAX_BLOCK + 5, ARGMAX_BLOCK + 3]] = 50.0    # tied within one block
-    x[1, 2, -1] = 1e9                                       # the very last entry
-    x[2, 0, :] = -3.0                                       # all equal: the first
-    for logits in (x, x[:, 0], x[0, 0]):
-        assert torch.equal(_argmax(logits), logits.argmax(-1))
-    assert _argmax(x)[0].tolist() == [7, ARGMAX_BLOCK + 3, x[0, 2].argmax().item()]
-    with_nan = x.clone()
-    with_nan[3, 1, 9] = float("nan")
-    assert torch.equal(_argmax(with_nan), with_nan.argmax(-1))
-    odd = torch.randn(4, 48 * ARGMAX_BLOCK + 1, generator=g)
-    assert torch.equal(_argmax(odd), odd.argmax(-1))

@@ -1,4 +1,4 @@
-"""The lean Llama (evaluation.lean) against transformers' own LlamaForCausalLM and tokenizer:
+"""The lean Llama (inference.lean) against transformers' own LlamaForCausalLM and tokenizer:
 the same ids, text, logits bit for bit, generations and NLLs; what keeps a checkpoint off it;
 and an evaluation run that never imports transformers."""
 from __future__ import annotations
@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from layerswap_core.checkpoints.loading import load_model
-from layerswap_core.evaluation.attention import packed_attention
-from layerswap_core.evaluation.generation import generate
-from layerswap_core.evaluation.lean import (LeanLlama, lean_reason, load_lean,
+from layerswap_core.checkpoints.tokenizers import encode_prompt
+from layerswap_core.inference.attention import packed_attention
+from layerswap_core.inference.generation import generate
+from layerswap_core.inference.lean import (LeanLlama, lean_reason, load_lean,
                                             load_lean_model)
-from layerswap_core.evaluation.prefill import cache_classes
-from layerswap_core.evaluation.products import packed_products, split_head
+from layerswap_core.inference.prefill import cache_classes
+from layerswap_core.inference.products import packed_products, split_head
+from layerswap_core.inference.stops import pad_id
 from layerswap_core.evaluation.runner import gold_nll
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -148,6 +150,19 @@ def test_generation_and_nll_equal_transformers(embedded_base, mgsm_prompts):
     assert [g.num_tokens for g in a] == [g.num_tokens for g in b]
     assert len({g.text for g in b}) > 1
     assert gold_nll(hf, hf_tok, prompts, targets) == gold_nll(lean, tok, prompts, targets)
+    # prompts of one token, no shared prefix: the cache starts empty, shaped by a pass over one
+    # pad token (``decoding.refill_decode``); both equal transformers' own greedy generate
+    short = ["", "Hello", "7"]
+    a, b = (generate(m, k, short, max_new_tokens=8, batch_size=3) for m, k in ((hf, hf_tok),
+                                                                               (lean, tok)))
+    assert a == b
+    for g, p in zip(a, short):
+        start = hf_tok.bos_token_id if hf_tok.bos_token_id is not None else pad_id(hf_tok)
+        ids = torch.tensor([encode_prompt(hf_tok, p) or [start]])
+        out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=8, temperature=None, top_p=None, top_k=None,
+                          pad_token_id=hf_tok.eos_token_id)
+        assert g.text == hf_tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ NORM_KINDS = ("norm_attn", "norm_attn_post", "norm_mlp", "norm_mlp_post", "norm_
 PROJECTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv",
                     "mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")
 # The projections of one layer that read the same input: one product can compute them together
-# (evaluation.products stacks their weights for decoding).
+# (inference.products stacks their weights for decoding).
 SHARED_INPUT_KINDS = (("attn_q", "attn_k", "attn_v"), ("mlp_gate", "mlp_up"))
 KIND_GROUPS = {
     "attention": ATTENTION_KINDS,

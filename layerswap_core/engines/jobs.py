@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from ..progress import Progress, Tally
 from .pool import Engine, Trio
 from ..checkpoints.tokenizers import encode_prompt
-from ..evaluation.generation import chat as generate_chat, chat_prompt
+from ..inference.chat import chat as generate_chat, chat_prompt
 from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, side_by_side_task,
                                  summarize, task_nll)
 from ..merge.config import MergeConfig

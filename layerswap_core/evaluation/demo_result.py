@@ -11,7 +11,7 @@ figure from the per-item values alone (the stored result is checked that way).
 Accuracy (secondary) is a task record (``demo_task``, scored by ``tasks.run_task`` like the side-by-side evaluation).
 The prompt is the math expert's training format: the question as the only user turn, rendered
 by ``prompts.render_chat`` (the chat template, or the trainer's plain lines); greedy decoding
-with the GSM8K calculator (``evaluation.calculator``: the result of each ``<<expr=`` note is
+with the GSM8K calculator (``inference.calculator``: the result of each ``<<expr=`` note is
 filled in, the same for every model); the answer is the number after the last ``####``, else the
 last number of the output. Per model: n, correct, accuracy and its 95% Wilson interval; between
 two models on the same items: the exact McNemar test (two-sided binomial test on the items exactly
@@ -29,9 +29,9 @@ import torch
 
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from ..progress import Progress, say
-from .attention import without_cudnn_attention
+from ..inference.attention import without_cudnn_attention
 from .data import Item, normalize_number
-from .prompts import render_chat
+from ..inference.prompts import render_chat
 from .runner import wilson_interval
 from .tasks import Extraction, Task, run_task, token_nll
 

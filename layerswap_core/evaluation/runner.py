@@ -37,12 +37,13 @@ from ..progress import Progress, Tally, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .mgsm_task import (FLEXIBLE_FILTER, STRICT_FILTER, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
-from .prompts import has_chat_template, render_chat
+from ..inference.prompts import has_chat_template, render_chat
 from .tasks import Extraction, Task, run_task, token_nll
 from ..checkpoints.loading import load_model
-from .attention import without_cudnn_attention
-from .lean import load_lean_model
-from .prefill import _kv, _plain_cache_ok, batch_order, group_passes, shared_prefix
+from ..inference.attention import without_cudnn_attention
+from ..inference.lean import load_lean_model
+from ..inference.prefill import (batch_order, group_passes, kv_layers as _kv,
+                                 plain_cache_ok as _plain_cache_ok, shared_prefix)
 
 
 

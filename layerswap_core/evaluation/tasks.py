@@ -20,7 +20,7 @@ import torch
 
 from ..progress import Progress
 from .data import Item
-from .generation import generate
+from ..inference.generation import generate
 
 
 IGNORE = -100   # a target position the NLL skips (PyTorch's ignore_index)

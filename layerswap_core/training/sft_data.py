@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
-from ..evaluation.prompts import has_chat_template, render_chat
+from ..inference.prompts import has_chat_template, render_chat
 from ..evaluation.tasks import IGNORE, token_nll
 from .config import TrainDataError, TrainError
 from ..checkpoints.loading import load_model

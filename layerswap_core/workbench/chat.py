@@ -145,7 +145,7 @@ def chat_turn(session: Session, message: str, history: list[dict] | None, role: 
               ) -> Iterator[ChatReply]:
     """Stream one answer (greedy unless temperature > 0): yields the reply, answer growing.
     The GSM8K calculator fills in the result of every ``<<expr=`` note the model writes (as in
-    the demo's evaluation; ``evaluation.calculator``).
+    the demo's evaluation; ``inference.calculator``).
 
     The prompt keeps the newest turns that fit the model's context; generation stops at
     ``deadline`` (``time.monotonic()``; default LIMITS.request_seconds from now)."""

@@ -44,7 +44,7 @@ from ..evaluation.demo_result import (CONDITION_NAMES, FIRST_K, LANG_NAMES, MATH
                                        effects_table, item_effects, means_table,
                                        mismatched_partners, reading_nll, reading_target,
                                        summarize_effects, template_stats)
-from ..evaluation.prompts import render_chat
+from ..inference.prompts import render_chat
 from ..evaluation.variants import SPLIT_SEEDS, proxy_templates, variant_items
 from ..merge.config import MergeConfig
 from ..merge.live import LiveModel

@@ -14,8 +14,13 @@ It is used only where that equality is known to hold: ``lean_reason`` names what
 checkpoint off it (anything but a plain Llama config with default rotary embedding, a tokenizer
 that is not a plain tokenizer.json, a device other than the CPU), and the caller then loads it
 through transformers as before. Only what evaluation calls is here: ``forward`` with a KV cache
-(``LeanCache``, transformers' ``DynamicCache`` as far as ``prefill`` and ``generation`` use it);
+(``LeanCache``, transformers' ``DynamicCache`` as far as ``prefill`` and ``decoding`` use it);
 no ``generate``, no training, no chat template.
+
+It is the default path of ``layerswap eval`` (``runner.run_side_by_side(lean=True)``; the
+command's ``--transformers`` turns it off), kept for that start-up and checked bit for bit
+against transformers by ``tests/test_lean.py`` (logits, token ids and text, generations, gold
+NLLs, and a run of ``layerswap eval`` that never imports transformers).
 """
 from __future__ import annotations
 
@@ -31,6 +36,9 @@ from ..checkpoints.loading import pick_device
 from ..checkpoints.reading import CheckpointReader, read_config_file
 from ..checkpoints.references import resolve
 from .attention import lean_attention
+
+__all__ = ["NOT_PLAIN_ARGMAX", "LeanCache", "LeanConfig", "LeanLayer", "LeanLlama",
+           "LeanTokenizer", "lean_reason", "load_lean", "load_lean_model", "plain_argmax"]
 
 # config fields that must hold these values (or be absent) for the lean forward to equal
 # transformers' LlamaForCausalLM; any other value sends the model through transformers

@@ -1,9 +1,9 @@
-"""The prompt pass of batched evaluation, shared by ``generation.generate`` and
-``runner.gold_nll``: prompts that start alike are batched together (``batch_order``), their
+"""The prompt pass of batched evaluation, shared by ``generation.generate`` (and its decoding
+loop, ``decoding.refill_decode``) and ``evaluation.runner.gold_nll``: prompts that start alike are batched together (``batch_order``), their
 shared prefix (the few-shot exemplars) is run once (``shared_prefix``), the rest of each prompt
 in groups of similar length on top of it (``group_passes``, little compute on padding), and the
 pieces are assembled into one batch KV cache that grows in place (``GrowingLayer``,
-``assemble_prefill``).
+``prefill_cache``).
 """
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ import torch
 from .attention import packed_attention
 from .lean import LeanCache, LeanLayer
 from .products import split_head
+
+__all__ = ["MIN_SHARED_PREFIX", "PREFILL_MAX_TOKENS", "PREFILL_SLACK", "batch_order",
+           "cache_classes", "common_prefix_len", "forward_kwargs", "group_passes",
+           "growing_layer_class", "growing_on", "kv_layers", "layer_shapes", "own_kv",
+           "plain_cache_ok", "prefill_cache", "prefill_groups", "shared_prefix"]
 
 
 MIN_SHARED_PREFIX = 16   # tokens; below this a shared prefix is not worth a separate pass
@@ -38,7 +43,7 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
-def _forward_kwargs(model) -> dict:
+def forward_kwargs(model) -> dict:
     """``logits_to_keep=1`` where the model takes it: prompt passes need no logits but the last."""
     import inspect
 
@@ -46,7 +51,7 @@ def _forward_kwargs(model) -> dict:
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
-def _plain_cache_ok(model) -> bool:
+def plain_cache_ok(model) -> bool:
     """Whether this model's KV cache is a plain per-layer [batch, heads, seq, dim] store.
 
     Only then can caches be assembled row by row (sliding-window and hybrid caches cannot).
@@ -67,7 +72,7 @@ def _plain_cache_ok(model) -> bool:
         return False
 
 
-def _kv(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+def kv_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
     """(keys, values) per layer of a plain dynamic cache, else None."""
     if isinstance(cache, LeanCache):
         plain = LeanLayer
@@ -86,7 +91,7 @@ def _prefix_cache(model, prefix: list[int], device):
     """KV cache of the shared prefix (batch 1), or None if this model's cache cannot be reused."""
     try:
         out = model(input_ids=torch.tensor([prefix], device=device), use_cache=True,
-                    **_forward_kwargs(model))
+                    **forward_kwargs(model))
         cache = out.past_key_values
         if cache is None or not hasattr(cache, "batch_repeat_interleave"):
             return None
@@ -107,13 +112,13 @@ def cache_classes(model) -> tuple[type, type]:
     return DynamicCache, DynamicLayer
 
 
-def _growing_layer_class(model=None):
+def growing_layer_class(model=None):
     """``GrowingLayer`` for ``model``'s caches (transformers' without a model)."""
-    return _growing_on(cache_classes(model)[1])
+    return growing_on(cache_classes(model)[1])
 
 
 @functools.cache
-def _growing_on(base: type):
+def growing_on(base: type):
     class GrowingLayer(base):
         """A plain KV cache layer that appends in place into spare capacity.
 
@@ -213,14 +218,14 @@ def group_passes(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv,
     """Run sequences that continue a shared prefix, in groups of similar length.
 
     ``seqs`` are the tokens after the prefix (empty ones are skipped); ``prefix_kv`` the
-    prefix's (keys, values) per layer (``_kv``), or [] with no prefix. Each group is laid out
+    prefix's (keys, values) per layer (``kv_layers``), or [] with no prefix. Each group is laid out
     right-aligned, [padding | tokens], on top of the prefix, with positions counted from
     ``n_prefix``. ``keep(members)`` says how many last positions need logits (default 1).
     Yields (members, group width, model output); the output's cache holds the group's keys
     and values after the prefix's.
     """
     cache_cls = cache_classes(model)[0]
-    fwd = _forward_kwargs(model)
+    fwd = forward_kwargs(model)
     for members in prefill_groups([len(s) for s in seqs]):
         gw = max(len(seqs[b]) for b in members)
         ids = torch.full((len(members), gw), pad, dtype=torch.long)
@@ -251,7 +256,7 @@ def own_kv(model, seqs: Sequence[Sequence[int]], n_prefix: int, prefix_kv, pad: 
     cache is not a plain one."""
     result: list = [None] * len(seqs)
     for members, gw, out in group_passes(model, seqs, n_prefix, prefix_kv, pad, device):
-        kv = _kv(out.past_key_values)
+        kv = kv_layers(out.past_key_values)
         if kv is None:
             return None
         end = n_prefix + gw
@@ -269,7 +274,7 @@ def layer_shapes(kvs: Sequence[list], prefix_kv) -> list:
     return next(([(k[None], v[None]) for k, v in kv] for kv in kvs if kv), prefix_kv)
 
 
-def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
+def prefill_cache(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pad: int,
              device, room: int = 0):
     """KV cache of every row but its last token, laid out as [prefix | padding | own tokens].
 
@@ -279,7 +284,7 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
     tokens to come. Returns None when the model's cache is not a plain one (the caller then
     lets ``generate`` do a padded pass).
     """
-    prefix_kv = _kv(prefix) if prefix is not None else []
+    prefix_kv = kv_layers(prefix) if prefix is not None else []
     if prefix_kv is None:
         return None
     own = [r[n_prefix:len(r) - 1] for r in rows]     # tokens each row needs before generation
@@ -301,7 +306,7 @@ def _prefill(model, rows: list[list[int]], n_prefix: int, prefix, width: int, pa
         K[:, :, :n_prefix] = pk[0]
         V[:, :, :n_prefix] = pk[1]
     cache_cls, plain = cache_classes(model)
-    grow = _growing_on(plain)
+    grow = growing_on(plain)
     cache = cache_cls()
     cache.layers = [grow(K, V, span) for K, V in assembled]
     return cache

@@ -18,6 +18,8 @@ import ast
 import operator
 import re
 
+__all__ = ["TAIL", "Calculator", "completion", "evaluate", "number_text"]
+
 TAIL = 64          # tokens decoded to find an open note (a note is far shorter)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Div: operator.truediv}

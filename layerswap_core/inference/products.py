@@ -9,32 +9,27 @@ else a layer runs ``torch.nn.Linear.forward`` unchanged:
 - ``split_head(model)``: the output layer (49,152 x 576 for SmolLM2-135M, 113 MB in float32;
   262,144 x 640 for Gemma-3-270M) takes ``BLOCK`` weight rows at a time. Each logit is still the
   dot product of the same hidden state and weight row: equal bit for bit to the whole product
-  (``tests/test_generation.py``). Measured on this project's 2-core AMD EPYC, 16 rows: the
-  Gemma head in 113 ms instead of 197 ms.
+  (``tests/test_generation.py``).
 - ``packed_products(model)``: the linear layers' weights are copied once, for the block, into
   oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``), and products of at
-  most ``PACKED_ROWS`` rows run on that copy (``_linear_pointwise``). Measured on the same
-  machine (2026-11-27, 2 threads, medians of 8-15): the SmolLM2 head at 48 rows in 21 ms
-  against 45 ms split, Gemma-3's at 16 rows in 64 ms against 105 ms split; a whole decoding
-  pass of 16 rows x 3 tokens in 226 ms against 245 ms (on one thread about no gain); English
-  chain-of-thought MGSM, 64 items, 87.6 s against 97.8 s. These products sum in another order
-  than MKL's, so logits differ in the last bits (up to about 1.2e-4 on logits up to 28; MKL's
-  own move by up to 4e-5 when a pass feeds 4 tokens a row instead of 3); the greedy text is
+  most ``PACKED_ROWS`` rows run on that copy (``_linear_pointwise``). These products sum in
+  another order than MKL's, so logits differ in the last bits (up to about 1.2e-4 on logits up
+  to 28; MKL's own move by up to 4e-5 when a pass feeds 4 tokens a row instead of 3); the
+  greedy text is
   checked against plain products in ``tests/test_generation.py`` and against lm-eval's own
   command item by item in ``bench/eval_vs_lmeval.py``. A layer's projections that read the same
   input (its query, key and value projections; its gate and up projections:
   ``architectures.SHARED_INPUT_KINDS``) are packed as one stacked weight, and the first of them
   called computes all their products in one (``_Stacked``): each column is the same dot product,
-  equal bit for bit to the layer's own packed product; on SmolLM2's 30 layers at 48 rows
-  136 ms became 131 ms, at 16 rows 69 ms became 64 ms (2026-11-27, medians of 9). The copy
-  costs memory while the block runs: at most
-  ``PACKED_BYTES``, and a quarter of the memory available; the output layer is packed first,
-  then the other layers in order while they fit. Longer products (prompt passes) keep MKL's,
+  equal bit for bit to the layer's own packed product. The copy costs memory while the block
+  runs: at most ``PACKED_BYTES``, and a quarter of the memory available; the output layer is
+  packed first, then the other layers in order while they fit. Longer products (prompt passes) keep MKL's,
   which is as fast there.
 
 Only plain float32 ``nn.Linear`` layers on the CPU change (by a change of class to
 ``CpuLinear``: same parameters, state dict, pickling and copies). On a GPU one product is
-already the fast way.
+already the fast way. What each buys, measured: docs/performance.md, "Inference kernels:
+measured timings".
 """
 from __future__ import annotations
 
@@ -46,6 +41,8 @@ import torch
 from ..checkpoints.architectures import SHARED_INPUT_KINDS, get_architecture
 from ..memory import memory_available
 from .attention import thread_switch
+
+__all__ = ["BLOCK", "PACKED_BYTES", "PACKED_ROWS", "CpuLinear", "packed_products", "split_head"]
 
 BLOCK = 2048             # vocabulary rows per product of the split head
 PACKED_ROWS = 256        # most rows (tokens) a product on prepacked weights takes

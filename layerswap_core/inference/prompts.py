@@ -4,11 +4,13 @@
 The tokenizer's chat template where it has one; without one (base models), one plain fallback:
 ``role: content`` lines, ending with ``assistant: `` where the model is to answer, the format
 the trainer writes its examples in (``training.sft_data``), so a template-less expert is asked
-the way it was taught. Chat (``generation.chat``), the demo's scoring (``demo_result``),
-lm-eval-style multi-turn few-shot prompts (``runner.build_prompt``) and the trainer all render
-through ``render_chat``.
+the way it was taught. Chat (``chat.chat``), the demo's scoring (``evaluation.demo_result``),
+lm-eval-style multi-turn few-shot prompts (``evaluation.runner.build_prompt``) and the trainer
+all render through ``render_chat``.
 """
 from __future__ import annotations
+
+__all__ = ["PLAIN_STOP", "chat_stop", "has_chat_template", "render_chat"]
 
 # Where a reply of a template-less model ends: the next plain user line.
 PLAIN_STOP = ("\nuser:",)

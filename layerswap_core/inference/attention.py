@@ -4,10 +4,10 @@ Models with grouped-query attention (several query heads per key/value head, as 
 Llama 3) attend through transformers' ``sdpa`` function, which repeats every key and value head
 for its query heads (``repeat_kv``) whenever more than one new token comes with a mask: a copy
 of the whole KV cache per layer and pass. That is the case of verifying drafted tokens
-(``generation._refill_decode``) and of prompt passes on top of a shared prefix. ``packed_sdpa``
+(``decoding.refill_decode``) and of prompt passes on top of a shared prefix. ``packed_sdpa``
 instead folds the query heads that share a key/value head into one longer query block (the
 mask repeated for each), so the cache is read once and never copied. It only does so inside
-``packed_attention`` (``generation._refill_decode``'s passes, ``prefill.group_passes``);
+``packed_attention`` (``decoding.refill_decode``'s passes, ``prefill.group_passes``);
 everywhere else, and for anything it does not handle, it hands the call to transformers' own
 ``sdpa``. The arithmetic is the same softmax(QK^T)V per query row.
 """
@@ -19,6 +19,9 @@ import os
 import threading
 
 import torch
+
+__all__ = ["NAME", "lean_attention", "packed_attention", "packed_sdpa", "thread_switch",
+           "without_cudnn_attention"]
 
 NAME = "layerswap_sdpa"
 _local = threading.local()     # .on: packed attention asked for in this thread
@@ -171,11 +174,8 @@ def without_cudnn_attention(device):
 
     In half precision PyTorch prefers cuDNN's attention on Hopper GPUs (seen in bfloat16 on an
     H200), and cuDNN makes a plan for every new shape: decoding meets a new cache length at
-    every step. On an H200
-    (bench/gpu_generation.py, 2026-11-27, synthetic 1.1B, 32 x 96 tokens, bfloat16, each run in
-    a fresh process) our greedy loop took 17.1 s cold and 4.2 s warm with it, 3.5 s and 2.8 s
-    without; transformers' ``generate`` 13.9 and 3.3 s with it, 3.2 and 3.0 s without.
-    PyTorch's switch is process-wide, so other threads' attention also goes without cuDNN while
+    every step (timings on an H200: docs/performance.md, "Inference kernels: measured
+    timings"). PyTorch's switch is process-wide, so other threads' attention also goes without cuDNN while
     a block is open; blocks nest and overlap across threads, and the setting from before the
     first returns when the last closes.
     """
