@@ -23,7 +23,7 @@ _API = {
     # analysis
     "delta_stats": "analysis.deltas", "suggest_config": "analysis.suggest",
     # evaluation
-    "load_mgsm": "evaluation.data", "load_items": "evaluation.data", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
+    "load_mgsm": "evaluation.data", "load_items": "evaluation.registry", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
     "generate": "evaluation.generation", "chat": "evaluation.generation",
     # experts
     "TrainConfig": "training.config", "DEMO_TASK": "checkpoints.embedded", "DEMO_LANG": "checkpoints.embedded",

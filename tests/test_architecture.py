@@ -30,7 +30,9 @@ LAYERS = [
     ("merge.lora", "merge.executor", "merge.live", "merge.mergekit_yaml",   # adapter plans,
      "testing"),                                  # executor, live; mergekit YAML out and in
     ("analysis.providers", "analysis.deltas", "analysis.suggest"),  # LoRA deltas, statistics, swaps
+    ("evaluation.languages",),                    # the one table of languages
     ("evaluation.mgsm_hub", "evaluation.data", "evaluation.bengali", "evaluation.variants",
+     "evaluation.registry",                       # every evaluation task registered once
      "evaluation.calculator",
      "evaluation.attention", "evaluation.products", "evaluation.lean",   # the lean Llama
      "evaluation.prefill", "evaluation.generation",

@@ -21,7 +21,7 @@ def trio(tiny):
 
 @pytest.fixture(scope="module")
 def items():
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
     return load_items("gsm-symbolic", "sw", 3)
 
 
@@ -352,7 +352,7 @@ def test_a_chunked_evaluations_progress_counts_the_whole_job(trio, tiny, one_thr
     """2 models x 4 items in chunks of 2: every line names the model of the job ("model 2 of
     2", never "1 of 1") and counts items across the job; the bar never steps back; no job
     kind shows."""
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
 
     items = load_items("gsm-symbolic", "sw", 4)
     seen = []

@@ -25,8 +25,8 @@ from ..progress import Progress, Tally
 from .pool import Engine, Trio
 from ..checkpoints.tokenizers import encode_prompt
 from ..evaluation.generation import chat as generate_chat, chat_prompt
-from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, side_by_side_task,
-                                 summarize, task_nll)
+from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, summarize,
+                                 task_nll, task_record)
 from ..merge.config import MergeConfig
 
 ROLES = ("base", "task", "lang")
@@ -137,7 +137,7 @@ def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
 
 def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     """The gold NLL of ``job.items`` on the model ``job.what`` (a role or a config dict), without
-    generating (``evaluation.runner.task_nll`` over the side-by-side prompts):
+    generating (``evaluation.runner.task_nll`` over the items' task record):
     {"summary": [{"model", "n", "mean_gold_nll"}], "nlls": one per item}."""
     s = job.settings
     if not job.items:
@@ -145,8 +145,8 @@ def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     exemplars = s.get("exemplars")
     if exemplars is None:
         exemplars = default_exemplars(job.items, s.get("shots", 0), cot=bool(s.get("cot")))
-    task = side_by_side_task(job.items, exemplars, cot=bool(s.get("cot")),
-                             chat_template=bool(s.get("chat_template")))
+    task = task_record(job.items, exemplars, cot=bool(s.get("cot")),
+                       chat_template=bool(s.get("chat_template")))
     if task.target is None:
         raise JobError("gold NLL needs worked solutions: use GSM-Symbolic items")
     label = job.what if isinstance(job.what, str) else "merged"

@@ -8,8 +8,7 @@ from typing import Any
 
 from .served import LIMITS, Progress, WorkbenchError, bounded, capped
 from .session import Session, dispatcher
-from ..evaluation.data import load_items
-from ..evaluation.runner import default_exemplars
+from ..evaluation.registry import default_exemplars, load_items
 from ..merge.partition import ConfigError, parse_layers
 from .evaluate import HEADROOM, estimate_line
 from . import figures as plots
