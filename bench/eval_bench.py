@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def bench_prompts(n: int = 32, shots: int = 2, cot: bool = False) -> list[str]:
     from layerswap_core.evaluation import runner as ev
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
 
     prompts = []
     for lang in ("sw", "en"):
@@ -135,7 +135,7 @@ def main() -> int:
 def nll_bench(model, tok, args) -> int:
     """Gold NLL as the sweep computes it: shared few-shot prefix vs the plain padded batch."""
     from layerswap_core.evaluation import runner as ev
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
 
     items = load_items("gsm-symbolic", "sw", 32)
     ex = ev.select_exemplars(ev.exemplar_pool("sw", cot=args.cot, source="gsm-symbolic"), items,

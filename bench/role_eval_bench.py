@@ -39,7 +39,7 @@ TRIO = {"base": "embedded:smollm2-135m-instruct", "task": "embedded:smollm2-math
 def question_sets(n: int, shots: int) -> list[tuple[str, list, list]]:
     """(lang, items, exemplars) for the first ``n`` MGSM questions in Swahili and in English."""
     from layerswap_core.evaluation import runner as ev
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
 
     out = []
     for lang in ("sw", "en"):

@@ -25,7 +25,7 @@ _API = {
     # inference
     "generate": "inference.generation", "chat": "inference.chat",
     # evaluation
-    "load_mgsm": "evaluation.data", "load_items": "evaluation.data", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
+    "load_mgsm": "evaluation.data", "load_items": "evaluation.registry", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
     # experts
     "TrainConfig": "training.config", "DEMO_TASK": "checkpoints.embedded", "DEMO_LANG": "checkpoints.embedded",
 }

@@ -39,7 +39,9 @@ LAYERS = [
     ("inference.prefill",),                       # the prompt pass, the growing batch cache
     ("inference.decoding",),                      # the refilled greedy loop
     ("inference.generation", "inference.chat"),   # batched generation; streaming and chat
+    ("evaluation.languages",),                    # the one table of languages
     ("evaluation.mgsm_hub", "evaluation.data", "evaluation.bengali", "evaluation.variants",
+     "evaluation.registry",                       # every evaluation task registered once
      "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
      "evaluation.demo_result",                    # evaluation
      "evaluation.tasks"),                         # task records and their one scorer

@@ -7,8 +7,9 @@ import pytest
 
 from layerswap_core.evaluation import data
 from layerswap_core.evaluation.data import (DataError, find_mgsm_dir, gsm_symbolic_items,
-                                            load_items, load_mgsm, normalize_number,
-                                            parse_symbolic_toml, read_mgsm_tsv, symbolic_root)
+                                            load_mgsm, normalize_number, parse_symbolic_toml,
+                                            read_mgsm_tsv, symbolic_root)
+from layerswap_core.evaluation.registry import load_items
 
 
 def test_mgsm_tsv_loads_all_rows_and_normalises_answers():

@@ -21,7 +21,7 @@ def trio(tiny):
 
 @pytest.fixture(scope="module")
 def items():
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
     return load_items("gsm-symbolic", "sw", 3)
 
 
@@ -71,24 +71,16 @@ def test_chunked_evaluation_equals_one_call(trio, tiny, items, one_thread):
     assert res["summary"] == whole.summary
 
 
-def test_a_sweeps_nll_is_the_one_token_paths_nll_without_generating(trio, tiny, items,
-                                                                    one_thread):
-    """A sweep job with ``metric="nll"`` (a teacher-forced "nll" chunk per configuration) gives,
-    float for float, the NLL the same sweep got by generating one token per item (before)."""
-    configs = [swap(tiny, 2, 1), swap(tiny, 0, 3)]
+def test_an_nll_job_is_the_one_token_paths_nll_without_generating(trio, tiny, items,
+                                                                   one_thread):
+    """An "nll" job (teacher-forced, no generation) gives, float for float, the gold NLL an
+    evaluation that generates one token per item reports (a sweep's NLL: ``test_sweeps``)."""
     d = Dispatcher(EnginePool(1), chunk_items=4)   # an evaluation of 3 items: one chunk
-    new = J.Job("sweep", trio, "v", configs, list(items), {"shots": 0, "exemplars": [],
-                                                          "metric": "nll"})
-    assert [c.kind for c in J.split(new, 2)] == ["nll", "nll"]
-    old = J.Job("sweep", trio, "v", configs, list(items), {"shots": 0, "exemplars": [],
-                                                          "max_new_tokens": 1, "with_nll": True})
-    assert new.generated_tokens == old.generated_tokens == len(configs) * len(items)
-    got, want = d.run(new), d.run(old)
-    assert [s["mean_gold_nll"] for s in got] == [s["mean_gold_nll"] for s in want]
-    assert got[0]["mean_gold_nll"] != got[1]["mean_gold_nll"]
-    per_item = d.run(J.Job("nll", trio, "v", configs[1], list(items),
-                           {"shots": 0, "exemplars": [], "batch_size": 4}))["nlls"]
-    one_token = d.run(evaluate_job(trio, "v", {"merged": configs[1]}, items, tokens=1))
+    config = swap(tiny, 0, 3)
+    nll = J.Job("nll", trio, "v", config, list(items), {"shots": 0, "exemplars": [],
+                                                        "batch_size": 4})
+    per_item = d.run(nll)["nlls"]
+    one_token = d.run(evaluate_job(trio, "v", {"merged": config}, items, tokens=1))
     assert per_item == [r["models"]["merged"]["gold_nll"] for r in one_token["rows"]]
 
 
@@ -352,7 +344,7 @@ def test_a_chunked_evaluations_progress_counts_the_whole_job(trio, tiny, one_thr
     """2 models x 4 items in chunks of 2: every line names the model of the job ("model 2 of
     2", never "1 of 1") and counts items across the job; the bar never steps back; no job
     kind shows."""
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
 
     items = load_items("gsm-symbolic", "sw", 4)
     seen = []
@@ -366,18 +358,3 @@ def test_a_chunked_evaluations_progress_counts_the_whole_job(trio, tiny, one_thr
     assert "model 2 of 2 (task expert): 6 of 8 items answered" in messages
     assert messages[-1] == "model 2 of 2 (task expert): 8 of 8 items answered"
     assert not [m for m in messages if "of 1 " in m or "evaluate" in m or "starting" in m]
-
-
-def test_a_sweeps_progress_names_each_configuration(trio, tiny, items, one_thread):
-    configs = [swap(tiny, 2, 1), swap(tiny, 0, 3)]
-    seen = []
-    Dispatcher(EnginePool(1)).run(
-        J.Job("sweep", trio, "p", configs, list(items),
-              {"shots": 0, "exemplars": [], "metric": "nll",
-               "labels": ["bottom 2, top 1", "bottom 0, top 3"]}),
-        progress=lambda f, m: seen.append(m))
-    assert "configuration 1 of 2 (bottom 2, top 1): 0 of 6 items scored" in seen
-    assert ("configuration 2 of 2 (bottom 0, top 3): scoring the worked solutions · 3 of 6 "
-            "items scored") in seen
-    assert seen[-1] == "configuration 2 of 2 (bottom 0, top 3): 6 of 6 items scored"
-    assert not [m for m in seen if "nll" in m or "starting" in m]

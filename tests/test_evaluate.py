@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from layerswap_core.evaluation import runner as ev
-from layerswap_core.evaluation.data import gsm_symbolic_items, load_items, load_mgsm
+from layerswap_core.evaluation.data import gsm_symbolic_items, load_mgsm
+from layerswap_core.evaluation.registry import load_items
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -303,7 +304,7 @@ def _card(folder, front: str | None):
 
 
 def test_training_overlap_names_the_evaluated_templates_a_card_lists(tmp_path):
-    from layerswap_core.evaluation.data import training_overlap
+    from layerswap_core.evaluation.registry import training_overlap
 
     mgsm = load_mgsm("sw")[:12]                       # rows 0-11: template 0036 is row 11
     symbolic = gsm_symbolic_items("sw", "eval")[:2]   # templates 0050, 0051

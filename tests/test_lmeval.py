@@ -5,7 +5,8 @@ import pytest
 
 from layerswap_core.evaluation import runner as ev
 from layerswap_core.evaluation import mgsm_task
-from layerswap_core.evaluation.data import MGSM_LANGS, load_items
+from layerswap_core.evaluation.data import MGSM_LANGS
+from layerswap_core.evaluation.registry import load_items
 from layerswap_core.evaluation.lmeval import installed_task_yaml, mgsm_task_config, run_lm_eval
 from layerswap_core.checkpoints.loading import load_model
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from layerswap_core.evaluation import data, mgsm_hub
+from layerswap_core.evaluation import data, mgsm_hub, registry
 from layerswap_core.evaluation.data import DataError, load_mgsm, load_mgsm_exemplars
 
 EXEMPLARS = {
@@ -118,14 +118,14 @@ def test_fresh_offline_machine_defaults_to_gsm_symbolic_and_says_how_to_get_mgsm
     assert data.MGSM_ENV in note and "juletxara/mgsm" in note and "\n" not in note
     assert "<" not in note                      # nothing a page could take for an HTML tag
     with pytest.raises(DataError) as err:
-        data.load_items("mgsm", "sw", 2)
+        registry.load_items("mgsm", "sw", 2)
     assert data.MGSM_ENV in str(err.value) and "online" in str(err.value)
-    assert len(data.load_items("gsm-symbolic", "sw", 2)) == 2     # the default works
+    assert len(registry.load_items("gsm-symbolic", "sw", 2)) == 2     # the default works
     # once downloaded (here from the stand-in), the cached copy is found offline
     mgsm_hub.download_mgsm(snapshot=lambda: hub_copy)
     assert data.find_mgsm_dir() == fresh_machine / "cache" / "data" / "mgsm"
     assert data_default() == ("mgsm", "")
-    assert [it.answer for it in data.load_items("mgsm", "en")] == ["18", "1000"]
+    assert [it.answer for it in registry.load_items("mgsm", "en")] == ["18", "1000"]
 
 
 @pytest.fixture
@@ -191,9 +191,9 @@ def test_no_network_without_hf_hub_offline_falls_back_and_says_what_to_do(fresh_
     assert "HF_HUB_OFFLINE" not in note     # nothing forbids the download: it is not there
     t0 = time.monotonic()
     with pytest.raises(DataError, match="cannot be reached"):
-        data.load_items("mgsm", "sw", 2)
+        registry.load_items("mgsm", "sw", 2)
     assert time.monotonic() - t0 < 10
-    assert len(data.load_items("gsm-symbolic", "sw", 2)) == 2
+    assert len(registry.load_items("gsm-symbolic", "sw", 2)) == 2
 
 
 def test_hf_hub_offline_says_it_forbids_the_download(fresh_machine):
@@ -209,7 +209,7 @@ def test_page_text_shows_angle_brackets():
 
 def test_hub_option_reads_the_downloaded_copy_and_says_when_offline(fresh_machine, hub_copy):
     with pytest.raises(DataError, match="Hub is offline"):
-        data.load_items("mgsm", "sw", 1, hub=True)
+        registry.load_items("mgsm", "sw", 1, hub=True)
     mgsm_hub.download_mgsm(snapshot=lambda: hub_copy)
-    assert [it.answer for it in data.load_items("mgsm", "sw", hub=True)] == ["18", "1000"]
+    assert [it.answer for it in registry.load_items("mgsm", "sw", hub=True)] == ["18", "1000"]
     assert len(data.load_mgsm_exemplars_hub("en")) == 8

@@ -14,7 +14,7 @@ def evaluation_trace(tiny, tiny_lm, one_thread):
     """(times, fractions, messages, end): every progress report of a real side-by-side
     evaluation of two tiny models, with the monotonic time it came at and the time it ended."""
     from layerswap_core.evaluation import runner as ev
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
 
     items = load_items("gsm-symbolic", "en", 12)
     trace = []

@@ -573,7 +573,7 @@ def test_every_role_is_the_one_live_model_and_matches_its_checkpoint(session, ti
 def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny):
     """The four roles evaluated one after another on one live model give the outputs of the
     checkpoints loaded separately (and the merge of a fresh build)."""
-    from layerswap_core.evaluation.data import load_items
+    from layerswap_core.evaluation.registry import load_items
     from layerswap_core.evaluation.runner import run_side_by_side
     from layerswap_core.checkpoints.loading import load_model
 
@@ -629,7 +629,9 @@ def test_evaluation_says_it_is_a_sample(session):
 
 def test_chat_examples_follow_the_language_expert():
     """Bengali examples only with a Bengali expert; the demo's Swahili expert gets Swahili ones."""
-    from layerswap_core.workbench.chat import CHAT_EXAMPLES, chat_examples, language_of
+    from layerswap_core.workbench.chat import chat_examples, language_of
+    from layerswap_core.evaluation.languages import LANGUAGES
+    CHAT_EXAMPLES = {c: list(row.chat_examples) for c, row in LANGUAGES.items()}
 
     assert chat_examples(wb.DEMO_REFS["lang"]) == ("Swahili", CHAT_EXAMPLES["sw"])
     assert chat_examples("/models/llama-3-8b-bengali-lora") == ("Bengali", CHAT_EXAMPLES["bn"])
@@ -642,7 +644,8 @@ def test_swahili_chat_examples_are_validation_variants_never_evaluated():
     """The demo's Swahili chat examples are problems like the evaluated ones: variants of the
     validation seed set (never of the eval set the headline is measured on)."""
     from layerswap_core.evaluation.variants import variant_items
-    from layerswap_core.workbench.chat import CHAT_EXAMPLES
+    from layerswap_core.evaluation.languages import LANGUAGES
+    CHAT_EXAMPLES = {c: list(row.chat_examples) for c, row in LANGUAGES.items()}
 
     examples = set(CHAT_EXAMPLES["sw"])
     assert len(examples) >= 3
@@ -654,7 +657,9 @@ def test_english_twins_are_the_same_validation_variants_in_english():
     """The English control examples are the Swahili examples' own variants (same id, same gold)
     in English, one for one; other languages have none."""
     from layerswap_core.evaluation.variants import variant_items
-    from layerswap_core.workbench.chat import CHAT_EXAMPLES, english_twins
+    from layerswap_core.workbench.chat import english_twins
+    from layerswap_core.evaluation.languages import LANGUAGES
+    CHAT_EXAMPLES = {c: list(row.chat_examples) for c, row in LANGUAGES.items()}
 
     sw, en = variant_items("sw", "validation"), variant_items("en", "validation")
     ids = {it.question: it.id for it in sw}

@@ -5,7 +5,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..evaluation.data import MGSM_HUB_ID, SOURCES, load_items, training_overlap
+from ..evaluation.data import MGSM_HUB_ID
+from ..evaluation.registry import choices, load_items, task_spec, training_overlap
 from ..checkpoints.references import ModelLoadError, resolve
 from ..checkpoints.loading import load_model
 from .progress import progress_bar
@@ -14,7 +15,7 @@ from . import HELP
 
 def _training_overlap(refs, items) -> None:
     """Which evaluated templates each model's card says it was trained on (the statement the
-    app's evaluation note makes: ``data.training_overlap``)."""
+    app's evaluation note makes: ``registry.training_overlap``)."""
     for ref in refs:
         try:
             folder = resolve(ref)
@@ -30,7 +31,7 @@ def _lm_eval(args, items, exemplars) -> int:
     # lazy: evaluation.lmeval imports torch (1.7-2.1 s), not needed for --help
     from ..evaluation.lmeval import run_lm_eval
 
-    if args.data != "mgsm":
+    if not task_spec(args.data).lm_eval:
         raise ValueError("--lm-eval runs lm-eval's mgsm tasks: use it with --data mgsm")
     out = {}
     for ref in args.model:
@@ -91,7 +92,7 @@ def add_cli(subparsers) -> None:
                               "prompts and filters; accuracy with a 95% Wilson interval.")
     s.add_argument("--model", action="append", required=True,
                    help="model reference (folder, embedded:NAME, owner/name); repeat for up to 4")
-    s.add_argument("--data", choices=list(SOURCES), default="mgsm")
+    s.add_argument("--data", choices=choices("eval"), default="mgsm")
     s.add_argument("--data-dir", default=None,
                    help="folder of mgsm_<lang>.tsv files (default: $LAYERSWAP_MGSM_DIR, else "
                    "the copy downloaded from the Hub into the cache on first use)")

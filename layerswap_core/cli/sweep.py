@@ -6,7 +6,8 @@ from ..sweeps import report
 from ..sweeps.grid import parse_grid
 from ..sweeps.order import ORDERS
 from ..sweeps.runner import BACKENDS, SweepRequest, run_sweep
-from ..sweeps.scoring import DATA, METRICS, EvalSettings
+from ..evaluation.registry import choices
+from ..sweeps.scoring import METRICS, EvalSettings
 from .merge import MODEL_FIELDS, add_config_flags, config_from_args
 from . import HELP
 
@@ -90,7 +91,7 @@ def add_cli(subparsers) -> None:
     g.add_argument("--order", choices=ORDERS, default="auto",
                    help="visiting order (auto: the cheaper of snake and nearest neighbour)")
     g = s.add_argument_group("scoring")
-    g.add_argument("--data", choices=DATA, default="gsm-symbolic",
+    g.add_argument("--data", choices=choices("sweep"), default="gsm-symbolic",
                    help="items: MGSM, GSM-Symbolic (templates 0050-0099) or the demo's "
                    "validation variants")
     g.add_argument("--data-dir", default=None, help="folder of mgsm_<lang>.tsv files")

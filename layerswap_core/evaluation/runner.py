@@ -30,8 +30,9 @@ from pathlib import Path
 from collections.abc import Sequence
 
 from . import mgsm_task
-from .data import (Item, gsm_symbolic_items, load_mgsm, load_mgsm_exemplars,
-                   load_mgsm_exemplars_hub, mgsm_lang, normalize_number, source_label, to_ascii_digits)
+from .data import Item, normalize_number, to_ascii_digits
+from .registry import (default_exemplars, exemplar_description, exemplar_pool,  # noqa: F401
+                       select_exemplars, source_label, standard_exemplars, task_of)
 from ..memory import release_freed_memory
 from ..progress import Progress, Tally, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
@@ -112,101 +113,6 @@ def build_prompt(item: Item, exemplars: Sequence[Item] = (), *, cot: bool = Fals
         return render_chat(tokenizer, messages)
     shots = [question_text(ex, lang, cot) + delim + target_text(ex, lang, cot) for ex in exemplars]
     return "\n\n".join([*shots, question_text(item, lang, cot)])
-
-
-def standard_exemplars(lang: str, shots: int, *, data_dir=None, hub: bool = False) -> list[Item]:
-    """The first ``shots`` of MGSM's own exemplars of ``lang``, in the benchmark's order (8: the
-    layer-swapping paper's setting; 2: its follow-up's). A missing file is an error, never a
-    silent fallback to other exemplars."""
-    shots = _check_shots(shots)
-    if not shots:
-        return []
-    pool = load_mgsm_exemplars_hub(lang) if hub else load_mgsm_exemplars(lang, data_dir)
-    if len(pool) < shots:
-        raise ValueError(f"MGSM has {len(pool)} standard exemplars for {mgsm_lang(lang)!r}, "
-                         f"asked for {shots}")
-    return pool[:shots]
-
-
-def default_exemplars(items: Sequence[Item], shots: int, *, cot: bool, data_dir=None,
-                      hub: bool = False) -> list[Item]:
-    """The exemplars an evaluation of ``items`` uses unless told otherwise: MGSM's standard
-    exemplars for MGSM items, GSM-Symbolic training templates (``exemplar_pool``) otherwise."""
-    shots = _check_shots(shots)
-    if not shots:
-        return []
-    lang, source = items[0].lang, items[0].source
-    if source == "mgsm":
-        return standard_exemplars(lang, shots, data_dir=data_dir, hub=hub)
-    return select_exemplars(exemplar_pool(lang, cot=cot, source=source, data_dir=data_dir),
-                            items, shots)
-
-
-def exemplar_description(exemplars: Sequence[Item]) -> str:
-    """Where the exemplars come from, in words (for result headers and configs)."""
-    if not exemplars:
-        return "none"
-    if all(e.prompt_question for e in exemplars):
-        return f"MGSM standard exemplars 1-{len(exemplars)} of 8"
-    return "chosen from GSM-Symbolic training templates" if \
-        all(e.source == "gsm-symbolic" for e in exemplars) else "custom"
-
-
-def exemplar_pool(lang: str, *, cot: bool, source: str = "mgsm",
-                  data_dir=None) -> list[Item]:
-    """Candidate few-shot exemplars, best first, in the target language where possible
-    (the GSM-Symbolic protocol; MGSM evaluations use ``standard_exemplars`` by default).
-
-    1. GSM-Symbolic training templates (0000-0049) of the language: worked solutions, and
-       never scored (evaluation uses 0050-0099);
-    2. for direct prompts on MGSM: other MGSM rows of the language (``select_exemplars`` drops
-       the scored ones);
-    3. English GSM-Symbolic training templates (e.g. Bengali, which has almost no validated
-       templates).
-    """
-    pool: list[Item] = []
-    try:
-        pool += gsm_symbolic_items(lang, "train")
-    except ValueError:
-        pass
-    if not cot and source == "mgsm":
-        try:
-            pool += load_mgsm(lang, data_dir)
-        except ValueError:
-            pass
-    if mgsm_lang(lang) != "en":
-        pool += gsm_symbolic_items("en", "train")
-    return pool
-
-
-def select_exemplars(pool: Sequence[Item], scored: Sequence[Item], k: int) -> list[Item]:
-    """The first ``k`` pool items that share nothing with a scored item.
-
-    Excluded: same id, same question text, or same origin (the GSM8K problem both derive from,
-    so a GSM-Symbolic variant of a scored MGSM problem is never shown as an exemplar).
-    """
-    k = _check_shots(k)
-    ids = {it.id for it in scored}
-    questions = {it.question.strip() for it in scored}
-    origins = {it.origin for it in scored if it.origin is not None}
-    chosen = []
-    for ex in pool:
-        if ex.id in ids or ex.question.strip() in questions or \
-                (ex.origin is not None and ex.origin in origins):
-            continue
-        if any(ex.id == c.id for c in chosen):
-            continue
-        chosen.append(ex)
-        if len(chosen) == k:
-            return chosen
-    raise ValueError(f"only {len(chosen)} exemplars available apart from the scored items "
-                     f"(asked for {k})")
-
-
-def _check_shots(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, float)) or k != int(k) or not 0 <= k <= 8:
-        raise ValueError(f"shots must be between 0 and 8, not {k}")
-    return int(k)
 
 
 # --------------------------------------------------------------------------- extraction
@@ -452,6 +358,17 @@ def side_by_side_task(items: Sequence[Item], exemplars: Sequence[Item], *, cot: 
         if has_solutions else None)
 
 
+def task_record(items: Sequence[Item], exemplars: Sequence[Item], *, cot: bool = False,
+                chat_template: bool = False, max_new_tokens: int | None = None,
+                with_nll: bool = True) -> Task:
+    """The task record of ``items``: their registered task's builder (``registry.TaskSpec.task``),
+    else lm-eval's MGSM record (``side_by_side_task``). What every evaluation runs."""
+    spec = task_of(items)
+    build = spec.task if spec is not None and spec.task is not None else side_by_side_task
+    return build(items, exemplars, cot=cot, chat_template=chat_template,
+                 max_new_tokens=max_new_tokens, with_nll=with_nll)
+
+
 def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot: bool = False,
                      chat_template: bool = False, max_new_tokens: int | None = None,
                      batch_size: int = 16, exemplars: Sequence[Item] | None = None,
@@ -467,7 +384,7 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     transformers; anything else with ``checkpoints.loading.load_model``). Exemplars default to
     ``default_exemplars(items, shots, ...)``:
     MGSM's standard exemplars on MGSM, GSM-Symbolic training templates otherwise. The task
-    record is ``side_by_side_task``, scored by ``tasks.run_task``; each model's prompts are built
+    record is ``task_record`` (the items' registered task; lm-eval's MGSM by default), scored by ``tasks.run_task``; each model's prompts are built
     once and also feed the gold NLL. Accuracy uses the flexible filter; strict accuracy is
     reported beside it. Mean gold NLL is computed where items have worked solutions
     (GSM-Symbolic). ``progress`` counts models and items (``progress.Tally``: ``tally`` places
@@ -479,8 +396,8 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
     source = items[0].source
     if exemplars is None:
         exemplars = default_exemplars(items, shots, cot=cot, data_dir=data_dir)
-    task = side_by_side_task(items, exemplars, cot=cot, chat_template=chat_template,
-                     max_new_tokens=max_new_tokens, with_nll=with_nll)
+    task = task_record(items, exemplars, cot=cot, chat_template=chat_template,
+                       max_new_tokens=max_new_tokens, with_nll=with_nll)
     has_solutions = task.target is not None
     rows = [{"id": it.id, "question": it.question, "gold": it.answer, "models": {}} for it in items]
     summary = []

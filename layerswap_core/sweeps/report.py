@@ -69,6 +69,25 @@ def best_lines(records: list[dict], langs: list[str], metric: str) -> list[str]:
     return out
 
 
+def score_grid(records: list[dict], grid: dict[str, list], lang: str, metric: str):
+    """(x axis, y axis or None, x values, y values, z): the scores of ``lang`` over the last
+    axis (x) and the first (y; one row for a 1-D grid), ``z[iy][ix]`` None where nothing was
+    scored; with more axes each cell holds the best over the others. The one heatmap grid of
+    the CLI's figure and the app's."""
+    axes = list(grid)
+    xa, ya = axes[-1], (axes[0] if len(axes) > 1 else None)
+    xs, ys = grid[xa], (grid[ya] if ya else [0])
+    pick = min if metric == "nll" else max
+    z = [[None] * len(xs) for _ in ys]
+    for r in records:
+        v = score_of(r, lang, metric)
+        if v is None:
+            continue
+        ix, iy = xs.index(r["point"][xa]), (ys.index(r["point"][ya]) if ya else 0)
+        z[iy][ix] = v if z[iy][ix] is None else pick(z[iy][ix], v)
+    return xa, ya, xs, ys, z
+
+
 def heatmap_figure(records: list[dict], grid: dict[str, list], langs: list[str], metric: str):
     """One heatmap per language over the first two axes (one row for a 1-D grid); with more
     axes each cell shows the best over the others."""
@@ -76,19 +95,10 @@ def heatmap_figure(records: list[dict], grid: dict[str, list], langs: list[str],
     from plotly.subplots import make_subplots
 
     axes = list(grid)
-    xa, ya = axes[-1], (axes[0] if len(axes) > 1 else None)
-    xs, ys = grid[xa], (grid[ya] if ya else [0])
     fig = make_subplots(rows=1, cols=len(langs), subplot_titles=list(langs),
                         horizontal_spacing=0.12)
-    pick = min if metric == "nll" else max
     for col, lang in enumerate(langs, start=1):
-        z = [[None] * len(xs) for _ in ys]
-        for r in records:
-            v = score_of(r, lang, metric)
-            if v is None:
-                continue
-            ix, iy = xs.index(r["point"][xa]), (ys.index(r["point"][ya]) if ya else 0)
-            z[iy][ix] = v if z[iy][ix] is None else pick(z[iy][ix], v)
+        xa, ya, xs, ys, z = score_grid(records, grid, lang, metric)
         text = [["" if v is None else (f"{v:.3f}") for v in row] for row in z]
         fig.add_trace(go.Heatmap(z=z, x=[str(x) for x in xs], y=[str(y) for y in ys],
                                  text=text, texttemplate="%{text}", coloraxis="coloraxis",

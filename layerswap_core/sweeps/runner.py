@@ -3,8 +3,9 @@
 The request -> the grid's cells (impossible ones set aside) -> their plans -> the order that
 rewrites the fewest tensors -> the result keys (models' fingerprints, configuration, items,
 generation settings) -> the configurations not done yet, scored by a backend: ``local`` (one
-worker in this process, on the engine its ``checkout`` lends) or ``ray`` (one actor per worker,
-``ray_backend``). Every finished configuration is appended to ``DIR/results.jsonl`` at once.
+worker in this process, on the engine its ``checkout`` lends), ``ray`` (one actor per worker,
+``ray_backend``), or a caller's ``score`` (the app's: each configuration a job of its
+dispatcher, ``workbench.sweep``). Every finished configuration is appended to ``DIR/results.jsonl`` at once.
 """
 from __future__ import annotations
 
@@ -126,14 +127,18 @@ def prepare(request: SweepRequest, progress: Progress | None = None):
 def run_sweep(request: SweepRequest, *, checkout: Callable | None = None,
               progress: Progress | None = None, on_result: Callable[[dict], None] | None = None,
               limit: int | None = None,
-              on_start: Callable[[SweepOutcome, int], None] | None = None) -> SweepOutcome:
+              on_start: Callable[[SweepOutcome, int], None] | None = None,
+              score: Callable[[list[dict], dict, Callable[[dict], None]], None] | None = None
+              ) -> SweepOutcome:
     """Score every configuration of ``request`` not already in its results file (module
     docstring). ``checkout``: the local backend's engine lender (``with checkout() as
     engine``; default: one engine of this process, ``scoring.engine_checkout``);
     ``on_result(record)`` is called as each configuration finishes (raise ``SweepStopped`` to
     stop); ``limit``: score at most this many now; ``on_start(outcome, n)`` once the order is
     known, before the ``n`` configurations to score now. ``progress(fraction, message)`` follows
-    configurations done."""
+    configurations done. ``score(jobs, worker_args, handle)``: a backend of the caller's in place
+    of ``request.backend`` (it scores the jobs in order, as ``SweepWorker(**worker_args).run``
+    does, and hands each record to ``handle``)."""
     cells, impossible, order, eval_items, keys = prepare(request, progress)
     store = SweepStore(request.out) if request.out else None
     results = store.open() if store else {}
@@ -164,7 +169,9 @@ def run_sweep(request: SweepRequest, *, checkout: Callable | None = None,
     worker_args = dict(refs=request.refs, settings=request.eval.to_dict(), eval_items=eval_items,
                        device=request.device)
     try:
-        if request.backend == "ray":
+        if score is not None:
+            score(jobs, worker_args, handle)
+        elif request.backend == "ray":
             # lazy: the Ray backend adds 0.002 s to `layerswap`'s start (-X importtime)
             from .ray_backend import run_on_ray
             run_on_ray(jobs, worker_args, handle, address=request.address,

@@ -19,11 +19,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 from ..checkpoints.loading import pick_device
-from ..evaluation.data import load_items
-from ..evaluation.variants import variant_items
+from ..evaluation.registry import choices, load_items
 from ..merge.config import MergeConfig
 
-DATA = ("mgsm", "gsm-symbolic", "demo-variants")
 METRICS = ("accuracy", "nll")
 
 
@@ -41,8 +39,8 @@ class EvalSettings:
     data_dir: str | None = None
 
     def check(self) -> EvalSettings:
-        if self.data not in DATA:
-            raise ValueError(f"data: one of {', '.join(DATA)}, not {self.data!r}")
+        if self.data not in choices("sweep"):
+            raise ValueError(f"data: one of {', '.join(choices('sweep'))}, not {self.data!r}")
         if self.metric not in METRICS:
             raise ValueError(f"metric: one of {', '.join(METRICS)}, not {self.metric!r}")
         if not self.langs:
@@ -74,11 +72,7 @@ def load_eval_items(settings: EvalSettings) -> dict[str, tuple[list, list]]:
 
     out = {}
     for lang in settings.langs:
-        if settings.data == "demo-variants":   # chosen on validation, as the demo's sweep is
-            items = variant_items(lang, "validation")
-            items = items[:settings.n] if settings.n else items
-        else:
-            items = load_items(settings.data, lang, settings.n, data_dir=settings.data_dir)
+        items = load_items(settings.data, lang, settings.n, data_dir=settings.data_dir)
         if settings.metric == "nll" and not all(it.solution for it in items):
             raise ValueError("gold NLL needs worked solutions: use gsm-symbolic or "
                              "demo-variants, or --metric accuracy")
@@ -100,12 +94,12 @@ def score_model(model, tokenizer, eval_items: dict, settings: EvalSettings,
                 progress=None) -> dict[str, dict]:
     """language -> the score of (model, tokenizer) on that language's items."""
     # lazy: evaluation.runner imports torch (1.7-2.1 s), not needed by `sweep --help`
-    from ..evaluation.runner import mean_nll, run_side_by_side, side_by_side_task, task_nll
+    from ..evaluation.runner import mean_nll, run_side_by_side, task_nll, task_record
 
     out = {}
     for lang, (items, exemplars) in eval_items.items():
         if settings.metric == "nll":   # teacher-forced: no generation
-            per_item = task_nll(side_by_side_task(items, exemplars, cot=settings.cot), model,
+            per_item = task_nll(task_record(items, exemplars, cot=settings.cot), model,
                                 tokenizer, batch_size=settings.batch_size, progress=progress)
             lo, hi = nll_interval(per_item)
             out[lang] = {"n": len(items), "nll": mean_nll(per_item), "ci_low": lo, "ci_high": hi}

@@ -33,6 +33,7 @@ from .deltas import analyze_deltas, auto_thresholds, suggest, suggestion_text
 from .evaluate import evaluate_roles, evaluation_note
 from .served import LIMITS, LOCAL, Access, WorkbenchError, capped, readable_error
 from ..analysis.suggest import delta_story
+from ..evaluation.registry import choices
 
 MODEL_KEYS = ("task", "lang", "base")   # a session's models: never taken from a config
 ROLE_NAMES = {"base": "base", "task": "task", "lang": "lang", "merged": "merged"}
@@ -327,8 +328,8 @@ class AgentTools:
         if "merged" in names and s.built_config is None:
             raise WorkbenchError("build the merged model first (build_and_save)")
         data = capped("data", data, 20).strip().lower()
-        if data not in ("gsm-symbolic", "mgsm"):
-            raise WorkbenchError(f"data: gsm-symbolic or mgsm, got {data!r}")
+        if data not in choices("eval"):
+            raise WorkbenchError(f"data: {' or '.join(choices('eval'))}, got {data!r}")
         language = capped("language", language, 10).strip()
         with self._working(entry, "quick_evaluate") as progress:
             res = evaluate_roles(s, data, language, questions, shots, bool(chain_of_thought),

@@ -7,66 +7,35 @@ last token: the prompt keeps the newest turns that fit the model's context
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from collections.abc import Iterator
 
 from ..engines.jobs import context_tokens, fit_context  # noqa: F401  (the chat's context rules)
+from ..evaluation import languages
+from ..evaluation.languages import LANGUAGES
 from .served import LIMITS, WorkbenchError, bounded, capped
 from .session import Session, dispatcher
 
-# Examples per language of the language expert: short problems like the evaluated ones. A
-# language's examples show only when the language expert is in that language (``chat_examples``).
-# Swahili: held-out *validation* variants of the demo's templates (evaluation.variants; never the
-# eval set), the kind of problem the demo is measured on; Bengali: the same validation variants in
-# Bengali (``evaluation.bengali``), shown only with a Bengali expert.
-CHAT_EXAMPLES = {
-    "sw": ["Chupa cha limoni ni 7 oz za limoni. Baraka ananywa 4 michupa za limoni. Ikiwa "
-           "limoni ina 5 kalori kwa kila oz, alikula kalori ngapi?",
-           "Faraji ana miaka 22. Baada ya saba miaka, dada yake Sarah atakuwa na umri mara tano "
-           "kama Faraji sasa. Sarah ana umri gani sasa?",
-           "Keki ina 72 huduma. Ikiwa Asha anaweza kula 3 huduma kwa siku huku Nyota anaweza kula "
-           "mara tatu kama hiyo, siku ngapi keki itadumu?"],
-    "bn": ["হাসান প্রতিদিন 64 ইমেইল পান। সেই ইমেইলগুলোর 25% এর কোনো উত্তর দেওয়ার প্রয়োজন নেই। তিনি বাকিগুলোর উত্তর দেন। 4 দিনের কাজের সপ্তাহে হাসান কতগুলি ইমেইলের উত্তর দেন?",
-           "তমাল 22 বছর বয়সী। সাত বছর পর তার বোন দিলরুবা তমাল এর বর্তমান বয়সের পাঁচবার গুণ হবে। দিলরুবা এর বর্তমানে বয়স কত?",
-           "একটি কেক আছে 72 সার্ভিং। যদি শারমিন প্রতিদিন 3 সার্ভিং খেতে পারে এবং মৌমিতা তিনবার বেশি খেতে পারে, তবে কেক কতদিন চলবে?"],
-}
-# The same validation variants in English (the math expert's language; the numbers are paired
-# item by item, the names are the English template's): the control a visitor can compare with.
-ENGLISH_TWINS = {
-    "sw": ["A bottle of lemonade is 7 ozs of lemonade. Chris drinks 4 bottles of lemonade. If "
-           "lemonade has 5 calories per oz how many calories did he consume?",
-           "Bob is 22 years old. In seven years his sister Sarah will be five times as old as Bob "
-           "is now. How old is Sarah right now?",
-           "A cake has 72 servings. If Ashley can eat 3 servings a day while Lily can eat thrice "
-           "as much, how many days will the cake last?"],
-    "bn": ["Matt receives 64 emails a day. 25% of those emails don't require any response. He responds to the rest of them. How many emails does Matt respond to in a 4 day work week?",
-           'Bob is 22 years old. In seven years his sister Sarah will be five times as old as Bob is now. How old is Sarah right now?',
-           'A cake has 72 servings. If Ashley can eat 3 servings a day while Lily can eat thrice as much, how many days will the cake last?'],
-}
-LANGUAGE_NAMES = {"sw": "Swahili", "bn": "Bengali"}
-# words of a model reference that name its language (``embedded:smollm2-swahili``, ``bn-lora``)
-LANGUAGE_WORDS = {"sw": {"sw", "swa", "swh", "swahili", "kiswahili"},
-                  "bn": {"bn", "ben", "bengali", "bangla"}}
-
-
+# Examples per language of the language expert come from the one table of languages
+# (``evaluation.languages``: ``chat_examples``, ``english_twins``, the ``words`` that name it):
+# a language's examples show only when the language expert is in that language.
 def language_of(ref: str | None) -> str | None:
-    """The language a model reference names ("sw", "bn"), or None."""
-    words = set(re.split(r"[^a-z0-9]+", str(ref or "").lower()))
-    return next((lang for lang, names in LANGUAGE_WORDS.items() if words & names), None)
+    """The language a model reference names ("sw", "bn") among those with chat examples, or
+    None."""
+    return languages.language_of(ref)
 
 
 def chat_examples(lang_ref: str | None) -> tuple[str, list[str]]:
     """(language name, examples) for a language expert: its language's examples; Swahili (the
     demo's language) when the reference names no language we have examples for."""
-    lang = language_of(lang_ref) or "sw"
-    return LANGUAGE_NAMES[lang], list(CHAT_EXAMPLES[lang])
+    row = LANGUAGES[language_of(lang_ref) or "sw"]
+    return row.name, list(row.chat_examples)
 
 
 def english_twins(lang_ref: str | None) -> list[str]:
     """The English versions of the language's examples (empty where we have none)."""
-    return list(ENGLISH_TWINS.get(language_of(lang_ref) or "sw", []))
+    return list(LANGUAGES[language_of(lang_ref) or "sw"].english_twins)
 
 
 def check_chat_message(message: str, history: list | None) -> str:

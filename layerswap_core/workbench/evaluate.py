@@ -12,10 +12,10 @@ from typing import Any
 
 from .served import LIMITS, Progress, WorkbenchError, bounded
 from .session import ROLE_LABELS, Session, dispatcher
-from ..evaluation.data import (find_mgsm_dir, load_items, mgsm_help, mgsm_reachable,
-                               training_overlap)
-from ..evaluation.mgsm_hub import LICENCE
-from ..evaluation.runner import SideBySideResult, default_exemplars, summary_cells
+from ..evaluation.data import mgsm_help, mgsm_reachable
+from ..evaluation.registry import (by_label, default_exemplars, load_items, task_spec,
+                                   training_overlap)
+from ..evaluation.runner import SideBySideResult, summary_cells
 from . import figures as plots
 
 
@@ -118,8 +118,9 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
     if not roles:
         raise WorkbenchError("choose at least one model to evaluate")
     what = {ROLE_LABELS[r]: session.what(r) for r in roles}
-    if source.lower() == "mgsm":   # on first use online: downloaded, and the page says so
-        find_mgsm_dir(progress=lambda msg: progress and progress(0.0, msg))
+    spec = task_spec(source)
+    if spec.prepare is not None:   # MGSM on first use online: downloaded, and the page says so
+        spec.prepare(lambda msg: progress and progress(0.0, msg))
     available = load_items(source, lang)
     items = available[:n]
     exemplars = default_exemplars(items, shots, cot=bool(cot))  # once, for every chunk
@@ -136,7 +137,7 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
 
 def training_notes(session: Session, roles, items) -> list[tuple[bool, str]]:
     """(clean, sentence) per evaluated model whose card says which GSM-Symbolic templates it
-    was trained on (``data.training_overlap``: the sentence ``layerswap eval`` prints); the
+    was trained on (``registry.training_overlap``: the sentence ``layerswap eval`` prints); the
     merged model holds the experts' layers, so it inherits what theirs say."""
     said = {r: training_overlap(ROLE_LABELS[r], path, items)
             for r, path in session.paths.items()}
@@ -157,9 +158,9 @@ def evaluation_note(res: EvalResult) -> str:
     shots = f"{c['shots']}-shot ({c.get('exemplar_source', 'no exemplars')})" if c["shots"] \
         else "0-shot"
     text = f"Evaluated {c['data']} {c['lang']}: {sample}, {shots}, {c['format']} answers."
-    if c["data"] == "MGSM":
-        text += (f" MGSM is under {LICENCE}. Gold NLL is blank: MGSM's test questions come "
-                 "without worked solutions to score.")
+    spec = by_label(c["data"])
+    if spec is not None and spec.note:   # MGSM: its licence, and why gold NLL is blank
+        text += " " + spec.note
     for clean, sentence in c.get("training", ()):
         text += "\n\n" + ("" if clean else "⚠ ") + sentence
     return text

@@ -33,8 +33,7 @@ from ..checkpoints.loading import dense_from_adapter, describe, pick_device
 from ..checkpoints.references import DEFAULT_BASE, check_free_space, is_adapter, is_offline
 from ..engines.dispatch import ZERO_DEVICE, Dispatcher, default as default_dispatcher
 from ..engines.jobs import Job, show
-from ..evaluation.data import load_items
-from ..evaluation.runner import default_exemplars
+from ..evaluation.registry import default_exemplars, load_items
 from ..engines.pool import Trio
 from ..merge import mergekit_yaml, registry
 from ..progress import say as _say

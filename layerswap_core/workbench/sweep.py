@@ -1,16 +1,27 @@
 """The Sweep tab: a grid search over two layer counts, each cell recomposed in memory and scored
-on a small fixed item set (gold-solution NLL or accuracy). The sweep is one job of kind "sweep"
-(``engines.jobs``): a chunk per configuration, on an engine shared with the other visitors."""
+on a small fixed item set (gold-solution NLL or accuracy). The sweep is the CLI's
+(``sweeps.runner.run_sweep``: its grid and impossible cells, its order, its result keys and
+scoring, ``sweeps.report``'s heatmap grid), without a results folder; its backend sends each
+configuration as a job (kind ``SWEEP_KIND``) to the dispatcher, on an engine shared with the
+other visitors."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+
 from .served import LIMITS, Progress, WorkbenchError, bounded, capped
 from .session import Session, dispatcher
-from ..evaluation.data import load_items
-from ..evaluation.runner import default_exemplars
+from ..engines.jobs import register_kind, tally
+from ..evaluation.registry import load_items
 from ..merge.partition import ConfigError, parse_layers
+from ..sweeps.grid import expand
+from ..sweeps.report import score_grid
+from ..sweeps.runner import MODEL_FIELDS, SweepRequest, run_sweep
+from ..sweeps.scoring import EvalSettings, SweepWorker
 from .evaluate import HEADROOM, estimate_line
 from . import figures as plots
 
@@ -78,9 +89,13 @@ def _scoring(metric: str) -> dict:
     return {"metric": "nll"} if metric == "nll" else {"max_new_tokens": 64, "with_nll": False}
 
 
+SWEEP_KIND = "sweep-configuration"   # one configuration of a sweep (``_sweep_config_job``)
+
+
 def sweep_seconds(session: Session, cells: int, n: int, metric: str = "nll") -> float:
-    """The dispatcher's estimate of a sweep of ``cells`` configurations on ``n`` items."""
-    job = session.job("sweep", [None] * int(cells), [None] * int(n), **_scoring(metric))
+    """The dispatcher's estimate of a sweep of ``cells`` configurations on ``n`` items (as one
+    job: its start-up counted once)."""
+    job = session.job(SWEEP_KIND, [None] * int(cells), [None] * int(n), **_scoring(metric))
     return dispatcher().estimate(job)
 
 
@@ -109,13 +124,54 @@ def sweep_line(session: Session | None, axes: str, x_values: str, y_values: str,
                                                        session)
 
 
+def _sweep_config_job(engine, job, progress: Progress | None) -> dict:
+    """One configuration of a sweep scored on the engine the dispatcher lends, by the sweeps'
+    own worker (``sweeps.scoring.SweepWorker``: show the configuration, ``score_model``):
+    ``job.what`` is the sweeps' job (key, point, config), ``settings["eval"]`` the
+    ``EvalSettings`` as a dict and ``settings["eval_items"]`` language -> (items, exemplars).
+    Returns the sweeps' result record."""
+    s = job.settings
+    count, n_items = tally(job), len(job.items)
+    label = s["part"]["name"]
+    worker = SweepWorker({}, s["eval"], s["eval_items"], checkout=lambda: nullcontext(engine.live))
+    t0 = time.perf_counter()
+    count.say(progress, 0, label, 0, "setting up the model")
+    record = worker.run(job.what, progress=lambda f, m: count.say(progress, 0, label, f * n_items))
+    if s["eval"]["metric"] != "nll":   # generation measured the engine's speed
+        engine.measured(job.generated_tokens, time.perf_counter() - t0)
+    count.say(progress, 0, label, n_items)
+    return record
+
+
+register_kind(SWEEP_KIND, _sweep_config_job)
+
+
+def _on_dispatcher(session: Session, metric: str, progress: Progress | None):
+    """The sweep's backend in the app (``run_sweep(score=...)``): each configuration, in the
+    sweep's order, one job of the dispatcher on the session's engine (another visitor's short
+    job waits at most one configuration; cancel stops between configurations)."""
+    def score(jobs: list[dict], worker_args: dict, handle) -> None:
+        items = [it for its, _ in worker_args["eval_items"].values() for it in its]
+        for k, job in enumerate(jobs):
+            label = ", ".join(f"{a.replace('_', ' ')} {v}" for a, v in reversed(job["point"].items()))
+            part = dict(units=len(jobs), items=len(items), unit="configuration",
+                        verb="scored" if metric == "nll" else "answered", first_unit=k,
+                        part_units=1, name=label)
+            handle(dispatcher().run(session.job(
+                SWEEP_KIND, job, items, eval=worker_args["settings"],
+                eval_items=worker_args["eval_items"], work_items=len(items), part=part,
+                **_scoring(metric)), progress))
+    return score
+
+
 def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
                x_values: str = "0,2,4", y_values: str = "0,1,2", source: str = "gsm-symbolic",
                lang: str = "sw", n: int = 4, shots: int = 0, metric: str = "nll",
                progress: Progress | None = None) -> SweepResult:
-    """Score a grid of configurations on a small fixed item set by in-memory recomposition."""
-    from dataclasses import replace
-
+    """Score a grid of configurations on a small fixed item set by in-memory recomposition: the
+    sweeps' grid, order and runner (``sweeps.runner.run_sweep``, no results folder), each
+    configuration a job of the dispatcher; the heatmap's grid is the CLI's
+    (``sweeps.report.score_grid``)."""
     if metric not in ("nll", "accuracy"):
         raise WorkbenchError(f"sweep score: 'nll' or 'accuracy', got {metric!r}")
     if axes not in SWEEP_AXES:
@@ -130,29 +186,19 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     items = load_items(source, lang, n)
     if metric == "nll" and not all(it.solution for it in items):
         raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
-    cells, configs, labels = [], [], []
-    for iy, y in enumerate(ys):
-        for ix, x in enumerate(xs):
-            try:
-                cfg = replace(base_config, method="layer_swap", partition=None, **{fx: x, fy: y})
-                cfg.validate(session.num_layers, has_base=session.has_base)
-            except ConfigError:
-                continue  # impossible cell (more swapped layers than the model has): empty
-            cells.append((iy, ix))
-            configs.append(cfg.to_dict())
-            labels.append(f"{fx.replace('_', ' ')} {x}, {fy.replace('_', ' ')} {y}")
-    scores: list[list[float | None]] = [[None] * len(xs) for _ in ys]
-    rows = []
-    # one job, a chunk per configuration: the engine shows each cell in turn (another
-    # visitor's short job waits at most one cell); the NLL is teacher-forced, no generation
-    scoring = _scoring(metric)
-    summaries = dispatcher().run(session.job(
-        "sweep", configs, items, shots=shots, exemplars=default_exemplars(items, shots, cot=False),
-        labels=labels, **scoring), progress) if configs else []
-    for (iy, ix), s in zip(cells, summaries):
-        scores[iy][ix] = s["mean_gold_nll"] if metric == "nll" else s["accuracy"]
-        if scores[iy][ix] is not None:
-            rows.append([xs[ix], ys[iy], round(scores[iy][ix], 4)])
+    grid = {fy: ys, fx: xs}   # the sweeps' grid: rows (y) the first axis, columns (x) the last
+    base = replace(base_config, method="layer_swap", partition=None)
+    records: list[dict] = []
+    if expand(grid, base, session.num_layers, session.has_base)[0]:   # any possible cell
+        settings = EvalSettings(source, (lang,), n, shots, metric, False,
+                                None if metric == "nll" else 64)
+        config = {k: v for k, v in base.to_dict().items() if k not in MODEL_FIELDS}
+        request = SweepRequest(session.paths["task"], session.paths["lang"], grid,
+                               session.paths.get("base"), config, settings)
+        records = run_sweep(request, score=_on_dispatcher(session, metric, progress)).records()
+    scores: list[list[float | None]] = score_grid(records, grid, lang, metric)[4]
+    rows = [[xs[ix], ys[iy], round(v, 4)] for iy, row in enumerate(scores)
+            for ix, v in enumerate(row) if v is not None]
     # best first (ties keep grid order): lowest NLL, highest accuracy
     rows.sort(key=lambda r: r[2] if metric == "nll" else -r[2])
     if metric == "nll":  # the NLL as the table shows it; the lowest is starred and brightest
