@@ -209,7 +209,8 @@ def test_without_a_session_every_tab_says_pick_models_first(app_url, tiny):
     for api, args in (("/build", config()), ("/evaluate", ("mgsm", "sw", 1, 0, False,
                                                            ["merged"], 8, False)),
                       ("/save", ("/tmp/never", False)), ("/download", ()),
-                      ("/plan", config()), ("/apply_suggestion", ())):
+                      ("/plan", config()), ("/apply_suggestion", ()),
+                      ("/demo_result", (2,))):   # each on its own tab's line
         out = c.predict(*args, api_name=api)
         status = out if isinstance(out, str) else out[0]
         assert "pick compatible models first" in status, api
@@ -366,3 +367,15 @@ def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
     assert "Nothing to cancel" in cancel({"session": session, "line": CANCELLING})["line"]
     # ... and the job's own outcome is left alone
     assert cancel({"session": session, "line": "✔ Done"}).get("__type__") == "update"
+
+
+def test_each_tab_declares_its_outputs_and_views_once():
+    """The page composes the tabs' declarations: no event defined by two tabs, and a new check
+    of the models empties exactly the views the tabs declare (plus the lines naming the merge)."""
+    import app
+    from app_tabs.common import LABELS
+
+    assert len(app.OUTPUTS) == sum(len(tab.OUTPUTS) for tab in app.TABS)
+    views = [name for tab in app.TABS for name in tab.VIEWS]
+    assert sorted(app.SESSION_VIEWS) == sorted([*views, *LABELS])
+    assert app.OUTPUTS["pick_models"][-len(app.SESSION_VIEWS):] == app.SESSION_VIEWS
