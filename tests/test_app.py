@@ -209,7 +209,8 @@ def test_without_a_session_every_tab_says_pick_models_first(app_url, tiny):
     for api, args in (("/build", config()), ("/evaluate", ("mgsm", "sw", 1, 0, False,
                                                            ["merged"], 8, False)),
                       ("/save", ("/tmp/never", False)), ("/download", ()),
-                      ("/plan", config()), ("/apply_suggestion", ())):
+                      ("/plan", config()), ("/apply_suggestion", ()),
+                      ("/demo_result", (2,))):   # each on its own tab's line
         out = c.predict(*args, api_name=api)
         status = out if isinstance(out, str) else out[0]
         assert "pick compatible models first" in status, api
@@ -279,10 +280,10 @@ def test_configure_exposes_non_layer_and_baseline_knobs(client):
 
 def test_a_question_reads_in_full():
     """The per-question table cuts long cells; a clicked row shows every field whole."""
-    import app
+    from app_tabs.evaluate import item_markdown
 
     raw = "Jibu: 3 + 4 = 7.\n" + "hatua " * 60 + "#### 7"
-    text = app.item_markdown(["question", "gold", "merged ✓", "merged raw output"],
+    text = item_markdown(["question", "gold", "merged ✓", "merged raw output"],
                              ["Amina ana maembe 3 " * 5, "7", "7 ✓", raw])
     assert "**gold**: 7 · **merged ✓**: 7 ✓" in text
     assert raw in text and ("Amina ana maembe 3 " * 5).strip() in text
@@ -304,7 +305,7 @@ def reproduce_running(tiny):
     import threading
     import time
 
-    import app
+    from app_tabs.demo import run_demo_result
     from layerswap_core.workbench import session as wb
 
     session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
@@ -313,7 +314,7 @@ def reproduce_running(tiny):
 
     def run():
         try:
-            out["result"] = app.run_demo_result(session, 2, None)
+            out["result"] = run_demo_result(session, 2, None)
         except Exception as e:  # noqa: BLE001 - the test looks at what came out
             out["error"] = e
 
@@ -347,6 +348,7 @@ def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
     import time
 
     import app
+    from app_tabs.common import CANCELLING
     from layerswap_core.progress import Cancelled
     from layerswap_core.workbench import session as wb
 
@@ -355,13 +357,25 @@ def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
     note, cancel = page.cancel_into("line")
     assert note({"session": None}).get("__type__") == "update"   # nothing runs: no note
     session, worker, out = reproduce_running(tiny)
-    assert note({"session": session}) == {"line": app.CANCELLING}
+    assert note({"session": session}) == {"line": CANCELLING}
     time.sleep(0.3)   # the tiny job takes seconds
     assert worker.is_alive() and wb.running(session)   # the note alone stops nothing
-    assert cancel({"session": session, "line": app.CANCELLING}).get("__type__") == "update"
+    assert cancel({"session": session, "line": CANCELLING}).get("__type__") == "update"
     worker.join(120)
     assert not worker.is_alive() and isinstance(out.get("error"), Cancelled)
     # the job ended on its own before the request: a note still showing is replaced ...
-    assert "Nothing to cancel" in cancel({"session": session, "line": app.CANCELLING})["line"]
+    assert "Nothing to cancel" in cancel({"session": session, "line": CANCELLING})["line"]
     # ... and the job's own outcome is left alone
     assert cancel({"session": session, "line": "✔ Done"}).get("__type__") == "update"
+
+
+def test_each_tab_declares_its_outputs_and_views_once():
+    """The page composes the tabs' declarations: no event defined by two tabs, and a new check
+    of the models empties exactly the views the tabs declare (plus the lines naming the merge)."""
+    import app
+    from app_tabs.common import LABELS
+
+    assert len(app.OUTPUTS) == sum(len(tab.OUTPUTS) for tab in app.TABS)
+    views = [name for tab in app.TABS for name in tab.VIEWS]
+    assert sorted(app.SESSION_VIEWS) == sorted([*views, *LABELS])
+    assert app.OUTPUTS["pick_models"][-len(app.SESSION_VIEWS):] == app.SESSION_VIEWS

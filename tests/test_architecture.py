@@ -1,6 +1,7 @@
-"""The import graph of layerswap_core and app.py, read from the source with ``ast`` (module- and
-function-level imports alike): no cycle, every arrow points down the declared layers, no import
-hidden behind ``importlib``, and no command-line code in the library."""
+"""The import graph of layerswap_core, app.py and its tabs (app_tabs/), read from the source with
+``ast`` (module- and function-level imports alike): no cycle, every arrow points down the
+declared layers, no import hidden behind ``importlib``, no command-line code in the library, and
+no Gradio code in it either (the page is app.py and app_tabs/, beside the library)."""
 from __future__ import annotations
 
 import ast
@@ -9,6 +10,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "layerswap_core"
+# The Gradio page's tabs, one module each (app.py composes them): a package beside the library,
+# its modules named in full ("app_tabs.models"), in the layers just below app.py
+TABS_PACKAGE = "app_tabs"
 
 # Bottom first. A module may import modules of its own layer (without a cycle) and of the layers
 # below it, never above. Every module of the package (and app.py) is in exactly one layer.
@@ -64,6 +68,10 @@ LAYERS = [
     ("workbench.agents",),                        # the tabs' steps as agent (MCP) tools
     ("cli", "cli.progress", "cli.partition", "cli.models", "cli.check", "cli.merge", "cli.lora",
      "cli.data", "cli.analysis", "cli.evaluate", "cli.train", "cli.sweep"),
+    ("app_tabs", "app_tabs.common", "app_tabs.agents"),   # the page's shared part; MCP endpoints
+    ("app_tabs.configure",),                      # the Configure tab (its controls feed others)
+    ("app_tabs.models", "app_tabs.deltas", "app_tabs.build", "app_tabs.evaluate",   # the tabs
+     "app_tabs.demo", "app_tabs.sweep", "app_tabs.chat", "app_tabs.budget"),
     ("__main__", "cli.__main__", "app"),          # entry points
 ]
 # The only places that import modules by name at run time: the lazy API of the package root, and
@@ -74,7 +82,8 @@ SCRIPTS: set[str] = set()
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
-    """{module name relative to the package ("layerswap_core" for the root, "app"): file}."""
+    """{module name relative to the package ("layerswap_core" for the root, "app", the tabs'
+    modules in full: "app_tabs.models"): file}."""
     mods = {}
     for path in sorted((root / PACKAGE).rglob("*.py")):
         parts = list(path.relative_to(root / PACKAGE).with_suffix("").parts)
@@ -83,6 +92,8 @@ def module_files(root: Path = ROOT) -> dict[str, Path]:
         mods[".".join(parts) or PACKAGE] = path
     if (root / "app.py").exists():
         mods["app"] = root / "app.py"
+    for path in sorted((root / TABS_PACKAGE).glob("*.py")):
+        mods[TABS_PACKAGE + ("" if path.stem == "__init__" else "." + path.stem)] = path
     return mods
 
 
@@ -100,14 +111,17 @@ def _targets(node, name: str, path: Path, known) -> set[str]:
         return module or PACKAGE
 
     if isinstance(node, ast.Import):
-        return {pick(a.name.removeprefix(PACKAGE).lstrip(".")) for a in node.names
-                if a.name == PACKAGE or a.name.startswith(PACKAGE + ".")}
+        return ({pick(a.name.removeprefix(PACKAGE).lstrip(".")) for a in node.names
+                 if a.name == PACKAGE or a.name.startswith(PACKAGE + ".")}
+                | {a.name for a in node.names if a.name.split(".")[0] == TABS_PACKAGE})
     if node.level:
         base = _package_of(name, path)
         base = base[:len(base) - (node.level - 1)]
         module = ".".join(base + ([node.module] if node.module else []))
     elif node.module == PACKAGE or (node.module or "").startswith(PACKAGE + "."):
         module = node.module.removeprefix(PACKAGE).lstrip(".")
+    elif (node.module or "").split(".")[0] == TABS_PACKAGE:
+        module = node.module
     else:
         return set()
     out = set()
@@ -179,6 +193,8 @@ def test_graph_sees_function_level_and_absolute_imports():
     assert "workbench.session" in graph["app"]
     assert "cli.merge" in graph["cli.lora"] and "merge.executor" in graph["cli.merge"]
     assert PACKAGE in graph["merge.config"]        # `from .. import __version__`
+    assert "app_tabs.build" in graph["app"]        # `from app_tabs.build import BuildTab`
+    assert "app_tabs.configure" in graph["app_tabs.models"]   # `from .configure import ...`
 
 
 def _dynamic_imports(node, where: str):
@@ -219,6 +235,8 @@ def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
 
     shutil.copytree(ROOT / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "app.py", tmp_path / "app.py")
+    shutil.copytree(ROOT / TABS_PACKAGE, tmp_path / TABS_PACKAGE,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     io_file = tmp_path / PACKAGE / "checkpoints" / "reading.py"
     io_file.write_text(io_file.read_text(encoding="utf-8")
                        + "\n\ndef _late():\n    from .references import resolve  # noqa\n",
@@ -251,7 +269,7 @@ def test_rooms_import_only_rooms_below_them():
 
 
 def test_every_module_sits_in_a_room():
-    outside = {m for m in module_files() if m.split(".")[0] not in ROOMS}
+    outside = {m for m in module_files() if m.split(".")[0] not in ROOMS + [TABS_PACKAGE]}
     below_every_room = {"progress", "memory", "settings"}
     assert outside <= {PACKAGE, "__main__", "app", "testing", *below_every_room}, outside
 
@@ -275,6 +293,15 @@ def test_optional_extras_are_imported_only_where_allowed_and_only_in_functions()
             tree = ast.parse(module_files()[m].read_text(encoding="utf-8"))
             at_top = [n for n in tree.body if n in _imports_of(module_files()[m], top)]
             assert not at_top, f"{m} imports {top} at module level"
+
+
+def test_only_the_page_imports_gradio():
+    """The library is plain functions over plain data (``workbench`` included: tested without a
+    browser); Gradio's components, events and requests live in app.py and app_tabs/ only."""
+    users = {m for m, p in module_files().items() if _imports_of(p, "gradio")}
+    library = {m for m in users if m != "app" and m.split(".")[0] != TABS_PACKAGE}
+    assert "app" in users and "app_tabs.common" in users     # the rule sees the page's imports
+    assert library == set(), f"gradio imported by the library: {sorted(library)}"
 
 
 # Package-internal imports sit at the top of their module, where a reader sees what the module

@@ -248,10 +248,10 @@ def test_chat_history_is_cut_to_the_context(built):
 
 
 def test_chat_stops_at_the_time_budget(built, monkeypatch):
-    import app
+    from app_tabs import chat as chat_tab
     from layerswap_core.workbench import chat
 
-    for reader in (app, chat):  # the page's deadline and the reply's note
+    for reader in (chat_tab, chat):  # the page's deadline and the reply's note
         monkeypatch.setattr(reader, "LIMITS", replace(LIMITS, request_seconds=0))
     status, _, merged, other = built.predict("Habari?", [], [], "base", 16, api_name="/chat")
     assert "this server allows 0 s per request" in status

@@ -1,0 +1,47 @@
+"""The agent tools (``workbench.agents``) as API endpoints of the page, which
+``launch(mcp_server=True)`` serves as MCP tools; the page's own endpoints left off that list."""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import gradio as gr
+
+from layerswap_core.workbench.agents import AgentTools
+from layerswap_core.workbench.served import LIMITS, Access, readable_error
+
+AGENT_TOOLS = tuple(tool.__name__ for tool in AgentTools().tools())
+AGENT_STATUS = ("job_status", "cancel_job", "close_session")   # answered at once, never queued
+
+
+def add_agent_tools(demo: gr.Blocks, access: Access) -> AgentTools:
+    """The agent tools as API endpoints: the heavy ones in the page's heavy slots."""
+    tools = AgentTools(access)
+    for tool in tools.tools():
+        name = tool.__name__
+        slots = ({"queue": False} if name in AGENT_STATUS
+                 else {"concurrency_id": "heavy", "concurrency_limit": LIMITS.jobs})
+        gr.api(one_line_errors(tool), api_name=name, **slots)
+    return tools
+
+
+def agent_tools_only(demo: gr.Blocks) -> None:
+    """Only the agent tools on the MCP tool list: the page's own endpoints take its session
+    state, which an MCP call cannot carry (they stay in the API), and gradio's own (the sign-in
+    button's) are no tools either."""
+    for fn in demo.fns.values():
+        if fn.api_name and fn.api_name not in AGENT_TOOLS and fn.fn is not None:
+            getattr(fn.fn, "__func__", fn.fn)._mcp_type = "page"   # gradio lists only "tool"s
+    # gradio warns of every endpoint with a gr.State input, listed or not: here, only the page's
+    warnings.filterwarnings("ignore", "This MCP server includes a tool that has a gr.State")
+
+
+def one_line_errors(fn):
+    """``fn`` with its errors as one readable line for the API and MCP caller."""
+    @functools.wraps(fn)
+    def tool(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except Exception as e:  # noqa: BLE001 - every error reaches the agent as one line
+            raise gr.Error(readable_error(e), print_exception=False) from None
+    return tool

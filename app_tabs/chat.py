@@ -1,0 +1,111 @@
+"""The Chat tab: the merged model and one other model answer side by side (``/chat``)."""
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+
+from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
+                                           english_twins, plain_history)
+from layerswap_core.workbench.served import LIMITS, Cancelled
+
+from .common import PageBase, light_slots, ok, warn
+
+CHAT_EXPECTATIONS = (
+    "**What to expect.** The demo's math expert learned English worked solutions of a family of "
+    "word problems (GSM-Symbolic templates), in its middle layers only; its language expert "
+    "learned Swahili<->English question translations, Swahili words and numerals, in its outer "
+    "layers only, no solutions. At 135M neither solves new problems reliably: expect the worked-"
+    "solution format with `<<expr=result>>` notes the calculator fills in, and wrong answers "
+    "more often than right ones. **Asked in Swahili, the demo models mostly repeat or translate "
+    "the question.** Try a Swahili example, then the same problem in English (the second row "
+    "of examples), and compare the merged model with an expert (Compare with).")
+
+
+def run_chats(session, message, merged_history, other_history, other, settings, deadline):
+    """The merged model's answer, then the other model's: (role, ChatReply) as they grow."""
+    for role, history in (("merged", merged_history), (other, other_history)):
+        for reply in chat_turn(session, message, history, role, *settings, deadline=deadline):
+            yield role, reply
+
+
+class ChatTab(PageBase):
+    VIEWS = {"chat_md": "", "chat_merged": lambda: [], "chat_other": lambda: []}
+    OUTPUTS = {"chat": ("chat_md", "message", "chat_merged", "chat_other")}
+
+    def chat(self, v):
+        """Stream the merged model's answer, then the other model's, side by side, within the
+        server's time per request."""
+        deadline = time.monotonic() + LIMITS.request_seconds
+        shown, notes = {}, {}
+        try:
+            session = wb.require(v[self.session])
+            text = check_chat_message(v[self.message], v[self.chat_merged])
+            plain_history(v[self.chat_other])  # both panes checked before anything runs
+            label = v[self.other_role]
+            other = next(r for r, name in wb.ROLE_LABELS.items() if name == label)
+            panes = {"merged": self.chat_merged, other: self.chat_other}
+            settings = (v[self.chat_tokens], v[self.chat_temperature], v[self.chat_penalty])
+            for role, reply in run_chats(session, text, v[self.chat_merged], v[self.chat_other],
+                                         other, settings, deadline):
+                shown[panes[role]] = reply.history
+                notes[wb.ROLE_LABELS[role]] = reply.note()
+                who = "Merged model" if role == "merged" else label
+                yield {self.chat_md: f"⏳ {who} answering...", self.message: "", **shown}
+            said = "; ".join(f"{who}: {n}" for who, n in notes.items() if n)
+            yield {self.chat_md: ok("Done." + (f" ({said})" if said else "")), **shown}
+        except Cancelled:   # Stop: the answers so far stay in the panes
+            yield {self.chat_md: "■ Stopped: the answers so far are kept.", **shown}
+        except Exception as e:  # noqa: BLE001
+            yield {self.chat_md: warn(e), **shown}
+
+    # ---- layout
+    def layout_chat(self):
+        language, examples = chat_examples(self.refs["lang"])
+        with gr.Tab("Chat", id="chat"):
+            gr.Markdown(CHAT_EXPECTATIONS, elem_id="chat-expectations")
+            self.chat_label = gr.Markdown(elem_id="chat-acts-on")
+            # made before the panes (the API's parameter order), shown below them
+            self.message = gr.Textbox(placeholder=f"Ask a math question in {language}...",
+                                      show_label=False, scale=5, elem_id="chat-input",
+                                      max_length=LIMITS.chat_chars, render=False)
+            with gr.Row():
+                self.chat_merged = gr.Chatbot(label="merged", height=360, elem_id="chat-merged")
+                self.chat_other = gr.Chatbot(label="task expert", height=360, elem_id="chat-other")
+            with gr.Row():
+                self.message.render()
+                self.send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
+                self.chat_stop = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
+                self.clear = gr.Button("Clear", scale=1)
+            self.chat_md = gr.Markdown(elem_id="chat-status")
+            gr.Examples([[e] for e in examples], inputs=[self.message],
+                        label=f"Examples in {language} (problems like the evaluated ones)")
+            twins = english_twins(self.refs["lang"])
+            if twins:
+                gr.Examples([[e] for e in twins], inputs=[self.message],
+                            label="The same problems in English (the control: the math expert "
+                                  "learned these in English)")
+            with gr.Row():
+                self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
+                                              value="task expert", label="Compare with")
+                self.chat_tokens = gr.Slider(16, LIMITS.new_tokens, value=96, step=16,
+                                             label="Max new tokens", elem_id="chat-tokens")
+                self.chat_temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
+                                                  label="Temperature (0 = greedy)")
+                self.chat_penalty = gr.Slider(1.0, 2.0, value=1.0, step=0.05,
+                                              label="Repetition penalty")
+
+    # ---- wiring
+    def wire_chat(self, demo: gr.Blocks):
+        self.wire_run(self.send, self.chat_md, self.chat_stop)   # Stop: the answers so far stay
+        chat_inputs = {self.session, self.message, self.chat_merged, self.chat_other,
+                       self.other_role, self.chat_tokens, self.chat_temperature, self.chat_penalty}
+        self.send.click(self.chat, chat_inputs, self.outputs("chat"), api_name="chat",
+                        **light_slots())
+        self.message.submit(self.chat, chat_inputs, self.outputs("chat"),
+                            api_visibility="private", **light_slots())
+        self.clear.click(lambda: ([], [], ""), None, [self.chat_merged, self.chat_other,
+                                                      self.chat_md], api_visibility="private")
+        self.other_role.change(lambda r: gr.update(label=r, value=[]), self.other_role,
+                               self.chat_other, api_visibility="private")

@@ -1,0 +1,135 @@
+"""The Evaluate tab: the merged model and its sources scored side by side (``/evaluate``), every
+question readable in full; the demo result below it (``demo``)."""
+from __future__ import annotations
+
+import gradio as gr
+import pandas as pd
+
+from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
+                                               evaluate_roles, evaluation_note)
+from layerswap_core.workbench.served import LIMITS, as_text
+
+from .common import LANGS, PageBase, gr_progress, guarded, heavy_slots, ok
+
+# What the page says a demo-sized model can and cannot do, and which number to watch.
+EVAL_EXPECTATIONS = (
+    "**What to expect.** The embedded demo models have 135M parameters. On MGSM, the standard "
+    "benchmark, every one of them scores about 0%: its problems are beyond a model this size in "
+    "any language. The demo's measure is graded instead (*The demo result* below): how likely "
+    "each model finds the English worked solution of a held-out problem after the Swahili "
+    "question, with two controls. The demo's math expert was trained on English variants of "
+    "GSM-Symbolic templates (its card lists them); the GSM-Symbolic data here scores the "
+    "original problems of templates 0050-0099, some of them among those (the note under the "
+    "results names them after each run: not a clean test), while the demo result uses only "
+    "templates it never saw. At this size accuracy on problems a model never saw is near 0%. "
+    "All demo models "
+    "decode with the GSM8K calculator (the result of each `<<expr=` note is filled in). With "
+    "your own 1B-8B experts, MGSM accuracy with its 95% interval is the number to watch.")
+
+
+def item_markdown(headers, values) -> str:
+    """One evaluated question in full: short fields on one line, long ones (the question, raw
+    outputs) as text blocks."""
+    short, long = [], []
+    for h, val in zip(headers, values):
+        text = "" if val is None else str(val)
+        if len(text) <= 40 and "\n" not in text:
+            short.append(f"**{h}**: {text}")
+        else:
+            text = text.replace("~~~", "~ ~ ~")
+            long.append(f"**{h}**\n\n~~~text\n{text}\n~~~")
+    return "\n\n".join([" · ".join(short), *long])
+
+
+# Model work is a plain-data job of the one dispatcher (layerswap_core.engines): in this
+# process on a CPU or a dedicated GPU, in a spaces.GPU worker on ZeroGPU.
+def run_evaluate(session, args: tuple, progress) -> EvalResult:
+    return evaluate_roles(session, *args, progress=progress)
+
+
+class EvaluateTab(PageBase):
+    VIEWS = {"eval_md": "", "summary": lambda: pd.DataFrame(columns=SUMMARY_HEADERS),
+             "bars": None, "items_table": lambda: pd.DataFrame()}
+    OUTPUTS = {"evaluate": ("eval_md", "summary", "bars", "items_table")}
+
+    @guarded("eval_md")
+    def evaluate(self, v, progress=gr.Progress()):
+        session = wb.require(v[self.session])
+        roles = tuple(r for r, label in wb.ROLE_LABELS.items() if label in v[self.roles])
+        args = (v[self.source], v[self.eval_lang], v[self.n_items], v[self.shots], v[self.cot],
+                roles, v[self.eval_tokens], v[self.chat_template])
+        res = run_evaluate(session, args, gr_progress(progress))
+        return {self.eval_md: ok(evaluation_note(res)),
+                self.summary: res.summary_rows, self.bars: res.figure,
+                self.items_table: pd.DataFrame(res.rows, columns=res.headers)}
+
+    def show_item(self, v, evt: gr.SelectData):
+        """Clicking a row of the per-question table shows that question and every model's raw
+        output in full."""
+        table = v[self.items_table]
+        row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        if table is None or not hasattr(table, "iloc") or not 0 <= row < len(table):
+            return {self.item_details: ""}
+        return {self.item_details: item_markdown(table.columns, table.iloc[row].tolist())}
+
+    # ---- layout
+    def layout_evaluate(self):
+        with gr.Tab("Evaluate", id="evaluate"):
+            gr.Markdown(EVAL_EXPECTATIONS, elem_id="eval-expectations")
+            self.eval_label = gr.Markdown(elem_id="eval-acts-on")
+            source, note = data_default()   # offline without MGSM: GSM-Symbolic, and how to get MGSM
+            gr.Markdown(as_text(note), visible=bool(note), elem_id="mgsm-note")
+            with gr.Row():
+                self.source = gr.Radio([("MGSM", "mgsm"), ("GSM-Symbolic", "gsm-symbolic")],
+                                       value=source, label="Data")
+                self.eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
+                self.n_items = gr.Slider(1, LIMITS.eval_questions, value=2, step=1,
+                                         label="Questions", elem_id="n-items")
+                self.shots = gr.Slider(0, LIMITS.shots, value=2, step=1, label="Shots",
+                                       elem_id="shots")
+            with gr.Row():  # made in the API's parameter order
+                self.cot = gr.Checkbox(False, label="Chain of thought", min_width=160)
+                self.roles = gr.CheckboxGroup(list(wb.ROLE_LABELS.values()),
+                                              value=list(wb.ROLE_LABELS.values()), label="Models",
+                                              elem_id="eval-roles")
+                with gr.Column(min_width=160):
+                    self.eval_tokens = gr.Slider(8, LIMITS.new_tokens, value=64, step=8,
+                                                 label="Max new tokens", elem_id="eval-tokens")
+                    self.chat_template = gr.Checkbox(False, label="Chat template")
+            # the estimate as the sliders stand; their maxima fit this server's job budget
+            self.eval_estimate = gr.Markdown(elem_id="eval-estimate")
+            with gr.Row():
+                self.eval_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-btn")
+                self.eval_cancel = gr.Button("Cancel", variant="stop")
+            self.eval_md = gr.Markdown(elem_id="eval-status")
+            # the summary gets the page's width: every column readable, none cut
+            self.summary = gr.Dataframe(headers=SUMMARY_HEADERS, interactive=False,
+                                        label="Summary", wrap=True, elem_id="eval-summary")
+            self.bars = gr.Plot(label="Accuracy")
+            self.items_table = gr.Dataframe(
+                interactive=False, max_chars=90, max_height=600, elem_id="eval-table",
+                label="Per question: extracted answer ✓/✗, then the raw outputs (click a row "
+                      "to read it in full below)", buttons=["fullscreen", "copy"])
+            self.item_details = gr.Markdown(elem_id="eval-details")
+            self.layout_demo()   # the demo result, in its accordion at the foot of the tab
+
+    # ---- wiring
+    def wire_evaluate(self, demo: gr.Blocks):
+        """Returns the evaluation's event (the maxima follow it: ``wire_budget``)."""
+        self.wire_run(self.eval_btn, self.eval_md, self.eval_cancel)
+        # a run cancelled or failed leaves no table of an earlier one
+        self.eval_btn.click(lambda: (pd.DataFrame(columns=SUMMARY_HEADERS), None, pd.DataFrame()),
+                            None, [self.summary, self.bars, self.items_table], queue=False,
+                            api_visibility="private")
+        evaluated = self.eval_btn.click(self.evaluate, {self.session, self.source, self.eval_lang,
+                                                        self.n_items, self.shots, self.cot,
+                                                        self.roles, self.eval_tokens,
+                                                        self.chat_template},
+                                        self.outputs("evaluate"), api_name="evaluate",
+                                        **heavy_slots())
+        self.items_table.select(self.show_item, {self.items_table}, [self.item_details],
+                                api_visibility="private")
+        for button in (self.eval_btn, self.pick_btn):  # a new table or new models: no details
+            button.click(lambda: "", None, [self.item_details], api_visibility="private")
+        return evaluated

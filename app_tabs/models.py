@@ -1,0 +1,160 @@
+"""The Models tab: the base and the two experts checked and put in use (``/pick_models``), the
+visitor's Hub downloads (served), and what a page reload keeps (this browser's localStorage)."""
+from __future__ import annotations
+
+import gradio as gr
+
+from layerswap_core.workbench import saves
+from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.served import LIMITS, offered_models
+
+from .common import PageBase, gr_progress, guarded, ok, warn
+from .configure import KEPT_CONTROLS, SLIDERS
+
+EXPERT_CHOICES = [wb.DEMO_REFS["task"], wb.DEMO_REFS["lang"]]
+
+
+class ModelsTab(PageBase):
+    VIEWS: dict = {}   # the tab's table and line show the check just made
+    # then every view of earlier results, emptied (``app.Page.SESSION_VIEWS``)
+    OUTPUTS = {"pick_models": ("status", "models_md", "models_table", "session", *SLIDERS, "xs",
+                               "ys")}
+
+    @guarded("models_md")
+    def pick_models(self, v, request: gr.Request, profile: gr.OAuthProfile | None,
+                    progress=gr.Progress()):
+        refs = (v[self.base], v[self.task], v[self.lang])
+        old = v[self.session]
+        # a failed check keeps the session in use (its models, its build); none: none
+        kept = self.no_session() if old is None else {}
+        still = ("" if old is None else "\n\nStill in use, unchanged: the models and merge on "
+                 "the top line.")
+        try:
+            session, report = wb.open_session(*refs, gr_progress(progress),
+                                              self.visitor(request, profile),
+                                              visitor=self.page_id(request))
+        except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
+            return {**kept, self.models_md: warn(e) + still,
+                    self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
+        if session is None:
+            gr.Warning("These models cannot be merged; see the list on the Models tab.")
+            return {**kept, self.models_md: "⚠ " + report.markdown() + still,
+                    self.models_table: report.rows}
+        wb.close_session(old)  # nothing runs on models no longer selected
+        wb.warm_up(session)  # load the models in the background while the visitor looks around
+        config = wb.default_config(session)
+        fig, text = wb.plan_view(session, config)
+        return {**self.cleared(), self.session: session, **self.banner(session),
+                self.models_md: ok(report.markdown()), self.models_table: report.rows,
+                **self.slider_updates(session),
+                self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
+                self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config),
+                **self.labels(session, config)}
+
+    # ---- what a page reload keeps (this browser's localStorage)
+    def remember(self, v) -> dict:
+        """The models in use (as the visitor named them) and the Configure tab's controls."""
+        session, before = v[self.session], v[self.kept] or {}
+        refs = dict(session.names) if session is not None else before.get("refs", {})
+        return {self.kept: {"refs": refs,
+                            "config": {name: v[getattr(self, name)] for name in KEPT_CONTROLS}}}
+
+    def restore_models(self, v) -> dict:
+        """The models this browser last used on the Models tab; its Configure settings held
+        for ``restore_config`` (the check's new sliders are remembered meanwhile)."""
+        kept = v[self.kept] or {}
+        refs = kept.get("refs") or {}
+        return {**{getattr(self, role): refs[role] for role in wb.ROLES if refs.get(role)},
+                self.reloaded: kept.get("config") or {}}
+
+    def restore_config(self, v) -> dict:
+        """The Configure tab as this browser left it, once its models are checked again (the
+        sliders are bounded by their depth: a value they refuse leaves the defaults)."""
+        saved = v[self.reloaded] or {}
+        session = v[self.session]
+        if session is None or not saved:
+            return gr.skip()
+        if any(not 0 <= int(saved.get(s) or 0) <= session.num_layers for s in SLIDERS):
+            return gr.skip()
+        return {getattr(self, name): saved[name] for name in KEPT_CONTROLS if name in saved}
+
+    # ---- served: the visitor's own saves and Hub downloads
+    def own_saves(self, request: gr.Request, profile: gr.OAuthProfile | None):
+        """The model lists with the visitor's own saves (served: nobody else's)."""
+        mine = saves.own_saves(self.visitor(request, profile))
+        offered = offered_models(self.access)
+        return [gr.update(choices=[*first, *mine, *offered]) for first in
+                ([wb.DEMO_REFS["base"]], EXPERT_CHOICES, EXPERT_CHOICES)]
+
+    def hub_status(self, request: gr.Request, profile: gr.OAuthProfile | None):
+        """The visitor's Hub downloads in words (nothing changes when there are none)."""
+        jobs = saves.downloads(self.visitor(request, profile))
+        if not jobs:
+            return gr.skip()
+        return "; ".join(("⏳ " if j.running else "⚠ " if j.error else "✔ ") + j.line()
+                         for j in jobs)
+
+    def cancel_download(self, request: gr.Request, profile: gr.OAuthProfile | None):
+        names = saves.cancel_downloads(self.visitor(request, profile))
+        return ("■ Cancelled: " + ", ".join(names)) if names else "Nothing is downloading."
+
+    # ---- layout
+    def layout_models(self):
+        offered = offered_models(self.access)
+        where = ("a folder under the model folders above" if self.access.served
+                 else "a local folder")
+        with gr.Tab("Models", id="models"):
+            gr.Markdown(f"Each model is `embedded:NAME`, {where}, or a Hub id (`owner/name`, "
+                        "needs the network); an expert may also be a PEFT adapter folder over the "
+                        "base. Checking reads headers only.")
+            with gr.Row():
+                self.base = gr.Dropdown([*wb.EMBEDDED_BASES, *offered], value=self.refs["base"],
+                                        allow_custom_value=True, label="Base model",
+                                        elem_id="base-ref")
+                self.task = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["task"],
+                                        allow_custom_value=True, label="Task expert (math)",
+                                        elem_id="task-ref")
+                self.lang = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["lang"],
+                                        allow_custom_value=True, label="Language expert",
+                                        elem_id="lang-ref")
+            self.pick_btn = gr.Button("Check and use these models", variant="primary",
+                                      elem_id="pick")
+            self.models_md = gr.Markdown(elem_id="models-status")
+            # served: Hub downloads run in the background; their progress shows above
+            self.hub_cancel = gr.Button("Cancel download", size="sm", visible=self.access.served)
+            self.hub_timer = gr.Timer(3, active=self.access.served)
+            self.models_table = gr.Dataframe(headers=list(wb.ModelsReport.HEADERS),
+                                             interactive=False, elem_id="models-table",
+                                             label="Models (read from headers, no weights loaded)")
+
+    # ---- wiring
+    def wire_models(self, demo: gr.Blocks) -> list:
+        """The check's events (the button's, and a reload's): the Evaluate and Sweep maxima
+        follow each (``BudgetMixin.wire_budget``)."""
+        models = {self.base, self.task, self.lang, self.session}
+        # the bar (a first use converts the embedded models) on the Models tab's empty status,
+        # never over the top line's text
+        kept = [getattr(self, name) for name in KEPT_CONTROLS]
+        picked = [self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
+                                      api_name="pick_models", concurrency_limit=LIMITS.jobs,
+                                      show_progress_on=[self.models_md])]
+        picked[0].then(self.remember, self.config_inputs() | {self.kept}, [self.kept],
+                       api_visibility="private")
+        # a reload: the models and Configure settings this browser last used, then the check
+        picked.append(demo.load(self.restore_models, {self.kept},
+                                [self.base, self.task, self.lang, self.reloaded],
+                                api_visibility="private", queue=False).then(
+            self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
+            show_progress_on=[self.models_md]))
+        picked[1].then(self.restore_config, {self.session, self.reloaded}, kept,
+                       api_visibility="private")
+        # served: the visitor's own saves in the model lists; downloads' progress; cleanup
+        if self.access.served:
+            demo.load(self.own_saves, None, [self.base, self.task, self.lang],
+                      api_visibility="private")
+            self.hub_timer.tick(self.hub_status, None, [self.models_md], show_progress="hidden",
+                                api_visibility="private", concurrency_limit=None)
+            self.hub_cancel.click(self.cancel_download, None, [self.models_md],
+                                  api_name="cancel_download")
+        demo.unload(self.end_visit)
+        return picked
