@@ -9,6 +9,7 @@ import os
 
 import gradio as gr
 
+from layerswap_core.evaluation import languages
 from layerswap_core.progress import with_eta
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
@@ -16,7 +17,7 @@ from layerswap_core.workbench import spaces
 from layerswap_core.workbench.controls import acts_on
 from layerswap_core.workbench.served import LIMITS, Access, as_text, readable_error
 
-LANGS = ["sw", "bn", "te", "th", "ja", "zh", "ru", "fr", "de", "es", "en"]
+LANGS = languages.choices()   # the one table of languages (evaluation.languages)
 # the line on each tab naming the merge its buttons act on (Page attribute -> who)
 LABELS = {"build_label": "Build makes", "saves_label": "Save, Zip and Push write",
           "eval_label": "The merged model evaluated", "chat_label": "The merged model here"}

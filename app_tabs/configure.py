@@ -6,16 +6,18 @@ import gradio as gr
 from layerswap_core.merge import registry
 from layerswap_core.merge.config import validated_ranges
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import controls
 from layerswap_core.workbench.controls import CONTROLS, control_states, ignored_text, since_build
 from layerswap_core.workbench.served import LIMITS, as_text
 
 from .common import LABELS, PageBase, guarded, ok, warn
 
+WIDGETS = {"number": gr.Number, "slider": gr.Slider, "checkbox": gr.Checkbox, "choice": gr.Radio,
+           "text": gr.Textbox}
 SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
-# The registered methods' number knobs beyond the blend weights (one row of gr.Number per method)
-METHOD_KNOBS = {m.id: tuple(k for k in m.knobs if registry.KNOBS[k].kind == "number"
-                            and k not in ("w_task", "w_lang"))
-                for m in registry.MERGE_METHODS.values()}
+# The registered methods' knobs the tab does not lay out itself (a row of controls per method,
+# each the widget its declaration asks for: ``controls.control_spec``)
+METHOD_KNOBS = controls.method_controls()
 NUMBER_KNOBS = tuple(k for knobs in METHOD_KNOBS.values() for k in knobs)
 # Configure-tab controls beyond the sliders, as MergeConfig fields (wb.make_config keywords)
 MORE_CONFIG = ("non_layer", "scale_partition", *NUMBER_KNOBS)
@@ -91,8 +93,8 @@ class ConfigureTab(PageBase):
 
     # ---- layout
     def knob_controls(self):
-        """One gr.Number per number knob of the registered methods, a row per method, with the
-        knob's default, bounds and label (``registry.KNOBS``)."""
+        """One control per knob of the registered methods, a row per method, as the knob's
+        declaration asks (``controls.control_spec``: widget, default, bounds, label)."""
         self.knob_rows = {}
         for method_id, knobs in METHOD_KNOBS.items():
             if not knobs:
@@ -100,9 +102,8 @@ class ConfigureTab(PageBase):
             # shown when their method is chosen (control_updates)
             with gr.Row(visible=False) as self.knob_rows[method_id]:
                 for name in knobs:
-                    k = registry.KNOBS[name]
-                    setattr(self, name, gr.Number(k.default, label=k.label, minimum=k.lo,
-                                                  maximum=k.hi, step=k.step or 1))
+                    spec = controls.control_spec(name)
+                    setattr(self, name, WIDGETS[spec.widget](**spec.kwargs()))
 
     def layout_configure(self):
         L0 = 30  # the embedded default's depth; pick_models re-bounds the sliders

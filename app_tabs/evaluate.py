@@ -5,6 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
+from layerswap_core.evaluation import registry
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
                                                evaluate_roles, evaluation_note)
@@ -81,7 +82,7 @@ class EvaluateTab(PageBase):
             source, note = data_default()   # offline without MGSM: GSM-Symbolic, and how to get MGSM
             gr.Markdown(as_text(note), visible=bool(note), elem_id="mgsm-note")
             with gr.Row():
-                self.source = gr.Radio([("MGSM", "mgsm"), ("GSM-Symbolic", "gsm-symbolic")],
+                self.source = gr.Radio(registry.source_choices("eval"),
                                        value=source, label="Data")
                 self.eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
                 self.n_items = gr.Slider(1, LIMITS.eval_questions, value=2, step=1,

@@ -11,7 +11,8 @@ from layerswap_core.workbench.served import LIMITS, offered_models
 from .common import PageBase, gr_progress, guarded, ok, warn
 from .configure import KEPT_CONTROLS, SLIDERS
 
-EXPERT_CHOICES = [wb.DEMO_REFS["task"], wb.DEMO_REFS["lang"]]
+# the demo trios' experts (Swahili over SmolLM2, Bengali over Gemma-3-270M)
+EXPERT_CHOICES = [ref for trio in wb.DEMO_TRIOS.values() for ref in (trio["task"], trio["lang"])]
 
 
 class ModelsTab(PageBase):
@@ -51,6 +52,11 @@ class ModelsTab(PageBase):
                 self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config),
                 **self.labels(session, config)}
 
+    def demo_trio(self, lang: str) -> dict:
+        """The three dropdowns set to a demo trio (the check follows: one click)."""
+        trio = wb.DEMO_TRIOS[lang]
+        return {self.base: trio["base"], self.task: trio["task"], self.lang: trio["lang"]}
+
     # ---- what a page reload keeps (this browser's localStorage)
     def remember(self, v) -> dict:
         """The models in use (as the visitor named them) and the Configure tab's controls."""
@@ -84,7 +90,7 @@ class ModelsTab(PageBase):
         mine = saves.own_saves(self.visitor(request, profile))
         offered = offered_models(self.access)
         return [gr.update(choices=[*first, *mine, *offered]) for first in
-                ([wb.DEMO_REFS["base"]], EXPERT_CHOICES, EXPERT_CHOICES)]
+                (list(wb.EMBEDDED_BASES), EXPERT_CHOICES, EXPERT_CHOICES)]
 
     def hub_status(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The visitor's Hub downloads in words (nothing changes when there are none)."""
@@ -107,6 +113,10 @@ class ModelsTab(PageBase):
             gr.Markdown(f"Each model is `embedded:NAME`, {where}, or a Hub id (`owner/name`, "
                         "needs the network); an expert may also be a PEFT adapter folder over the "
                         "base. Checking reads headers only.")
+            with gr.Row():
+                gr.Markdown("Demo trios, one click each:", elem_id="demo-trios-label")
+                self.trio_btns = {lang: gr.Button(label, size="sm", elem_id=f"trio-{lang}")
+                                  for lang, label in wb.DEMO_TRIO_LABELS.items()}
             with gr.Row():
                 self.base = gr.Dropdown([*wb.EMBEDDED_BASES, *offered], value=self.refs["base"],
                                         allow_custom_value=True, label="Base model",
@@ -148,6 +158,15 @@ class ModelsTab(PageBase):
             show_progress_on=[self.models_md]))
         picked[1].then(self.restore_config, {self.session, self.reloaded}, kept,
                        api_visibility="private")
+        for lang, btn in self.trio_btns.items():   # a demo trio: the dropdowns, then the check
+            trio = btn.click(lambda lang=lang: self.demo_trio(lang), None,
+                                    [self.base, self.task, self.lang], api_visibility="private",
+                                    queue=False).then(
+                self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
+                concurrency_limit=LIMITS.jobs, show_progress_on=[self.models_md])
+            trio.then(self.remember, self.config_inputs() | {self.kept}, [self.kept],
+                      api_visibility="private")
+            picked.append(trio)
         # served: the visitor's own saves in the model lists; downloads' progress; cleanup
         if self.access.served:
             demo.load(self.own_saves, None, [self.base, self.task, self.lang],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gradio as gr
 import pandas as pd
 
+from layerswap_core.evaluation import registry
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.evaluate import data_default
 from layerswap_core.workbench.served import LIMITS, as_text
@@ -72,7 +73,7 @@ class SweepTab(PageBase):
             note = data_default()[1]   # offline without MGSM: how to get it
             gr.Markdown(as_text(note), visible=bool(note), elem_id="sweep-mgsm-note")
             with gr.Row():
-                self.sweep_source = gr.Radio([("GSM-Symbolic", "gsm-symbolic"), ("MGSM", "mgsm")],
+                self.sweep_source = gr.Radio(registry.source_choices("sweep", first="gsm-symbolic"),
                                              value="gsm-symbolic", label="Data")
                 self.sweep_lang = gr.Dropdown(LANGS, value="sw", label="Language")
                 self.sweep_n = gr.Slider(1, LIMITS.sweep_items, value=4, step=1, label="Items",

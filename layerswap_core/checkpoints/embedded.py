@@ -414,6 +414,29 @@ DESCRIPTIONS = {
 for _name, _description in DESCRIPTIONS.items():
     register_expert(_name, _description, ASSETS / _name, embedded_name(DEMO_BASE))
 
+# The Bengali demo trio over the embedded Gemma-3-270M base (issue #52; 1.5 tokens per Bengali
+# word where SmolLM2 spends 6.4): 18 layers, partition C scaled to the depth (first 3 + last 1
+# to the language side), the same partial training as the SmolLM2 experts. Gemma terms apply.
+GEMMA_BASE = "gemma3-270m"
+GEMMA_MATH_EXPERT = "gemma3-math-en"
+BENGALI_EXPERT = "gemma3-bengali"
+GEMMA_DESCRIPTIONS = {
+    GEMMA_MATH_EXPERT: "Gemma-3-270M + math LoRA on the middle layers 3-16 only (partial "
+                       "training; English worked solutions of the training templates' variants)",
+    BENGALI_EXPERT: "Gemma-3-270M + Bengali reading LoRA on the outer layers 0-2 and 17 only "
+                    "(partial training; Bengali<->English question translations of non-evaluated "
+                    "templates, shobdo dictionary exercises and Bengali numerals; no worked math)",
+}
+for _name, _description in GEMMA_DESCRIPTIONS.items():
+    register_expert(_name, _description, ASSETS / _name, GEMMA_BASE)
+DESCRIPTIONS.update(GEMMA_DESCRIPTIONS)
+# The demo trios, by the language of the language expert: one click each on the Models tab.
+DEMO_TRIOS = {
+    "sw": {"base": DEMO_BASE, "task": DEMO_TASK, "lang": DEMO_LANG},
+    "bn": {"base": EMBEDDED_PREFIX + GEMMA_BASE, "task": EMBEDDED_PREFIX + GEMMA_MATH_EXPERT,
+           "lang": EMBEDDED_PREFIX + BENGALI_EXPERT},
+}
+
 
 def demo_adapter_dir(name: str) -> Path:
     """Folder of a shipped adapter; ``name`` with or without the ``embedded:`` prefix."""

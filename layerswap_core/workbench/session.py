@@ -30,6 +30,7 @@ from typing import Any
 from ..checkpoints.compatibility import (ModelSet, checked_models, open_models,
                                          problems as compatibility_problems)
 from ..checkpoints.loading import dense_from_adapter, describe, pick_device
+from ..checkpoints.embedded import DEMO_TRIOS
 from ..checkpoints.references import DEFAULT_BASE, check_free_space, is_adapter, is_offline
 from ..engines.dispatch import ZERO_DEVICE, Dispatcher, default as default_dispatcher
 from ..engines.jobs import Job, show
@@ -44,13 +45,15 @@ from ..merge.config import DTYPES, MergeConfig
 from ..merge.executor import merge_to_folder, model_card, most_output_bytes
 from ..merge.plan import build_plan
 from . import figures as plots
+from . import controls
 from .saves import push_target, reserving
 
 
 ROLES = ("base", "task", "lang")
 ROLE_LABELS = {"base": "base", "task": "task expert", "lang": "language expert", "merged": "merged"}
-DEMO_REFS = {"base": DEFAULT_BASE, "task": "embedded:smollm2-math-en",
-             "lang": "embedded:smollm2-swahili"}
+DEMO_REFS = dict(DEMO_TRIOS["sw"])   # the page's first trio: SmolLM2-135M + Swahili
+# the demo trios a click on the Models tab puts in place: label -> base, task, lang
+DEMO_TRIO_LABELS = {"sw": "Swahili demo (SmolLM2-135M)", "bn": "Bengali demo (Gemma-3-270M)"}
 # the bases that ship embedded (the Models tab offers them): SmolLM2 (the demo's) and Gemma-3-270M
 EMBEDDED_BASES = (DEFAULT_BASE, "embedded:gemma3-270m")
 METHOD_LABELS = registry.METHOD_LABELS  # UI label -> MergeConfig.method (the registry's)
@@ -376,10 +379,12 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
         transition_bottom = transition_top = 0  # a partition replaces the sliders
     numbers = {}
     for name, value in knobs.items():
-        knob = registry.KNOBS.get(name)
-        if knob is None or knob.kind != "number":
-            raise TypeError(f"make_config: {name!r} is not a number knob of a merge method")
-        numbers[name] = _number(knob.label or name, value)
+        if name not in registry.KNOBS or name in controls.CONTROLS:
+            raise TypeError(f"make_config: {name!r} is not a knob of a merge method's own row")
+        try:   # the control's value as its field (a number, a checkbox, a choice)
+            numbers[name] = controls.field_value(name, value)
+        except ValueError as e:
+            raise WorkbenchError(str(e)) from None
     config = MergeConfig(method=method_id, bottom=int(bottom) if bottom is not None else None,
                          top=int(top) if top is not None else None,
                          transition_bottom=int(transition_bottom or 0),
@@ -391,13 +396,6 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
                          task=session.refs["task"], lang=session.refs["lang"],
                          base=session.refs.get("base"))
     return config.validate(session.num_layers, has_base=session.has_base)
-
-
-def _number(name: str, value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise WorkbenchError(f"{name}: expected a number, got {value!r}") from None
 
 
 def default_config(session: Session):
