@@ -6,8 +6,9 @@ import time
 import gradio as gr
 
 from layerswap_core.workbench import session as wb
+from layerswap_core.evaluation.languages import LANGUAGES
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
-                                           english_twins, plain_history)
+                                           example_languages, examples_code, plain_history)
 from layerswap_core.workbench.served import LIMITS, Cancelled
 
 from .common import PageBase, light_slots, ok, warn
@@ -61,6 +62,21 @@ class ChatTab(PageBase):
             yield {self.chat_md: warn(e), **shown}
 
     # ---- layout
+    def example_views(self) -> list:
+        return [self.message, *(getattr(self, f"chat_examples_{c}") for c in example_languages())]
+
+    def show_examples(self, v) -> dict:
+        """The example set of the session's language expert visible, the others hidden; the
+        message box asks in that language (nothing changes without a session)."""
+        session = v[self.session]
+        if session is None:
+            return gr.skip()
+        code = examples_code(session.names.get("lang") or session.refs["lang"])
+        return {**{getattr(self, f"chat_examples_{c}"): gr.update(visible=c == code)
+                   for c in example_languages()},
+                self.message: gr.update(placeholder=f"Ask a math question in "
+                                                    f"{LANGUAGES[code].name}...")}
+
     def layout_chat(self):
         language, examples = chat_examples(self.refs["lang"])
         with gr.Tab("Chat", id="chat"):
@@ -79,13 +95,20 @@ class ChatTab(PageBase):
                 self.chat_stop = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
                 self.clear = gr.Button("Clear", scale=1)
             self.chat_md = gr.Markdown(elem_id="chat-status")
-            gr.Examples([[e] for e in examples], inputs=[self.message],
-                        label=f"Examples in {language} (problems like the evaluated ones)")
-            twins = english_twins(self.refs["lang"])
-            if twins:
-                gr.Examples([[e] for e in twins], inputs=[self.message],
-                            label="The same problems in English (the control: the math expert "
-                                  "learned these in English)")
+            # one example set per language that has them; the one of the language expert in
+            # use shows (``ModelsTab.pick_models`` switches them with the models)
+            shown = examples_code(self.refs["lang"])
+            for code in example_languages():
+                name = LANGUAGES[code].name
+                with gr.Column(visible=code == shown, elem_id=f"chat-examples-{code}") as col:
+                    gr.Examples([[e] for e in LANGUAGES[code].chat_examples], inputs=[self.message],
+                                label=f"Examples in {name} (problems like the evaluated ones)")
+                    if LANGUAGES[code].english_twins:
+                        gr.Examples([[e] for e in LANGUAGES[code].english_twins],
+                                    inputs=[self.message],
+                                    label="The same problems in English (the control: the math "
+                                          "expert learned these in English)")
+                setattr(self, f"chat_examples_{code}", col)
             with gr.Row():
                 self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                               value="task expert", label="Compare with")

@@ -175,5 +175,8 @@ class ModelsTab(PageBase):
                                 api_visibility="private", concurrency_limit=None)
             self.hub_cancel.click(self.cancel_download, None, [self.models_md],
                                   api_name="cancel_download")
+        for event in picked:   # the Chat tab's examples follow the language expert in use
+            event.then(self.show_examples, {self.session}, self.example_views(),
+                       api_visibility="private", queue=False)
         demo.unload(self.end_visit)
         return picked

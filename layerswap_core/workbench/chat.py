@@ -26,10 +26,22 @@ def language_of(ref: str | None) -> str | None:
     return languages.language_of(ref)
 
 
+def example_languages() -> list[str]:
+    """The language codes that have chat examples (the Chat tab lays out a set for each and
+    shows the one of the language expert in use)."""
+    return [code for code, row in LANGUAGES.items() if row.chat_examples]
+
+
+def examples_code(lang_ref: str | None) -> str:
+    """The code of the example set shown for a language expert (Swahili, the demo's language,
+    where the reference names none we have)."""
+    return language_of(lang_ref) or "sw"
+
+
 def chat_examples(lang_ref: str | None) -> tuple[str, list[str]]:
     """(language name, examples) for a language expert: its language's examples; Swahili (the
     demo's language) when the reference names no language we have examples for."""
-    row = LANGUAGES[language_of(lang_ref) or "sw"]
+    row = LANGUAGES[examples_code(lang_ref)]
     return row.name, list(row.chat_examples)
 
 

@@ -1,0 +1,87 @@
+"""The demo's graded measure in Bengali (issue #52): the shipped per-item file recomputes, is
+the docs block, its items are the Bengali eval variants spread over their templates, README
+states its primary statistic, and the Reproduce path on two items gives the shipped values."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from layerswap_core.evaluation import demo_result as D
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _shipped() -> dict:
+    from layerswap_core.workbench.demo import measured_demo_result
+
+    res = measured_demo_result(lang="bn")
+    assert res is not None, "assets/experts/demo_result_bn.json (version 3) is shipped"
+    return res
+
+
+def test_the_bengali_result_recomputes_and_is_the_docs_block():
+    from layerswap_core.checkpoints.embedded import DEMO_TRIOS
+    from layerswap_core.workbench.demo import best_of, recompute
+
+    res = _shipped()
+    assert res["lang"] == "bn" and res["n"] == len(res["items"]) >= 150
+    assert {k: res["refs"][k] for k in ("base", "task", "lang")} == DEMO_TRIOS["bn"]
+    assert set(res["items"][0]["nll"]) == set(D.conditions("bn"))
+    for it in res["items"]:          # every model, every condition, per item
+        assert all(set(it["nll"][c]) == set(res["models"]) for c in it["nll"])
+    again = recompute(res)
+    assert again["effects"] == res["effects"] and again["means"] == res["means"]
+    assert [r["key"] for r in res["effects"]][0] == "primary"
+    assert all(r["question"] in ("bn", "en") for r in res["effects"])
+    best = best_of(res["sweep"])
+    assert res["chosen"] == (None if (best["bottom"], best["top"]) == (0, 0) else
+                             {"bottom": best["bottom"], "top": best["top"]})
+    assert res["markdown"] in (ROOT / "docs" / "bengali.md").read_text()
+
+
+def test_the_bengali_items_are_held_out_eval_variants_spread_over_the_templates():
+    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.workbench.demo import spread, template_of
+
+    res = _shipped()
+    bn = spread(variant_items("bn", "eval"), res["n"])
+    assert [it["id"] for it in res["items"]] == [it.id for it in bn]
+    english = {it.id: it.answer for it in variant_items("en", "eval")}
+    assert [it["gold"] for it in res["items"]] == [english[it.id] for it in bn]
+    partners = D.mismatched_partners(bn, template_of)
+    assert [it["other"] for it in res["items"]] == [bn[p].id for p in partners]
+
+
+def test_the_readme_states_the_bengali_primary_statistic():
+    from layerswap_core.workbench.demo import effect
+
+    res = _shipped()
+    p = effect(res, "primary")
+    readme = (ROOT / "README.md").read_text()
+    line = readme[readme.index("**The same measure in Bengali"):].split("\n\n", 1)[0]
+    assert f"{p['mean']:+.3f}" in line and f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" in line
+    assert f"{p['lower']} of {p['n_templates']} templates" in line and f"{res['n']} held-out" in line
+
+
+@pytest.mark.slow
+def test_the_bengali_reproduce_path_gives_the_shipped_values(one_thread):
+    """The measure rerun on 2 Bengali items: every model's NLLs after each item's own questions
+    are the shipped ones."""
+    from layerswap_core.checkpoints.embedded import DEMO_TRIOS
+    from layerswap_core.workbench.demo import reproduce_demo_result
+
+    shipped = {it["id"]: it for it in _shipped()["items"]}
+    res = reproduce_demo_result(dict(DEMO_TRIOS["bn"]), n=2, n_validation=2, resamples=200,
+                                lang="bn")
+    assert len(res["items"]) == 2
+    compared = 0
+    for it in res["items"]:
+        assert it["id"] in shipped
+        for q in D.questions("bn"):
+            for model, values in it["nll"][q].items():
+                if model in shipped[it["id"]]["nll"][q]:
+                    assert values[:3] == pytest.approx(shipped[it["id"]]["nll"][q][model][:3],
+                                                       abs=2e-3), (q, model)
+                    compared += 1
+    assert compared >= 4
