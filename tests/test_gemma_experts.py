@@ -5,6 +5,7 @@ training step on the CPU."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -124,3 +125,25 @@ def test_the_math_recipe_reproduces_its_first_step(tmp_path):
     want = log["train_losses"][:3]
     assert [g["step"] for g in got] == [w["step"] for w in want] == [1, 2, 3]
     assert [g["loss"] for g in got] == pytest.approx([w["loss"] for w in want], abs=2e-3)
+
+
+def test_a_base_that_reads_the_language_badly_gets_a_warning(embedded_base):
+    """SmolLM2's tokenizer spends several times the tokens per Bengali word that it spends per
+    English word: the Models check says so for a Bengali expert, not for the Swahili one."""
+    from layerswap_core.workbench import session as wb
+
+    note = wb.reading_note(embedded_base, TRIO["lang"])
+    assert note and "Bengali" in note and "tokens per word" in note
+    lang, en = (float(x) for x in re.findall(r"([\d.]+) ", note)[:2])
+    assert lang >= wb.READING_RATIO * en
+    assert wb.reading_note(embedded_base, "embedded:smollm2-swahili") is None
+    assert wb.reading_note(embedded_base, "my-expert") is None      # no language named
+
+
+@pytest.mark.slow
+@needs_gemma
+def test_gemma_reads_bengali_without_the_warning():
+    from layerswap_core.checkpoints.references import resolve
+    from layerswap_core.workbench import session as wb
+
+    assert wb.reading_note(resolve(TRIO["base"]), TRIO["lang"]) is None
