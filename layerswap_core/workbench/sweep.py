@@ -152,15 +152,22 @@ def _on_dispatcher(session: Session, metric: str, progress: Progress | None):
     job waits at most one configuration; cancel stops between configurations)."""
     def score(jobs: list[dict], worker_args: dict, handle) -> None:
         items = [it for its, _ in worker_args["eval_items"].values() for it in its]
-        for k, job in enumerate(jobs):
-            label = ", ".join(f"{a.replace('_', ' ')} {v}" for a, v in reversed(job["point"].items()))
-            part = dict(units=len(jobs), items=len(items), unit="configuration",
-                        verb="scored" if metric == "nll" else "answered", first_unit=k,
-                        part_units=1, name=label)
-            handle(dispatcher().run(session.job(
-                SWEEP_KIND, job, items, eval=worker_args["settings"],
-                eval_items=worker_args["eval_items"], work_items=len(items), part=part,
-                **_scoring(metric)), progress))
+        # the visitor's claim held across the sweep (a light job: no heavy slot), so that a
+        # Cancel pressed between two configurations' jobs is seen, not cleared by the next one
+        with dispatcher().hold(session.job("show", "sweep")) as between:
+            for k, job in enumerate(jobs):
+                between(k / len(jobs), "")       # Cancel, the time budget: stop here
+                _score_one(k, job, jobs, items, worker_args, handle)
+
+    def _score_one(k, job, jobs, items, worker_args, handle) -> None:
+        label = ", ".join(f"{a.replace('_', ' ')} {v}" for a, v in reversed(job["point"].items()))
+        part = dict(units=len(jobs), items=len(items), unit="configuration",
+                    verb="scored" if metric == "nll" else "answered", first_unit=k,
+                    part_units=1, name=label)
+        handle(dispatcher().run(session.job(
+            SWEEP_KIND, job, items, eval=worker_args["settings"],
+            eval_items=worker_args["eval_items"], work_items=len(items), part=part,
+            **_scoring(metric)), progress))
     return score
 
 
