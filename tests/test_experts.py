@@ -116,7 +116,8 @@ def test_wheel_ships_the_demo_adapters(tmp_path):
     for name in experts.DESCRIPTIONS:
         for f in sorted((root / "assets" / "experts" / name).iterdir()):
             assert any(n.endswith(f"/data/share/layerswap/experts/{name}/{f.name}") for n in names)
-    assert any(n.endswith("/data/share/layerswap/experts/demo_result.json") for n in names)
+    for result in ("demo_result.json", "demo_result_bn.json"):
+        assert any(n.endswith(f"/data/share/layerswap/experts/{result}") for n in names)
 
 
 @pytest.mark.slow
