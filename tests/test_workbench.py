@@ -655,7 +655,7 @@ def test_swahili_chat_examples_are_validation_variants_never_evaluated():
 
 def test_english_twins_are_the_same_validation_variants_in_english():
     """The English control examples are the Swahili examples' own variants (same id, same gold)
-    in English, one for one; other languages have none."""
+    in English, one for one; so are the Bengali ones (issue #52)."""
     from layerswap_core.evaluation.variants import variant_items
     from layerswap_core.workbench.chat import english_twins
     from layerswap_core.evaluation.languages import LANGUAGES
@@ -665,7 +665,10 @@ def test_english_twins_are_the_same_validation_variants_in_english():
     ids = {it.question: it.id for it in sw}
     twins = {it.id: it.question for it in en}
     assert english_twins(wb.DEMO_REFS["lang"]) == [twins[ids[q]] for q in CHAT_EXAMPLES["sw"]]
-    assert english_twins("/models/llama-3-8b-bengali-lora") == []
+    bn = variant_items("bn", "validation")
+    bn_ids = {it.question: it.id for it in bn}
+    assert english_twins("/models/llama-3-8b-bengali-lora") == [twins[bn_ids[q]]
+                                                                for q in CHAT_EXAMPLES["bn"]]
 
 
 # --------------------------------------------------------------------------- coherent controls

@@ -9,7 +9,7 @@ refused, the served cache's limits and its copies); any other reference is vette
 from __future__ import annotations
 
 from ..checkpoints.preflight import Preflight, preflight
-from ..checkpoints.writing import memory_available
+from ..memory import memory_available
 from ..progress import Progress
 from .served import HUB_ID, LIMITS, LOCAL, Access, WorkbenchError, as_text, capped, \
     readable_error, vet_reference
