@@ -78,7 +78,7 @@ class ChatTab(PageBase):
                                                     f"{LANGUAGES[code].name}...")}
 
     def layout_chat(self):
-        language, examples = chat_examples(self.refs["lang"])
+        language, _ = chat_examples(self.refs["lang"])
         with gr.Tab("Chat", id="chat"):
             gr.Markdown(CHAT_EXPECTATIONS, elem_id="chat-expectations")
             self.chat_label = gr.Markdown(elem_id="chat-acts-on")

@@ -306,9 +306,7 @@ def paired_stats(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_
 # test over template means. One statistic is primary, declared here before any run
 # (``effect_specs``); the others are secondary and their sign-test p-values Holm-corrected.
 LANG_NAMES = {"sw": "Swahili", "bn": "Bengali"}   # the question languages the demo measures
-QUESTIONS = {"sw": "Swahili question", "en": "English question"}
 OTHER = "-other"        # a question key + OTHER: the item's solution after its partner's question
-CONDITIONS = tuple(q + o for q in QUESTIONS for o in ("", OTHER))
 
 
 def questions(lang: str = "sw") -> dict[str, str]:
@@ -326,6 +324,9 @@ def condition_names(lang: str = "sw") -> dict[str, str]:
     name = LANG_NAMES[lang]
     return {lang: f"own {name} question", lang + OTHER: f"another item's {name} question",
             "en": "own English question", "en" + OTHER: "another item's English question"}
+
+
+QUESTIONS, CONDITIONS = questions("sw"), conditions("sw")   # the Swahili demo's
 
 
 def result_lang(items: Sequence[dict]) -> str:
