@@ -198,3 +198,40 @@ def with_eta(progress: Progress | None, *, clock: Callable[[], float] = time.mon
     if tick:
         eta.start_ticking(tick)
     return eta
+
+
+# --------------------------------------------------------------------------- pause points
+_pausing = threading.local()
+
+
+def pause_point() -> None:
+    """A point between two steps of long work (a decoding pass, a batch of scored items) where
+    the work may hand the engine it holds to a waiting job and take it back (the hook that
+    ``engines.dispatch`` installs with ``pausing``: a step is a few seconds,
+    LAYERSWAP_CHUNK_SECONDS). Where no hook is installed nothing happens. May raise Cancelled
+    (the visitor cancelled or left while the work waited for its engine)."""
+    hook = getattr(_pausing, "hook", None)
+    if hook is not None:
+        hook()
+
+
+def pause_hook() -> Callable[[], None] | None:
+    """This thread's pause hook: work that continues in a thread of its own (a streamed chat's
+    generation) installs it there with ``pausing``."""
+    return getattr(_pausing, "hook", None)
+
+
+class pausing:
+    """``with pausing(hook):`` the pause points of this thread call ``hook()`` (None: nothing)."""
+
+    def __init__(self, hook: Callable[[], None] | None):
+        self.hook = hook
+
+    def __enter__(self):
+        self.old = getattr(_pausing, "hook", None)
+        _pausing.hook = self.hook
+        return self
+
+    def __exit__(self, *exc):
+        _pausing.hook = self.old
+        return False

@@ -114,28 +114,100 @@ def test_visitors_interleaved_on_one_engine_get_what_each_gets_alone(trio, tiny,
     assert len({tuple(o) for o in outputs.values()}) > 1   # the configurations differ
 
 
-def test_a_build_during_a_streaming_chat_waits_and_leaves_its_tokens(trio, tiny, one_thread):
-    d = Dispatcher(EnginePool(1))
-    alone = [r["content"] for r in d.stream(chat_job(trio, "a", swap(tiny, 2, 1)))]
-    built = {}
-
+def _build_when_held(d, trio, what, built):
+    """A progress callback for a job: the first time the job sets up its model (it holds the
+    engine), another visitor asks for a Build of ``what``; the callback returns once that Build
+    waits for the engine, so the job meets its next pause point with a Build waiting."""
     def build():
-        t0 = time.monotonic()
-        built["res"] = d.run(J.Job("show", trio, "b", swap(tiny, 0, 3)))
-        built["at"] = time.monotonic() - t0
+        built["res"] = d.run(J.Job("show", trio, "b", what))
+        built["before_the_end"] = "end" not in built
 
-    stream = d.stream(chat_job(trio, "a", swap(tiny, 2, 1)))
-    seen = [next(stream)["content"]]
-    thread = threading.Thread(target=build)
-    thread.start()
-    time.sleep(0.3)
-    assert "res" not in built               # the engine is held by the chat
-    seen += [r["content"] for r in stream]
-    end = time.monotonic()
-    thread.join(60)
-    assert seen == alone
-    assert built["res"]["rewritten"] > 0 and time.monotonic() - end < 30
-    assert d.pool.engines[0].live.plan.config.layer_counts(8)[:2] == (0, 3)
+    def progress(frac, msg):
+        if ("setting up" in msg or "tensors" in msg) and "thread" not in built:
+            built["thread"] = threading.Thread(target=build)
+            built["thread"].start()
+            deadline = time.monotonic() + 60
+            while not d.pool.waiting and time.monotonic() < deadline:
+                time.sleep(0.005)
+    return progress
+
+
+def test_a_build_goes_between_two_tokens_of_a_streaming_chat(trio, tiny, one_thread):
+    """The Build waits for one step of the chat, not its whole answer; the chat shows its own
+    model again and its tokens are those it gives alone."""
+    job = chat_job(trio, "a", swap(tiny, 2, 1), tokens=24)
+    alone = [r["content"] for r in Dispatcher(EnginePool(1)).stream(job)]
+    d = Dispatcher(EnginePool(1, step=60))   # a new engine: the chat sets up its model
+    built = {}
+    seen = [r["content"] for r in d.stream(job, _build_when_held(d, trio, swap(tiny, 0, 3),
+                                                                 built))]
+    built["end"] = True
+    built["thread"].join(60)
+    assert seen == alone and len(alone) > 2
+    assert built["res"]["rewritten"] > 0 and built["before_the_end"]
+    assert d.pool.handovers == 1
+    # the chat showed its own model again after the Build
+    assert d.pool.engines[0].live.plan.config.layer_counts(8)[:2] == (2, 1)
+
+
+def test_a_build_goes_between_two_steps_of_an_evaluation(trio, tiny, items, one_thread):
+    """An evaluation lends its engine at its next decoding pass to a waiting Build (a more
+    urgent job: at once, whatever its step), then shows its model again: the rows and NLLs are
+    those of the evaluation alone."""
+    job = evaluate_job(trio, "a", {"merged": swap(tiny, 2, 1)}, items[:2], tokens=24)
+    alone = Dispatcher(EnginePool(1)).run(job)
+    d = Dispatcher(EnginePool(1, step=60))
+    built = {}
+    res = d.run(job, _build_when_held(d, trio, swap(tiny, 0, 3), built))
+    built["end"] = True
+    built["thread"].join(60)
+    assert res == alone
+    assert built["before_the_end"] and d.pool.handovers == 1
+
+
+def test_equally_urgent_jobs_take_turns_of_one_step(trio, tiny, items, one_thread):
+    """Two evaluations on one engine: with a step of 0 s each hands the engine to the other
+    at every pause point; each still gets what it gets alone."""
+    jobs = {v: evaluate_job(trio, v, {"merged": swap(tiny, b, u)}, items[:2], tokens=16)
+            for v, b, u in (("v1", 2, 1), ("v2", 0, 3))}
+    alone = {v: Dispatcher(EnginePool(1)).run(j) for v, j in jobs.items()}
+    pool = EnginePool(1, step=0.0)
+    d = Dispatcher(pool)
+    together, errors = {}, []
+
+    def run(v):
+        try:
+            together[v] = d.run(jobs[v])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(v,)) for v in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors and together == alone
+    assert pool.handovers >= 2 and pool.built == 1
+
+
+def test_a_paused_job_cancelled_while_it_waits_leaves_the_engine_to_the_other(trio, tiny,
+                                                                              items, one_thread):
+    """Cancel pressed while a job has lent its engine: it stops without taking the engine back
+    from the job that holds it, and the engine is free afterwards."""
+    d = Dispatcher(EnginePool(1, step=60))
+    job = evaluate_job(trio, "a", {"merged": swap(tiny, 2, 1)}, items[:2], tokens=24)
+    built = {}
+    wait_build = _build_when_held(d, trio, swap(tiny, 0, 3), built)
+
+    def progress(frac, msg):
+        wait_build(frac, msg)
+        if msg.startswith("paused"):
+            d.cancel("a")
+    with pytest.raises(Cancelled):
+        d.run(job, progress)
+    built["thread"].join(60)
+    assert built["res"]["rewritten"] > 0
+    assert not d.pool.engines[0].busy and d.pool.engines[0].paused == 0
+    assert d.run(J.Job("show", trio, "c", swap(tiny, 1, 1)))["rewritten"] > 0
 
 
 def test_the_pool_never_exceeds_its_bound_and_evicts_the_least_recent(trio, one_thread):
@@ -226,12 +298,13 @@ def test_queue_and_per_visitor_limits_refuse_with_clear_messages(trio, tiny, one
     next(stream)                                   # "a" holds the engine, chatting
     with pytest.raises(Busy, match="you already have a job running"):
         d.run(evaluate_job(trio, "a", {"task": "task"}, []))
-    waiting = threading.Thread(target=lambda: d.run(J.Job("show", trio, "b", "lang")))
-    waiting.start()
-    time.sleep(0.3)
-    with pytest.raises(QueueFull, match=r"queue is full \(1 jobs waiting\)"):
-        d.run(J.Job("show", trio, "c", "base"))
     stream.close()
+    with pool.checkout(trio, "a"):      # held with no pause point: the next Build waits
+        waiting = threading.Thread(target=lambda: d.run(J.Job("show", trio, "b", "lang")))
+        waiting.start()
+        time.sleep(0.3)
+        with pytest.raises(QueueFull, match=r"queue is full \(1 jobs waiting\)"):
+            d.run(J.Job("show", trio, "c", "base"))
     waiting.join(60)
     assert not waiting.is_alive()
 

@@ -18,9 +18,16 @@ tab they have open; else the page: a second is refused, ``Busy``), at most
 (``TooLong``) and enforced while it runs; ``cancel(visitor)`` stops the visitor's job at its next
 step, ``leave(visitor)`` also when they close the page (``Job.visitor``: one page session, so
 closing one tab stops that tab's jobs, never the same person's jobs in another tab).
-Evaluations run in chunks (``jobs.split``): between two chunks the engine goes back to the
-queue, so a short job (a Build, a chat) waits at most one chunk. On ZeroGPU the duration asked
-for is the same estimate (``_zero_duration``), at the speed the worker measured.
+Every job yields within seconds: long work (an evaluation, a sweep's configuration,
+Reproduce) and chat answers run in steps (``progress.pause_point``: a decoding pass, a batch of
+scored items); at each the job's hook (``_pauser``) lends the engine to a waiting job
+(``EnginePool.pause``): a more urgent one at once (a Build before a chat step before long
+work), an equally urgent one once the job has had its step (``LAYERSWAP_CHUNK_SECONDS``,
+default 3 s); then it shows its own model again (only the tensors the other job changed are
+rewritten: the outputs are those of an uninterrupted run) and goes on. Time spent lent out is
+not counted against the job's time budget. Evaluations are also split in chunks (``jobs.split``)
+for the bar and for ZeroGPU, where a job's step is one call and the duration asked for is the
+same estimate (``_zero_duration``), at the speed the worker measured.
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from collections.abc import Iterator
 
-from ..progress import Cancelled, Progress
+from ..progress import Cancelled, Progress, pausing
 from ..progress import say as _say
 from ..settings import env_number
 from . import jobs as J
@@ -42,9 +49,10 @@ ZERO_GPU = os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "true")
 # CPU of a machine without a GPU)
 ZERO_DEVICE = os.environ.get("LAYERSWAP_ZERO_DEVICE", "cuda")
 LIGHT = ("show",)   # job kinds a visitor may run beside their heavy job
-# short job kinds: they wait for an engine ahead of the chunks of long jobs (a Build waits for
-# at most the chunk that holds the engine)
-SHORT = ("show", "chat")
+# how urgent a job kind is for an engine (lower first; any other kind: long work, 2): a Build
+# waits for at most one step of whatever holds the engine
+PRIORITY = {"show": 0, "chat": 1}
+LONG = 2
 
 
 class Busy(ValueError):
@@ -158,15 +166,33 @@ class Dispatcher:
                           "shorter answers")
         return time.monotonic() + self.job_seconds
 
-    def _guard(self, v: Visitor, deadline: float, progress: Progress | None) -> Progress:
-        def report(frac: float, msg: str):
-            if v.cancel.is_set():
+    def _guard(self, v: Visitor, deadline: float, progress: Progress | None) -> Guard:
+        return Guard(v, deadline, progress, self.job_seconds)
+
+    def _pauser(self, engine, job: J.Job, guard: Guard):
+        """The pause hook of ``job`` while it holds ``engine`` (module docstring)."""
+        pool, lease = self.pool, engine.holder
+        priority = PRIORITY.get(job.kind, LONG)
+        since = [time.monotonic()]
+
+        def hook():
+            if guard.visitor.cancel.is_set():
                 raise Cancelled()
-            if time.monotonic() > deadline:
-                raise TooLong(f"stopped: this server allows {self.job_seconds / 60:.0f} min "
-                              "per job")
-            _say(progress, frac, msg)
-        return report
+            wanted = pool.waiting_for(engine)
+            if wanted is None or wanted > priority or (
+                    wanted == priority and time.monotonic() - since[0] < pool.step):
+                return
+            live = getattr(engine, "live", None)
+            plan, label = (live.plan, live.label) if live is not None else (None, None)
+            t0 = time.monotonic()
+            pool.pause(engine, lease, priority, job.visitor,
+                       lambda f, m: guard(guard.fraction, m), guard.visitor.cancel.is_set)
+            guard.deadline += time.monotonic() - t0   # time lent out is not the job's
+            if plan is not None and live.plan is not plan:
+                live.apply_plan(plan, label)           # its own model again
+            guard(guard.fraction, guard.message)
+            since[0] = time.monotonic()
+        return hook
 
     # ---- running
     @contextmanager
@@ -181,7 +207,7 @@ class Dispatcher:
         is the estimate this dispatcher admitted it by."""
         return replace(job, settings={**job.settings, "estimate_seconds": self.estimate(job)})
 
-    def _run_one(self, job: J.Job, v: Visitor, guard: Progress):
+    def _run_one(self, job: J.Job, v: Visitor, guard: Progress, root: Guard):
         if self.placement == "zerogpu":
             guard(0.0, "waiting for the GPU")
             out, speed = zero_call(self._estimated(job))
@@ -190,7 +216,9 @@ class Dispatcher:
             return out
         # waiting for or loading the engine happens at the chunk's start on the bar
         with self.pool.checkout(job.trio, job.visitor, lambda f, m: guard(0.0, m),
-                                v.cancel.is_set, short=job.kind in SHORT) as engine:
+                                v.cancel.is_set,
+                                priority=PRIORITY.get(job.kind, LONG)) as engine, \
+                pausing(self._pauser(engine, job, root)):
             out = J.run_job(engine, job, guard)
             if engine.tokens_per_second:
                 self.speeds[job.trio] = engine.tokens_per_second
@@ -211,7 +239,7 @@ class Dispatcher:
                 count = J.tally(chunk)
                 name = next(iter(chunk.what)) if isinstance(chunk.what, dict) else "merged"
                 step(0.0, count.text(0, name, 0) if "part" in chunk.settings else "starting")
-                parts.append(self._run_one(chunk, v, step))
+                parts.append(self._run_one(chunk, v, step, guard))
             return J.combine(job, parts)
 
     def stream(self, job: J.Job, progress: Progress | None = None) -> Iterator:
@@ -224,12 +252,34 @@ class Dispatcher:
                 yield from _relay(zero_stream(self._estimated(job)), guard)
                 return
             with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
-                                    short=job.kind in SHORT) as engine:
-                yield from _relay(J.stream_job(engine, job, guard), guard)
+                                    priority=PRIORITY.get(job.kind, LONG)) as engine:
+                yield from _relay(J.stream_job(engine, job, guard,
+                                               pause=self._pauser(engine, job, guard)), guard)
 
     def describe(self) -> str:
         where = {"local": "in this process", "zerogpu": "on ZeroGPU"}[self.placement]
         return f"Jobs run {where}: {self.pool.describe()}."
+
+
+class Guard:
+    """A job's progress callback that stops it (Cancelled when its visitor cancelled or left,
+    TooLong past its deadline: ``deadline`` moves on by the time the job lends its engine) and
+    remembers where the bar was (``fraction``, ``message``: what a pause reports)."""
+
+    def __init__(self, visitor: Visitor, deadline: float, progress: Progress | None,
+                 job_seconds: float):
+        self.visitor, self.deadline, self.progress = visitor, deadline, progress
+        self.job_seconds = job_seconds
+        self.fraction, self.message = 0.0, "starting"
+
+    def __call__(self, frac: float, msg: str) -> None:
+        if self.visitor.cancel.is_set():
+            raise Cancelled()
+        if time.monotonic() > self.deadline:
+            raise TooLong(f"stopped: this server allows {self.job_seconds / 60:.0f} min "
+                          "per job")
+        self.fraction, self.message = frac, msg
+        _say(self.progress, frac, msg)
 
 
 # --------------------------------------------------------------------------- ZeroGPU

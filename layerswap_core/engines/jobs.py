@@ -228,10 +228,12 @@ def fit_context(model, tok, turns: list[dict], text: str, max_new_tokens: int
                    f"context ({context} tokens): shorten the message or the answer")
 
 
-def _chat_job(engine: Engine, job: Job, progress: Progress | None) -> Iterator[dict]:
+def _chat_job(engine: Engine, job: Job, progress: Progress | None,
+              pause: Callable[[], None] | None = None) -> Iterator[dict]:
     """One streamed answer: {"content" so far, "dropped" turns, "stopped" at the deadline}.
     ``settings``: turns, text, max_new_tokens, temperature, repetition_penalty, deadline (a
-    ``time.monotonic()`` value: the same clock in a forked worker)."""
+    ``time.monotonic()`` value: the same clock in a forked worker). ``pause``: the hook of the
+    generation's steps (the dispatcher's: it may lend the engine between two tokens)."""
     s = job.settings
     show(engine, job.what, progress)
     model, tok = engine.live.model, engine.live.tokenizer
@@ -246,7 +248,7 @@ def _chat_job(engine: Engine, job: Job, progress: Progress | None) -> Iterator[d
     stream = generate_chat(model, tok, messages, max_new_tokens=int(s["max_new_tokens"]),
                            stream=True, temperature=float(s.get("temperature", 0.0)),
                            repetition_penalty=float(s.get("repetition_penalty", 1.0)),
-                           calculator=bool(s.get("calculator", True)))
+                           calculator=bool(s.get("calculator", True)), pause=pause)
     try:
         for so_far in stream:
             out["content"] = so_far
@@ -281,9 +283,13 @@ def run_job(engine: Engine, job: Job, progress: Progress | None = None):
     return fn(engine, job, progress)
 
 
-def stream_job(engine: Engine, job: Job, progress: Progress | None = None) -> Iterator:
-    """Run a streaming job on an engine the caller holds for the whole iteration."""
+def stream_job(engine: Engine, job: Job, progress: Progress | None = None,
+               pause: Callable[[], None] | None = None) -> Iterator:
+    """Run a streaming job on an engine the caller holds for the whole iteration (``pause``:
+    the hook of its steps, for a kind that takes one; the thread-local one,
+    ``progress.pausing``, does not follow a generator across the threads that resume it)."""
     fn = STREAMING.get(job.kind)
     if fn is None:
         raise JobError(f"{job.kind!r} is not a streaming job kind")
-    return fn(engine, job, progress)
+    return fn(engine, job, progress, pause=pause) if pause is not None else fn(engine, job,
+                                                                               progress)

@@ -11,6 +11,13 @@ The pool holds at most ``max_engines`` (``LAYERSWAP_MAX_ENGINES``; by default as
 the free memory of the device with a margin, ``fitting_engines``). A job whose trio has no idle
 engine waits in one first-come-first-served queue and sees its position; when the pool is full,
 the idle engine used least recently is evicted to make room. A waiting job can be cancelled.
+
+Jobs are served by priority, then in order of arrival: a Build (0) before a chat step (1)
+before long work (2). A job that holds an engine hands it over at its pause points
+(``pause``, called by the dispatcher's hook at ``progress.pause_point``) and queues again for
+the same engine: at once when a more urgent job waits, after its step (a few seconds) when an
+equally urgent one does. Nobody waits for more than about one step behind any number of long
+jobs.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from ..merge.live import LiveModel, live_dtype
 DTYPES = ("float32", "bfloat16", "float16")
 MARGIN = 1.5          # an engine is counted as its parameters' bytes times this (activations)
 MAX_DEFAULT = 8       # never more engines by default, however much memory there is
+STEP_SECONDS = 3.0    # a job's turn on a shared engine while others wait (LAYERSWAP_CHUNK_SECONDS)
 # one engine is loaded at a time: transformers' loading (its meta-device context) is not
 # thread-safe, and two loads at once would only compete for the same disk and memory
 _LOADING = threading.Lock()
@@ -79,6 +87,8 @@ class Engine:
         self.live = LiveModel.from_refs(trio.task, trio.lang, trio.base, device=trio.device,
                                         dtype=dtype, progress=progress)
         self.busy = False
+        self.holder: object | None = None   # the lease of the job holding it (``checkout``)
+        self.paused = 0                     # jobs that lent it and wait to get it back
         self.last_used = time.monotonic()
         self.jobs = 0
         self.tokens_per_second: float | None = None   # measured by generation jobs
@@ -144,7 +154,10 @@ class Ticket:
     engine: Engine | None = None
     build: bool = False
     arrived: float = field(default_factory=time.monotonic)
-    short: bool = False   # a short job (a Build, a chat turn): it waits ahead of long chunks
+    # 0 a Build, 1 a chat step, 2 long work (an evaluation, a sweep, Reproduce): lower first
+    priority: int = 2
+    lease: object = field(default_factory=object)   # the checkout this ticket is for
+    pinned: Engine | None = None   # a paused job waits for the engine it lent, no other
 
 
 class EnginePool:
@@ -153,11 +166,14 @@ class EnginePool:
     ``max_waiting``: jobs allowed to wait at once (more are refused with QueueFull).
     ``per_trio``: engines over one trio at most (LAYERSWAP_ENGINES_PER_TRIO, default 1: jobs on
     the same models take turns on one engine, so memory does not grow with visitors).
-    ``factory(trio, progress)`` makes an engine (``Engine``; tests may count calls)."""
+    ``factory(trio, progress)`` makes an engine (``Engine``; tests may count calls).
+    ``step``: the seconds a job keeps an engine before it hands it to an equally urgent job at
+    its next pause point (LAYERSWAP_CHUNK_SECONDS, default 3; a more urgent job gets it at the
+    next pause point)."""
 
     def __init__(self, max_engines: int | None = None, max_waiting: int = 16,
                  factory: Callable[[Trio, Progress | None], Engine] = Engine,
-                 per_trio: int | None = None):
+                 per_trio: int | None = None, step: float | None = None):
         self.max_engines = max_engines if max_engines is not None else max_engines_from_env()
         self.per_trio = per_trio if per_trio is not None else per_trio_from_env()
         self.max_waiting = max_waiting
@@ -169,6 +185,9 @@ class EnginePool:
         self.peak = 0          # the most engines held (or being built) at once
         self.built = 0
         self.evicted = 0
+        self.step = step if step is not None else max(
+            0.0, env_number("LAYERSWAP_CHUNK_SECONDS", STEP_SECONDS, float))
+        self.handovers = 0     # engines lent at a pause point
         self._cond = threading.Condition()
 
     # ---- bound
@@ -192,18 +211,30 @@ class EnginePool:
         for t in list(self.waiting):
             if t.trio in blocked:
                 continue
+            if t.pinned is not None:     # a paused job: its own engine, when it is free
+                if t.pinned.busy:
+                    blocked.add(t.trio)
+                    continue
+                t.engine = t.pinned
+                t.engine.busy = True
+                t.engine.holder = t.lease
+                t.engine.paused -= 1
+                self.waiting.remove(t)
+                continue
             idle = [e for e in self.engines if not e.busy and e.trio == t.trio]
             same = sum(e.trio == t.trio for e in self.engines) + self.building_trios.count(t.trio)
             if idle:
+                # an engine lent by a paused job goes to others only while it waits
                 t.engine = max(idle, key=lambda e: e.last_used)
                 t.engine.busy = True
+                t.engine.holder = t.lease
             elif same >= self.per_trio:
                 blocked.add(t.trio)      # wait for one of this trio's engines
                 continue
             elif len(self.engines) + self.building < (self.max_engines or 1):
                 t.build = True
             else:
-                victims = [e for e in self.engines if not e.busy]
+                victims = [e for e in self.engines if not e.busy and not e.paused]
                 if not victims:
                     blocked.add(t.trio)
                     continue
@@ -226,38 +257,52 @@ class EnginePool:
             except ValueError:
                 return 0
 
+    def _enqueue(self, ticket: Ticket) -> None:
+        """Behind every waiting ticket as urgent as ``ticket`` or more, ahead of the others.
+        Under the lock."""
+        at = next((i for i, t in enumerate(self.waiting) if t.priority > ticket.priority),
+                  len(self.waiting))
+        self.waiting.insert(at, ticket)
+
+    def _wait(self, ticket: Ticket, progress: Progress | None,
+              cancelled: Callable[[], bool] | None, doing: str) -> None:
+        """Wait until ``ticket`` is served, its place (and the wait it means: ``step`` per
+        job ahead) told to ``progress``; Cancelled when ``cancelled()``. Under the lock."""
+        said = None
+        while ticket.engine is None and not ticket.build:
+            if cancelled is not None and cancelled():
+                self.waiting.remove(ticket)
+                if ticket.pinned is not None:
+                    ticket.pinned.paused -= 1
+                self._grant()
+                raise Cancelled()
+            pos = self.waiting.index(ticket) + 1
+            if pos != said:
+                said = pos
+                _say(progress, 0.0, f"{doing}: number {pos} in the queue"
+                     + (f", about {pos * self.step:.0f} s" if self.step else ""))
+            self._cond.wait(0.2)
+
     @contextmanager
     def checkout(self, trio: Trio, visitor: str = "", progress: Progress | None = None,
-                 cancelled: Callable[[], bool] | None = None,
-                 short: bool = False) -> Iterator[Engine]:
-        """An engine over ``trio`` for the block, held by nobody else until it ends. Waits (its
-        position reported to ``progress``) while none is free; ``cancelled()`` true while
-        waiting raises Cancelled; QueueFull when ``max_waiting`` jobs wait already. A ``short``
-        job queues behind other short ones but ahead of every long chunk, so it waits for at
-        most the chunk that holds the engine (and the short jobs before it)."""
+                 cancelled: Callable[[], bool] | None = None, short: bool = False,
+                 priority: int | None = None) -> Iterator[Engine]:
+        """An engine over ``trio`` for the block, held by nobody else until it ends (except
+        while the block lends it at a pause point: ``pause``). Waits (its position reported to
+        ``progress``) while none is free; ``cancelled()`` true while waiting raises Cancelled;
+        QueueFull when ``max_waiting`` jobs wait already. ``priority``: 0 a Build, 1 a chat
+        step, 2 long work (default; ``short``: 1): a job queues behind the jobs as urgent as it
+        or more and ahead of the others."""
         self.bound(trio)
-        ticket = Ticket(trio, visitor, short=short)
+        ticket = Ticket(trio, visitor, priority=priority if priority is not None
+                        else (1 if short else 2))
         with self._cond:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"the server's queue is full ({len(self.waiting)} jobs waiting): "
                                 "try again in a minute")
-            if short:
-                ahead = sum(t.short for t in self.waiting)   # short tickets stay at the front
-                self.waiting.insert(ahead, ticket)
-            else:
-                self.waiting.append(ticket)
+            self._enqueue(ticket)
             self._grant()
-            said = None
-            while ticket.engine is None and not ticket.build:
-                if cancelled is not None and cancelled():
-                    self.waiting.remove(ticket)
-                    self._grant()
-                    raise Cancelled()
-                pos = self.waiting.index(ticket) + 1
-                if pos != said:
-                    said = pos
-                    _say(progress, 0.0, f"waiting for a free model: number {pos} in the queue")
-                self._cond.wait(0.2)
+            self._wait(ticket, progress, cancelled, "waiting for a free model")
         engine = ticket.engine
         if engine is None:   # the right to build one
             try:
@@ -271,6 +316,7 @@ class EnginePool:
                     self._grant()
                 raise
             engine.busy = True
+            engine.holder = ticket.lease
             with self._cond:
                 self.building -= 1
                 self.building_trios.remove(trio)
@@ -280,10 +326,39 @@ class EnginePool:
             yield engine
         finally:
             with self._cond:
-                engine.busy = False
-                engine.jobs += 1
-                engine.last_used = time.monotonic()
+                if engine.holder is ticket.lease:   # not lent out by a pause that was cancelled
+                    engine.busy = False
+                    engine.holder = None
+                    engine.jobs += 1
+                    engine.last_used = time.monotonic()
                 self._grant()
+
+    def waiting_for(self, engine: Engine) -> int | None:
+        """The most urgent priority among the jobs waiting for ``engine``'s trio (None: none
+        waits)."""
+        with self._cond:
+            return min((t.priority for t in self.waiting if t.trio == engine.trio),
+                       default=None)
+
+    def pause(self, engine: Engine, lease: object, priority: int, visitor: str = "",
+              progress: Progress | None = None,
+              cancelled: Callable[[], bool] | None = None) -> None:
+        """Lend ``engine`` (held under ``lease``) to the jobs waiting for its trio and wait for
+        it back, queued as a job of ``priority`` (behind those as urgent, ahead of the others).
+        On return the caller holds it again; what it showed may have changed (the caller shows
+        its own model again). Cancelled while waiting: the engine stays with the others."""
+        with self._cond:
+            if engine.holder is not lease:
+                raise RuntimeError("pause: the engine is not held by this job")
+            ticket = Ticket(engine.trio, visitor, priority=priority, lease=lease, pinned=engine)
+            engine.paused += 1
+            self.handovers += 1
+            engine.busy = False
+            engine.holder = None
+            engine.last_used = time.monotonic()
+            self._enqueue(ticket)
+            self._grant()
+            self._wait(ticket, progress, cancelled, "paused for another visitor's job")
 
     def clear(self) -> None:
         """Drop every idle engine (busy ones stay until their job ends)."""

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
-from ..progress import Progress, say
+from ..progress import Progress, pause_point, say
 from ..inference.attention import without_cudnn_attention
 from .data import Item, normalize_number
 from ..inference.prompts import render_chat
@@ -205,6 +205,7 @@ def reading_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str]
     done = 0
     with torch.inference_mode(), without_cudnn_attention(device):
         for idx in batches:
+            pause_point()   # a waiting job may take the engine between two batches
             say(progress, done / max(1, len(pairs)), f"{done} of {len(pairs)} items")
             seqs = [pairs[i][0] + pairs[i][1] for i in idx]
             width = max(map(len, seqs))

@@ -34,7 +34,7 @@ from .data import Item, normalize_number, to_ascii_digits
 from .registry import (default_exemplars, exemplar_description, exemplar_pool,  # noqa: F401
                        select_exemplars, source_label, standard_exemplars, task_of)
 from ..memory import release_freed_memory
-from ..progress import Progress, Tally, say
+from ..progress import Progress, Tally, pause_point, say
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from .mgsm_task import (FLEXIBLE_FILTER, STRICT_FILTER, apply_filter,
                         prompt_words, stop_strings, target_delimiter)
@@ -206,6 +206,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
 
     with torch.inference_mode(), without_cudnn_attention(device):
         for start in range(0, len(order), batch_size):
+            pause_point()   # a waiting job may take the engine between two batches
             idx = order[start:start + batch_size]
             n_prefix, prefix_kv = 0, None
             if share_prefix:

@@ -5,11 +5,12 @@ request; conversations rendered by ``prompts.render_chat``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
 from ..checkpoints.tokenizers import encode_prompt
+from ..progress import pause_hook, pausing
 from .attention import without_cudnn_attention
 from .calculator import Calculator
 from .products import split_head
@@ -46,11 +47,14 @@ def sampling_kwargs(temperature: float = 0.0, top_p: float = 1.0,
 
 def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
                     stop: Sequence[str] = (), temperature: float = 0.0, top_p: float = 1.0,
-                    repetition_penalty: float = 1.0, calculator: bool = False) -> Iterator[str]:
+                    repetition_penalty: float = 1.0, calculator: bool = False,
+                    pause: Callable[[], None] | None = None) -> Iterator[str]:
     """Yield the growing continuation of ``prompt`` (cumulative text, for a chat UI).
 
     Greedy unless ``temperature`` > 0 (then sampled with ``top_p``; seed torch for repeatability).
     ``calculator``: fill in the result of every ``<<expr=`` note (``calculator``).
+    ``pause``: the pause hook of the generation's steps (``progress.pause_point``; default:
+    the caller's thread's, ``progress.pause_hook``).
 
     Generation runs in a thread feeding a ``TextIteratorStreamer``; closing the iterator early
     (the user pressed stop) ends the thread at its next token.
@@ -66,10 +70,12 @@ def stream_generate(model, tokenizer, prompt: str, *, max_new_tokens: int = 256,
                         calculator=Calculator(tokenizer) if calculator else None)
     kw.update(sampling_kwargs(temperature, top_p, repetition_penalty))
     errors: list[BaseException] = []
+    hook = pause if pause is not None else pause_hook()   # the steps in the thread pause too
 
     def run():
         try:
-            with torch.inference_mode(), split_head(model), without_cudnn_attention(device):
+            with pausing(hook), torch.inference_mode(), split_head(model), \
+                    without_cudnn_attention(device):
                 model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), streamer=streamer,
                                **kw)
         except BaseException as e:  # noqa: BLE001 - re-raised in the consumer below
@@ -101,7 +107,8 @@ def chat_prompt(tokenizer, messages: list[dict] | str, system: str | None = None
 
 def chat(model, tokenizer, messages: list[dict] | str, *, system: str | None = None,
          max_new_tokens: int = 256, stream: bool = False, temperature: float = 0.0,
-         top_p: float = 1.0, repetition_penalty: float = 1.0, calculator: bool = False):
+         top_p: float = 1.0, repetition_penalty: float = 1.0, calculator: bool = False,
+         pause: Callable[[], None] | None = None):
     """Reply of the model to a conversation (list of {"role","content"} or one user message).
 
     ``stream=True`` returns an iterator of the growing reply (see ``stream_generate``).
@@ -112,7 +119,8 @@ def chat(model, tokenizer, messages: list[dict] | str, *, system: str | None = N
     stop = chat_stop(tokenizer)
     replies = stream_generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, stop=stop,
                               temperature=temperature, top_p=top_p,
-                              repetition_penalty=repetition_penalty, calculator=calculator)
+                              repetition_penalty=repetition_penalty, calculator=calculator,
+                              pause=pause)
     if stream:
         return replies
     reply = ""

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..progress import pause_point
 from .attention import packed_attention
 from .prefill import (MIN_SHARED_PREFIX, cache_classes, forward_kwargs, growing_on, layer_shapes,
                       own_kv)
@@ -275,6 +276,7 @@ def refill_decode(model, tokenizer, rows: Sequence[Sequence[int]], n_slots: int,
             s in tokenizer.decode(out[row][-tail:], skip_special_tokens=False) for s in stop))
 
     while live:
+        pause_point()   # a waiting job may take the engine between two passes (dispatch)
         drafts: list[list[int]] = [[] for _ in live]
         if lookahead:
             rates = [0.0] * len(live)

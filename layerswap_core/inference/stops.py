@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..progress import pause_point
+
 __all__ = ["StopOnStrings", "cut_at_stop", "eos_ids", "greedy_kwargs", "pad_id", "stop_tail"]
 
 
@@ -58,12 +60,21 @@ class StopOnStrings:
         return torch.tensor(hits, dtype=torch.bool, device=input_ids.device)
 
 
+class PausePoint:
+    """A stopping criterion that never stops: each step of ``generate`` is a pause point
+    (``progress.pause_point``: a waiting job may take the engine between two steps)."""
+
+    def __call__(self, input_ids, scores, **kw):
+        pause_point()
+        return torch.zeros((input_ids.shape[0],), dtype=torch.bool, device=input_ids.device)
+
+
 def greedy_kwargs(model, tokenizer, max_new_tokens: int, stop: Sequence[str],
                    prompt_width: int, extra=(), calculator=None) -> dict:
     """``model.generate`` keywords: greedy, the stop strings, and the calculator if given."""
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
-    criteria = list(extra)
+    criteria = [PausePoint(), *extra]
     stop = [s for s in stop if s]
     if stop:
         criteria.append(StopOnStrings(tokenizer, stop, prompt_width))
