@@ -11,7 +11,7 @@ from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_
                                            example_languages, examples_code, plain_history)
 from layerswap_core.workbench.served import LIMITS, Cancelled
 
-from .common import PageBase, light_slots, ok, warn
+from .common import PageBase, chat_slots, ok, warn
 
 CHAT_EXPECTATIONS = (
     "**What to expect.** The demo's math expert learned English worked solutions of a family of "
@@ -125,9 +125,9 @@ class ChatTab(PageBase):
         chat_inputs = {self.session, self.message, self.chat_merged, self.chat_other,
                        self.other_role, self.chat_tokens, self.chat_temperature, self.chat_penalty}
         self.send.click(self.chat, chat_inputs, self.outputs("chat"), api_name="chat",
-                        **light_slots())
+                        **chat_slots())
         self.message.submit(self.chat, chat_inputs, self.outputs("chat"),
-                            api_visibility="private", **light_slots())
+                            api_visibility="private", **chat_slots())
         self.clear.click(lambda: ([], [], ""), None, [self.chat_merged, self.chat_other,
                                                       self.chat_md], api_visibility="private")
         self.other_role.change(lambda r: gr.update(label=r, value=[]), self.other_role,

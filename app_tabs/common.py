@@ -64,9 +64,16 @@ def heavy_slots() -> dict:
 
 
 def light_slots() -> dict:
-    """Short jobs on the shared engines (a build, a time-limited chat) wait at most one chunk
-    of an evaluation there (engines.dispatch), never behind the heavy slots."""
+    """Short jobs on the shared engines (a build, a plan) wait at most one step of the job
+    holding the engine (engines.dispatch), never behind the heavy slots or the chats."""
     return dict(concurrency_id="light", concurrency_limit=LIMITS.plan_jobs)
+
+
+def chat_slots() -> dict:
+    """Chats stream for up to a request's time: slots of their own, so that a Build never
+    waits in Gradio's queue behind answers being streamed (on the engine it goes between two
+    tokens: engines.dispatch)."""
+    return dict(concurrency_id="chat", concurrency_limit=LIMITS.plan_jobs)
 
 
 class PageBase:

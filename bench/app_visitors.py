@@ -13,6 +13,14 @@ with ``gradio_client``, one client (one session) per scripted visitor:
   memory grows by less than one checkpoint.
 * ``--victim``: two visitors start evaluations at the served caps (20 questions, 8 shots, 256
   tokens, 4 models); a third then picks and builds: its Build latency (target < 10 s).
+* ``--crowd evaluations,reproduce,chats``: each on a fresh server, at the page's caps and the
+  default job budget: (a) two visitors evaluate at the caps (20 questions, 8 shots, 256 tokens,
+  4 models; where the server refuses that as over its budget, the most questions it accepts:
+  what the page's sliders then allow), (b) one visitor reruns the demo result at its slider's
+  maximum, (c) five visitors chat at once (256-token answers); while they run, a new visitor
+  picks the demo models and builds a swap, then another, three in turn: their pick + build
+  times (target <= 10 s each), with the machine's load average and how many of the heavy jobs
+  were still running.
 * ``--baseline ROOT``: one visitor's evaluation timed against another checkout's app (e.g. the
   code before this change) in the same run (target: within 10%).
 """
@@ -120,6 +128,111 @@ def victim(url: str) -> dict:
             "evaluations": [s[:160] for s in said]}
 
 
+def _args(client, api: str, values: dict) -> list:
+    """The endpoint's arguments: ``values`` by label, label start or parameter name."""
+    info = client.view_api(return_format="dict", print_info=False)["named_endpoints"][api]
+    out = []
+    for p in info["parameters"]:
+        names = [str(p.get("label") or ""), str(p.get("parameter_name") or "")]
+        hit = next((v for k, v in values.items() if any(n == k or (n and n.startswith(k))
+                                                         for n in names)), None)
+        out.append(p.get("parameter_default") if hit is None else hit)
+    return out
+
+
+def _refused(job, wait: float = 8.0) -> str | None:
+    """The one-line refusal of a submitted job that ended within ``wait`` s (None: running)."""
+    t = time.monotonic()
+    while time.monotonic() - t < wait:
+        if job.done():
+            out = status(job.result())
+            return out if "⚠" in out else None
+        time.sleep(0.5)
+    return None
+
+
+def _ready(url: str, build: bool = True):
+    c = connect(url)
+    call(c, "/pick_models", {})
+    if build:
+        call(c, "/build", {})
+    return c
+
+
+def start_evaluations(url: str, n: int = 2) -> tuple[list, dict]:
+    """``n`` visitors evaluating at the caps (fewer questions where the budget refuses them)."""
+    jobs, asked = [], {}
+    for _ in range(n):
+        c = _ready(url)
+        for q in (20, 16, 12, 10, 8, 6, 5, 4, 3, 2, 1):
+            values = {"Data": "mgsm", "Language": "sw", "Questions": q, "Shots": 8,
+                      "Max new tokens": 256}
+            job = c.submit(*_args(c, "/evaluate", values), api_name="/evaluate")
+            said = _refused(job)
+            if said is None:
+                jobs.append(job)
+                asked.setdefault("questions", []).append(q)
+                break
+            asked.setdefault("refused", []).append(f"{q}: {said[:100]}")
+    return jobs, asked
+
+
+def start_reproduce(url: str) -> tuple[list, dict]:
+    from layerswap_core.workbench.served import LIMITS
+
+    c = _ready(url, build=False)
+    n = LIMITS.eval_questions
+    job = c.submit(*_args(c, "/demo_result", {"Held-out variants": n}), api_name="/demo_result")
+    said = _refused(job, 3.0)
+    return ([] if said else [job]), {"variants": n, **({"refused": said} if said else {})}
+
+
+def start_chats(url: str, n: int = 5) -> tuple[list, dict]:
+    clients = [_ready(url) for _ in range(n)]
+    jobs = [c.submit(*_args(c, "/chat", {"param_1": "Andika hadithi ndefu kuhusu simba na "
+                                                    f"sungura namba {i}.", "Max new tokens": 256}),
+                     api_name="/chat") for i, c in enumerate(clients)]
+    return jobs, {"chats": n, "max_new_tokens": 256}
+
+
+SCENARIOS = {"evaluations": start_evaluations, "reproduce": start_reproduce, "chats": start_chats}
+
+
+def crowd(name: str, port: int, root: Path = ROOT, newcomers: int = 3) -> dict:
+    """One scenario on a fresh server (the app of checkout ``root``): the heavy visitors start,
+    then a newcomer's pick + build."""
+    server = start_server(root, port)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        connect(url)
+        jobs, asked = SCENARIOS[name](url)
+        time.sleep(10 if name == "chats" else 20)     # the jobs are generating
+        running_before = sum(not j.done() for j in jobs)
+        load = os.getloadavg()[0]
+        rows = []
+        for k in range(newcomers):   # new visitors one after another, while the jobs run
+            v = connect(url)
+            t = time.perf_counter()
+            call(v, "/pick_models", {})
+            pick = time.perf_counter() - t
+            t = time.perf_counter()
+            out = status(call(v, "/build", {"Bottom layers b (language)": 1 + k % 5,
+                                            "Top layers u (language)": 1}))
+            rows.append((pick, time.perf_counter() - t, out))
+            time.sleep(5)
+        total = [p + b for p, b, _ in rows]
+        return {"scenario": name, **asked, "heavy_running_at_start": running_before,
+                "heavy_running_after": sum(not j.done() for j in jobs),
+                "newcomer_pick_s": [round(p, 2) for p, _, _ in rows],
+                "newcomer_build_s": [round(b, 2) for _, b, _ in rows],
+                "newcomer_pick_build_s_max": round(max(total), 2),
+                "build_status": rows[-1][2][:100],
+                "load_1min": round(load, 2), "load_1min_after": round(os.getloadavg()[0], 2)}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def one_evaluation(root: Path, port: int) -> float:
     server = start_server(root, port)
     try:
@@ -139,6 +252,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--visitors", default="1,4,12,24")
     ap.add_argument("--victim", action="store_true")
+    ap.add_argument("--crowd", default="", help="scenarios: evaluations,reproduce,chats")
+    ap.add_argument("--server-root", type=Path, default=ROOT,
+                    help="the checkout whose app the crowd scenarios run (e.g. an older one)")
     ap.add_argument("--baseline", type=Path, help="another checkout to time one evaluation on")
     ap.add_argument("--port", type=int, default=7881)
     ap.add_argument("--json", type=Path)
@@ -147,6 +263,15 @@ def main(argv=None) -> int:
     ckpt = checkpoint_bytes()
     result = {"checkpoint_gib": round(ckpt / 2**30, 3), "steps": [],
               "machine": f"{os.cpu_count()} CPUs", "date": time.strftime("%Y-%m-%d %H:%M")}
+    for i, name in enumerate(x for x in a.crowd.split(",") if x.strip()):
+        row = crowd(name.strip(), a.port + 10 + i, a.server_root.resolve())
+        result.setdefault("crowd", []).append(row)
+        print(json.dumps(row), flush=True)
+    if not a.visitors.strip() and not a.victim and not a.baseline:
+        print(json.dumps(result, indent=1))
+        if a.json:
+            a.json.write_text(json.dumps(result, indent=1))
+        return 0
     server = start_server(ROOT, a.port)
     url = f"http://127.0.0.1:{a.port}/"
     try:

@@ -71,7 +71,7 @@ class Limits:
     ref_chars: int = 512             # a model reference, a local folder path, a Hub repo id
     name_chars: int = 100            # a folder name under the output root (served mode)
     jobs: int = 2                    # heavy jobs (analyze, build, save, evaluate, ...) at once
-    plan_jobs: int = 4               # plan redraws (and builds, chats) at once
+    plan_jobs: int = 4               # plan redraws and builds at once; chats: as many again
     queue: int = 16                  # jobs waiting for a live model at once (more are refused)
     session_seconds: int = 6 * 3600  # an open page keeps its models this long (closed: freed soon)
     agent_sessions: int = 32         # agent (MCP) sessions open at once (workbench.agents)
