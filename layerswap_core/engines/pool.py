@@ -361,6 +361,7 @@ class EnginePool:
             self._wait(ticket, progress, cancelled, "paused for another visitor's job")
 
     def clear(self) -> None:
-        """Drop every idle engine (busy ones stay until their job ends)."""
+        """Drop every idle engine (busy ones stay until their job ends, and so do those a
+        paused job waits to get back)."""
         with self._cond:
-            self.engines = [e for e in self.engines if e.busy]
+            self.engines = [e for e in self.engines if e.busy or e.paused]
