@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from ..merge.config import FIELDS, MergeConfig
-from ..merge.partition import ConfigError
+from ..merge.partition import ConfigError, parse_layers
 from ..merge.registry import get_method
 
 ALIASES = {"b": "bottom", "u": "top", "t": "transition", "t_b": "transition_bottom",
@@ -66,14 +66,32 @@ def _number(text: str, kind: str, axis: str):
     return value
 
 
-def _values(text: str, axis: str, kind: str) -> list:
+def axis_values(text: str, axis: str, kind: str = "count", depth: int | None = None) -> list:
+    """The one reader of a sweep axis's values (the CLI's ``--grid`` and the app's Sweep tab):
+    '3,4,5', '0-4' or '0-8:2' (every 2nd of a range of counts), in the order given, each once.
+
+    With ``depth`` (the model's layer count: counts run 0..depth) a count item is read by the
+    merge's one layer parser (``partition.parse_layers`` over ``depth + 1`` values: bounds
+    checked before any range is built), so 'first 3', 'last 2' and 'all' work too, and ':STEP'
+    keeps every STEP-th value of that item; a value outside 0..depth is refused. Without a
+    depth, counts are plain integers and ranges. ConfigError (one line) otherwise."""
     out: list = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         rng, _, step = part.partition(":")
-        if kind == "count" and "-" in rng.strip().lstrip("-"):
+        if kind == "count" and depth is not None:
+            try:
+                every = int(step) if step.strip() else 1
+                values = sorted(parse_layers(rng, depth + 1)) if rng.strip() else []
+            except ValueError:   # ConfigError is a ValueError: one message for both
+                values = []
+            if not values or every < 1:
+                raise ConfigError(f"{axis}: {part!r} is not a value or range within 0..{depth} "
+                                  "(use e.g. 0,2,4 or 0-6:2)")
+            out += values[::every]
+        elif kind == "count" and "-" in rng.strip().lstrip("-"):
             lo, _, hi = rng.partition("-")
             lo, hi = _number(lo.strip(), kind, axis), _number(hi.strip(), kind, axis)
             every = _number(step.strip(), kind, axis) if step.strip() else 1
@@ -86,7 +104,8 @@ def _values(text: str, axis: str, kind: str) -> list:
             out.append(_number(part, kind, axis))
     values = list(dict.fromkeys(out))
     if not values:
-        raise ConfigError(f"grid: {axis}: give at least one value")
+        raise ConfigError(f"{'' if depth is not None else 'grid: '}{axis}: give at least one "
+                          "value")
     if len(values) > MAX_VALUES:
         raise ConfigError(f"grid: {axis}: {len(values)} values; at most {MAX_VALUES} per axis")
     return values
@@ -107,7 +126,7 @@ def parse_grid(specs: list[str] | str, method: str = "layer_swap") -> dict[str, 
                 (field in BOTH_TRANSITIONS and "transition" in grid):
             raise ConfigError(f"grid: {name.strip()!r} is given twice")
         kind = FIELDS["transition_bottom" if field == "transition" else field].kind
-        values = _values(text, name.strip(), kind)
+        values = axis_values(text, name.strip(), kind)
         for v in values:   # the field's own bounds (Knob.refuses, one line naming the field)
             _with(MergeConfig(method=method), field, v).check_fields()
         grid[field] = values

@@ -88,10 +88,45 @@ def score_grid(records: list[dict], grid: dict[str, list], lang: str, metric: st
     return xa, ya, xs, ys, z
 
 
+def heatmap_trace(xs, ys, z, *, x_label: str, y_label: str, score_label: str = "score",
+                  fmt: str = ".3f", lower_is_better: bool = False, coloraxis: str | None = None):
+    """The one drawing of a sweep's grid (the CLI's figure and the app's): (a plotly Heatmap,
+    the best cell (row, column) or None). ``z[i][j]`` is the score of (ys[i], xs[j]), None or
+    NaN where nothing was scored; cells show their score (``fmt``), the best one (highest, or
+    lowest with ``lower_is_better``: an NLL) starred; ``coloraxis``: a shared colour axis (the
+    CLI's figure, one panel per language), else a colour bar of its own."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    z = np.array([[np.nan if v is None else v for v in row] for row in z],
+                 dtype=float).reshape(len(ys), len(xs))
+    text = [["" if not np.isfinite(v) else format(v, fmt) for v in row] for row in z]
+    pick = np.nanargmin if lower_is_better else np.nanargmax
+    best = np.unravel_index(pick(z), z.shape) if np.isfinite(z).any() else None
+    if best is not None:
+        text[best[0]][best[1]] = "★ " + text[best[0]][best[1]]
+    colours = ({"coloraxis": coloraxis} if coloraxis else
+               {"colorscale": "Viridis_r" if lower_is_better else "Viridis",
+                "colorbar": {"title": {"text": score_label, "side": "right"},
+                             "tickformat": fmt if fmt.endswith("%") else None}})
+    trace = go.Heatmap(z=z, x=[str(v) for v in xs], y=[str(v) for v in ys], text=text,
+                       texttemplate="%{text}", xgap=2, ygap=2, **colours,
+                       hovertemplate=(f"{y_label} %{{y}}<br>{x_label} %{{x}}<br>{score_label} "
+                                      f"%{{z:{fmt}}}<extra></extra>"))
+    return trace, best
+
+
+def outline_best(fig, best, **where) -> None:
+    """A white frame around the best cell (category axes: cells at integer positions)."""
+    if best is not None:
+        i, j = best
+        fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=i - 0.5, y1=i + 0.5,
+                      line=dict(color="white", width=3), **where)
+
+
 def heatmap_figure(records: list[dict], grid: dict[str, list], langs: list[str], metric: str):
     """One heatmap per language over the first two axes (one row for a 1-D grid); with more
-    axes each cell shows the best over the others."""
-    import plotly.graph_objects as go
+    axes each cell shows the best over the others (``score_grid``, ``heatmap_trace``)."""
     from plotly.subplots import make_subplots
 
     axes = list(grid)
@@ -99,12 +134,11 @@ def heatmap_figure(records: list[dict], grid: dict[str, list], langs: list[str],
                         horizontal_spacing=0.12)
     for col, lang in enumerate(langs, start=1):
         xa, ya, xs, ys, z = score_grid(records, grid, lang, metric)
-        text = [["" if v is None else (f"{v:.3f}") for v in row] for row in z]
-        fig.add_trace(go.Heatmap(z=z, x=[str(x) for x in xs], y=[str(y) for y in ys],
-                                 text=text, texttemplate="%{text}", coloraxis="coloraxis",
-                                 hovertemplate=f"{xa} %{{x}}<br>{ya or ''} %{{y}}<br>"
-                                               f"{metric} %{{z:.4f}}<extra>{lang}</extra>"),
-                      row=1, col=col)
+        trace, best = heatmap_trace(xs, ys, z, x_label=xa, y_label=ya or "", score_label=metric,
+                                    fmt=".4f", lower_is_better=metric == "nll",
+                                    coloraxis="coloraxis")
+        fig.add_trace(trace, row=1, col=col)
+        outline_best(fig, best, row=1, col=col)
         fig.update_xaxes(title_text=xa, type="category", row=1, col=col)
         fig.update_yaxes(title_text=ya or "", type="category", row=1, col=col)
     scale = "Viridis_r" if metric == "nll" else "Viridis"

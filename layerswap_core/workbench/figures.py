@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 
 from ..checkpoints.architectures import ATTENTION_KINDS, LAYER_KIND_ORDER, MLP_KINDS, NORM_KINDS
 from ..merge.registry import Source
+from ..sweeps.report import heatmap_trace, outline_best
 
 # One colour per source, used by every figure (language expert warm, task expert cool).
 COLORS = {"lang": "#E4572E", "task": "#2E86AB", "base": "#A0A0A0", "blend": "#9B5DE5",
@@ -520,28 +521,15 @@ def sweep_heatmap(x_values: Sequence, y_values: Sequence, scores, x_label: str =
                   y_label: str = "bottom layers b", title: str | None = None,
                   score_label: str = "score", fmt: str = ".1%",
                   lower_is_better: bool = False) -> go.Figure:
-    """Scores of a grid sweep (e.g. bottom b x top u); ``scores[i][j]`` is for (y_values[i],
-    x_values[j]); NaN marks configurations not run or impossible. The best cell (highest, or
-    lowest with ``lower_is_better``, e.g. an NLL shown with its own sign) is starred and
-    brightest."""
-    z = np.array(scores, dtype=float).reshape(len(y_values), len(x_values))
-    text = [[("" if not np.isfinite(v) else format(v, fmt)) for v in row] for row in z]
-    pick = np.nanargmin if lower_is_better else np.nanargmax
-    best = np.unravel_index(pick(z), z.shape) if np.isfinite(z).any() else None
-    if best is not None:
-        text[best[0]][best[1]] = "★ " + text[best[0]][best[1]]
-    fig = go.Figure(go.Heatmap(
-        z=z, x=[str(v) for v in x_values], y=[str(v) for v in y_values], text=text,
-        texttemplate="%{text}", colorscale="Viridis_r" if lower_is_better else "Viridis",
-        xgap=2, ygap=2,
-        colorbar=dict(title={"text": score_label, "side": "right"},
-                      tickformat=fmt if fmt.endswith("%") else None),
-        hovertemplate=(f"{y_label} %{{y}}<br>{x_label} %{{x}}<br>{score_label} "
-                       f"%{{z:{fmt}}}<extra></extra>")))
-    if best is not None:  # outline the best cell (category axes: cells at integer positions)
-        i, j = best
-        fig.add_shape(type="rect", x0=j - 0.5, x1=j + 0.5, y0=i - 0.5, y1=i + 0.5,
-                      line=dict(color="white", width=3))
+    """Scores of a grid sweep (e.g. bottom b x top u) in the page's style; ``scores[i][j]`` is
+    for (y_values[i], x_values[j]); None/NaN marks configurations not run or impossible. The
+    cells are the sweeps' one drawing (``sweeps.report.heatmap_trace``: the best cell, highest
+    or with ``lower_is_better`` lowest, starred and outlined)."""
+    trace, best = heatmap_trace(x_values, y_values, scores, x_label=x_label, y_label=y_label,
+                                score_label=score_label, fmt=fmt,
+                                lower_is_better=lower_is_better)
+    fig = go.Figure(trace)
+    outline_best(fig, best)
     fig.update_xaxes(title_text=x_label, type="category")
     fig.update_yaxes(title_text=y_label, type="category")
     return _layout(fig, title or f"Sweep: {score_label} by {y_label} and {x_label}",

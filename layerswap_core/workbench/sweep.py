@@ -17,8 +17,8 @@ from .served import LIMITS, Progress, WorkbenchError, bounded, capped
 from .session import Session, dispatcher
 from ..engines.jobs import register_kind, tally
 from ..evaluation.registry import load_items
-from ..merge.partition import ConfigError, parse_layers
-from ..sweeps.grid import expand
+from ..merge.partition import ConfigError
+from ..sweeps.grid import axis_values, expand
 from ..sweeps.report import score_grid
 from ..sweeps.runner import MODEL_FIELDS, SweepRequest, run_sweep
 from ..sweeps.scoring import EvalSettings, SweepWorker
@@ -59,29 +59,14 @@ SWEEP_AXES = {"bottom / top": ("bottom", "top"),
 
 
 def parse_values(text: str, name: str, hi: int) -> list[int]:
-    """'0,2,4', '0-4' or '0-8:2' -> sorted ints within 0..hi (layer counts: 0 up to the depth).
-
-    Each item is read by the merge's one layer parser (``partition.parse_layers`` over ``hi + 1``
-    values: bounds checked before any range is built, so 'first 3' and 'all' work too);
-    ``:STEP`` then keeps every STEP-th value of that item."""
-    out: set[int] = set()
-    for part in capped(name, text, LIMITS.values_chars).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        rng, _, step = part.partition(":")
-        try:
-            every = int(step) if step.strip() else 1
-            values = sorted(parse_layers(rng, hi + 1)) if rng.strip() else []
-        except (ValueError, ConfigError):  # ConfigError is a ValueError: one message for both
-            values = []
-        if not values or every < 1:
-            raise WorkbenchError(f"{name}: {part!r} is not a value or range within 0..{hi} "
-                                 "(use e.g. 0,2,4 or 0-6:2)")
-        out.update(values[::every])
-    if not out:
-        raise WorkbenchError(f"{name}: give at least one value")
-    return sorted(out)
+    """The Sweep tab's values of one axis, sorted: the sweeps' one axis reader
+    (``sweeps.grid.axis_values`` with the model's depth ``hi``: '0,2,4', '0-8:2', 'first 3',
+    'all'), after the length cap of a visitor's text."""
+    try:
+        return sorted(axis_values(capped(name, text, LIMITS.values_chars), name, "count",
+                                  depth=hi))
+    except ConfigError as e:
+        raise WorkbenchError(str(e)) from None
 
 
 def _scoring(metric: str) -> dict:
