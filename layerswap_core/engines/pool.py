@@ -21,7 +21,6 @@ jobs.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -139,16 +138,8 @@ def per_trio_from_env() -> int:
 
 
 def max_engines_from_env() -> int | None:
-    value = os.environ.get("LAYERSWAP_MAX_ENGINES", "").strip()
-    if not value:
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"LAYERSWAP_MAX_ENGINES={value!r}: expected a whole number") from None
-    if n < 1:
-        raise ValueError(f"LAYERSWAP_MAX_ENGINES={value!r}: at least 1")
-    return n
+    """LAYERSWAP_MAX_ENGINES (a whole number >= 1; None when unset: what fits)."""
+    return env_number("LAYERSWAP_MAX_ENGINES", None, int, minimum=1, strict=True)
 
 
 @dataclass(eq=False)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from . import methods
 from ..checkpoints.reading import ST_TO_DTYPE
 from ..progress import Progress, say as _say
+from ..settings import env_number
 from .errors import ConfigError, MergeError
 from .registry import Source
 
@@ -276,10 +277,7 @@ def merge_workers(device: str | torch.device = "cpu") -> int:
     min(2, CPUs this process may use) on the CPU; 1 on a GPU (its kernels are the parallelism)."""
     if not str(device).startswith("cpu"):
         return 1
-    try:
-        return max(1, int(os.environ[WORKERS_ENV]))
-    except (KeyError, ValueError):
-        return max(1, min(2, len(os.sched_getaffinity(0))))
+    return max(1, env_number(WORKERS_ENV, min(2, len(os.sched_getaffinity(0))), int))
 
 
 def _finite(t: torch.Tensor) -> bool:
