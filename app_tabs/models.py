@@ -6,6 +6,7 @@ import gradio as gr
 
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.preflight import download_line, preflight_gate, preflight_markdown
 from layerswap_core.workbench.served import LIMITS, offered_models
 
 from .common import PageBase, gr_progress, guarded, ok, warn
@@ -19,33 +20,55 @@ class ModelsTab(PageBase):
     VIEWS: dict = {}   # the tab's table and line show the check just made
     # then every view of earlier results, emptied (``app.Page.SESSION_VIEWS``)
     OUTPUTS = {"pick_models": ("status", "models_md", "models_table", "session", *SLIDERS, "xs",
-                               "ys")}
+                               "ys", "download_btn")}
 
     @guarded("models_md")
     def pick_models(self, v, request: gr.Request, profile: gr.OAuthProfile | None,
                     progress=gr.Progress()):
+        """Check the models and use them; Hub models not here yet get their pre-flight first
+        (metadata only), and nothing large is downloaded until "Download and use"."""
+        return self._pick(v, request, profile, progress, download=False)
+
+    @guarded("models_md")
+    def download_models(self, v, request: gr.Request, profile: gr.OAuthProfile | None,
+                        progress=gr.Progress()):
+        """"Download and use": the pick, its Hub models downloaded."""
+        return self._pick(v, request, profile, progress, download=True)
+
+    def _pick(self, v, request, profile, progress, download: bool):
         refs = (v[self.base], v[self.task], v[self.lang])
         old = v[self.session]
         # a failed check keeps the session in use (its models, its build); none: none
         kept = self.no_session() if old is None else {}
         still = ("" if old is None else "\n\nStill in use, unchanged: the models and merge on "
                  "the top line.")
+        access = self.visitor(request, profile)
+        gate = None if download else preflight_gate(*refs, access, gr_progress(progress))
+        if gate is not None:   # Hub models to download: their metadata first, nothing large
+            pf, missing = gate
+            md = preflight_markdown(pf, access)
+            if not pf.ok:
+                gr.Warning("These models cannot be merged; see the Models tab.")
+                return {self.models_md: "⚠ " + md + still,
+                        self.download_btn: gr.update(visible=False)}
+            return {self.models_md: ok(md + "\n\n" + download_line(pf, missing)) + still,
+                    self.download_btn: gr.update(visible=True)}
+        hidden = {self.download_btn: gr.update(visible=False)}
         try:
-            session, report = wb.open_session(*refs, gr_progress(progress),
-                                              self.visitor(request, profile),
+            session, report = wb.open_session(*refs, gr_progress(progress), access,
                                               visitor=self.page_id(request))
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
-            return {**kept, self.models_md: warn(e) + still,
+            return {**kept, **hidden, self.models_md: warn(e) + still,
                     self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
         if session is None:
             gr.Warning("These models cannot be merged; see the list on the Models tab.")
-            return {**kept, self.models_md: "⚠ " + report.markdown() + still,
+            return {**kept, **hidden, self.models_md: "⚠ " + report.markdown() + still,
                     self.models_table: report.rows}
         wb.close_session(old)  # nothing runs on models no longer selected
         wb.warm_up(session)  # load the models in the background while the visitor looks around
         config = wb.default_config(session)
         fig, text = wb.plan_view(session, config)
-        return {**self.cleared(), self.session: session, **self.banner(session),
+        return {**self.cleared(), **hidden, self.session: session, **self.banner(session),
                 self.models_md: ok(report.markdown()), self.models_table: report.rows,
                 **self.slider_updates(session),
                 self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
@@ -129,6 +152,8 @@ class ModelsTab(PageBase):
                                         elem_id="lang-ref")
             self.pick_btn = gr.Button("Check and use these models", variant="primary",
                                       elem_id="pick")
+            # Hub models not here yet: shown once their pre-flight (metadata only) passed
+            self.download_btn = gr.Button("Download and use", visible=False, elem_id="download")
             self.models_md = gr.Markdown(elem_id="models-status")
             # served: Hub downloads run in the background; their progress shows above
             self.hub_cancel = gr.Button("Cancel download", size="sm", visible=self.access.served)
@@ -158,6 +183,12 @@ class ModelsTab(PageBase):
             show_progress_on=[self.models_md]))
         picked[1].then(self.restore_config, {self.session, self.reloaded}, kept,
                        api_visibility="private")
+        # "Download and use" (Hub models not here yet, their pre-flight passed)
+        picked.append(self.download_btn.click(
+            self.download_models, models, self.outputs("pick_models"), api_name="download_models",
+            concurrency_limit=LIMITS.jobs, show_progress_on=[self.models_md]))
+        picked[-1].then(self.remember, self.config_inputs() | {self.kept}, [self.kept],
+                        api_visibility="private")
         for lang, btn in self.trio_btns.items():   # a demo trio: the dropdowns, then the check
             trio = btn.click(lambda lang=lang: self.demo_trio(lang), None,
                                     [self.base, self.task, self.lang], api_visibility="private",

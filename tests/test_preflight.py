@@ -309,3 +309,50 @@ def test_the_models_tab_preflight_with_a_visitors_rules(fake_hub, tiny, tmp_path
     finally:
         hub.set_served_cache(before)
     assert not any(a == "Bearer hf_server_secret_token" for a in fake_hub.auths)
+
+
+def test_a_hub_pick_is_preflighted_and_downloads_only_on_download_and_use(fake_hub, tiny,
+                                                                          tmp_path):
+    """The Models tab's gate (``workbench.preflight.preflight_gate``, before any pick of a Hub
+    model that is not here): an incompatible trio is refused with the reason after less than
+    1 MB per model and no download starts; a compatible one shows its sizes and the memory
+    estimate, no weight byte fetched; the pick past the gate ("Download and use") starts the
+    download, and while it runs the gate lets the pick through."""
+    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench.preflight import (awaiting_download, download_line,
+                                                    preflight_gate, preflight_markdown)
+    from layerswap_core.workbench.served import Access
+
+    cache = hub.HubCache(tmp_path / "served-hub", hub.HubLimits(None, None, 5.0, 1))
+    before = hub.set_served_cache(cache)
+    try:
+        access = Access(True, tmp_path / "out", (tiny["base"].parent,), namespace="alice")
+        base = str(tiny["base"])
+        assert preflight_gate(base, str(tiny["task"]), str(tiny["lang"]), access) is None
+        fake_hub.reset()
+        pf, missing = preflight_gate(base, "fake/task", "fake/other-vocab", access)
+        assert missing == ["fake/task", "fake/other-vocab"] and not pf.ok
+        assert preflight_markdown(pf, access).startswith(
+            "**Not compatible**: different vocabulary sizes")
+        assert all(0 < fake_hub.sent[r] < MB for r in missing), fake_hub.sent
+        assert not cache.jobs and not weight_bytes_fetched(fake_hub)
+        fake_hub.reset()
+        pf, missing = preflight_gate(base, "fake/task", "fake/lang", access)
+        md = preflight_markdown(pf, access)
+        assert pf.ok and "- download: 34.6 MB in all" in md and "memory" in md
+        assert "**Download and use** fetches fake/task, fake/lang (0.03 GB)" in \
+            download_line(pf, missing)
+        assert not cache.jobs and not weight_bytes_fetched(fake_hub)
+        assert not (tmp_path / "served-hub").exists()
+        # "Download and use": the pick itself, which downloads them (in the background; these
+        # small ones end within the pick's wait), then checks them from their files
+        session, report = wb.open_session(base, "fake/task", "fake/lang", access=access)
+        assert session is not None and report.ok
+        assert weight_bytes_fetched(fake_hub)
+        assert cache.cached("fake/task") is not None and cache.cached("fake/lang") is not None
+        assert awaiting_download([base, "fake/task", "fake/lang"], access) == []
+    finally:
+        for job in list(cache.jobs.values()):
+            if job.thread is not None:
+                job.thread.join(30)
+        hub.set_served_cache(before)

@@ -8,7 +8,11 @@ refused, the served cache's limits and its copies); any other reference is vette
 """
 from __future__ import annotations
 
+import os
+
+from ..checkpoints import hub
 from ..checkpoints.preflight import Preflight, preflight
+from ..checkpoints.references import is_offline
 from ..memory import memory_available
 from ..progress import Progress
 from .served import HUB_ID, LIMITS, LOCAL, Access, WorkbenchError, as_text, capped, \
@@ -52,3 +56,49 @@ def preflight_markdown(pf: Preflight, access: Access = LOCAL) -> str:
     if free is not None:
         lines.append(f"this server has {free / 10 ** 9:.1f} GB of memory available now")
     return "\n".join([as_text(head), *(f"- {as_text(line)}" for line in lines)])
+
+
+def _here(repo_id: str, access: Access) -> bool:
+    """Whether the Hub model ``repo_id`` is here already, or on its way: served, in the served
+    cache or downloading there; else in the local Hugging Face cache."""
+    if access.served:
+        cache = hub.served_cache()
+        job = cache.jobs.get(repo_id)
+        return cache.cached(repo_id) is not None or (job is not None and job.running)
+    from huggingface_hub import snapshot_download
+    try:
+        snapshot_download(repo_id, allow_patterns=["config.json"], local_files_only=True)
+        return True
+    except Exception:  # noqa: BLE001 - not in the local cache
+        return False
+
+
+def awaiting_download(refs, access: Access = LOCAL) -> list[str]:
+    """The Hub ids among ``refs`` a pick would download first (not here yet, not a folder of
+    that name, the Hub reachable: offline the check itself says what is missing)."""
+    if is_offline():
+        return []
+    out = []
+    for ref in refs:
+        ref = (ref or "").strip()
+        if (HUB_ID.fullmatch(ref) and ref not in access.trusted and not os.path.exists(ref)
+                and ref not in out and not _here(ref, access)):
+            out.append(ref)
+    return out
+
+
+def preflight_gate(base: str, task: str, lang: str, access: Access = LOCAL,
+                   progress: Progress | None = None) -> tuple[Preflight, list[str]] | None:
+    """Before a pick that would download Hub models: their pre-flight and which they are (the
+    page then offers "Download and use" when it is compatible). None: nothing to download, the
+    pick goes on."""
+    missing = awaiting_download((base, task, lang), access)
+    if not missing:
+        return None
+    return preflight_models(base, task, lang, access, progress), missing
+
+
+def download_line(pf: Preflight, missing: list[str]) -> str:
+    """What "Download and use" would fetch, in one line."""
+    return (f"Nothing large is downloaded yet. **Download and use** fetches {', '.join(missing)} "
+            f"({pf.download_bytes / 10 ** 9:.2f} GB), then checks them again from their files.")
