@@ -52,6 +52,8 @@ SESSION_VIEWS = (*DeltasTab.VIEWS, *ConfigureTab.VIEWS, *BuildTab.VIEWS, *LABELS
 # each event's outputs (Page attributes): the API returns them in this order, the state left out
 OUTPUTS = {event: names for tab in TABS for event, names in tab.OUTPUTS.items()}
 OUTPUTS["pick_models"] = (*OUTPUTS["pick_models"], *SESSION_VIEWS)
+# outputs the API does not return: the session state and the buttons (Gradio skips them)
+NOT_IN_API = ("session", "download_btn")
 
 
 class Page(*TABS, BudgetMixin):

@@ -25,5 +25,5 @@ def pick(client, base, task, lang) -> dict:
     """The Models tab's pick, its outputs by name."""
     import app
 
-    names = [n for n in app.OUTPUTS["pick_models"] if n != "session"]
+    names = [n for n in app.OUTPUTS["pick_models"] if n not in app.NOT_IN_API]
     return dict(zip(names, client.predict(base, task, lang, api_name="/pick_models")))

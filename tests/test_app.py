@@ -48,7 +48,7 @@ def named(event: str, out) -> dict:
     """An endpoint's outputs by name (app.OUTPUTS; the API leaves the session state out)."""
     import app
 
-    names = [n for n in app.OUTPUTS[event] if n != "session"]
+    names = [n for n in app.OUTPUTS[event] if n not in app.NOT_IN_API]
     out = out if isinstance(out, (list, tuple)) else (out,)
     assert len(out) == len(names)
     return dict(zip(names, out))

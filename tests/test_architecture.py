@@ -25,6 +25,7 @@ LAYERS = [
      "memory", "settings"),                       # the process's memory; numbers from variables
     ("checkpoints.reading", "checkpoints.tokenizers",   # tensors, headers, configs; tokenizers;
      "checkpoints.cache"),                        # the cache folder, the cached build, LRU
+    ("checkpoints.tokenizer_panel",),             # what differs in tokenizers, chat templates
     ("checkpoints.writing",),                     # the sharded writer, output folders
     ("checkpoints.adapters",),                    # PEFT adapters: the reader, the applier
     ("checkpoints.embedded",),                    # the embedded models' registry (data rows)

@@ -133,6 +133,15 @@ def _other_tokenizer(task: Path, out: Path) -> Path:
     return out
 
 
+def _other_eos(lang: Path, out: Path) -> Path:
+    """The language expert with another EOS token named in its tokenizer_config.json."""
+    shutil.copytree(lang, out)
+    cfg = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    cfg["eos_token"] = "<|endoftext|>"
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    return out
+
+
 @pytest.fixture(scope="module")
 def fake_hub(tiny, tmp_path_factory):
     from huggingface_hub import constants
@@ -142,7 +151,8 @@ def fake_hub(tiny, tmp_path_factory):
                       "fake/base": tiny["base"], "fake/gated": tiny["lang"],
                       "fake/other-vocab": _other_vocab(tiny["task"], root / "other-vocab"),
                       "fake/other-tokenizer": _other_tokenizer(tiny["task"],
-                                                               root / "other-tokenizer")})
+                                                               root / "other-tokenizer"),
+                      "fake/other-eos": _other_eos(tiny["lang"], root / "other-eos")})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "0")
         mp.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -356,3 +366,17 @@ def test_a_hub_pick_is_preflighted_and_downloads_only_on_download_and_use(fake_h
             if job.thread is not None:
                 job.thread.join(30)
         hub.set_served_cache(before)
+
+
+def test_check_names_a_special_token_that_differs(fake_hub, capsys):
+    """`layerswap check`: ids the same, the EOS token named differently: compatible, with the
+    tokenizer panel's warning and which tokenizer the merge keeps."""
+    from layerswap_core.cli import main
+
+    assert main(["check", "--task", "fake/task", "--lang", "fake/other-eos"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("warning: language expert vs task expert: eos token "
+                               "'<|endoftext|>' vs ") for line in out), out
+    assert "the merge writes the task expert's tokenizer files and chat template " \
+           "(tokenizer_source)" in out
+    assert out[-1].startswith("compatible")

@@ -36,6 +36,7 @@ from .loading import ModelInfo, describe
 from .reading import INDEX_NAME, ModelLoadError
 from .references import _REPO_ID, resolve
 from .tokenizers import TOKENIZER_FILES
+from .tokenizer_panel import TokenizerPanel, tokenizer_panel
 
 # a config, index or tokenizer file listed larger than this is not read for a pre-flight
 MAX_SMALL_FILE = 64 * 2 ** 20
@@ -78,6 +79,7 @@ class Preflight:
     models: dict[str, ModelFacts]
     problems: list[str]
     notes: list[str] = field(default_factory=list)
+    tokenizers: TokenizerPanel | None = None   # what differs in tokenizers and chat templates
 
     @property
     def ok(self) -> bool:
@@ -114,6 +116,9 @@ class Preflight:
                        f"{_gb(self.mapped_bytes)} of page cache for the weight files "
                        f"(pre-flight fetched {_small(self.fetched_bytes)})")
         out += [f"note: {n}" for n in self.notes]
+        if self.tokenizers is not None and not self.tokenizers.identical:
+            out += [line for line in self.tokenizers.lines() if not line.startswith("refused")]
+            out += [f"  {d}" for d in self.tokenizers.details]
         out.append(f"refused: {self.refusal}" if self.problems else
                    "compatible: same architecture, depth, shapes, vocabulary and tokenizer")
         return out
@@ -312,12 +317,15 @@ def preflight(refs: dict[str, str], *, served: bool = False, token=None,
             refusal = too_big(download, limits.max_download)
             if refusal:   # said, and the rest is still checked: both are worth knowing
                 found.append(f"{role} {refs[role]}: {refusal}")
+        panel = None
         if len(facts) == len(paths) > 1:
             found += _compatibility(hub, paths, remote, found, limits, progress,
                                     len(refs) / (len(refs) + 2))
+            if not found:   # the tokenizer files are here (fetched when nothing else differed)
+                panel = tokenizer_panel(paths)
         facts = {role: replace(f, fetched_bytes=remote[role].fetched if role in remote else 0)
                  for role, f in facts.items()}
-        return Preflight(facts, [_named(p, paths, refs) for p in found], notes)
+        return Preflight(facts, [_named(p, paths, refs) for p in found], notes, panel)
 
 
 def _compatibility(hub: _Hub | None, paths: dict[str, Path], remote: dict[str, _HubModel],

@@ -43,6 +43,7 @@ from ..progress import say as _say
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, capped,
                      check_replace, output_folder, readable_error, vet_reference)
 from ..checkpoints.reading import CheckpointReader
+from ..checkpoints.tokenizer_panel import TokenizerPanel, tokenizer_panel
 from ..merge.config import DTYPES, MergeConfig
 from ..merge.executor import merge_to_folder, model_card, most_output_bytes
 from ..merge.plan import build_plan
@@ -73,6 +74,7 @@ class ModelsReport:
     access: Access = LOCAL
     models: ModelSet | None = None        # the opened models (headers), checked once
     notes: tuple[str, ...] = ()           # warnings that do not stop the merge
+    tokenizers: TokenizerPanel | None = None   # what differs in tokenizers and chat templates
 
     HEADERS = ("role", "model", "architecture", "layers", "hidden", "vocab", "dtype", "size")
 
@@ -81,11 +83,13 @@ class ModelsReport:
         return not self.problems
 
     def markdown(self) -> str:
+        panel = ("" if self.tokenizers is None or self.tokenizers.identical
+                 else "\n\n" + self.tokenizers.markdown())
         if self.ok:
             return (f"**Compatible**: same architecture, shapes and vocabulary "
                     f"({self.num_layers} layers). Ready to configure."
-                    + "".join(f"\n\n⚠ {n}" for n in self.notes))
-        return "**Not compatible**:\n" + "\n".join(f"- {p}" for p in self.problems)
+                    + "".join(f"\n\n⚠ {n}" for n in self.notes) + panel)
+        return "**Not compatible**:\n" + "\n".join(f"- {p}" for p in self.problems) + panel
 
 
 def check_models(base: str, task: str, lang: str, progress: Progress | None = None,
@@ -140,7 +144,7 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
     found = compatibility_problems(models)
     note = reading_note(refs.get("base") or refs["task"], names["lang"])
     return ModelsReport(refs, rows, found, infos["task"].num_layers, names, access, models,
-                        (note,) if note else ())
+                        (note,) if note else (), tokenizer_panel(models.paths))
 
 
 READING_RATIO = 3.0   # tokens per word in the expert's language over English: a warning above
