@@ -27,3 +27,11 @@ def pick(client, base, task, lang) -> dict:
 
     names = [n for n in app.OUTPUTS["pick_models"] if n not in app.NOT_IN_API]
     return dict(zip(names, client.predict(base, task, lang, api_name="/pick_models")))
+
+
+def download(client, base, task, lang) -> dict:
+    """The Models tab's "Download and use" (the pick, its Hub models downloaded)."""
+    import app
+
+    names = [n for n in app.OUTPUTS["pick_models"] if n not in app.NOT_IN_API]
+    return dict(zip(names, client.predict(base, task, lang, api_name="/download_models")))

@@ -47,6 +47,9 @@ class CountingHub:
             def do_GET(self):
                 hub_.handle(self)
 
+            def do_HEAD(self):   # huggingface_hub's metadata request before a download
+                hub_.handle(self, head=True)
+
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -60,7 +63,7 @@ class CountingHub:
         self.sent.clear()
         self.ranges.clear()
 
-    def handle(self, h):
+    def handle(self, h, head: bool = False):
         path = h.path.split("?")[0]
         self.auths.append(h.headers.get("authorization"))
         if path.startswith("/api/models/"):
@@ -80,16 +83,21 @@ class CountingHub:
         data = self.repos.get(repo, {}).get(name)
         if data is None:
             return self.send(h, repo, 404, json.dumps({"error": "Entry not found"}).encode())
+        etag = {"etag": f'"{hashlib.sha256(data).hexdigest()}"'}
+        if head:
+            return self.send(h, repo, 200, data, etag, head=True)
         rng = h.headers.get("range")
         with self.lock:
             self.ranges.append((repo, name, rng))
         if rng:
             a, b = (int(x) for x in rng.removeprefix("bytes=").split("-"))
             return self.send(h, repo, 206, data[a:b + 1],
-                             {"content-range": f"bytes {a}-{min(b, len(data) - 1)}/{len(data)}"})
-        return self.send(h, repo, 200, data)
+                             {"content-range": f"bytes {a}-{min(b, len(data) - 1)}/{len(data)}",
+                              **etag})
+        return self.send(h, repo, 200, data, etag)
 
-    def send(self, h, repo: str, status: int, body: bytes, headers: dict | None = None):
+    def send(self, h, repo: str, status: int, body: bytes, headers: dict | None = None,
+             head: bool = False):
         h.send_response(status)
         h.send_header("content-length", str(len(body)))
         h.send_header("x-repo-commit", SHA)
@@ -99,6 +107,8 @@ class CountingHub:
         for k, v in (headers or {}).items():
             h.send_header(k, v)
         h.end_headers()
+        if head:
+            return
         try:
             h.wfile.write(body)
         except OSError:
@@ -157,6 +167,10 @@ def fake_hub(tiny, tmp_path_factory):
         mp.setenv("HF_HUB_OFFLINE", "0")
         mp.setattr(constants, "HF_HUB_OFFLINE", False)
         mp.setattr(constants, "ENDPOINT", fh.url)
+        # the resolve URLs' template is made from HF_ENDPOINT when huggingface_hub is
+        # imported: pointed at the fake Hub too, as HF_ENDPOINT set before would have
+        mp.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                   fh.url + "/{repo_id}/resolve/{revision}/{filename}")
         mp.setenv("HF_ENDPOINT", fh.url)
         try:
             yield fh

@@ -29,7 +29,7 @@ from layerswap_core.checkpoints import hub
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.served import REFUSED, Access, WorkbenchError, vet_reference
-from served_client import launch, pick, visitor
+from served_client import download, launch, pick, visitor
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 VISITOR_TOKEN, SERVER_TOKEN = "hf_visitor_alice_token", "hf_server_secret_token"
@@ -83,6 +83,8 @@ class FakeHub:
         sizes = {n: len(b) for n, b in self.files.items()}
         if repo == "fake/huge":
             sizes = {"config.json": 700, "model.safetensors": 40 * 2 ** 30}
+        if repo == "fake/liar":   # lists one byte more of its weights than it sends
+            sizes["model.safetensors"] += 1
         return {"id": repo, "modelId": repo, "sha": SHA, "private": False, "gated": False,
                 "siblings": [{"rfilename": n, "size": s} for n, s in sizes.items()]}
 
@@ -96,7 +98,7 @@ class FakeHub:
             return
         if method == "GET" and path.startswith("/api/models/"):
             repo = path[len("/api/models/"):].split("/revision/")[0]
-            if repo not in ("fake/tiny", "fake/tiny2", "fake/slow", "fake/huge"):
+            if repo not in ("fake/tiny", "fake/tiny2", "fake/slow", "fake/huge", "fake/liar"):
                 return self.send(h, 404, {"error": "Repository not found"})
             return self.send(h, 200, self.listing(repo))
         if "/resolve/" in path:
@@ -176,6 +178,10 @@ def fake_hub(tiny):
         mp.setenv("HF_HUB_OFFLINE", "0")
         mp.setattr(constants, "HF_HUB_OFFLINE", False)
         mp.setattr(constants, "ENDPOINT", fh.url)
+        # the resolve URLs' template is made from HF_ENDPOINT when huggingface_hub is
+        # imported: pointed at the fake Hub too, as HF_ENDPOINT set before would have
+        mp.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                   fh.url + "/{repo_id}/resolve/{revision}/{filename}")
         mp.setenv("HF_ENDPOINT", fh.url)
         mp.setenv("HF_TOKEN", SERVER_TOKEN)     # the server's token: never sent for a visitor
         before = hub.set_served_cache(hub.HubCache(cache_root, hub.HubLimits(
@@ -261,8 +267,15 @@ def test_locally_the_download_limit_applies_only_when_set(fake_hub, monkeypatch)
 
 
 def test_a_model_downloads_in_the_background_and_is_then_picked(served, tiny, fake_hub):
+    """A Hub model not here: the pick shows its pre-flight and downloads nothing; "Download
+    and use" downloads it (through huggingface_hub) and uses it; a second visitor's pick
+    takes it from the served cache."""
     c = visitor(served)
     out = pick(c, str(tiny["base"]), "fake/tiny", str(tiny["lang"]))
+    assert out["models_md"].startswith("✔ **Compatible** (from their metadata")
+    assert "**Download and use** fetches fake/tiny" in out["models_md"]
+    assert hub.served_cache().cached("fake/tiny") is None
+    out = download(c, str(tiny["base"]), "fake/tiny", str(tiny["lang"]))
     if not out["models_md"].startswith("✔"):           # still downloading: pick again
         assert "downloading in the background" in out["models_md"]
         hub.served_cache().wait("fake/tiny", 30)
@@ -289,6 +302,19 @@ def test_a_download_is_cancelled_and_leaves_nothing(tmp_path, fake_hub):
     assert job.state == "cancelled" and not job.thread.is_alive()
     assert cache.cached("fake/slow") is None
     assert [p.name for p in (tmp_path / "hub").iterdir()] == []   # no partial folder left
+
+
+def test_a_file_of_another_size_than_listed_is_refused_and_leaves_nothing(tmp_path, fake_hub):
+    """The download goes through huggingface_hub, which checks each file against the Hub's own
+    metadata; the served cache also checks it against the listing it sized the download by."""
+    cache = hub.HubCache(tmp_path / "hub", hub.HubLimits(None, None, TIMEOUT, 2), fake_hub.url)
+    with pytest.raises(hub.Pending):
+        cache.fetch("fake/liar", "v1", wait=0)
+    job = cache.wait("fake/liar", 30)
+    assert job.state == "failed" and "another size than it listed" in job.error
+    assert cache.cached("fake/liar") is None
+    assert [p.name for p in (tmp_path / "hub").iterdir()] == []   # no partial folder left
+    assert not any(a for m, p, a in fake_hub.requests if "/fake/liar/" in p)   # no token sent
 
 
 def test_the_cache_evicts_the_least_recently_used_model_nobody_holds(tmp_path, fake_hub):

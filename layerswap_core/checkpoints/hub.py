@@ -9,9 +9,11 @@ far it got. A download:
 * lists the repository's files with their sizes (model info) and is refused, before any byte of
   a file is fetched, when the listed total exceeds ``LAYERSWAP_MAX_DOWNLOAD_GB`` (or a size is
   not listed, or the repository is gated or private: the server's token is never used for it);
-* fetches each file itself (``resolve`` URLs, no retries) with connect and read timeouts of
-  ``LAYERSWAP_HUB_TIMEOUT`` seconds, so a silent Hub is an error within a minute, and checks
-  Cancel and the listed size between chunks (a Hub sending more than it listed is stopped);
+* fetches each file through ``huggingface_hub.hf_hub_download`` at the listed commit, without a
+  token (its retries of transient errors, resumed transfers and size checks against the Hub's
+  own metadata; ``LAYERSWAP_HUB_TIMEOUT`` for the metadata request, the library's read timeout
+  for the transfer), checks Cancel at every chunk of at most ``CHUNK_BYTES`` and each file's
+  size against the listing;
 * writes into a partial folder renamed into place when complete (never half a model);
 * makes room first in the served cache (``LAYERSWAP_MAX_HUB_CACHE_GB``), evicting the least
   recently used models that no visitor holds (``hold``/``release``: the models a live session
@@ -38,6 +40,7 @@ from .cache import cache_dir, evict_lru, folder_bytes
 GB = 10 ** 9
 PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
 USED = ".last-used"          # beside a cached repository's snapshots; its mtime is its last use
+CHUNK_BYTES = 256 << 10      # a download reads at most this much between two looks at Cancel
 
 
 class Pending(ModelLoadError):
@@ -327,7 +330,6 @@ class HubCache:
 
     def _download(self, job: Download) -> Path:
         from huggingface_hub import HfApi, constants
-        from huggingface_hub.utils import get_session
 
         endpoint = self.endpoint or constants.ENDPOINT
         timeout = self.limits.timeout
@@ -355,8 +357,8 @@ class HubCache:
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.root))
         try:
             for name, size in files.items():
-                self._fetch_file(job, get_session(), file_url(endpoint, job.repo_id, sha, name),
-                                 partial / name, size)
+                self._fetch_file(job, endpoint, sha, name, partial, size)
+            shutil.rmtree(partial / ".cache", ignore_errors=True)   # huggingface_hub's notes
             check_folder(partial)
             final = self.repo_dir(job.repo_id) / re.sub(r"[^\w.-]", "_", sha)
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -370,22 +372,39 @@ class HubCache:
         finally:
             shutil.rmtree(partial, ignore_errors=True)
 
-    def _fetch_file(self, job: Download, client, url: str, dest: Path, size: int) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        got = 0
-        with client.stream("GET", url, timeout=self.limits.timeout) as r:
-            r.raise_for_status()
-            with open(dest, "wb") as f:
-                for chunk in r.iter_bytes():
-                    if job.cancel.is_set():
-                        raise _Stop()
-                    got += len(chunk)
-                    if got > size:
-                        raise ModelLoadError("the Hub sent more than the size it listed: stopped")
-                    f.write(chunk)
-                    job.done += len(chunk)
-        if got != size:
-            raise ModelLoadError("the Hub sent less than the size it listed: stopped")
+    def _fetch_file(self, job: Download, endpoint: str, sha: str, name: str, partial: Path,
+                    size: int) -> None:
+        """One file through ``huggingface_hub.hf_hub_download`` (its retries, resumed
+        transfers and size checks) into the partial folder, at the listed commit, with no
+        token; Cancel is checked at every chunk it receives (``_counting``)."""
+        from huggingface_hub import constants, hf_hub_download
+
+        # chunks of at most CHUNK_BYTES: Cancel answers within one (the library reads 10 MiB)
+        constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
+        path = Path(hf_hub_download(job.repo_id, name, revision=sha, endpoint=endpoint,
+                                    token=False, local_dir=partial,
+                                    etag_timeout=self.limits.timeout,
+                                    tqdm_class=_counting(job)))
+        if path.stat().st_size != size:
+            raise ModelLoadError("the Hub sent another size than it listed: stopped")
+
+
+def _counting(job: Download):
+    """A progress-bar class for ``hf_hub_download`` that counts the job's bytes and stops it
+    (``_Stop``) at the next chunk once it is cancelled; it draws nothing."""
+    from huggingface_hub.utils import tqdm as hf_tqdm
+
+    class Counting(hf_tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            if job.cancel.is_set():
+                raise _Stop()
+            job.done += n or 0
+            return super().update(n)
+    return Counting
 
 
 class _Stop(Exception):

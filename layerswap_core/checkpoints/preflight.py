@@ -245,8 +245,12 @@ class _Hub:
 
 
 def _skeleton(hub: _Hub, model: _HubModel) -> None:
-    """The listing, config.json, the index and every weight file's header."""
+    """The listing, config.json, the index and every weight file's header; a model over the
+    download limit is refused from its listing, before any file is read."""
     hub.listing(model)
+    refusal = too_big(sum(model.files.values()), hub.limits.max_download)
+    if refusal:
+        raise ModelLoadError(refusal)
     model.folder.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", INDEX_NAME):
         if name in model.files:
