@@ -41,6 +41,25 @@ def chat_job(trio, visitor, what, text="Habari?", tokens=12):
                   "deadline": time.monotonic() + 120})
 
 
+def run_together(d: Dispatcher, jobs: dict) -> dict:
+    """{visitor: result} of ``jobs`` ({visitor: job}) run at once on ``d``, one thread each;
+    any job's error fails the test."""
+    out, errors = {}, []
+
+    def run(v):
+        try:
+            out[v] = d.run(jobs[v])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(v,)) for v in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    return out
+
+
 def test_jobs_and_results_are_plain_data(trio, tiny, items, one_thread):
     job = evaluate_job(trio, "v1", {"merged": swap(tiny, 2, 1), "task": "task"}, items)
     assert pickle.loads(pickle.dumps(job)) == job
@@ -93,20 +112,8 @@ def test_visitors_interleaved_on_one_engine_get_what_each_gets_alone(trio, tiny,
             evaluate_job(trio, v, {"merged": cfg, "base": "base"}, items[:2]))
     pool = EnginePool(1)
     d = Dispatcher(pool, chunk_items=1)
-    together, errors = {}, []
-
-    def run(v):
-        try:
-            together[v] = d.run(evaluate_job(trio, v, {"merged": configs[v], "base": "base"},
-                                             items[:2]))
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    threads = [threading.Thread(target=run, args=(v,)) for v in configs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors
+    together = run_together(d, {v: evaluate_job(trio, v, {"merged": cfg, "base": "base"},
+                                                 items[:2]) for v, cfg in configs.items()})
     assert together == alone
     assert pool.built == 1 and pool.peak == 1
     outputs = {v: [r["models"]["merged"]["output"] for r in res["rows"]]
@@ -174,20 +181,7 @@ def test_equally_urgent_jobs_take_turns_of_one_step(trio, tiny, items, one_threa
             for v, b, u in (("v1", 2, 1), ("v2", 0, 3))}
     alone = {v: Dispatcher(EnginePool(1)).run(j) for v, j in jobs.items()}
     pool = EnginePool(1, step=0.0)
-    d = Dispatcher(pool)
-    together, errors = {}, []
-
-    def run(v):
-        try:
-            together[v] = d.run(jobs[v])
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    threads = [threading.Thread(target=run, args=(v,)) for v in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors and together == alone
+    assert run_together(Dispatcher(pool), jobs) == alone
     assert pool.handovers >= 2 and pool.built == 1
 
 
