@@ -7,15 +7,22 @@ The fake Hub (``FakeHub``: stdlib http.server in a thread on 127.0.0.1) answers 
 makes: model info with file sizes (``/api/models/<repo>``), file resolve
 (``/<repo>/resolve/<rev>/<file>``), repo creation, preupload and commit (a push). Its repos:
 ``fake/tiny`` and ``fake/tiny2`` (the tiny task expert's files), ``fake/slow`` (the same, sent
-slowly), ``fake/hang`` (every request held open) and ``fake/huge`` (listed at 40 GiB). These
-tests turn the Hub on (the suite runs with HF_HUB_OFFLINE=1) for themselves only.
+slowly), ``fake/hang`` (every request held open), ``fake/huge`` (listed at 40 GiB) and, with the
+tiny files listed right but their weights sent wrong, ``fake/corrupt`` (one byte changed),
+``fake/short`` (the last kilobyte missing), ``fake/liar`` (listed a byte larger) and
+``fake/flaky`` (connections broken off on demand).
+Resolve answers as the Hub does for ``huggingface_hub``: commit, etag (the real sha256 of an LFS
+file, the git blob id of another), size, ranges. These tests turn the Hub on (the suite runs with
+HF_HUB_OFFLINE=1) for themselves only.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import replace
 import json
 import os
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +39,8 @@ from layerswap_core.workbench.served import REFUSED, Access, WorkbenchError, vet
 from served_client import download, launch, pick, visitor
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
+REPOS = ("fake/tiny", "fake/tiny2", "fake/slow", "fake/huge", "fake/corrupt", "fake/short",
+         "fake/flaky", "fake/liar")
 VISITOR_TOKEN, SERVER_TOKEN = "hf_visitor_alice_token", "hf_server_secret_token"
 NO_PARTITION = "none (bottom/top sliders)"
 MORE = ("blend (average, as in Algorithm 1)", False, 1.0, 1.0, 0.2, 1.0)
@@ -48,6 +57,8 @@ class FakeHub:
         self.files = {p.name: p.read_bytes() for p in sorted(model.iterdir()) if p.is_file()}
         self.requests: list[tuple[str, str, str | None]] = []   # method, path, authorization
         self.pushed: dict[str, dict] = {}                      # repo -> {path: bytes}
+        self.ranged: list[tuple[str, str, str]] = []           # repo, file, Range asked
+        self.cuts: list[str] = []          # fake/flaky: how its next GETs of the weights break off
         self.stop = threading.Event()
         hub_ = self
 
@@ -79,14 +90,32 @@ class FakeHub:
     def resolves(self, repo: str) -> list[str]:
         return [p for m, p, _ in self.requests if p.startswith(f"/{repo}/resolve/")]
 
+    @staticmethod
+    def lfs(name: str) -> bool:
+        return name.endswith(".safetensors")
+
+    def etag(self, name: str) -> str:
+        """A file's etag as the Hub gives it: the sha256 of an LFS file, else its git blob id."""
+        from huggingface_hub.utils.sha import git_hash
+        data = self.files[name]
+        return hashlib.sha256(data).hexdigest() if self.lfs(name) else git_hash(data)
+
     def listing(self, repo: str) -> dict:
+        def sibling(n: str, size: int) -> dict:
+            if n not in self.files:
+                return {"rfilename": n, "size": size, "blobId": "0" * 40}
+            if self.lfs(n):
+                return {"rfilename": n, "size": size, "blobId": "1" * 40,
+                        "lfs": {"sha256": self.etag(n), "size": size, "pointerSize": 134}}
+            return {"rfilename": n, "size": size, "blobId": self.etag(n)}
+
         sizes = {n: len(b) for n, b in self.files.items()}
         if repo == "fake/huge":
             sizes = {"config.json": 700, "model.safetensors": 40 * 2 ** 30}
         if repo == "fake/liar":   # lists one byte more of its weights than it sends
             sizes["model.safetensors"] += 1
         return {"id": repo, "modelId": repo, "sha": SHA, "private": False, "gated": False,
-                "siblings": [{"rfilename": n, "size": s} for n, s in sizes.items()]}
+                "siblings": [sibling(n, s) for n, s in sizes.items()]}
 
     def handle(self, h: BaseHTTPRequestHandler, method: str):
         path = h.path.split("?")[0]
@@ -98,7 +127,7 @@ class FakeHub:
             return
         if method == "GET" and path.startswith("/api/models/"):
             repo = path[len("/api/models/"):].split("/revision/")[0]
-            if repo not in ("fake/tiny", "fake/tiny2", "fake/slow", "fake/huge", "fake/liar"):
+            if repo not in REPOS:
                 return self.send(h, 404, {"error": "Repository not found"})
             return self.send(h, 200, self.listing(repo))
         if "/resolve/" in path:
@@ -107,7 +136,7 @@ class FakeHub:
             data = self.files.get(name)
             if data is None or repo == "fake/huge":
                 return self.send(h, 404, {"error": "Entry not found"})
-            return self.send_bytes(h, method, data, slow=repo == "fake/slow")
+            return self.send_file(h, method, repo, name)
         if method == "POST":                     # a push: every call needs the visitor's token
             if auth != f"Bearer {VISITOR_TOKEN}":
                 return self.send(h, 401, {"error": "Invalid credentials"})
@@ -146,22 +175,55 @@ class FakeHub:
         if method != "HEAD":
             h.wfile.write(data)
 
-    def send_bytes(self, h, method: str, data: bytes, slow: bool = False):
-        h.send_response(200)
-        h.send_header("content-length", str(len(data)))
-        h.send_header("etag", '"x"')
+    def send_file(self, h, method: str, repo: str, name: str):
+        """A file as the Hub's resolve answers it: its commit, etag (X-Linked-* for an LFS file),
+        size; a Range request answered 206. What the test repos do to ``model.safetensors``:
+        fake/slow sends it slowly, fake/corrupt with one byte changed, fake/short without its
+        last kilobyte, fake/flaky breaks off the connection while ``cuts`` says so (after half
+        of what was asked; with "nothing", before its first byte)."""
+        data, etag = self.files[name], self.etag(name)
+        start = 0
+        rng = h.headers.get("range")
+        if rng and method == "GET":
+            start = int(rng.removeprefix("bytes=").split("-")[0])
+            self.ranged.append((repo, name, rng))
+        body = data[start:]
+        if name == "model.safetensors" and method == "GET":
+            if repo == "fake/corrupt":
+                body = body[:100] + bytes([body[100] ^ 1]) + body[101:]
+            if repo == "fake/short":
+                body = body[:-1024]
+        h.send_response(206 if start else 200)
+        h.send_header("content-length", str(len(body)))
+        if start:
+            h.send_header("content-range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        h.send_header("etag", f'"{etag}"')
+        if self.lfs(name):
+            h.send_header("x-linked-etag", f'"{etag}"')
+            h.send_header("x-linked-size", str(len(data)))
         h.send_header("x-repo-commit", SHA)
+        h.send_header("accept-ranges", "bytes")
         h.end_headers()
         if method == "HEAD":
             return
-        step = 4096 if slow else len(data)
+        cut = None
+        if repo == "fake/flaky" and name == "model.safetensors" and self.cuts:
+            cut = 0 if self.cuts.pop(0) == "nothing" else len(body) // 2
+        slow = repo == "fake/slow"
+        step = 16384 if slow else len(body)
         try:
-            for i in range(0, len(data), step):
+            if cut is not None:
+                h.wfile.write(body[:cut])
+                h.wfile.flush()
+                h.close_connection = True
+                h.connection.shutdown(socket.SHUT_RDWR)
+                return
+            for i in range(0, len(body), step):
                 if self.stop.is_set():
                     return
-                h.wfile.write(data[i:i + step])
+                h.wfile.write(body[i:i + step])
                 if slow:
-                    time.sleep(0.05)
+                    time.sleep(0.02)
         except OSError:
             pass
 
@@ -297,9 +359,12 @@ def test_a_download_is_cancelled_and_leaves_nothing(tmp_path, fake_hub):
     with pytest.raises(hub.Pending, match="fake/slow"):
         cache.fetch("fake/slow", "v1", wait=0.5)
     assert cache.status("v1")[0].running
+    t0 = time.monotonic()
     assert cache.cancel("v1") == ["fake/slow"]
     job = cache.wait("fake/slow", 10)
     assert job.state == "cancelled" and not job.thread.is_alive()
+    assert time.monotonic() - t0 < 5                   # within a chunk, not at the file's end
+    assert 0 < job.done < job.total
     assert cache.cached("fake/slow") is None
     assert [p.name for p in (tmp_path / "hub").iterdir()] == []   # no partial folder left
 
@@ -315,6 +380,43 @@ def test_a_file_of_another_size_than_listed_is_refused_and_leaves_nothing(tmp_pa
     assert cache.cached("fake/liar") is None
     assert [p.name for p in (tmp_path / "hub").iterdir()] == []   # no partial folder left
     assert not any(a for m, p, a in fake_hub.requests if "/fake/liar/" in p)   # no token sent
+
+
+def test_a_corrupted_or_truncated_file_is_refused_and_nothing_is_kept(tmp_path, fake_hub):
+    for repo, words in (("fake/corrupt", "model.safetensors does not match the checksum"),
+                        ("fake/short", "the Hub sent less than the size it listed")):
+        root = tmp_path / repo.replace("/", "-")
+        cache = hub.HubCache(root, hub.HubLimits(None, None, TIMEOUT, 2), fake_hub.url)
+        with pytest.raises(hub.ModelLoadError, match=f"{repo}: {words}") as e:
+            cache.fetch(repo, "v1", wait=30)
+        in_words(str(e.value), fake_hub)
+        assert cache.cached(repo) is None
+        assert [p.name for p in root.iterdir()] == []   # no partial folder, no partial file
+
+
+def test_an_interrupted_download_resumes_and_a_failed_one_restarts_cleanly(tmp_path, fake_hub):
+    whole = fake_hub.files["model.safetensors"]
+    limits = hub.HubLimits(None, None, TIMEOUT, 2)
+    cache = hub.HubCache(tmp_path / "one", limits, fake_hub.url)
+    fake_hub.ranged.clear()
+    fake_hub.cuts[:] = ["half"]                  # the first GET breaks off after half the file
+    path = cache.fetch("fake/flaky", "v1", wait=30)
+    assert fake_hub.cuts == []
+    [(repo, name, rng)] = fake_hub.ranged        # one more GET, from what had arrived
+    assert (repo, name) == ("fake/flaky", "model.safetensors") and rng.endswith("-")
+    assert 0 < int(rng.removeprefix("bytes=")[:-1]) <= len(whole) // 2
+    assert (path / "model.safetensors").read_bytes() == whole          # resumed, not restarted
+    assert {p.name for p in path.iterdir()} == set(fake_hub.files)     # no notes, no .incomplete
+    # a connection that breaks off before any byte, again and again: the download fails (after
+    # huggingface_hub's retries) and leaves nothing; asked again, it starts afresh
+    cache = hub.HubCache(tmp_path / "two", limits, fake_hub.url)
+    fake_hub.cuts[:] = ["nothing"] * 20
+    with pytest.raises(hub.ModelLoadError, match="fake/flaky: the connection to the Hub broke off"):
+        cache.fetch("fake/flaky", "v1", wait=30)
+    assert [p.name for p in (tmp_path / "two").iterdir()] == []
+    fake_hub.cuts.clear()
+    path = cache.fetch("fake/flaky", "v1", wait=30)
+    assert (path / "model.safetensors").read_bytes() == whole
 
 
 def test_the_cache_evicts_the_least_recently_used_model_nobody_holds(tmp_path, fake_hub):

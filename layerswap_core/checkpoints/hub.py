@@ -9,12 +9,15 @@ far it got. A download:
 * lists the repository's files with their sizes (model info) and is refused, before any byte of
   a file is fetched, when the listed total exceeds ``LAYERSWAP_MAX_DOWNLOAD_GB`` (or a size is
   not listed, or the repository is gated or private: the server's token is never used for it);
-* fetches each file through ``huggingface_hub.hf_hub_download`` at the listed commit, without a
-  token (its retries of transient errors, resumed transfers and size checks against the Hub's
-  own metadata; ``LAYERSWAP_HUB_TIMEOUT`` for the metadata request, the library's read timeout
-  for the transfer), checks Cancel at every chunk of at most ``CHUNK_BYTES`` and each file's
-  size against the listing;
-* writes into a partial folder renamed into place when complete (never half a model);
+* fetches each file with ``huggingface_hub.hf_hub_download`` at the listed commit (the endpoint
+  passed to it, and ``token=False``): its retries resume a broken-off file with a Range
+  request; its metadata and read timeouts are ``LAYERSWAP_HUB_TIMEOUT`` seconds, so a silent Hub
+  is an error within a minute (one silent mid-file is retried first); the progress bar it is
+  given (``_Watch``) counts the bytes and stops the file at Cancel (within ``CHUNK_BYTES``) or
+  past its listed size;
+* checks every file against the listing: its size, and its sha256 (LFS) or git blob id;
+* writes into a partial folder renamed into place when complete (never half a model, never a
+  file that does not match its checksum);
 * makes room first in the served cache (``LAYERSWAP_MAX_HUB_CACHE_GB``), evicting the least
   recently used models that no visitor holds (``hold``/``release``: the models a live session
   picked).
@@ -126,10 +129,14 @@ def _words(exc: BaseException, timeout: float) -> str:
 
     if isinstance(exc, ModelLoadError):
         return str(exc)
+    if isinstance(exc, (ValueError, errors.LocalEntryNotFoundError)) and exc.__cause__:
+        return _words(exc.__cause__, timeout)    # hf_hub_download's wrapping of a failed HEAD
     if isinstance(exc, httpx2.TimeoutException):
         return f"the Hub did not answer within {timeout:.0f} s; try again later"
     if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError)):
         return "cannot reach the Hub from this server; try again later"
+    if isinstance(exc, httpx2.TransportError):
+        return "the connection to the Hub broke off; try again later"
     if isinstance(exc, errors.GatedRepoError):
         return "this model is gated (its terms must be accepted): not downloaded on this server"
     if isinstance(exc, (errors.RepositoryNotFoundError, errors.RevisionNotFoundError,
@@ -338,14 +345,16 @@ class HubCache:
             job.repo_id, files_metadata=True, timeout=timeout)
         if getattr(info, "gated", False) or getattr(info, "private", False):
             raise ModelLoadError("this model is gated or private: not downloaded on this server")
-        files = {s.rfilename: s.size for s in info.siblings or ()
+        files = {s.rfilename: s for s in info.siblings or ()
                  if any(fnmatch.fnmatch(s.rfilename, p) for p in PATTERNS)}
         if not any(n.endswith(".safetensors") for n in files):
             raise ModelLoadError("the repository has no safetensors weights")
         _clean_names(files)
-        if any(size is None for size in files.values()):
+        if any(s.size is None for s in files.values()):
             raise ModelLoadError("the Hub does not list the size of every file: not downloaded")
-        total = sum(files.values())
+        if any(_checksum(s) is None for s in files.values()):
+            raise ModelLoadError("the Hub does not list the checksum of every file: not downloaded")
+        total = sum(s.size for s in files.values())
         refusal = too_big(total, self.limits.max_download)
         if refusal:
             raise ModelLoadError(refusal)
@@ -353,11 +362,17 @@ class HubCache:
         check_free_space(self.root, total, f"downloading {job.repo_id}")
         self.make_room(total, keep=job.repo_id)
         job.total, job.state = total, "downloading"
+        # huggingface_hub reads these two per call: a silent Hub within the timeout, Cancel
+        # within a chunk (its default, 10 MB, is a long wait on a slow link)
+        constants.HF_HUB_DOWNLOAD_TIMEOUT = timeout
+        constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
         sha = info.sha or "main"
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.root))
         try:
-            for name, size in files.items():
-                self._fetch_file(job, endpoint, sha, name, partial, size)
+            for sibling in files.values():
+                if job.cancel.is_set():
+                    raise _Stop()
+                self._fetch_file(job, endpoint, sha, sibling, partial)
             shutil.rmtree(partial / ".cache", ignore_errors=True)   # huggingface_hub's notes
             check_folder(partial)
             final = self.repo_dir(job.repo_id) / re.sub(r"[^\w.-]", "_", sha)
@@ -372,39 +387,80 @@ class HubCache:
         finally:
             shutil.rmtree(partial, ignore_errors=True)
 
-    def _fetch_file(self, job: Download, endpoint: str, sha: str, name: str, partial: Path,
-                    size: int) -> None:
-        """One file through ``huggingface_hub.hf_hub_download`` (its retries, resumed
-        transfers and size checks) into the partial folder, at the listed commit, with no
-        token; Cancel is checked at every chunk it receives (``_counting``)."""
-        from huggingface_hub import constants, hf_hub_download
+    def _fetch_file(self, job: Download, endpoint: str, revision: str, sibling,
+                    folder: Path) -> None:
+        """One file through ``hf_hub_download`` (its retries resume with a Range request) into
+        ``folder``, counted into the job and stopped at Cancel or past its listed size by the
+        progress bar it is given; then checked against the listing's size and checksum."""
+        from huggingface_hub import hf_hub_download
 
-        # chunks of at most CHUNK_BYTES: Cancel answers within one (the library reads 10 MiB)
-        constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
-        path = Path(hf_hub_download(job.repo_id, name, revision=sha, endpoint=endpoint,
-                                    token=False, local_dir=partial,
-                                    etag_timeout=self.limits.timeout,
-                                    tqdm_class=_counting(job)))
+        name, size, before = sibling.rfilename, sibling.size, job.done
+        try:
+            path = hf_hub_download(
+                job.repo_id, name, revision=revision, local_dir=folder, endpoint=endpoint,
+                token=False, etag_timeout=self.limits.timeout, force_download=True,
+                tqdm_class=lambda **kw: _Watch(job, size, **kw))
+        except OSError as e:
+            if "Consistency check failed" in str(e):    # huggingface_hub: a short body
+                raise ModelLoadError("the Hub sent less than the size it listed: stopped") from e
+            raise
+        job.done = before + size
+        path = Path(path)
         if path.stat().st_size != size:
             raise ModelLoadError("the Hub sent another size than it listed: stopped")
+        if _file_checksum(path, sibling) != _checksum(sibling):
+            raise ModelLoadError(f"{name} does not match the checksum the Hub listed: refused")
 
 
-def _counting(job: Download):
-    """A progress-bar class for ``hf_hub_download`` that counts the job's bytes and stops it
-    (``_Stop``) at the next chunk once it is cancelled; it draws nothing."""
-    from huggingface_hub.utils import tqdm as hf_tqdm
+def _checksum(sibling) -> str | None:
+    """What the listing says a file hashes to: the sha256 of an LFS file, else its git blob id."""
+    lfs = getattr(sibling, "lfs", None)
+    if lfs:
+        return (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None))
+    return getattr(sibling, "blob_id", None)
 
-    class Counting(hf_tqdm):
-        def __init__(self, *args, **kwargs):
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
 
-        def update(self, n=1):
-            if job.cancel.is_set():
-                raise _Stop()
-            job.done += n or 0
-            return super().update(n)
-    return Counting
+def _file_checksum(path: Path, sibling) -> str:
+    """``path`` hashed the way ``_checksum`` lists it."""
+    from huggingface_hub.utils.sha import git_hash, sha_fileobj
+
+    if getattr(sibling, "lfs", None):
+        with open(path, "rb") as f:
+            return sha_fileobj(f).hex()
+    return git_hash(path.read_bytes())
+
+
+class _Watch:
+    """The progress bar ``hf_hub_download`` is given: counts the bytes into the job; stops the
+    download at Cancel or once past the file's listed size (huggingface_hub removes its
+    partial file on the way out)."""
+
+    def __init__(self, job: Download, size: int, total: int | None = None, **_):
+        self.job, self.size, self.total, self.n = job, size, total, 0
+        if total is not None and total > size:
+            raise ModelLoadError("the Hub announced more than the size it listed: stopped")
+
+    def update(self, n: int | float | None = 1) -> None:
+        n = int(n or 0)
+        self.n += n
+        self.job.done += n
+        if self.job.cancel.is_set():
+            raise _Stop()
+        if self.n > self.size:
+            raise ModelLoadError("the Hub sent more than the size it listed: stopped")
+
+    def update_transfer(self, n: int | float | None = 1) -> None:
+        if self.job.cancel.is_set():
+            raise _Stop()
+
+    def __enter__(self) -> _Watch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def __getattr__(self, name: str):
+        return lambda *a, **k: None        # set_postfix_str, close, refresh...
 
 
 class _Stop(Exception):
