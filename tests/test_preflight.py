@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from huggingface_hub.utils.sha import git_hash
 
 from layerswap_core.checkpoints import hub
 from layerswap_core.checkpoints.preflight import check, hub_id, preflight
@@ -75,7 +76,7 @@ class CountingHub:
                        "gated": "manual" if repo == "fake/gated" else False,
                        "cardData": {"license": "apache-2.0"},
                        "siblings": [{"rfilename": n, "size": len(b),
-                                     "blobId": hashlib.sha1(b).hexdigest()}
+                                     "blobId": git_hash(b)}
                                     for n, b in files.items()]}
             return self.send(h, repo, 200, json.dumps(listing).encode())
         repo, _, rest = path[1:].partition("/resolve/")
@@ -242,7 +243,7 @@ def _listing_bytes(fh: CountingHub, role: str) -> int:
     listing = {"id": f"fake/{role}", "modelId": f"fake/{role}", "sha": SHA, "private": False,
                "gated": False, "cardData": {"license": "apache-2.0"},
                "siblings": [{"rfilename": n, "size": len(b),
-                             "blobId": hashlib.sha1(b).hexdigest()} for n, b in files.items()]}
+                             "blobId": git_hash(b)} for n, b in files.items()]}
     return len(json.dumps(listing).encode())
 
 
