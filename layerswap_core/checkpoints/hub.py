@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -368,11 +369,25 @@ class HubCache:
         constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
         sha = info.sha or "main"
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.root))
+        stop = threading.Event()     # a file failed: the checksums still running stop too
         try:
-            for sibling in files.values():
-                if job.cancel.is_set():
-                    raise _Stop()
-                self._fetch_file(job, endpoint, sha, sibling, partial)
+            # each file's checksum is computed while the next one downloads
+            with ThreadPoolExecutor(1, thread_name_prefix="layerswap-checksum") as pool:
+                try:
+                    checks = []
+                    for sibling in files.values():
+                        if job.cancel.is_set():
+                            raise _Stop()
+                        path = self._fetch_file(job, endpoint, sha, sibling, partial)
+                        for check in checks:            # a mismatch stops at once
+                            if check.done():
+                                check.result()
+                        checks.append(pool.submit(_verify, path, sibling, job.cancel, stop))
+                    for check in checks:
+                        check.result()
+                except BaseException:
+                    stop.set()
+                    raise
             shutil.rmtree(partial / ".cache", ignore_errors=True)   # huggingface_hub's notes
             check_folder(partial)
             final = self.repo_dir(job.repo_id) / re.sub(r"[^\w.-]", "_", sha)
@@ -388,46 +403,53 @@ class HubCache:
             shutil.rmtree(partial, ignore_errors=True)
 
     def _fetch_file(self, job: Download, endpoint: str, revision: str, sibling,
-                    folder: Path) -> None:
+                    folder: Path) -> Path:
         """One file through ``hf_hub_download`` (its retries resume with a Range request) into
         ``folder``, counted into the job and stopped at Cancel or past its listed size by the
-        progress bar it is given; then checked against the listing's size and checksum."""
+        progress bar it is given (``_Watch``); its size checked against the listing."""
         from huggingface_hub import hf_hub_download
 
-        name, size, before = sibling.rfilename, sibling.size, job.done
+        size, before = sibling.size, job.done
         try:
-            path = hf_hub_download(
-                job.repo_id, name, revision=revision, local_dir=folder, endpoint=endpoint,
-                token=False, etag_timeout=self.limits.timeout, force_download=True,
-                tqdm_class=lambda **kw: _Watch(job, size, **kw))
+            path = Path(hf_hub_download(
+                job.repo_id, sibling.rfilename, revision=revision, local_dir=folder,
+                endpoint=endpoint, token=False, etag_timeout=self.limits.timeout,
+                force_download=True, tqdm_class=lambda **kw: _Watch(job, size, **kw)))
         except OSError as e:
             if "Consistency check failed" in str(e):    # huggingface_hub: a short body
                 raise ModelLoadError("the Hub sent less than the size it listed: stopped") from e
             raise
         job.done = before + size
-        path = Path(path)
         if path.stat().st_size != size:
             raise ModelLoadError("the Hub sent another size than it listed: stopped")
-        if _file_checksum(path, sibling) != _checksum(sibling):
-            raise ModelLoadError(f"{name} does not match the checksum the Hub listed: refused")
+        return path
 
 
 def _checksum(sibling) -> str | None:
     """What the listing says a file hashes to: the sha256 of an LFS file, else its git blob id."""
     lfs = getattr(sibling, "lfs", None)
     if lfs:
-        return (lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None))
+        return lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
     return getattr(sibling, "blob_id", None)
 
 
-def _file_checksum(path: Path, sibling) -> str:
-    """``path`` hashed the way ``_checksum`` lists it."""
-    from huggingface_hub.utils.sha import git_hash, sha_fileobj
+def _verify(path: Path, sibling, *stops: threading.Event) -> None:
+    """ModelLoadError unless ``path`` hashes to what the listing says (``_checksum``: sha256,
+    or git's ``blob <size>\\0`` sha1); ``_Stop`` once one of ``stops`` is set."""
+    import hashlib
 
     if getattr(sibling, "lfs", None):
-        with open(path, "rb") as f:
-            return sha_fileobj(f).hex()
-    return git_hash(path.read_bytes())
+        h = hashlib.sha256()
+    else:
+        h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            if any(e.is_set() for e in stops):
+                raise _Stop()
+            h.update(block)
+    if h.hexdigest() != _checksum(sibling):
+        raise ModelLoadError(
+            f"{sibling.rfilename} does not match the checksum the Hub listed: refused")
 
 
 class _Watch:
