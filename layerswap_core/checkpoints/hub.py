@@ -414,7 +414,7 @@ class HubCache:
             path = Path(hf_hub_download(
                 job.repo_id, sibling.rfilename, revision=revision, local_dir=folder,
                 endpoint=endpoint, token=False, etag_timeout=self.limits.timeout,
-                force_download=True, tqdm_class=lambda **kw: _Watch(job, size, **kw)))
+                force_download=True, tqdm_class=_Watch.of(job, size)))
         except OSError as e:
             if "Consistency check failed" in str(e):    # huggingface_hub: a short body
                 raise ModelLoadError("the Hub sent less than the size it listed: stopped") from e
@@ -457,9 +457,18 @@ class _Watch:
     download at Cancel or once past the file's listed size (huggingface_hub removes its
     partial file on the way out)."""
 
-    def __init__(self, job: Download, size: int, total: int | None = None, **_):
-        self.job, self.size, self.total, self.n = job, size, total, 0
-        if total is not None and total > size:
+    job: Download
+    size: int
+
+    @classmethod
+    def of(cls, job: Download, size: int) -> type[_Watch]:
+        """The class for one file (a class: huggingface_hub looks for ``update_transfer`` on
+        it, and then gives one bar both the bytes written and those received)."""
+        return type("Watch", (cls,), {"job": job, "size": size})
+
+    def __init__(self, total: int | None = None, **_):
+        self.total, self.n = total, 0
+        if total is not None and total > self.size:
             raise ModelLoadError("the Hub announced more than the size it listed: stopped")
 
     def update(self, n: int | float | None = 1) -> None:
