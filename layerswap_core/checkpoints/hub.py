@@ -12,9 +12,10 @@ far it got. A download:
 * fetches each file with ``huggingface_hub.hf_hub_download`` at the listed commit (the endpoint
   passed to it, and ``token=False``): its retries resume a broken-off file with a Range
   request; its metadata and read timeouts are ``LAYERSWAP_HUB_TIMEOUT`` seconds, so a silent Hub
-  is an error within a minute (one silent mid-file is retried first); the progress bar it is
-  given (``_Watch``) counts the bytes and stops the file at Cancel (within ``CHUNK_BYTES``) or
-  past its listed size;
+  is an error within a minute (one that goes silent mid-file is retried first: 6 tries, each
+  waiting that long, and Cancel waits for them); the progress bar it is given (``_Watch``)
+  counts the bytes and stops the file at Cancel (within ``CHUNK_BYTES``) or past its listed
+  size;
 * checks every file against the listing: its size, and its sha256 (LFS) or git blob id;
 * writes into a partial folder renamed into place when complete (never half a model, never a
   file that does not match its checksum);
