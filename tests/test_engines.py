@@ -171,7 +171,7 @@ def test_a_build_goes_between_two_steps_of_an_evaluation(trio, tiny, items, one_
     assert res == alone
     assert built["before_the_end"] and d.pool.handovers == 1
     # the time lent out was taken off the job's measured speed, and nothing of it is kept
-    assert d.pool.engines[0].lent == [] and d.pool.engines[0].tokens_per_second > 0
+    assert d.pool.engines[0].lent == {} and d.pool.engines[0].tokens_per_second > 0
 
 
 def test_equally_urgent_jobs_take_turns_of_one_step(trio, tiny, items, one_thread):

@@ -12,11 +12,11 @@ file's stamp), so the usual trio of experts fine-tuned from one base costs a few
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .reading import read_json_object
 from .tokenizers import file_digest, tokenizer_difference
 
 SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
@@ -62,11 +62,9 @@ class TokenizerPanel:
 
 
 def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The file's JSON object (``reading.read_json_object``); {} where the model has no such
+    file."""
+    return read_json_object(path, kind="a tokenizer file") if path.is_file() else {}
 
 
 def _token_text(value) -> str | None:

@@ -55,6 +55,11 @@ PRIORITY = {"show": 0, "chat": 1}
 LONG = 2
 
 
+def priority(job: J.Job) -> int:
+    """How urgent ``job`` is for an engine (``PRIORITY``; long work otherwise)."""
+    return PRIORITY.get(job.kind, LONG)
+
+
 class Busy(ValueError):
     """The visitor already has a heavy job running."""
 
@@ -172,20 +177,20 @@ class Dispatcher:
     def _pauser(self, engine, job: J.Job, guard: Guard):
         """The pause hook of ``job`` while it holds ``engine`` (module docstring)."""
         pool, lease = self.pool, engine.holder
-        priority = PRIORITY.get(job.kind, LONG)
+        urgency = priority(job)
         since = [time.monotonic()]
 
         def hook():
             if guard.visitor.cancel.is_set():
                 raise Cancelled()
             wanted = pool.waiting_for(engine)
-            if wanted is None or wanted > priority or (
-                    wanted == priority and time.monotonic() - since[0] < pool.step):
+            if wanted is None or wanted > urgency or (
+                    wanted == urgency and time.monotonic() - since[0] < pool.step):
                 return
             live = getattr(engine, "live", None)
             plan, label = (live.plan, live.label) if live is not None else (None, None)
             t0 = time.monotonic()
-            pool.pause(engine, lease, priority, job.visitor,
+            pool.pause(engine, lease, urgency, job.visitor,
                        lambda f, m: guard(guard.fraction, m), guard.visitor.cancel.is_set)
             guard.deadline += time.monotonic() - t0   # time lent out is not the job's
             if plan is not None and live.plan is not plan:
@@ -217,7 +222,7 @@ class Dispatcher:
         # waiting for or loading the engine happens at the chunk's start on the bar
         with self.pool.checkout(job.trio, job.visitor, lambda f, m: guard(0.0, m),
                                 v.cancel.is_set,
-                                priority=PRIORITY.get(job.kind, LONG)) as engine, \
+                                priority=priority(job)) as engine, \
                 pausing(self._pauser(engine, job, root)):
             out = J.run_job(engine, job, guard)
             if engine.tokens_per_second:
@@ -252,7 +257,7 @@ class Dispatcher:
                 yield from _relay(zero_stream(self._estimated(job)), guard)
                 return
             with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
-                                    priority=PRIORITY.get(job.kind, LONG)) as engine:
+                                    priority=priority(job)) as engine:
                 yield from _relay(J.stream_job(engine, job, guard,
                                                pause=self._pauser(engine, job, guard)), guard)
 

@@ -91,14 +91,12 @@ class Engine:
         self.last_used = time.monotonic()
         self.jobs = 0
         self.tokens_per_second: float | None = None   # measured by generation jobs
-        self.lent: list[tuple[object, float]] = []     # (lease, seconds) lent at pause points
+        self.lent: dict[object, float] = {}     # lease -> seconds lent out at pause points
 
     def measured(self, tokens: int, seconds: float) -> None:
         """Fold one generation's speed into the estimate (tokens asked for, per second); the
         time the measuring job (the engine's holder) lent the engine out is not its own."""
-        lent = sum(d for lease, d in self.lent if lease is self.holder)
-        self.lent = [(lease, d) for lease, d in self.lent if lease is not self.holder]
-        seconds -= lent
+        seconds -= self.lent.pop(self.holder, 0.0)
         if tokens > 0 and seconds > 0:
             rate = tokens / seconds
             old = self.tokens_per_second
@@ -322,7 +320,7 @@ class EnginePool:
             yield engine
         finally:
             with self._cond:
-                engine.lent = [(lease, d) for lease, d in engine.lent if lease is not ticket.lease]
+                engine.lent.pop(ticket.lease, None)
                 if engine.holder is ticket.lease:   # not lent out by a pause that was cancelled
                     engine.busy = False
                     engine.holder = None
@@ -357,7 +355,7 @@ class EnginePool:
             self._grant()
             t0 = time.monotonic()
             self._wait(ticket, progress, cancelled, "paused for another visitor's job")
-            engine.lent.append((lease, time.monotonic() - t0))
+            engine.lent[lease] = engine.lent.get(lease, 0.0) + time.monotonic() - t0
 
     def clear(self) -> None:
         """Drop every idle engine (busy ones stay until their job ends, and so do those a
