@@ -1,13 +1,15 @@
 """Merge speed and memory on synthetic >= 1B-parameter checkpoints, against `cp -r`; like with like.
 
-    python bench/merge_bench.py [--params 1.1e9] [--vocab 32000] [--reps 3] [--keep DIR]
-                                [--vocab8b] [--no-live]
+    python bench/merge_bench.py [--params 1.1e9] [--vocab 32000] [--shape NAME] [--reps 3]
+                                [--keep DIR] [--vocab8b] [--no-live]
 
 Writes three random bf16 Llama checkpoints (base; task and lang = base + noise) with
 bench/synthetic.py into a temporary folder under /tmp (deleted afterwards unless --keep, which
 reuses them), each with the same real-size tokenizer of its vocabulary (``--vocab``: 32,000 is
-TinyLlama's and Llama-2's, a 2.7 MB tokenizer.json; 128,256 is Llama-3's, 11 MB), then times
-each contender in its own child process (peak RSS from os.wait4 of that child alone):
+TinyLlama's and Llama-2's, a 2.7 MB tokenizer.json; 128,256 is Llama-3's, 11 MB), or with a
+published model's exact shapes (``--shape``: llama-3.2-1b, its 128k x 2048 embeddings tied to the
+LM head; tinyllama-1.1b; bench/synthetic.py ``SHAPES``), then times each contender in its own
+child process (peak RSS from os.wait4 of that child alone):
   cp -r                  `cp -r` of the task checkpoint: the baseline
   ours --non-layer lang  the layer swap (b=5, u=2 of 32, scaled) taking the non-layer tensors from
                          the language expert: single-source tensors only, the same work as
@@ -26,7 +28,10 @@ pages dropped before each run with posix_fadvise(DONTNEED), after a sync). Conte
 (the order rotates every repetition); min and median over the repetitions are printed, for the
 whole command (Python start-up included) and, for ours, the merge call alone. Ours is the
 `layerswap merge` command (its entry point, run in the child): on the CPU it imports no torch
-(copies in the kernel, linear blends in numpy); the bench says if torch was imported.
+(copies in the kernel, linear blends in numpy); the bench says if torch was imported. The
+package's bytecode is compiled first (``compile_bytecode``), as installing it does: where
+PYTHONDONTWRITEBYTECODE is set (this project's machines) every run would otherwise compile
+layerswap's sources again, about 0.1 s of start-up a user's installed command never pays.
 Targets (issue #30): default layer swap <= 1.3x cp -r and peak RSS <= 300 MiB; transitions 2+2
 <= 2x cp -r. Then the Models check (``workbench.session.check_models``: what the Models tab
 runs on a pick) of the trio, three times in one process (issue #51: < 1 s after the first), and
@@ -175,13 +180,15 @@ print(json.dumps(out))
 SETUP = """
 import json, sys, time
 from pathlib import Path
-from bench.synthetic import llama_config_for, vocab8b_config, write_checkpoint, write_tokenizer
+from bench.synthetic import (llama_config_for, shape_config, vocab8b_config, write_checkpoint,
+                             write_tokenizer)
 from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.merge.config import MergeConfig
-root, params, vocab = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+root, params, vocab, shape = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if not (root / "lang" / "config.json").exists():
     t0 = time.time()
-    cfg = vocab8b_config() if params == 0 else llama_config_for(params, vocab)
+    cfg = (shape_config(shape) if shape else vocab8b_config() if params == 0 else
+           llama_config_for(params, vocab))
     write_checkpoint(root / "base", cfg, seed=0)
     write_checkpoint(root / "task", cfg, seed=1, like=root / "base", delta=0.01)
     write_checkpoint(root / "lang", cfg, seed=2, like=root / "base", delta=0.01)
@@ -193,6 +200,7 @@ r = CheckpointReader(root / "task")
 L = r.config()["num_hidden_layers"]
 b, u, _, _ = MergeConfig().layer_counts(L)
 print(json.dumps({"params": r.numel(), "bytes": r.nbytes(), "layers": L, "b": b, "u": u,
+                  "tied": bool(r.config().get("tie_word_embeddings")),
                   "hidden": r.config()["hidden_size"], "vocab": r.config()["vocab_size"],
                   "tokenizer_bytes": (root / "task" / "tokenizer.json").stat().st_size}))
 """
@@ -212,17 +220,29 @@ print(json.dumps(out))
 """
 
 
-def make_checkpoints(root: Path, params: float, vocab: int = 32000) -> dict:
+def make_checkpoints(root: Path, params: float, vocab: int = 32000, shape: str = "") -> dict:
     """Write (or reuse) the three checkpoints in a child process: the parent stays small, so the
     measured children (forked from it) inherit no large resident memory. params 0: the
-    8B-vocabulary synthetic (``vocab8b_config``)."""
-    p = subprocess.run([sys.executable, "-c", SETUP, str(root), str(params), str(vocab)], cwd=ROOT,
+    8B-vocabulary synthetic (``vocab8b_config``); ``shape``: a published model's
+    (``synthetic.SHAPES``)."""
+    p = subprocess.run([sys.executable, "-c", SETUP, str(root), str(params), str(vocab), shape],
+                       cwd=ROOT,
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"writing the synthetic checkpoints failed:\n{p.stderr[-3000:]}")
     if p.stderr.strip():
         print(p.stderr.strip().splitlines()[-1], flush=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def compile_bytecode() -> None:
+    """layerswap's modules compiled to bytecode (``__pycache__``, git-ignored), as installing the
+    package does (pip compiles at install; a run writes them unless PYTHONDONTWRITEBYTECODE)."""
+    import compileall
+    ok = compileall.compile_dir(ROOT / "layerswap_core", quiet=1)
+    print(f"bytecode of layerswap_core: {'compiled' if ok else 'NOT all compiled'} (as an install "
+          f"does; PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', 'unset')} here)",
+          flush=True)
 
 
 def mergekit_config(paths: dict[str, Path], num_layers: int, b: int, u: int) -> str:
@@ -238,6 +258,9 @@ def main():
     ap.add_argument("--params", type=float, default=1.1e9)
     ap.add_argument("--vocab", type=int, default=32000,
                     help="the synthetic's vocabulary and tokenizer (128256: Llama-3's)")
+    ap.add_argument("--shape", default="",
+                    help="a published model's exact shapes instead of --params/--vocab "
+                         "(llama-3.2-1b, tinyllama-1.1b)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keep", type=Path, help="keep the checkpoints in this folder (reused if present)")
     ap.add_argument("--vocab8b", action="store_true",
@@ -257,9 +280,11 @@ def main():
             if not mergekit and not a.no_mergekit:
                 print("mergekit: not installed (no mergekit-yaml beside this Python nor on PATH): its "
                       "row is skipped; `make install` installs it (requirements-dev.txt)")
-            name = "synthetic" if a.vocab == 32000 else f"synthetic-vocab{a.vocab}"
+            compile_bytecode()
+            name = (f"synthetic-{a.shape}" if a.shape else
+                    "synthetic" if a.vocab == 32000 else f"synthetic-vocab{a.vocab}")
             disk_merges(root / name, a.params, a.reps, tuple(a.states.split(",")), mergekit,
-                        vocab=a.vocab)
+                        vocab=a.vocab, shape=a.shape)
             if a.vocab8b:
                 report_8b(disk_merges(root / "vocab8b", 0, max(2, a.reps - 1), ("warm",),
                                       mergekit, transitions=False))
@@ -284,12 +309,13 @@ def recompose():
 
 
 def disk_merges(root: Path, params: float, reps: int, states, mergekit, transitions=True,
-                vocab: int = 32000) -> dict:
-    info = make_checkpoints(root, params, vocab)
+                vocab: int = 32000, shape: str = "") -> dict:
+    info = make_checkpoints(root, params, vocab, shape)
     paths = {r: root / r for r in ("base", "task", "lang")}
     L, b, u = info["layers"], info["b"], info["u"]
-    print(f"\ncheckpoint: {info['params'] / 1e9:.2f} B parameters, {info['bytes'] / 2**30:.2f} GiB "
-          f"bf16, {L} layers, hidden {info['hidden']}, vocab {info['vocab']} (tokenizer.json "
+    print(f"\ncheckpoint{' ' + shape + ' shape' if shape else ''}: {info['params'] / 1e9:.2f} B "
+          f"parameters, {info['bytes'] / 2**30:.2f} GiB bf16, {L} layers, hidden {info['hidden']}, "
+          f"vocab {info['vocab']} ({'tied' if info['tied'] else 'untied'} head; tokenizer.json "
           f"{info['tokenizer_bytes'] / 1e6:.1f} MB, the same file in all three); layer swap b={b}, "
           f"u={u}", flush=True)
     task, lang = str(paths["task"]), str(paths["lang"])

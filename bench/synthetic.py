@@ -1,7 +1,10 @@
 """Synthetic large checkpoints for benchmarks: random bf16 Llama-shaped, sharded safetensors.
 
     python bench/synthetic.py OUT_DIR [--params 1.1e9] [--vocab 32000] [--seed 0]
-                              [--like OTHER_DIR --delta 0.01]
+                              [--shape NAME] [--like OTHER_DIR --delta 0.01]
+
+``--shape`` takes a published model's exact shapes instead (``SHAPES``: Llama-3.2-1B, its
+embeddings tied to the LM head; TinyLlama-1.1B), random weights all the same.
 
 ``--like`` writes an "expert": the tensors of OTHER_DIR plus small noise, same names and shards.
 Each checkpoint carries the side files a real one has, at a real one's size: a byte-level BPE
@@ -47,17 +50,44 @@ def vocab8b_config(layers: int = 2) -> dict:
     return cfg
 
 
+# Published models' shapes (their config.json's fields that set a tensor's shape), for benches
+# on real-shaped checkpoints: Llama-3.2-1B ties its LM head to the embeddings (one 128k x 2048
+# tensor, 21% of its 1.24 B parameters); TinyLlama-1.1B has Llama-2's 32k vocabulary, untied.
+SHAPES = {
+    "llama-3.2-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                     "vocab_size": 128256, "tie_word_embeddings": True,
+                     "max_position_embeddings": 131072, "rope_theta": 500000.0},
+    "tinyllama-1.1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
+                       "num_attention_heads": 32, "num_key_value_heads": 4,
+                       "vocab_size": 32000, "tie_word_embeddings": False},
+}
+
+
+def shape_config(name: str) -> dict:
+    """A Llama config with the published model ``name``'s shapes (``SHAPES``)."""
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r}: one of {', '.join(SHAPES)}")
+    return {**llama_config_for(0), **SHAPES[name]}
+
+
 def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or h // heads
+    kv = cfg.get("num_key_value_heads", heads) * head_dim
     out = [("model.embed_tokens.weight", (v, h))]
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}."
-        out += [(p + "self_attn.q_proj.weight", (h, h)), (p + "self_attn.k_proj.weight", (h, h)),
-                (p + "self_attn.v_proj.weight", (h, h)), (p + "self_attn.o_proj.weight", (h, h)),
+        out += [(p + "self_attn.q_proj.weight", (heads * head_dim, h)),
+                (p + "self_attn.k_proj.weight", (kv, h)), (p + "self_attn.v_proj.weight", (kv, h)),
+                (p + "self_attn.o_proj.weight", (h, heads * head_dim)),
                 (p + "mlp.gate_proj.weight", (i, h)), (p + "mlp.up_proj.weight", (i, h)),
                 (p + "mlp.down_proj.weight", (h, i)),
                 (p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
-    out += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+    out.append(("model.norm.weight", (h,)))
+    if not cfg.get("tie_word_embeddings"):
+        out.append(("lm_head.weight", (v, h)))
     return out
 
 
@@ -191,10 +221,12 @@ def main():
     p.add_argument("--params", type=float, default=1.1e9)
     p.add_argument("--vocab", type=int, default=32000, help="vocabulary (and tokenizer) size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shape", choices=sorted(SHAPES), help="a published model's exact shapes")
     p.add_argument("--like", type=Path)
     p.add_argument("--delta", type=float, default=0.01)
     a = p.parse_args()
-    cfg = json.loads((a.like / "config.json").read_text()) if a.like else llama_config_for(a.params, a.vocab)
+    cfg = (json.loads((a.like / "config.json").read_text()) if a.like else
+           shape_config(a.shape) if a.shape else llama_config_for(a.params, a.vocab))
     write_checkpoint(a.out, cfg, a.seed, a.like, a.delta)
     print(a.out)
 

@@ -69,3 +69,29 @@ def test_synthetic_checkpoints_carry_a_tokenizer_of_their_vocabulary(tmp_path, m
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                    add_generation_prompt=True)
     assert chat.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_synthetic_shapes_are_the_published_models(tmp_path, monkeypatch):
+    """``--shape``: the tensors of bench/synthetic.py's published shapes add up to the models'
+    published parameter counts (Llama-3.2-1B 1,235,814,400 with its head tied to the embeddings;
+    TinyLlama-1.1B 1,100,048,384), and a scaled-down copy of the Llama-3.2-1B shape (grouped
+    query heads, tied head) loads in transformers with no missing or unexpected weight."""
+    import math
+
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import synthetic
+
+    counts = {name: sum(math.prod(s) for _, s in synthetic.tensor_shapes(synthetic.shape_config(name)))
+              for name in synthetic.SHAPES}
+    assert counts == {"llama-3.2-1b": 1_235_814_400, "tinyllama-1.1b": 1_100_048_384}
+    cfg = synthetic.shape_config("llama-3.2-1b")
+    cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, vocab_size=1024)
+    out = synthetic.write_checkpoint(tmp_path / "m", cfg)
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert model.model.layers[0].self_attn.k_proj.weight.shape == (2 * 16, 64)
