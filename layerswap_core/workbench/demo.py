@@ -92,12 +92,14 @@ def suggestion(refs: dict) -> dict:
 
 def weights_fingerprint(model) -> str:
     """A digest of every parameter and buffer of ``model`` (names and bytes): two models shown
-    in turn with equal digests compute the same function, so one measurement serves both."""
-    h = hashlib.blake2b(digest_size=16)
+    in turn with equal digests compute the same function, so one measurement serves both.
+    SHA-256 (OpenSSL's, 1.5 GB/s here against BLAKE2b's 0.6: the demo model's 540 MB of
+    float32 weights are hashed after every change the measure shows)."""
+    h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
         h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().data)
-    return h.hexdigest()
+    return h.hexdigest()[:32]
 
 
 def _item_record(item, partner, lang: str = "sw") -> dict:
