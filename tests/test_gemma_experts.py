@@ -98,15 +98,19 @@ STEPS = {TRIO["task"]: 3, TRIO["lang"]: 2}
 @pytest.mark.parametrize("ref", list(RECIPES))
 def test_the_recipe_reproduces_its_first_steps(ref, tmp_path):
     """The shipped expert's exact command (data regenerated from its recipe), its first steps
-    on this CPU (``STEPS``): the losses of its training log."""
+    on this CPU (``STEPS``): the losses of its training log. Without its held-out validation
+    (before the first step and after the last): it changes no training loss, and on this CPU
+    it was about half the test's time (two passes over 2 batches of 16 at 384 tokens)."""
     log = _log(ref)
-    data, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
-    for split, out in (("train", data), ("eval", val)):
-        subprocess.run([sys.executable, "-m", "layerswap_core", "demo-data", RECIPES[ref],
-                        "--split", split, "--out", str(out)], check=True, capture_output=True)
+    data = tmp_path / "train.jsonl"
+    subprocess.run([sys.executable, "-m", "layerswap_core", "demo-data", RECIPES[ref],
+                    "--split", "train", "--out", str(data)], check=True, capture_output=True)
     args = list(log["command"][2:])
-    sub = {"--data": str(data), "--eval-data": str(val), "--out": str(tmp_path / "run"),
-           "--steps": str(STEPS[ref]), "--save-every": "0", "--eval-every": "0"}
+    for flag in ("--eval-data", "--eval-batches", "--eval-every"):
+        if flag in args:
+            del args[args.index(flag):args.index(flag) + 2]
+    sub = {"--data": str(data), "--out": str(tmp_path / "run"), "--steps": str(STEPS[ref]),
+           "--save-every": "0"}
     for flag, value in sub.items():
         args[args.index(flag) + 1] = value
     r = subprocess.run([sys.executable, "-m", "layerswap_core", "train", *args],
