@@ -65,7 +65,7 @@ def test_the_readme_states_the_bengali_primary_statistic():
 
 
 @pytest.mark.slow
-def test_the_bengali_reproduce_path_gives_the_shipped_values(one_thread):
+def test_the_bengali_reproduce_path_gives_the_shipped_values(all_threads):
     """The measure rerun on 2 Bengali items: every model's NLLs after each item's own questions
     are the shipped ones."""
     from layerswap_core.checkpoints.embedded import DEMO_TRIOS

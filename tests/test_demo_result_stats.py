@@ -202,7 +202,7 @@ def test_the_shipped_items_are_held_out_eval_variants_spread_over_the_templates(
 
 
 @pytest.mark.slow
-def test_the_reproduce_path_gives_the_shipped_values(one_thread):
+def test_the_reproduce_path_gives_the_shipped_values(all_threads):
     """The Reproduce button's job on the shipped experts, 2 items: the per-item NLLs after each
     item's own question of every model both runs measured are the shipped ones."""
     from layerswap_core.training.demo_experts import DEMO_BASE, DEMO_LANG, DEMO_TASK
