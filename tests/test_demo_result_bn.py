@@ -73,7 +73,7 @@ def test_the_bengali_reproduce_path_gives_the_shipped_values(all_threads):
 
     shipped = {it["id"]: it for it in _shipped()["items"]}
     res = reproduce_demo_result(dict(DEMO_TRIOS["bn"]), n=2, n_validation=2, resamples=200,
-                                lang="bn")
+                                lang="bn", validation_swaps=((0, 0), (3, 1)))  # see the Swahili test
     assert len(res["items"]) == 2
     compared = 0
     for it in res["items"]:
