@@ -259,8 +259,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000,
                     help="the synthetic's vocabulary and tokenizer (128256: Llama-3's)")
     ap.add_argument("--shape", default="",
-                    help="a published model's exact shapes instead of --params/--vocab "
-                         "(llama-3.2-1b, tinyllama-1.1b)")
+                    help="a published model's exact shapes instead of --params/--vocab: a name "
+                         "of bench/synthetic.py's SHAPES (read there: this process imports no torch)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keep", type=Path, help="keep the checkpoints in this folder (reused if present)")
     ap.add_argument("--vocab8b", action="store_true",

@@ -99,7 +99,7 @@ def weights_fingerprint(model) -> str:
     for name, t in model.state_dict().items():
         h.update(name.encode())
         h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().data)
-    return h.hexdigest()[:32]
+    return h.hexdigest()
 
 
 def _item_record(item, partner, lang: str = "sw") -> dict:
