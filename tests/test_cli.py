@@ -218,3 +218,24 @@ def test_demo_data_writes_a_recipe_as_chat_jsonl(tmp_path, capsys):
         assert main(["demo-data", "swahili", "--out", str(tmp_path / "s.jsonl")]) == 2
         err = capsys.readouterr().err
         assert "apt-get install" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_progress_bar_appears_after_its_delay_with_the_latest_state(capsys):
+    """The bar (and tqdm's import) waits DELAY_S: a command that ends sooner shows none; one
+    that runs longer shows where it is, including what was said before the bar appeared."""
+    import time
+
+    from layerswap_core.cli.progress import DELAY_S, progress_bar
+
+    with progress_bar() as progress:
+        progress(0.5, "quick")
+    assert capsys.readouterr().err == ""
+
+    with progress_bar("merge") as progress:
+        progress(0.25, "checking the models")   # before the bar exists
+        time.sleep(DELAY_S + 0.4)
+        shown = capsys.readouterr().err
+        progress(0.75, "model.layers.3.mlp")
+    err = capsys.readouterr().err
+    assert "25%" in shown and "merge: checking the models" in shown
+    assert "75%" in err and "merge: model.layers.3.mlp" in err

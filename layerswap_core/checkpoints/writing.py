@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import struct
 import tempfile
 import threading
@@ -364,7 +363,16 @@ class Terminated(KeyboardInterrupt):
 
 
 MARKER = "layerswap.yaml"   # every folder a merge writes has it: only such folders are replaced
-_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
+def _hostname() -> str:
+    """This host's name: uname's node name (what socket.gethostname returns on POSIX, without
+    importing socket at start-up), else socket's."""
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    import socket
+    return socket.gethostname()
+
+
+_HOST = hashlib.sha1(_hostname().encode()).hexdigest()[:6]
 _TEMP = re.compile(r"^\..+\.(partial|old)-([0-9a-f]{6})-(\d+)-[^/]*$")
 
 
