@@ -24,7 +24,7 @@ def progress_bar(label: str | None = None, *,
     ``label`` prefixes every message; ``leave=False`` clears the bar when it closes. A command
     that ends within ``DELAY_S`` shows no bar."""
     lock = threading.Lock()
-    state = {"bar": None, "fraction": 0.0, "message": "", "closed": False}
+    state = {"bar": None, "fraction": 0.0, "message": ""}
 
     def draw():   # under the lock, once the bar exists
         text = state["message"]
@@ -37,8 +37,6 @@ def progress_bar(label: str | None = None, *,
     def show():
         from tqdm import tqdm   # imported outside the lock (progress calls go on meanwhile)
         with lock:
-            if state["closed"] or state["bar"] is not None:
-                return
             state["bar"] = tqdm(total=STEPS, bar_format=BAR_FORMAT, leave=leave)
             draw()
             state["bar"].refresh()   # what was said before it appeared (update throttles)
@@ -56,8 +54,7 @@ def progress_bar(label: str | None = None, *,
         yield progress
     finally:
         timer.cancel()
-        timer.join()   # a bar being made is made (and then closed)
+        timer.join()   # a bar being made is made (and then closed); none is made after this
         with lock:
-            state["closed"] = True
             if state["bar"] is not None:
                 state["bar"].close()
