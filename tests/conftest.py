@@ -1,12 +1,54 @@
 """Shared fixtures: tiny real models (built once per session) and the embedded default."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
+from mgsm_fixture import write_mgsm_fixture   # tests/ is on sys.path (pytest's rootdir conftest)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _real_mgsm_dir():
+    """The real MGSM folder on this machine ($LAYERSWAP_MGSM_DIR, ../shared/data/mgsm or the
+    cache), looked for before the suite points that variable at its own fixture; or None."""
+    from layerswap_core.evaluation.data import DataError, local_mgsm_dir
+    try:
+        return local_mgsm_dir()
+    except DataError:
+        return None
+
+
+# Every MGSM code path runs on the suite's own MGSM-format folder (tests/mgsm_fixture.py), on
+# every machine: the same tests pass with or without ../shared. Subprocesses (served apps, the
+# CLI, the browser tests' server) inherit the variable.
+REAL_MGSM_DIR = _real_mgsm_dir()
+_FIXTURE_ROOT = tempfile.mkdtemp(prefix="layerswap-mgsm-fixture-")
+atexit.register(shutil.rmtree, _FIXTURE_ROOT, True)
+MGSM_FIXTURE_DIR = write_mgsm_fixture(os.path.join(_FIXTURE_ROOT, "mgsm"))
+os.environ["LAYERSWAP_MGSM_DIR"] = str(MGSM_FIXTURE_DIR)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests taking ``real_mgsm`` carry the marker of that name (`.ci/run` selects them)."""
+    for item in items:
+        if "real_mgsm" in getattr(item, "fixturenames", ()):
+            item.add_marker("real_mgsm")
+
+
+@pytest.fixture
+def real_mgsm(monkeypatch):
+    """The real MGSM folder, for the few checks of MGSM's own content (docs/development.md
+    names them); they skip, with the reason, where the data is not on this machine."""
+    if REAL_MGSM_DIR is None:
+        pytest.skip("needs MGSM's real files (../shared/data/mgsm, $LAYERSWAP_MGSM_DIR or the "
+                    "cache): not shipped, CC BY-SA 4.0")
+    monkeypatch.setenv("LAYERSWAP_MGSM_DIR", str(REAL_MGSM_DIR))
+    return REAL_MGSM_DIR
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,24 @@ from layerswap_core.evaluation.registry import load_items
 
 
 def test_mgsm_tsv_loads_all_rows_and_normalises_answers():
+    """On the suite's MGSM-format fixture (tests/mgsm_fixture.py): every MGSM code path."""
     items = load_mgsm("sw")
     assert len(items) == 250
-    assert items[0].question.startswith("Bata wa Janet hutaga mayai 16")
-    assert items[0].answer == "18" and items[0].source == "mgsm" and items[0].lang == "sw"
+    assert items[0].source == "mgsm" and items[0].lang == "sw" and items[0].id == "mgsm-sw-000"
     assert items[0].origin == 0 and items[249].origin == 249
+    _same_problems_in_every_language_with_canonical_answers()
+
+
+def test_real_mgsm_files_are_the_benchmark(real_mgsm):
+    """MGSM's own content (where ../shared or $LAYERSWAP_MGSM_DIR has it): 250 rows a
+    language, the first Swahili problem, the same problems in every language."""
+    items = load_mgsm("sw")
+    assert len(items) == 250 and items[0].question.startswith("Bata wa Janet hutaga mayai 16")
+    assert items[0].answer == "18"
+    _same_problems_in_every_language_with_canonical_answers()
+
+
+def _same_problems_in_every_language_with_canonical_answers():
     # answers written with thousands commas in the file ("2,125") are canonical numbers
     raw = [line.split("\t")[1].strip() for line in
            (find_mgsm_dir() / "mgsm_en.tsv").read_text(encoding="utf-8").splitlines()]
@@ -151,16 +164,8 @@ def test_missing_exemplar_file_says_where_it_looked(tmp_path):
 
 
 # --------------------------------------------------------------------------- MGSM overlap
-def _mgsm_dir_or_skip():
-    try:
-        return find_mgsm_dir()
-    except DataError as e:
-        pytest.skip(str(e))
-
-
-def test_shipped_overlap_mapping_is_what_the_recipe_finds():
+def test_shipped_overlap_mapping_is_what_the_recipe_finds(real_mgsm):
     import json
-    _mgsm_dir_or_skip()
     fresh = data.compute_mgsm_overlap()
     shipped = json.loads(data.OVERLAP_FILE.read_text(encoding="utf-8"))
     assert fresh == shipped

@@ -143,13 +143,13 @@ def test_standard_exemplar_targets_keep_lm_evals_slicing():
     # lm-eval's doc_to_target is answer[len(ANSWER) + 1:]; where the exemplar file writes the
     # answer word differently from lm-eval's, the slice is off and we keep it so
     ja = ev.standard_exemplars("ja", 1)[0]
-    assert ja.prompt_answer.startswith("ステップごとの答え：ロジャー")         # full-width colon
-    assert ev.target_text(ja, "ja", True) == ja.prompt_answer[11:]
-    assert ev.target_text(ja, "ja", True).startswith("ジャー")
+    assert ja.prompt_answer.startswith("ステップごとの答え：")                  # full-width colon
+    assert ev.target_text(ja, "ja", True) == ja.prompt_answer[11:]     # one character lost
     ru = ev.standard_exemplars("ru", 1)[0]
     assert ru.prompt_answer.startswith("Пошаговое решение: ")        # lm-eval: "Пошаговоерешение:"
-    assert ev.target_text(ru, "ru", True).startswith(" в начале")
-    assert ev.target_text(ru, "ru", False) == "11"
+    assert ev.target_text(ru, "ru", True) == ru.prompt_answer[18:]     # starts with the space
+    assert ev.target_text(ru, "ru", True).startswith(" ")
+    assert ev.target_text(ru, "ru", False) == ru.answer
 
 
 def test_default_exemplars_by_source_and_refusals(tmp_path):
