@@ -329,7 +329,8 @@ def test_read_only_output_is_one_line(tiny, tmp_path, capsys):
     if subprocess.run(["chattr", "+i", str(frozen)], capture_output=True).returncode != 0:
         return  # no immutable folders here: /sys above is the read-only case
     try:
-        with pytest.raises(MergeError, match="Operation not permitted.*nothing was written"):
+        with pytest.raises((MergeError, writing.OutputWriteError),   # refused before it starts
+                           match="Operation not permitted.*nothing was written"):
             merge_to_folder(MergeConfig(), task=tiny["task"], lang=tiny["lang"], out=frozen / "m")
     finally:
         subprocess.run(["chattr", "-i", str(frozen)], check=True)
@@ -450,3 +451,20 @@ def test_build_once_first_rename_wins_and_leaves_no_temp_folder(tmp_path):
         build_once(tmp_path / "cache" / "broken", broken)
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["thing-0123"]
     assert cache_key("a", (1, 2)) == cache_key("a", [1, 2]) != cache_key("b")
+
+
+@pytest.mark.parametrize("out, reason", [
+    ("/proc/layerswap-nope/merge", "/proc: No such file or directory"),
+    ("/sys/layerswap-nope/merge", "/sys: Operation not permitted"),
+    ("/etc/hostname/merge", "/etc/hostname: Not a folder")])
+def test_an_unwritable_output_is_named_as_such_never_as_disk_space(tiny, out, reason, capsys):
+    """A folder that cannot be written (the kernel's, a read-only one, a file in the way) is
+    said so, by the CLI and by the app's save check, before anything runs: never "needs
+    0.26 GiB but /proc has only 0.00 GiB free", never "File exists"."""
+    from layerswap_core.checkpoints.references import ModelLoadError, check_free_space
+    rc = main(["merge", "--task", str(tiny["task"]), "--lang", str(tiny["lang"]), "--out", out])
+    line = error_line(capsys)
+    assert rc == 2 and reason in line and "nothing was written" in line and "free" not in line
+    with pytest.raises(ModelLoadError) as err:
+        check_free_space(Path(out).parent, 10**8, f"saving the merge to {out}")
+    assert reason in str(err.value) and "GiB" not in str(err.value)

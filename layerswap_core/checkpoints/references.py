@@ -28,6 +28,7 @@ from .embedded import DEFAULT_BASE, EMBEDDED_PREFIX, embedded_path
 from .reading import INDEX_NAME, ModelLoadError, read_config_file, weight_files
 from .tokenizers import TOKENIZER_FILES
 from .cache import build_once, cache_dir, cache_key
+from .writing import unwritable_reason
 
 __all__ = ["DEFAULT_BASE", "EMBEDDED_PREFIX", "ModelLoadError", "check_folder", "check_free_space",
            "hub_reachable", "is_adapter", "is_offline", "read_config_file", "resolve", "set_allow_bin_default"]
@@ -226,9 +227,12 @@ def check_free_space(folder: str | os.PathLike, nbytes: int | None, what: str,
                      margin: float = 1.05) -> None:
     """ModelLoadError when the disk holding ``folder`` has less free space than ``nbytes`` (plus
     5%): said before anything is written, not half-way."""
+    folder = Path(folder)
+    why = unwritable_reason(folder)
+    if why:   # before the space: a folder that cannot be written is not a full disk
+        raise ModelLoadError(f"{what}: cannot write there ({why})")
     if not nbytes:
         return
-    folder = Path(folder)
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent

@@ -435,7 +435,28 @@ def check_output_dir(target: str | Path, *, overwrite: bool = False, force: bool
             raise OutputFolderError(f"output folder {target} exists and is not a layerswap output "
                                     f"(no {MARKER}); choose another folder, or pass force=True "
                                     "(CLI: --overwrite --force) to replace it anyway")
+    why = unwritable_reason(target)
+    if why:
+        raise OutputWriteError(f"cannot write {target} ({why}); nothing was written: choose a "
+                               "folder you can write to")
     return target
+
+
+def unwritable_reason(folder: str | Path) -> str | None:
+    """Why no folder can be written at ``folder`` ("<nearest existing folder>: <the OS's
+    reason>": permission, read-only file system, a file in the way), or None. Tried by making and
+    removing an empty folder there, since permission bits do not tell (root, mounts, /proc)."""
+    folder = Path(folder).expanduser()
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe}: Not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".layerswap-probe-", dir=probe))
+    except OSError as e:
+        return f"{probe}: {e.strerror or e}"
+    return None
 
 
 def remove_stale(parent: str | Path, stale: Callable[[Path], bool]) -> list[Path]:
