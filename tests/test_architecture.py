@@ -361,3 +361,25 @@ def test_the_import_rule_catches_an_unmarked_import_and_accepts_a_marked_one(tmp
                     encoding="utf-8")
     new = [f for f in unexplained_function_imports(tmp_path) if f.startswith("merge.plan:")]
     assert new == [f"merge.plan:{start + 4}"]
+
+
+def test_the_limits_table_lists_every_max_variable_the_code_reads():
+    """docs/app.md's limits table has one row for every LAYERSWAP_MAX_<NAME> read anywhere (the
+    served Limits, the dispatcher, the engine pool, downloads, saves), with the Limits'
+    defaults in brackets."""
+    import re
+    from dataclasses import fields
+
+    from layerswap_core.workbench.served import Limits
+
+    root = Path(__file__).resolve().parents[1]
+    sources = [*(root / "layerswap_core").rglob("*.py"), *(root / "app_tabs").glob("*.py"),
+               root / "app.py"]
+    read = {m for p in sources for m in re.findall(r"LAYERSWAP_MAX_([A-Z][A-Z0-9_]*)",
+                                                   p.read_text(encoding="utf-8"))}
+    read |= {f.name.upper() for f in fields(Limits)}
+    rows = dict(re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \[([^\]]*)\]", (root / "docs" / "app.md")
+                           .read_text(encoding="utf-8"), flags=re.M))
+    assert set(rows) == read, (sorted(read - set(rows)), sorted(set(rows) - read))
+    for f in fields(Limits):
+        assert rows[f.name.upper()] == str(f.default), f.name
