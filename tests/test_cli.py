@@ -2,6 +2,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+import pytest
 
 from layerswap_core.cli import (CLI_MODULES, COMMANDS, NO_MODEL_COMMANDS, build_parser, main,
                                  summary_parser)
@@ -239,3 +240,20 @@ def test_the_progress_bar_appears_after_its_delay_with_the_latest_state(capsys):
     err = capsys.readouterr().err
     assert "25%" in shown and "merge: checking the models" in shown
     assert "75%" in err and "merge: model.layers.3.mlp" in err
+
+
+def test_train_names_a_missing_data_file_before_loading_the_model(tmp_path, capsys):
+    """The data files are looked for first: no model is loaded (or converted) for a typo."""
+    rc = main(["train", "--model", str(tmp_path / "no-model"), "--data", str(tmp_path / "x.jsonl"),
+               "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.endswith("x.jsonl: no such data file") and "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("typed, meant", [("swahili", "sw"), ("Bengali", "bn"), ("swa", "sw")])
+def test_a_language_named_otherwise_gets_a_did_you_mean(typed, meant):
+    from layerswap_core.evaluation.data import DataError, gsm_symbolic_items, load_mgsm
+    for load in (gsm_symbolic_items, load_mgsm):
+        with pytest.raises(DataError, match=f"did you mean {meant}\\?"):
+            load(typed)

@@ -187,7 +187,7 @@ def test_no_network_without_hf_hub_offline_falls_back_and_says_what_to_do(fresh_
     monkeypatch.delenv("HF_HUB_OFFLINE")
     source, note = data_default()
     assert source == "gsm-symbolic"
-    assert "cannot be reached" in note and "go online" in note and data.MGSM_ENV in note
+    assert "cannot be reached" in note and "once online" in note and data.MGSM_ENV in note
     assert "HF_HUB_OFFLINE" not in note     # nothing forbids the download: it is not there
     t0 = time.monotonic()
     with pytest.raises(DataError, match="cannot be reached"):
@@ -213,3 +213,16 @@ def test_hub_option_reads_the_downloaded_copy_and_says_when_offline(fresh_machin
     mgsm_hub.download_mgsm(snapshot=lambda: hub_copy)
     assert [it.answer for it in registry.load_items("mgsm", "sw", hub=True)] == ["18", "1000"]
     assert len(data.load_mgsm_exemplars_hub("en")) == 8
+
+
+def test_the_cli_names_a_missing_model_first_and_offers_gsm_symbolic(fresh_machine, tiny, capsys):
+    """`layerswap eval` without MGSM: a mistyped model is said before the data, and the MGSM
+    refusal offers what is installed (--data gsm-symbolic), in the CLI's words."""
+    from layerswap_core.cli import main
+
+    assert main(["eval", "--model", "/no/such/model", "--data", "mgsm", "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "/no/such/model" in err and "MGSM" not in err
+    assert main(["eval", "--model", str(tiny["base"]), "--data", "mgsm", "--n", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--data gsm-symbolic" in err and "choose MGSM" not in err

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..evaluation.data import MGSM_HUB_ID
+from ..evaluation.data import MGSM_HUB_ID, DataError
 from ..evaluation.registry import choices, load_items, task_spec, training_overlap
 from ..checkpoints.references import ModelLoadError, resolve
 from ..checkpoints.loading import load_model
@@ -60,7 +60,15 @@ def _eval(args) -> int:
     # lazy: evaluation.runner imports torch (1.7-2.1 s), not needed for --help
     from ..evaluation.runner import default_exemplars, run_side_by_side
 
-    items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir, hub=args.hub)
+    for ref in args.model:   # a missing or mistyped model is said before the data is looked for
+        resolve(ref)
+    try:
+        items = load_items(args.data, args.lang, args.n, data_dir=args.data_dir, hub=args.hub)
+    except DataError as e:
+        if args.data != "mgsm" or "MGSM is not on this machine" not in str(e):
+            raise
+        raise DataError(f"{e}; or evaluate GSM-Symbolic, which is installed: --data "
+                        "gsm-symbolic") from None
     exemplars = default_exemplars(items, args.shots, cot=args.cot, data_dir=args.data_dir,
                                   hub=args.hub)
     _training_overlap(args.model, items)

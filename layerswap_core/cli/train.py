@@ -106,7 +106,7 @@ def _mode_label(cfg: TrainConfig) -> str:
 
 
 def _train(args) -> int:
-    cfg = config_from_args(args).validate()
+    cfg = config_from_args(args).validate().check_data_files()
     # lazy: training.trainer imports torch (1.9-2.1 s), not needed for --help
     from ..training.trainer import train
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import mgsm_hub
 from ..checkpoints.references import hub_address, hub_reachable, is_offline
-from .languages import LANGUAGES, mgsm_lang, symbolic_lang  # noqa: F401  (the codes, either form)
+from .languages import LANGUAGES, did_you_mean, mgsm_lang, symbolic_lang  # noqa: F401  (the codes, either form)
 
 MGSM_LANGS = tuple(sorted(code for code, row in LANGUAGES.items() if row.mgsm))
 MGSM_ENV = "LAYERSWAP_MGSM_DIR"
@@ -130,8 +130,8 @@ def mgsm_help() -> str:
         how = (f"HF_HUB_OFFLINE=1 forbids downloading it: run without it while online (make "
                f"run leaves it unset) and MGSM downloads once {hub}")
     else:
-        how = (f"the Hub ({hub_address()[0]}) cannot be reached: go online, then choose MGSM "
-               f"and it downloads once {hub}")
+        how = (f"the Hub ({hub_address()[0]}) cannot be reached: once online, MGSM downloads "
+               f"on first use, once, {hub}")
     return (f"MGSM is not on this machine and {how}; or set {MGSM_ENV} (or --data-dir) to a "
             f"folder of mgsm_LANG.tsv files with {MGSM_EXEMPLARS_FILE}")
 
@@ -212,7 +212,9 @@ def load_mgsm(lang: str, data_dir: str | os.PathLike | None = None) -> list[Item
     path = d / f"mgsm_{lang}.tsv"
     if not path.exists():
         have = sorted(p.stem.removeprefix("mgsm_") for p in d.glob("mgsm_*.tsv"))
-        raise DataError(f"{path} not found; languages in {d}: {', '.join(have) or 'none'}")
+        guess = did_you_mean(lang, have)
+        raise DataError(f"{path} not found; " + (f"did you mean {guess}?" if guess else
+                                                 f"languages in {d}: {', '.join(have) or 'none'}"))
     return read_mgsm_tsv(path, lang)
 
 
@@ -379,8 +381,10 @@ def gsm_symbolic_items(lang: str, split: str = "eval") -> list[Item]:
     root = symbolic_root()
     folder = root / code / "symbolic"
     if not folder.is_dir():
-        raise DataError(f"GSM-Symbolic has no language {code!r}; available: "
-                        + ", ".join(symbolic_language_names()))
+        have = symbolic_language_names()
+        guess = did_you_mean(lang, have)
+        raise DataError(f"GSM-Symbolic has no language {str(lang)!r}"
+                        + (f"; did you mean {guess}?" if guess else "; available: " + ", ".join(have)))
     if (root / code / "ignore").exists():
         raise DataError(f"GSM-Symbolic language {code!r} is disabled in the package")
     wanted = set(SYMBOLIC_TRAIN) - mgsm_overlap_templates() if split == "train" else SYMBOLIC_EVAL

@@ -8,6 +8,7 @@ too (``mgsm_lang`` / ``symbolic_lang``).
 """
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -53,6 +54,22 @@ def symbolic_lang(lang: str) -> str:
     lang = lang.strip().lower()
     row = LANGUAGES.get(lang)
     return row.symbolic if row is not None and row.symbolic else lang
+
+
+def did_you_mean(lang: str, codes) -> str | None:
+    """The code among ``codes`` that ``lang`` most likely meant: a language named in English
+    ("swahili" -> "sw"), a code in the other form, or a near spelling; None when none is close."""
+    q = str(lang).strip().lower()
+    codes = list(codes)
+    names = {row.name.lower(): code for code, row in LANGUAGES.items()}
+    named = next((code for code, row in LANGUAGES.items()
+                  if q in (row.name.lower(), row.symbolic) or q in row.words), None)
+    near_name = difflib.get_close_matches(q, names, n=1, cutoff=0.75) if len(q) > 3 else []
+    for guess in (named, names[near_name[0]] if near_name else None):
+        if guess is not None and guess in codes:
+            return guess
+    close = difflib.get_close_matches(q, codes, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def language_of(ref: str | None, *, with_examples: bool = True) -> str | None:

@@ -2,7 +2,9 @@
 schedules and dtypes it accepts, and the errors the training room raises."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..checkpoints.architectures import PROJECTION_KINDS
@@ -109,6 +111,15 @@ class TrainConfig:
         if self.mode == "simultaneous" and not self.lang_data:
             raise TrainError("simultaneous mode needs lang_data (--lang-data): the dataset of the "
                              "language side; --data trains the task side")
+        return self
+
+    def check_data_files(self) -> TrainConfig:
+        """TrainDataError naming the first data file that is not there: said before the model
+        loads (seconds), not after."""
+        for f in ("data", "eval_data", "lang_data"):
+            path = getattr(self, f)
+            if isinstance(path, (str, os.PathLike)) and not Path(path).exists():
+                raise TrainDataError(f"{path}: no such data file")
         return self
 
     @property
