@@ -2,6 +2,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
 import pytest
 
 from layerswap_core.cli import (CLI_MODULES, COMMANDS, NO_MODEL_COMMANDS, build_parser, main,

@@ -805,3 +805,26 @@ def test_moving_one_tau_never_nudges_the_other(session):
     assert 10 ** slider_value(tau_task) != tau_task          # the rounded value fed back differs
     assert slider_taus(session, (slider_value(tau_task), -1.0)) == (tau_task, 0.1)
     assert slider_taus(session, (-2.5, slider_value(tau_lang))) == (10 ** -2.5, tau_lang)
+
+
+def test_the_story_never_puts_the_peak_layer_in_the_wrong_third():
+    """The third holding most change and the single most-changed layer can differ (the page said
+    "middle third (42%, peak layer 27)" of a 30-layer model): then both are named as they are."""
+    import numpy as np
+
+    from layerswap_core.analysis.suggest import delta_story
+
+    class Stats:   # the two things delta_story reads of DeltaStats
+        def __init__(self, label, profile):
+            self.label, self._p = label, np.asarray(profile, dtype=float)
+
+        def layer_profile(self):
+            return self._p
+
+    middle_mass_top_peak = [1] * 10 + [4.2] * 10 + [1] * 9 + [9]
+    task, lang = Stats("task expert", middle_mass_top_peak), Stats("language expert", [9] + [1] * 29)
+    story = delta_story(task, lang)
+    assert "task expert changed most in the middle third (" in story
+    assert "single most-changed layer, 29, is in the top third" in story
+    assert "language expert changed most in the bottom third" in story
+    assert "peak layer 0" in story

@@ -186,15 +186,18 @@ THIRDS = ("bottom", "middle", "top")
 EVEN_SHARE = 0.40  # no third holds more than this share of an expert's change: "spread evenly"
 
 
-def _where(profile: np.ndarray) -> tuple[str, float, int]:
-    """(third holding most of the change or "spread", its share, the peak layer)."""
+def _where(profile: np.ndarray) -> tuple[str, float, int, str]:
+    """(third holding most of the change or "spread", its share, the peak layer, the third
+    the peak layer is in)."""
     total = float(profile.sum())
     if total <= 0:
-        return "spread", 0.0, 0
+        return "spread", 0.0, 0, THIRDS[0]
     cuts = np.array_split(np.arange(len(profile)), 3)
     shares = [float(profile[c].sum()) / total for c in cuts]
     i = int(np.argmax(shares))
-    return (THIRDS[i] if shares[i] > EVEN_SHARE else "spread"), shares[i], int(np.argmax(profile))
+    peak = int(np.argmax(profile))
+    peak_third = next(THIRDS[k] for k, c in enumerate(cuts) if peak in c)
+    return (THIRDS[i] if shares[i] > EVEN_SHARE else "spread"), shares[i], peak, peak_third
 
 
 def profile_overlap(task, lang) -> float:
@@ -210,10 +213,13 @@ def delta_story(task, lang) -> str:
     """One sentence: where each expert changed most against the base and whether the two
     overlap (per-layer delta mass, ``DeltaStats.layer_profile``)."""
     def part(stats) -> str:
-        where, share, peak = _where(stats.layer_profile())
+        where, share, peak, peak_third = _where(stats.layer_profile())
         if where == "spread":
             return (f"{stats.label} spread its change over all layers (no third holds more than "
-                    f"{EVEN_SHARE:.0%}; peak layer {peak})")
+                    f"{EVEN_SHARE:.0%}; peak layer {peak}, in the {peak_third} third)")
+        if peak_third != where:   # the most-changed layer need not lie in the most-changed third
+            return (f"{stats.label} changed most in the {where} third ({share:.0%}), though its "
+                    f"single most-changed layer, {peak}, is in the {peak_third} third")
         return f"{stats.label} changed most in the {where} third ({share:.0%}, peak layer {peak})"
 
     ov = profile_overlap(task, lang)
