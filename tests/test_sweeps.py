@@ -308,7 +308,7 @@ def test_when_every_configuration_ties_none_is_called_best():
     zeros = [record(b, 0.0) for b in range(4)]
     assert report.best(zeros, "sw", "accuracy") is None
     assert report.best_lines(zeros, ["sw"], "accuracy") == [
-        "no configuration is better in sw: all 4 score 0.000"]
+        "no configuration is better in sw: all 4 score 0.0%"]
     one = zeros[:3] + [record(3, 0.25)]
     assert report.best_lines(one, ["sw"], "accuracy")[0].startswith("best in sw (highest accuracy): bottom 3")
     res = SweepResult(("bottom", "top"), [0, 1], [0, 1], [[0.0, 0.0], [0.0, 0.0]], "accuracy",

@@ -143,8 +143,15 @@ class ModelInfo:
     tied_embeddings: bool
     fallback_architecture: bool
 
+    @property
+    def architecture(self) -> str:
+        """"gemma3_text (gemma2 family)": the family's name (whose name rules it follows) said
+        as such, not as if it were the model's type; the type alone where they agree."""
+        return (self.model_type if self.family == self.model_type
+                else f"{self.model_type} ({self.family} family)")
+
     def summary(self) -> str:
-        return (f"{self.model_type} ({self.family}), {self.num_layers} layers, hidden "
+        return (f"{self.architecture}, {self.num_layers} layers, hidden "
                 f"{self.hidden_size}, vocab {self.vocab_size}, {self.num_params / 1e6:.1f} M params, "
                 f"{self.dtype}, {self.size_bytes / 2**20:.0f} MiB"
                 + (", tied embeddings" if self.tied_embeddings else "")

@@ -62,7 +62,7 @@ class ModelFacts:
                  else "here, nothing to download")
         terms = [f"licence {self.license}" if self.license else "",
                  "gated" if self.gated else "", "private" if self.private else ""]
-        return (f"{self.role}: {self.ref}: {i.model_type} ({i.family}), {i.num_layers} layers, "
+        return (f"{self.role}: {self.ref}: {i.architecture}, {i.num_layers} layers, "
                 f"hidden {i.hidden_size}, vocab {i.vocab_size}, {i.dtype}, "
                 f"{i.num_params / 1e6:.1f} M params, {_gb(i.size_bytes)} of weights; {where}"
                 + "".join(f", {t}" for t in terms if t))

@@ -33,7 +33,7 @@ def point_text(point: dict) -> str:
 def score_text(s: dict, metric: str) -> str:
     if metric == "nll":
         return f"{s['nll']:.4f} [{s['ci_low']:.4f}, {s['ci_high']:.4f}]"
-    return f"{s['accuracy']:.3f} ({s['correct']}/{s['n']}) [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
+    return f"{s['accuracy']:.1%} ({s['correct']}/{s['n']}) [{s['ci_low']:.1%}, {s['ci_high']:.1%}]"
 
 
 def table(records: list[dict], axes: list[str], langs: list[str], metric: str) -> str:
@@ -43,7 +43,7 @@ def table(records: list[dict], axes: list[str], langs: list[str], metric: str) -
     rows = [[*(f"{r['point'][a]:g}" for a in axes),
              *(("-" if score_of(r, lang, metric) is None else
                 f"{score_of(r, lang, metric):.4f}" if metric == "nll" else
-                f"{score_of(r, lang, metric):.3f}") for lang in langs),
+                f"{score_of(r, lang, metric):.1%}") for lang in langs),
              f"{r['seconds']:.1f}", str(r.get("rewritten", "-"))] for r in records]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
               for i, h in enumerate(head)]
@@ -62,7 +62,7 @@ def best_lines(records: list[dict], langs: list[str], metric: str) -> list[str]:
         if b is None and len(scored) > 1:
             value = score_of(scored[0], lang, metric)
             out.append(f"no configuration is better in {lang}: all {len(scored)} score "
-                       + format(value, ".4f" if metric == "nll" else ".3f"))
+                       + format(value, ".4f" if metric == "nll" else ".1%"))
         elif b is not None:
             out.append(f"best in {lang} ({what}): {point_text(b['point'])}: "
                        f"{score_text(b['scores'][lang], metric)}")

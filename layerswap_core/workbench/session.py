@@ -130,7 +130,7 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
                           "", "", "", "", ""]
             continue
         refs[role], infos[role] = ref, info
-        rows[role] = [label, name, f"{info.model_type} ({info.family})",
+        rows[role] = [label, name, info.architecture,
                       str(info.num_layers), str(info.hidden_size), str(info.vocab_size), info.dtype,
                       f"{info.num_params / 1e6:.1f} M params, {info.size_bytes / 2**20:.0f} MiB"]
     if errors:
