@@ -258,3 +258,15 @@ def test_a_language_named_otherwise_gets_a_did_you_mean(typed, meant):
     for load in (gsm_symbolic_items, load_mgsm):
         with pytest.raises(DataError, match=f"did you mean {meant}\\?"):
             load(typed)
+
+
+def test_docs_cli_lists_every_command():
+    """docs/cli.md's overview block has a line for every subcommand the parser knows."""
+    import argparse
+    import re
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+    block = text.split("```bash", 1)[1].split("```", 1)[0]
+    listed = set(re.findall(r"^layerswap ([a-z-]+)", block, flags=re.M))
+    assert listed == set(sub.choices), (set(sub.choices) - listed, listed - set(sub.choices))
