@@ -213,7 +213,7 @@ def test_a_trio_with_another_vocabulary_is_refused_from_under_a_megabyte_each(fa
     assert pf.lines()[-1] == f"refused: {pf.refusal}"
 
 
-def test_a_compatible_trio_shows_sizes_and_memory_before_any_weight_byte(fake_hub, tiny):
+def test_a_compatible_trio_shows_sizes_and_memory_before_any_weight_byte(fake_hub, tiny, monkeypatch):
     fake_hub.reset()
     pf = check("fake/base", "fake/task", "fake/lang")
     assert pf.ok, pf.problems
@@ -231,11 +231,20 @@ def test_a_compatible_trio_shows_sizes_and_memory_before_any_weight_byte(fake_hu
         assert facts.license == "apache-2.0" and not facts.gated
         assert facts.fetched_bytes == fake_hub.sent[f"fake/{role}"] - _listing_bytes(fake_hub, role)
     assert pf.download_bytes == sum(listed.values())
-    assert pf.memory_bytes == pf.models["task"].info.size_bytes
+    # the live model's copy in the dtype it runs in: a small model on the CPU is float32
+    assert pf.live_float32 and pf.memory_bytes == 4 * pf.models["task"].info.num_params
     assert pf.mapped_bytes == sum(f.info.size_bytes for f in pf.models.values())
     text = "\n".join(pf.lines())
-    assert "to download" in text and "memory: about" in text
+    assert "to download" in text and "memory: about" in text and "(float32 on the CPU)" in text
     assert pf.lines()[-1].startswith("compatible")
+    # a bf16 checkpoint of the same model: twice its bytes on the CPU, its own bytes on a GPU
+    from dataclasses import replace
+    n = pf.models["task"].info.num_params
+    bf16 = replace(pf, models={r: replace(f, info=replace(f.info, dtype="BF16", size_bytes=2 * n))
+                               for r, f in pf.models.items()})
+    assert bf16.memory_bytes == 4 * n == 2 * bf16.models["task"].info.size_bytes
+    monkeypatch.setenv("LAYERSWAP_DEVICE", "cuda")
+    assert not bf16.live_float32 and bf16.memory_bytes == 2 * n
 
 
 def _listing_bytes(fh: CountingHub, role: str) -> int:

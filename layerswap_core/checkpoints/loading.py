@@ -18,6 +18,18 @@ from .references import ModelLoadError, read_config_file, resolve
 from .cache import build_once, cache_dir, cache_key
 
 
+# Below this many parameters a CPU live model is float32 (``merge.live``): at most 2 GB, and the
+# outputs equal the float32 evaluations published in the README.
+SMALL_MODEL_PARAMS = 500_000_000
+
+
+def runs_in_float32(num_params: int, device: str) -> bool:
+    """Whether a live model of ``num_params`` runs in float32 on ``device`` whatever its
+    checkpoint's dtype (a small model on the CPU), rather than in the checkpoint's own dtype:
+    ``merge.live.live_dtype``'s rule, which the pre-flight's memory estimate reads too."""
+    return str(device).startswith("cpu") and num_params < SMALL_MODEL_PARAMS
+
+
 def default_dtype(device: str):
     import torch
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32

@@ -20,8 +20,10 @@ needs, and the problems, the first of which is the one-line refusal.
 from __future__ import annotations
 
 import fnmatch
+import os
 import shutil
 import struct
+import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,7 +34,7 @@ from .compatibility import open_models, problems
 from .embedded import EMBEDDED_PREFIX
 from .hub import (PATTERNS, HubLimits, _clean_names, _gb, _words, file_url, served_cache,
                   too_big)
-from .loading import ModelInfo, describe
+from .loading import ModelInfo, describe, runs_in_float32
 from .reading import INDEX_NAME, ModelLoadError
 from .references import _REPO_ID, resolve
 from .tokenizers import TOKENIZER_FILES
@@ -99,9 +101,28 @@ class Preflight:
         return sum(f.fetched_bytes for f in self.models.values())
 
     @property
-    def memory_bytes(self) -> int:
+    def live_device(self) -> str:
+        """Where the live model would run: $LAYERSWAP_DEVICE, else a GPU when torch (already
+        imported: `layerswap check` does not import it) sees one, else the CPU."""
+        device = os.environ.get("LAYERSWAP_DEVICE")
+        if device:
+            return device
+        torch = sys.modules.get("torch")
+        return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+
+    @property
+    def live_float32(self) -> bool:
         first = next(iter(self.models.values()), None)
-        return first.info.size_bytes if first else 0
+        return first is not None and runs_in_float32(first.info.num_params, self.live_device)
+
+    @property
+    def memory_bytes(self) -> int:
+        """The live model's own copy, in the dtype it runs in (float32 for a small model on the
+        CPU: twice a bf16 checkpoint's bytes)."""
+        first = next(iter(self.models.values()), None)
+        if first is None:
+            return 0
+        return 4 * first.info.num_params if self.live_float32 else first.info.size_bytes
 
     @property
     def mapped_bytes(self) -> int:
@@ -112,7 +133,8 @@ class Preflight:
         out = [f.line() for f in self.models.values()]
         if self.models:
             out.append(f"download: {_gb(self.download_bytes)} in all; memory: about "
-                       f"{_gb(self.memory_bytes)} for the live model, plus up to "
+                       f"{_gb(self.memory_bytes)} for the live model"
+                       + (" (float32 on the CPU)" if self.live_float32 else "") + ", plus up to "
                        f"{_gb(self.mapped_bytes)} of page cache for the weight files "
                        f"(pre-flight fetched {_small(self.fetched_bytes)})")
         out += [f"note: {n}" for n in self.notes]

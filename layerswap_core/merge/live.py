@@ -39,12 +39,9 @@ from .errors import ConfigError, MergeError
 from .executor import Inputs, open_inputs
 from .plan import MergePlan, build_plan
 from .registry import Source
-from ..checkpoints.loading import load_model
+from ..checkpoints.loading import load_model, runs_in_float32
 
 ROLES = ("base", "task", "lang")
-# Below this many parameters a CPU live model is float32 (see the module docstring): at most
-# 2 GB, and the outputs equal the float32 evaluations published in the README.
-SMALL_MODEL_PARAMS = 500_000_000
 
 
 class MappedCheckpoint(Mapping):
@@ -121,9 +118,7 @@ def checkpoint_dtype(reader: CheckpointReader) -> torch.dtype:
 def live_dtype(reader: CheckpointReader, device: str = "cpu") -> torch.dtype:
     """float32 for a small model on the CPU, else the checkpoint's dtype (module docstring)."""
     stored = checkpoint_dtype(reader)
-    if str(device).startswith("cpu") and reader.numel() < SMALL_MODEL_PARAMS:
-        return torch.float32
-    return stored
+    return torch.float32 if runs_in_float32(reader.numel(), device) else stored
 
 
 @dataclass
