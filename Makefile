@@ -36,6 +36,6 @@ CHECK_TESTS := tests/test_architecture.py tests/test_cli.py tests/test_data.py \
 
 check: $(STAMP)
 	$(BIN)/ruff check .
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not slow and not browser" $(CHECK_TESTS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not slow and not browser and not timing" $(CHECK_TESTS)
 
 .PHONY: install run test check

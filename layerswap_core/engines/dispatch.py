@@ -96,6 +96,7 @@ class Dispatcher:
         self.visitors: dict[str, Visitor] = {}
         self.heavy: dict[str, int] = {}       # person -> heavy jobs running
         self.speeds: dict[Trio, float] = {}   # measured tokens per second per trio
+        self.item_seconds: dict[Trio, float] = {}   # measured seconds per scored item per trio
         self._lock = threading.Lock()
 
     # ---- visitors
@@ -158,7 +159,7 @@ class Dispatcher:
 
     # ---- estimates
     def estimate(self, job: J.Job) -> float:
-        return J.estimate_seconds(job, self.speeds.get(job.trio))
+        return J.estimate_seconds(job, self.speeds.get(job.trio), self.item_seconds.get(job.trio))
 
     def _admit(self, job: J.Job) -> float:
         """The job's deadline (monotonic); TooLong when its estimate is over the budget."""
@@ -227,6 +228,8 @@ class Dispatcher:
             out = J.run_job(engine, job, guard)
             if engine.tokens_per_second:
                 self.speeds[job.trio] = engine.tokens_per_second
+            if engine.item_seconds:
+                self.item_seconds[job.trio] = engine.item_seconds
             return out
 
     def run(self, job: J.Job, progress: Progress | None = None):

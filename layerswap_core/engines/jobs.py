@@ -31,6 +31,9 @@ from ..merge.config import MergeConfig
 
 ROLES = ("base", "task", "lang")
 DEFAULT_TOKENS_PER_SECOND = 20.0   # before an engine has measured itself (a CPU, batch of one)
+# before an engine has measured a scoring job: a gold NLL of a 135M model on a 2-core CPU,
+# its configuration shown, took 1.2-1.5 s an item (a 24-configuration sweep of 8 items: 277 s)
+DEFAULT_ITEM_SECONDS = 1.5
 STARTUP_SECONDS = 10.0             # loading or switching a live model, per job
 
 
@@ -52,6 +55,19 @@ class Job:
     person: str = ""
 
     @property
+    def scores_only(self) -> bool:
+        """Whether the job scores items without generating (a gold NLL)."""
+        return self.kind == "nll" or self.settings.get("metric") == "nll"
+
+    @property
+    def scored_items(self) -> int:
+        """Items this job scores, over all its models or configurations."""
+        models = len(self.what) if isinstance(self.what, (dict, list)) else 1
+        if "work_items" in self.settings:
+            return int(self.settings["work_items"])
+        return max(1, len(self.items)) * models
+
+    @property
     def generated_tokens(self) -> int:
         """Upper bound of tokens this job generates (for its duration estimate)."""
         tokens = int(self.settings.get("max_new_tokens", 0) or 0)
@@ -65,8 +81,13 @@ class Job:
         return tokens * max(1, len(self.items)) * models
 
 
-def estimate_seconds(job: Job, tokens_per_second: float | None = None) -> float:
-    """Seconds ``job`` should take: its tokens at the engine's measured speed, plus start-up."""
+def estimate_seconds(job: Job, tokens_per_second: float | None = None,
+                     item_seconds: float | None = None) -> float:
+    """Seconds ``job`` should take, plus start-up: a job that only scores (gold NLL), its items
+    at the seconds per item measured on the engine (the model shown included: a sweep's
+    configurations); else its tokens at the engine's measured speed."""
+    if job.scores_only:
+        return STARTUP_SECONDS + job.scored_items * (item_seconds or DEFAULT_ITEM_SECONDS)
     rate = tokens_per_second or DEFAULT_TOKENS_PER_SECOND
     return STARTUP_SECONDS + job.generated_tokens / rate
 
@@ -151,11 +172,13 @@ def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
         raise JobError("gold NLL needs worked solutions: use GSM-Symbolic items")
     label = job.what if isinstance(job.what, str) else "merged"
     count = tally(job)
+    t0 = time.perf_counter()
     show(engine, job.what, lambda f, m: count.say(progress, 0, label, 0,
                                                  f"setting up the model ({f:.0%})"))
     count.say(progress, 0, label, 0, "scoring the worked solutions")
     nlls = task_nll(task, engine.live.model, engine.live.tokenizer,
                     batch_size=s.get("batch_size", 16))
+    engine.measured_items(len(job.items), time.perf_counter() - t0)
     count.say(progress, 0, label, len(job.items))
     return {"summary": [{"model": label, "n": len(nlls), "mean_gold_nll": mean_nll(nlls)}],
             "nlls": nlls}

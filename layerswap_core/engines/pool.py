@@ -91,6 +91,8 @@ class Engine:
         self.last_used = time.monotonic()
         self.jobs = 0
         self.tokens_per_second: float | None = None   # measured by generation jobs
+        # seconds per item scored without generating (a gold NLL), the model shown included
+        self.item_seconds: float | None = None
         self.lent: dict[object, float] = {}     # lease -> seconds lent out at pause points
 
     def measured(self, tokens: int, seconds: float) -> None:
@@ -101,6 +103,15 @@ class Engine:
             rate = tokens / seconds
             old = self.tokens_per_second
             self.tokens_per_second = rate if old is None else 0.5 * (old + rate)
+
+    def measured_items(self, items: int, seconds: float) -> None:
+        """Fold one scoring job's time into the seconds per scored item (``measured``'s rule:
+        the time lent out is not the job's): a sweep scored by gold NLL is estimated by it."""
+        seconds -= self.lent.pop(self.holder, 0.0)
+        if items > 0 and seconds > 0:
+            per = seconds / items
+            old = self.item_seconds
+            self.item_seconds = per if old is None else 0.5 * (old + per)
 
     def nbytes(self) -> int:
         return self.live.resident_bytes()

@@ -68,21 +68,28 @@ def minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
-def speed_words(session: Session) -> str:
+def speed_words(session: Session, scoring: bool = False) -> str:
+    """The measured speed an estimate rests on: tokens per second for generation, seconds per
+    scored item for a gold-NLL job (``scoring``)."""
+    if scoring:
+        per = dispatcher().item_seconds.get(session.trio)
+        if per is None:
+            return "at an assumed speed: none measured on these models yet"
+        return f"at {per:.2f} s per scored item, measured on these models here"
     speed = dispatcher().speeds.get(session.trio)
     if speed is None:
         return "at an assumed speed: none measured on these models yet"
     return f"at {speed:.1f} tokens/s, measured on these models here"
 
 
-def estimate_line(seconds: float, session: Session) -> str:
+def estimate_line(seconds: float, session: Session, scoring: bool = False) -> str:
     """The estimate of a job before it runs, against the server's budget (one line)."""
     budget = dispatcher().job_seconds
+    speed = speed_words(session, scoring)
     if seconds > budget:
-        return (f"⚠ About {minutes(seconds)} ({speed_words(session)}): over the "
+        return (f"⚠ About {minutes(seconds)} ({speed}): over the "
                 f"{minutes(budget)} this server allows per job.")
-    return (f"About {minutes(seconds)} ({speed_words(session)}); this server allows "
-            f"{minutes(budget)} per job.")
+    return f"About {minutes(seconds)} ({speed}); this server allows {minutes(budget)} per job."
 
 
 def evaluation_line(session: Session | None, n, max_new_tokens, roles) -> str:

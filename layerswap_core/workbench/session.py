@@ -334,11 +334,13 @@ def warm_up(session: Session) -> threading.Thread | None:
     """Load the engine of the session's models in the background when none is loaded yet (in
     this process): the first Build then only rewrites the tensors the merge changes. Then,
     when the dispatcher has no speed for these models yet, one small evaluation measures it
-    (``speed_probe``): the caps and estimates on the page are this server's from the start."""
+    (``speed_probe``), and one small scoring job the seconds per scored item
+    (``scoring_probe``): the caps and estimates on the page are this server's from the start."""
     d = dispatcher()
     trio = session.trio
     loaded = any(e.trio == trio for e in d.pool.engines)
-    if d.placement != "local" or (loaded and trio in d.speeds) or trio in _WARMING:
+    if d.placement != "local" or (loaded and trio in d.speeds and trio in d.item_seconds) \
+            or trio in _WARMING:
         return None
 
     def load():
@@ -347,6 +349,8 @@ def warm_up(session: Session) -> threading.Thread | None:
                 pass
             if trio not in d.speeds:
                 d.run(speed_probe(session))
+            if trio not in d.item_seconds:
+                d.run(scoring_probe(session))
         except Exception:  # noqa: BLE001 - Build reports loading errors where they matter
             return
         finally:
@@ -365,6 +369,13 @@ def speed_probe(session: Session) -> Job:
     return Job("evaluate", session.trio, "", {"task": "task"}, items,
                {"shots": LIMITS.shots, "max_new_tokens": 16, "with_nll": False,
                 "exemplars": default_exemplars(items, LIMITS.shots, cot=False)})
+
+
+def scoring_probe(session: Session) -> Job:
+    """The server's own job measuring the seconds per item of scoring without generating (the
+    Sweep tab's default, gold NLL): four GSM-Symbolic items scored on the task expert, as the
+    Sweep tab's defaults would (Swahili, no shots)."""
+    return Job("nll", session.trio, "", "task", load_items("gsm-symbolic", "sw")[:4], {"shots": 0})
 
 
 def measured_speed(session: Session, wait: float = 0.0) -> float | None:

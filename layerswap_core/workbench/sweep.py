@@ -106,7 +106,7 @@ def sweep_line(session: Session | None, axes: str, x_values: str, y_values: str,
     except WorkbenchError as e:
         return f"⚠ {e}"
     return f"{cells} configurations. " + estimate_line(sweep_seconds(session, cells, n, metric),
-                                                       session)
+                                                       session, scoring=metric == "nll")
 
 
 def _sweep_config_job(engine, job, progress: Progress | None) -> dict:
@@ -124,6 +124,8 @@ def _sweep_config_job(engine, job, progress: Progress | None) -> dict:
     record = worker.run(job.what, progress=lambda f, m: count.say(progress, 0, label, f * n_items))
     if s["eval"]["metric"] != "nll":   # generation measured the engine's speed
         engine.measured(job.generated_tokens, time.perf_counter() - t0)
+    else:                              # the seconds per scored item, this configuration shown
+        engine.measured_items(n_items, time.perf_counter() - t0)
     count.say(progress, 0, label, n_items)
     return record
 
