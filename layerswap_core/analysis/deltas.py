@@ -288,12 +288,18 @@ def _save_cached(st: DeltaStats, path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- computation
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """A tensor as rows: a vector is one row, a stack of matrices (fused experts) its matrices'
+    rows one after another."""
+    return t.reshape(1, -1) if t.dim() == 1 else t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t
+
+
 def _row_mavs(expert: torch.Tensor | None, base: torch.Tensor | None,
               delta: torch.Tensor | None) -> torch.Tensor:
     """Row MAVs of (expert - base), or of ``delta``; chunked so each float32 chunk stays in cache."""
     src = delta if delta is not None else expert
-    x = src.reshape(1, -1) if src.dim() == 1 else src
-    b = None if delta is not None else (base.reshape(1, -1) if base.dim() == 1 else base)
+    x = _as_rows(src)
+    b = None if delta is not None else _as_rows(base)
     rows, cols = x.shape
     out = torch.empty(rows, dtype=torch.float32, device=x.device)
     step = max(1, CHUNK_ELEMS // max(cols, 1))
@@ -329,6 +335,8 @@ def _row_mavs_parallel(expert, base, delta, pool, parts: int) -> torch.Tensor:
     which synchronise on every small chunk, crawl.
     """
     src = delta if delta is not None else expert
+    if src.dim() > 2:
+        return _row_mavs(expert, base, delta)
     rows = src.shape[0] if src.dim() == 2 else 1
     if pool is None or parts < 2 or rows < 64 * parts:
         return _row_mavs(expert, base, delta)
@@ -485,7 +493,7 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
         for name, (b, e, d, releases) in _prefetch(names, load):
             info = arch.classify(name)
             if exp_r is None and d is None:
-                rm = torch.zeros(1 if b.dim() == 1 else b.shape[0])
+                rm = torch.zeros(_as_rows(b).shape[0])
             else:
                 rm = _row_mavs_parallel(e, b, d, pool, parts)
             rm_sorted = torch.sort(rm).values.cpu().numpy().astype(np.float32, copy=False)

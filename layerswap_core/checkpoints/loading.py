@@ -142,9 +142,23 @@ class ModelInfo:
     size_bytes: int
     tied_embeddings: bool
     fallback_architecture: bool
+    moe: str = ""                          # "MoE: N experts, K active", "" for a dense model
+    unclassified: tuple[str, ...] = ()     # tensors no kind rule can address (kind "other")
+
+    def warning(self) -> str | None:
+        """One line naming the tensors no kind rule can address, or None."""
+        if not self.unclassified:
+            return None
+        n = len(self.unclassified)
+        more = f" and {n - 3} more" if n > 3 else ""
+        return (f"{n} tensor(s) of this {self.model_type} model have no kind layerswap knows "
+                f"({', '.join(self.unclassified[:3])}{more}): rules that select kinds cannot "
+                "address them (a rule with kinds over their layers is refused); layer selections "
+                "and whole-layer swaps still take them")
 
     def summary(self) -> str:
-        return (f"{self.model_type} ({self.family}), {self.num_layers} layers, hidden "
+        return (f"{self.model_type} ({self.family}{', ' + self.moe if self.moe else ''}), "
+                f"{self.num_layers} layers, hidden "
                 f"{self.hidden_size}, vocab {self.vocab_size}, {self.num_params / 1e6:.1f} M params, "
                 f"{self.dtype}, {self.size_bytes / 2**20:.0f} MiB"
                 + (", tied embeddings" if self.tied_embeddings else "")
@@ -161,7 +175,8 @@ def describe(ref, progress: Progress | None = None) -> ModelInfo:
     tc = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     return ModelInfo(str(ref), str(path), arch.model_type, arch.name, arch.num_layers,
                      tc.get("hidden_size"), tc.get("vocab_size"), "/".join(dtypes), reader.numel(),
-                     reader.nbytes(), tied_embeddings(cfg), arch.is_fallback)
+                     reader.nbytes(), tied_embeddings(cfg), arch.is_fallback, arch.moe(),
+                     tuple(arch.unclassified(reader.names())))
 
 
 

@@ -62,7 +62,8 @@ class ModelFacts:
                  else "here, nothing to download")
         terms = [f"licence {self.license}" if self.license else "",
                  "gated" if self.gated else "", "private" if self.private else ""]
-        return (f"{self.role}: {self.ref}: {i.model_type} ({i.family}), {i.num_layers} layers, "
+        return (f"{self.role}: {self.ref}: {i.model_type} ({i.family}"
+                f"{', ' + i.moe if i.moe else ', dense'}), {i.num_layers} layers, "
                 f"hidden {i.hidden_size}, vocab {i.vocab_size}, {i.dtype}, "
                 f"{i.num_params / 1e6:.1f} M params, {_gb(i.size_bytes)} of weights; {where}"
                 + "".join(f", {t}" for t in terms if t))
@@ -116,6 +117,8 @@ class Preflight:
                        f"{_gb(self.mapped_bytes)} of page cache for the weight files "
                        f"(pre-flight fetched {_small(self.fetched_bytes)})")
         out += [f"note: {n}" for n in self.notes]
+        out += [f"warning: {f.role}: {f.info.warning()}" for f in self.models.values()
+                if f.info.warning()]
         if self.tokenizers is not None and not self.tokenizers.identical:
             out += [line for line in self.tokenizers.lines() if not line.startswith("refused")]
             out += [f"  {d}" for d in self.tokenizers.details]

@@ -130,7 +130,8 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
                           "", "", "", "", ""]
             continue
         refs[role], infos[role] = ref, info
-        rows[role] = [label, name, f"{info.model_type} ({info.family})",
+        rows[role] = [label, name, f"{info.model_type} ({info.family}"
+                      f"{', ' + info.moe if info.moe else ''})",
                       str(info.num_layers), str(info.hidden_size), str(info.vocab_size), info.dtype,
                       f"{info.num_params / 1e6:.1f} M params, {info.size_bytes / 2**20:.0f} MiB"]
     if errors:
@@ -143,8 +144,11 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
     models = open_models({role: refs[role] for role in sorted(refs, key=lambda r: r != "task")})
     found = compatibility_problems(models)
     note = reading_note(refs.get("base") or refs["task"], names["lang"])
+    # tensors no kind rule can address, said before anything is built (issue #65)
+    notes = [note] + [f"{role}: {infos[role].warning()}" for role in ("task", "lang", "base")
+                      if role in infos and infos[role].warning()]
     return ModelsReport(refs, rows, found, infos["task"].num_layers, names, access, models,
-                        (note,) if note else (), tokenizer_panel(models.paths))
+                        tuple(n for n in notes if n), tokenizer_panel(models.paths))
 
 
 READING_RATIO = 3.0   # tokens per word in the expert's language over English: a warning above
