@@ -120,6 +120,17 @@ def test_check_says_family_and_moe(trio):
     assert "warning" not in text and "unknown family" not in text
 
 
+def test_models_tab_check_says_moe(trio):
+    from layerswap_core.workbench.session import check_models
+
+    model_type, paths = trio
+    report = check_models(str(paths["base"]), str(paths["task"]), str(paths["lang"]))
+    assert report.ok and not report.notes, report.notes
+    arch = report.rows[0][2]
+    assert arch.startswith(f"{model_type} (")
+    assert ("MoE: 4 experts, 2 active" in arch) == (model_type in MOE_TYPES)
+
+
 def test_unclassified_tensors_are_said_and_a_kind_rule_over_them_is_refused(tmp_path):
     """A model type layerswap does not know, with a tensor no kind rule can see: `check` names
     it before anything is built, a kinds rule over its layer is refused in one line, a layer
@@ -140,6 +151,11 @@ def test_unclassified_tensors_are_said_and_a_kind_rule_over_them_is_refused(tmp_
     lines = check(str(paths["base"]), str(paths["task"]), str(paths["lang"])).lines()
     warnings = [line for line in lines if line.startswith("warning:")]
     assert len(warnings) == 3 and all("model.layers.0.ffn.wi.weight" in w for w in warnings)
+    from layerswap_core.workbench.session import check_models
+
+    report = check_models(str(paths["base"]), str(paths["task"]), str(paths["lang"]))
+    assert report.ok and any("model.layers.1.ffn.wi.weight" in n for n in report.notes)
+    assert "model.layers.0.ffn.wi.weight" in report.markdown()
     rule = MergeConfig(partition=[{"layers": "0-1", "kinds": "mlp"}])
     with pytest.raises(ConfigError, match=r"partition rule 1: .*model\.layers\.0\.ffn\.wi\.weight"):
         merge_to_folder(rule, task=paths["task"], lang=paths["lang"], out=tmp_path / "m")
@@ -152,3 +168,19 @@ def test_unclassified_tensors_are_said_and_a_kind_rule_over_them_is_refused(tmp_
     out = merge_to_folder(by_layer, task=paths["task"], lang=paths["lang"], out=tmp_path / "m3")
     assert torch.equal(tensors(out)["model.layers.1.ffn.wi.weight"],
                        tensors(paths["lang"])["model.layers.1.ffn.wi.weight"])
+
+
+def test_moe_kinds_are_columns_of_the_delta_heatmap(trio):
+    from layerswap_core.analysis.deltas import delta_stats
+    from layerswap_core.workbench.figures import delta_heatmap
+
+    model_type, paths = trio
+    if model_type not in MOE_TYPES:
+        pytest.skip("dense")
+    st = delta_stats(paths["base"], paths["task"], cache=False)
+    assert {"moe_experts", "moe_router"} <= set(st.kinds()) and "other" not in st.kinds()
+    x = list(delta_heatmap(st, matrices_only=True).data[0].x)
+    assert "moe experts" in x and "moe router" in x
+    fused = [t for t in st.tensors if t.kind == "moe_experts" and len(t.shape) == 3]
+    for t in fused:   # a stack of expert matrices: each matrix's rows
+        assert t.rows == t.shape[0] * t.shape[1]

@@ -90,7 +90,7 @@ class DeltaStats:
     tensors: list[TensorStats]
     threshold: float | None = None  # default tau for table()/grid(); None: auto_threshold()
     label: str = "expert"
-    skipped: list[str] = field(default_factory=list)  # tensors that are neither 1-D nor 2-D
+    skipped: list[str] = field(default_factory=list)  # tensors that are not 1-D, 2-D or 3-D
     from_cache: bool = False
     seconds: float = 0.0
 
@@ -424,7 +424,7 @@ def _open_pair(base_path: Path, expert_path: Path | None):
 def delta_stats(base, expert=None, *, threshold: float | None = None, device: str = "cpu",
                 progress: Progress | None = None, cache: bool = True,
                 delta_provider: DeltaProvider | None = None, label: str | None = None) -> DeltaStats:
-    """Per-tensor row-MAV statistics of ``expert - base`` for every 1-D/2-D parameter.
+    """Per-tensor row-MAV statistics of ``expert - base`` for every 1-D/2-D/3-D parameter.
 
     base, expert: model references or folders (an expert folder holding a PEFT LoRA adapter is
     read through ``lora_delta_provider``). Instead of ``expert``, a ``delta_provider`` (see
@@ -463,8 +463,9 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
     device = pick_device(device)
     base_r, exp_r = _open_pair(base_path, expert_path)
     arch = get_architecture(base_r.config())
-    names = [n for n in base_r.names() if len(base_r.shape(n)) in (1, 2)]
-    skipped = [n for n in base_r.names() if len(base_r.shape(n)) not in (1, 2)]
+    # 3-D: a stack of matrices (fused experts), each matrix's rows
+    names = [n for n in base_r.names() if len(base_r.shape(n)) in (1, 2, 3)]
+    skipped = [n for n in base_r.names() if len(base_r.shape(n)) not in (1, 2, 3)]
     # Read shard by shard, in index order: sequential file access.
     names.sort(key=lambda n: base_r.shard(n))
     total = sum(math.prod(base_r.shape(n)) for n in names) or 1
