@@ -15,10 +15,11 @@ from safetensors.torch import save_file
 from layerswap_core.checkpoints.derive_kinds import tiny_model_config
 from layerswap_core.checkpoints.preflight import check
 from layerswap_core.checkpoints.reading import CheckpointReader
+from layerswap_core.checkpoints.references import DEFAULT_BASE, resolve
 from layerswap_core.merge.config import MergeConfig
 from layerswap_core.merge.errors import ConfigError
 from layerswap_core.merge.executor import merge_to_folder
-from layerswap_core.testing import make_expert
+from layerswap_core.testing import copy_tokenizer, make_expert
 
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3", "llama4_text",
              "granitemoe", "glm4_moe")
@@ -48,6 +49,8 @@ def make_trio(root, model_type: str) -> dict:
         for p in model.parameters():
             p.normal_(0, 0.08)
     model.save_pretrained(root / "base")
+    # a real tokenizer (the live engine loads one); the prompts stay within the tiny vocabulary
+    copy_tokenizer(resolve(DEFAULT_BASE), root / "base")
     return {"base": root / "base",
             **{role: make_expert(root / "base", root / role, seed=seed, default_scale=0.3,
                                  global_scale=0.3)
@@ -184,3 +187,30 @@ def test_moe_kinds_are_columns_of_the_delta_heatmap(trio):
     fused = [t for t in st.tensors if t.kind == "moe_experts" and len(t.shape) == 3]
     for t in fused:   # a stack of expert matrices: each matrix's rows
         assert t.rows == t.shape[0] * t.shape[1]
+
+
+def test_a_layer_swap_built_live_gives_the_logits_of_the_saved_merge(trio, tmp_path):
+    """The live engine on models whose parameters are not the checkpoint's tensors (experts
+    fused by transformers, renamed blocks): each role and merge equals the disk merge loaded."""
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.merge.live import LiveModel
+
+    model_type, paths = trio
+    live = LiveModel.from_refs(paths["task"], paths["lang"], paths["base"])
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    for cfg in (MergeConfig(partition=[{"layers": "0-1", "kinds": "mlp"}], non_layer="task"),
+                MergeConfig(bottom=1, top=0, non_layer="blend"),
+                MergeConfig(partition=[{"layers": "1", "kinds": "moe_experts"
+                                        if model_type in MOE_TYPES else "mlp_down"}])):
+        out = merge_to_folder(cfg, task=paths["task"], lang=paths["lang"],
+                              out=tmp_path / str(id(cfg)))
+        live.show(cfg)
+        with torch.no_grad():
+            want = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
+            got = live.model(ids).logits
+        assert torch.equal(got, want), cfg
+    live.show("lang")
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(paths["lang"], dtype=torch.float32)(ids).logits
+        assert torch.equal(live.model(ids).logits, want)
