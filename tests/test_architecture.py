@@ -21,11 +21,13 @@ LAYERS = [
     # imports), the architectures' tensor names, the per-tensor merge methods
     ("layerswap_core", "checkpoints", "merge", "analysis", "inference", "evaluation", "training",
      "engines", "sweeps", "workbench",
-     "checkpoints.architectures", "merge.methods", "merge.errors", "progress",
+     "checkpoints.architectures", "checkpoints.kinds_table",   # the derived kinds' table
+     "merge.methods", "merge.errors", "progress",
      "memory", "settings"),                       # the process's memory; numbers from variables
     ("checkpoints.reading", "checkpoints.tokenizers",   # tensors, headers, configs; tokenizers;
      "checkpoints.cache"),                        # the cache folder, the cached build, LRU
-    ("checkpoints.tokenizer_panel",),             # what differs in tokenizers, chat templates
+    ("checkpoints.tokenizer_panel",               # what differs in tokenizers, chat templates
+     "checkpoints.derive_kinds"),                 # kinds from transformers' modules (the table)
     ("checkpoints.writing",),                     # the sharded writer, output folders
     ("checkpoints.adapters",),                    # PEFT adapters: the reader, the applier
     ("checkpoints.embedded",),                    # the embedded models' registry (data rows)

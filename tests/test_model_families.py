@@ -78,3 +78,75 @@ def test_param_names_from_config_match_a_real_checkpoint(tiny):
     arch = get_architecture(reader.config())
     layers = {classify(n, arch.family).layer for n in names} - {None}
     assert layers == set(range(arch.num_layers))
+
+
+# --------------------------------------------------------------------------- derived kinds (#65)
+DENSE_HAND_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "cohere2",
+                    "phi3", "granite", "smollm3")
+
+
+@pytest.mark.parametrize("model_type,name,expected", [
+    ("mixtral", "model.layers.1.block_sparse_moe.experts.7.w1.weight", (1, "moe_experts")),
+    ("mixtral", "model.layers.1.block_sparse_moe.gate.weight", (1, "moe_router")),
+    ("qwen2_moe", "model.layers.0.mlp.experts.12.down_proj.weight", (0, "moe_experts")),
+    ("qwen2_moe", "model.layers.0.mlp.shared_expert.up_proj.weight", (0, "moe_shared")),
+    ("qwen2_moe", "model.layers.0.mlp.shared_expert_gate.weight", (0, "moe_shared")),
+    ("qwen3_moe", "model.layers.3.mlp.gate.weight", (3, "moe_router")),
+    ("gpt_oss", "model.layers.2.mlp.experts.gate_up_proj_bias", (2, "moe_experts")),
+    ("gpt_oss", "model.layers.2.mlp.router.bias", (2, "moe_router")),
+    ("gpt_oss", "model.layers.2.self_attn.sinks", (2, "attn_sinks")),
+    ("deepseek_v3", "model.layers.5.mlp.gate.e_score_correction_bias", (5, "moe_router")),
+    ("deepseek_v3", "model.layers.5.mlp.shared_experts.gate_proj.weight", (5, "moe_shared")),
+    ("deepseek_v3", "model.layers.5.self_attn.kv_b_proj.weight", (5, "attn_kv")),
+    ("deepseek_v3", "model.layers.0.mlp.gate_proj.weight", (0, "mlp_gate")),
+    ("llama4_text", "model.layers.1.feed_forward.experts.down_proj", (1, "moe_experts")),
+    ("llama4_text", "model.layers.1.feed_forward.router.weight", (1, "moe_router")),
+    ("granitemoe", "model.layers.1.block_sparse_moe.input_linear.weight", (1, "moe_experts")),
+    ("granitemoe", "model.layers.1.block_sparse_moe.router.layer.weight", (1, "moe_router")),
+    ("glm4_moe", "model.layers.1.mlp.gate.e_score_correction_bias", (1, "moe_router")),
+    ("starcoder2", "model.layers.1.mlp.c_fc.bias", (1, "mlp_up")),
+    ("starcoder2", "model.layers.1.mlp.c_proj.weight", (1, "mlp_down")),
+    ("olmo2", "model.layers.1.post_attention_layernorm.weight", (1, "norm_attn_post")),
+    ("olmo2", "model.layers.1.post_feedforward_layernorm.weight", (1, "norm_mlp_post")),
+])
+def test_classify_moe_and_derived_families(model_type, name, expected):
+    arch = get_architecture({"model_type": model_type, "num_hidden_layers": 8})
+    assert not arch.is_fallback and arch.name == model_type
+    assert tuple(arch.classify(name)) == expected
+    if expected[1].startswith("moe_"):
+        assert expected[1] in KIND_GROUPS["mlp"]
+
+
+def test_mixtral_is_not_a_llama_and_moe_facts_come_from_the_config():
+    arch = get_architecture({"model_type": "mixtral", "num_hidden_layers": 32,
+                             "num_local_experts": 8, "num_experts_per_tok": 2})
+    assert arch.name == "mixtral" and arch.moe() == "MoE: 8 experts, 2 active"
+    deepseek = get_architecture({"model_type": "deepseek_v3", "num_hidden_layers": 61,
+                                 "n_routed_experts": 256, "num_experts_per_tok": 8})
+    assert deepseek.moe() == "MoE: 256 experts, 8 active" and "MoE" in deepseek.describe()
+    assert get_architecture(LLAMA).moe() == ""
+
+
+def test_shipped_kinds_table_is_what_transformers_derives():
+    """The shipped table (kinds_table.py) derived again from transformers' modules: regenerate
+    it with `python -m layerswap_core.checkpoints.derive_kinds` when this fails."""
+    from layerswap_core.checkpoints.derive_kinds import DERIVED_TYPES, derive_kinds
+    from layerswap_core.checkpoints.kinds_table import KINDS
+
+    assert tuple(KINDS) == DERIVED_TYPES
+    for model_type in DERIVED_TYPES:
+        derived = derive_kinds(model_type)
+        assert derived == KINDS[model_type], model_type
+        assert "other" not in derived["layer"].values(), model_type
+
+
+@pytest.mark.parametrize("model_type", DENSE_HAND_TYPES)
+def test_hand_families_agree_with_what_transformers_derives(model_type):
+    from layerswap_core.checkpoints.derive_kinds import derive_kinds
+
+    arch = get_architecture({"model_type": model_type, "num_hidden_layers": 2})
+    derived = derive_kinds(model_type)
+    for rest, kind in derived["layer"].items():
+        assert arch.classify(f"model.layers.1.{rest}.weight") == (1, kind), (model_type, rest)
+    for name, kind in derived["global"].items():
+        assert arch.classify(f"{name}.weight") == (None, kind), (model_type, name)

@@ -307,7 +307,7 @@ def test_the_check_command_prints_the_summary_and_refuses_in_one_line(fake_hub, 
                               "49152; tensor model.embed_tokens.weight")
     assert main(["check", "--task", "fake/task", "--lang", "/no/such/folder"]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("task: fake/task: llama, 8 layers")   # what could be read
+    assert out[0].startswith("task: fake/task: llama (llama family, dense), 8 layers")   # what could be read
     assert out[-1] == ("refused: lang /no/such/folder: /no/such/folder: no such folder (and not "
                        "a Hub repo id of the form owner/name)")
 

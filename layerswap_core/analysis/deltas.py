@@ -90,7 +90,7 @@ class DeltaStats:
     tensors: list[TensorStats]
     threshold: float | None = None  # default tau for table()/grid(); None: auto_threshold()
     label: str = "expert"
-    skipped: list[str] = field(default_factory=list)  # tensors that are neither 1-D nor 2-D
+    skipped: list[str] = field(default_factory=list)  # tensors that are not 1-D, 2-D or 3-D
     from_cache: bool = False
     seconds: float = 0.0
 
@@ -288,12 +288,18 @@ def _save_cached(st: DeltaStats, path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- computation
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """A tensor as rows: a vector is one row, a stack of matrices (fused experts) its matrices'
+    rows one after another."""
+    return t.reshape(1, -1) if t.dim() == 1 else t.reshape(-1, t.shape[-1]) if t.dim() > 2 else t
+
+
 def _row_mavs(expert: torch.Tensor | None, base: torch.Tensor | None,
               delta: torch.Tensor | None) -> torch.Tensor:
     """Row MAVs of (expert - base), or of ``delta``; chunked so each float32 chunk stays in cache."""
     src = delta if delta is not None else expert
-    x = src.reshape(1, -1) if src.dim() == 1 else src
-    b = None if delta is not None else (base.reshape(1, -1) if base.dim() == 1 else base)
+    x = _as_rows(src)
+    b = None if delta is not None else _as_rows(base)
     rows, cols = x.shape
     out = torch.empty(rows, dtype=torch.float32, device=x.device)
     step = max(1, CHUNK_ELEMS // max(cols, 1))
@@ -329,6 +335,8 @@ def _row_mavs_parallel(expert, base, delta, pool, parts: int) -> torch.Tensor:
     which synchronise on every small chunk, crawl.
     """
     src = delta if delta is not None else expert
+    if src.dim() > 2:
+        return _row_mavs(expert, base, delta)
     rows = src.shape[0] if src.dim() == 2 else 1
     if pool is None or parts < 2 or rows < 64 * parts:
         return _row_mavs(expert, base, delta)
@@ -416,7 +424,7 @@ def _open_pair(base_path: Path, expert_path: Path | None):
 def delta_stats(base, expert=None, *, threshold: float | None = None, device: str = "cpu",
                 progress: Progress | None = None, cache: bool = True,
                 delta_provider: DeltaProvider | None = None, label: str | None = None) -> DeltaStats:
-    """Per-tensor row-MAV statistics of ``expert - base`` for every 1-D/2-D parameter.
+    """Per-tensor row-MAV statistics of ``expert - base`` for every 1-D/2-D/3-D parameter.
 
     base, expert: model references or folders (an expert folder holding a PEFT LoRA adapter is
     read through ``lora_delta_provider``). Instead of ``expert``, a ``delta_provider`` (see
@@ -455,8 +463,9 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
     device = pick_device(device)
     base_r, exp_r = _open_pair(base_path, expert_path)
     arch = get_architecture(base_r.config())
-    names = [n for n in base_r.names() if len(base_r.shape(n)) in (1, 2)]
-    skipped = [n for n in base_r.names() if len(base_r.shape(n)) not in (1, 2)]
+    # 3-D: a stack of matrices (fused experts), each matrix's rows
+    names = [n for n in base_r.names() if len(base_r.shape(n)) in (1, 2, 3)]
+    skipped = [n for n in base_r.names() if len(base_r.shape(n)) not in (1, 2, 3)]
     # Read shard by shard, in index order: sequential file access.
     names.sort(key=lambda n: base_r.shard(n))
     total = sum(math.prod(base_r.shape(n)) for n in names) or 1
@@ -485,7 +494,7 @@ def delta_stats(base, expert=None, *, threshold: float | None = None, device: st
         for name, (b, e, d, releases) in _prefetch(names, load):
             info = arch.classify(name)
             if exp_r is None and d is None:
-                rm = torch.zeros(1 if b.dim() == 1 else b.shape[0])
+                rm = torch.zeros(_as_rows(b).shape[0])
             else:
                 rm = _row_mavs_parallel(e, b, d, pool, parts)
             rm_sorted = torch.sort(rm).values.cpu().numpy().astype(np.float32, copy=False)

@@ -2,7 +2,10 @@
 
 Every family is one entry of ``FAMILIES``: the regex that finds a decoder layer's index,
 the per-layer suffixes and their kinds, and the non-layer names. Adding a family means adding
-one entry here; no other module knows how parameters are named.
+one entry here; no other module knows how parameters are named. The families of the model types
+in ``kinds_table.KINDS`` (mixture-of-experts models, starcoder2, OLMo 2) are that table, derived
+from transformers' own modules by ``derive_kinds`` (and checked against it by the tests); the
+others are written by hand.
 """
 from __future__ import annotations
 
@@ -10,12 +13,20 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-# Module kinds and the groups that merge rules and heatmaps select by.
-ATTENTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv", "norm_qk")
-MLP_KINDS = ("mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")
+from .kinds_table import KINDS as DERIVED_KINDS
+
+# Module kinds and the groups that merge rules and heatmaps select by. A mixture-of-experts
+# block is the layer's feed-forward: its experts, its router (weight, bias, score correction)
+# and its shared experts (with their gate) are in the ``mlp`` group, each also a kind of its own.
+# ``attn_kv``: multi-head latent attention's key/value projections (DeepSeek-V3); ``attn_sinks``:
+# the attention's own per-head parameters (gpt-oss's sinks).
+ATTENTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv", "attn_kv", "attn_sinks",
+                   "norm_qk")
+MOE_KINDS = ("moe_router", "moe_experts", "moe_shared")
+MLP_KINDS = ("mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up") + MOE_KINDS
 NORM_KINDS = ("norm_attn", "norm_attn_post", "norm_mlp", "norm_mlp_post", "norm_qk")
 # The linear projections of a layer (what LoRA adapts and what adapter extraction cuts).
-PROJECTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv",
+PROJECTION_KINDS = ("attn_q", "attn_k", "attn_v", "attn_o", "attn_qkv", "attn_kv",
                     "mlp_gate", "mlp_up", "mlp_down", "mlp_gate_up")
 # The projections of one layer that read the same input: one product can compute them together
 # (inference.products stacks their weights for decoding).
@@ -27,8 +38,8 @@ KIND_GROUPS = {
 }
 # Display order for heatmaps (layer x kind).
 LAYER_KIND_ORDER = (
-    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_o", "norm_qk",
-    "mlp_gate", "mlp_up", "mlp_gate_up", "mlp_down",
+    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_kv", "attn_o", "attn_sinks", "norm_qk",
+    "mlp_gate", "mlp_up", "mlp_gate_up", "mlp_down", "moe_router", "moe_experts", "moe_shared",
     "norm_attn", "norm_attn_post", "norm_mlp", "norm_mlp_post", "other",
 )
 
@@ -75,13 +86,26 @@ class Family:
     num_layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     fallback: bool = False
     _rx: re.Pattern = field(init=False, repr=False, compare=False)
+    _numbered: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_rx", re.compile(self.layer_pattern))
+        # suffixes with numbered parts (experts.*.w1): a name's numbers are looked up as ``*``
+        object.__setattr__(self, "_numbered", any("*" in k for k in self.layer_kinds))
+
+    def layer_kind(self, rest: str) -> str | None:
+        """The kind of a layer-relative name (no .weight/.bias), None when the table lacks it."""
+        kind = self.layer_kinds.get(rest)
+        if kind is None and self._numbered:
+            kind = self.layer_kinds.get(_NUMBER.sub(".*.", _NUMBER.sub(".*.", rest)))
+        return kind
+
+
+_NUMBER = re.compile(r"\.\d+\.")
 
 
 FAMILIES: list[Family] = [
-    Family("llama", ("llama", "mistral", "mixtral", "qwen2", "qwen3", "olmo", "olmo2", "granite",
+    Family("llama", ("llama", "mistral", "qwen2", "qwen3", "olmo", "granite",
                      "smollm3", "internlm2", "yi"),
            r"^(?:model\.)?layers\.(\d+)\.", _LLAMA_LAYER, _LLAMA_GLOBAL),
     Family("gemma", ("gemma",), r"^(?:model\.)?layers\.(\d+)\.", _LLAMA_LAYER, _LLAMA_GLOBAL),
@@ -108,7 +132,9 @@ FAMILIES: list[Family] = [
            {"transformer.word_embeddings": "embed", "transformer.ln_f": "final_norm",
             "lm_head": "lm_head"},
            num_layers_keys=("num_hidden_layers", "n_layer")),
-]
+] + [Family(model_type, (model_type,), r"^(?:model\.)?layers\.(\d+)\.", table["layer"],
+            {**_LLAMA_GLOBAL, **table["global"]})
+     for model_type, table in DERIVED_KINDS.items()]
 
 FALLBACK = Family("unknown", (), r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.", {}, {},
                   num_layers_keys=("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
@@ -137,11 +163,18 @@ def tied_embeddings(config: dict) -> bool:
                                         config.get("tie_word_embeddings", False)))
 
 
+# config keys of a mixture-of-experts model: its routed experts, and how many each token uses
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+ACTIVE_EXPERT_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_topk", "top_k")
+
+
 @dataclass(frozen=True)
 class Architecture:
     family: Family
     model_type: str
     num_layers: int
+    experts: int | None = None          # routed experts per MoE layer (None: a dense model)
+    active_experts: int | None = None   # experts each token is routed to
 
     @property
     def name(self) -> str:
@@ -154,10 +187,22 @@ class Architecture:
     def classify(self, name: str) -> ParamInfo:
         return classify(name, self.family)
 
+    def moe(self) -> str:
+        """"" for a dense model, else "MoE: N experts, K active"."""
+        if not self.experts:
+            return ""
+        active = f", {self.active_experts} active" if self.active_experts else ""
+        return f"MoE: {self.experts} experts{active}"
+
+    def unclassified(self, names) -> list[str]:
+        """The names no kind rule can address (kind "other"), in the given order."""
+        return [n for n in names if self.classify(n).kind == "other"]
+
     def describe(self) -> str:
         note = " (unknown family: layer index found by the generic `layers.N.`/`h.N.` regex)" \
             if self.is_fallback else ""
-        return f"{self.model_type} [{self.family.name}], {self.num_layers} layers{note}"
+        moe = f", {self.moe()}" if self.experts else ""
+        return f"{self.model_type} [{self.family.name}], {self.num_layers} layers{moe}{note}"
 
 
 def classify(name: str, family: Family = FAMILIES[0]) -> ParamInfo:
@@ -166,7 +211,7 @@ def classify(name: str, family: Family = FAMILIES[0]) -> ParamInfo:
     m = family._rx.search(base)
     if m:
         rest = base[m.end():]
-        kind = family.layer_kinds.get(rest)
+        kind = family.layer_kind(rest)
         if kind is None and family.fallback:
             kind = _guess_kind(rest)
         return ParamInfo(int(m.group(1)), kind or "other")
@@ -179,8 +224,9 @@ def classify(name: str, family: Family = FAMILIES[0]) -> ParamInfo:
 def _guess_kind(rest: str) -> str:
     """Best effort for unknown families: well-known suffixes of other families."""
     for fam in FAMILIES:
-        if rest in fam.layer_kinds:
-            return fam.layer_kinds[rest]
+        kind = fam.layer_kind(rest)
+        if kind is not None:
+            return kind
     return "other"
 
 
@@ -203,9 +249,11 @@ def get_architecture(config: dict) -> Architecture:
     tc = text_config(config)
     model_type = tc.get("model_type") or config.get("model_type") or "unknown"
     family = _BY_TYPE.get(model_type, FALLBACK)
+    experts = next((tc[k] for k in EXPERT_KEYS if isinstance(tc.get(k), int) and tc[k] > 1), None)
+    active = next((tc[k] for k in ACTIVE_EXPERT_KEYS if isinstance(tc.get(k), int)), None)
     for key in family.num_layers_keys + FALLBACK.num_layers_keys:
         if isinstance(tc.get(key), int):
-            return Architecture(family, model_type, tc[key])
+            return Architecture(family, model_type, tc[key], experts, active if experts else None)
     raise ValueError(f"cannot find the number of layers in the config of a {model_type!r} model "
                      f"(looked for {', '.join(FALLBACK.num_layers_keys)})")
 

@@ -154,13 +154,26 @@ class ModelInfo:
     size_bytes: int
     tied_embeddings: bool
     fallback_architecture: bool
+    moe: str = ""                          # "MoE: N experts, K active", "" for a dense model
+    unclassified: tuple[str, ...] = ()     # tensors no kind rule can address (kind "other")
+
+    def warning(self) -> str | None:
+        """One line naming the tensors no kind rule can address, or None."""
+        if not self.unclassified:
+            return None
+        n = len(self.unclassified)
+        more = f" and {n - 3} more" if n > 3 else ""
+        return (f"{n} tensor(s) of this {self.model_type} model have no kind layerswap knows "
+                f"({', '.join(self.unclassified[:3])}{more}): rules that select kinds cannot "
+                "address them (a rule with kinds over their layers is refused); layer selections "
+                "and whole-layer swaps still take them")
 
     @property
     def architecture(self) -> str:
-        """"gemma3_text (gemma2 family)": the family's name (whose name rules it follows) said
-        as such, not as if it were the model's type; the type alone where they agree."""
-        return (self.model_type if self.family == self.model_type
-                else f"{self.model_type} ({self.family} family)")
+        """"gemma3_text (gemma2 family, dense)", "mixtral (mixtral family, MoE: 8 experts, 2
+        active)": the family (whose name rules it follows) said as such, not as if it were the
+        model's type, and whether it is a mixture of experts."""
+        return f"{self.model_type} ({self.family} family, {self.moe or 'dense'})"
 
     def summary(self) -> str:
         return (f"{self.architecture}, {self.num_layers} layers, hidden "
@@ -180,7 +193,8 @@ def describe(ref, progress: Progress | None = None) -> ModelInfo:
     tc = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
     return ModelInfo(str(ref), str(path), arch.model_type, arch.name, arch.num_layers,
                      tc.get("hidden_size"), tc.get("vocab_size"), "/".join(dtypes), reader.numel(),
-                     reader.nbytes(), tied_embeddings(cfg), arch.is_fallback)
+                     reader.nbytes(), tied_embeddings(cfg), arch.is_fallback, arch.moe(),
+                     tuple(arch.unclassified(reader.names())))
 
 
 

@@ -138,6 +138,8 @@ class Preflight:
                        f"{_gb(self.mapped_bytes)} of page cache for the weight files "
                        f"(pre-flight fetched {_small(self.fetched_bytes)})")
         out += [f"note: {n}" for n in self.notes]
+        out += [f"warning: {f.role}: {f.info.warning()}" for f in self.models.values()
+                if f.info.warning()]
         if self.tokenizers is not None and not self.tokenizers.identical:
             out += [line for line in self.tokenizers.lines() if not line.startswith("refused")]
             out += [f"  {d}" for d in self.tokenizers.details]

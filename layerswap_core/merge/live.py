@@ -131,6 +131,42 @@ class ShowResult:
     seconds: float
 
 
+def checkpoint_places(model, params: dict, reader: CheckpointReader
+                      ) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
+    """({checkpoint name: model parameter}, {checkpoint name: shape}) of the tensors the model
+    is made of. A parameter the checkpoint holds under its own name is itself; any other is what
+    transformers' conversion mapping makes of checkpoint tensors (fused experts, renamed blocks),
+    found by transformers' own reverse conversion (what ``save_pretrained`` writes) on the
+    meta device, not by a copy of its rules. MergeError where the checkpoint lacks a part."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    have = set(reader.names())
+    place, shapes = {}, {}
+    for live, p in params.items():
+        if live in have:
+            place[live], shapes[live] = live, tuple(p.shape)
+            continue
+        parts = revert_weight_conversion(model, {live: torch.empty(p.shape, device="meta")})
+        lacking = [n for n in parts if n not in have]
+        if lacking or not parts:
+            raise MergeError(f"the task checkpoint lacks the model parameter {live!r}"
+                             + (f" (transformers makes it of {lacking[0]!r} and others)"
+                                if lacking else ""))
+        for n, t in parts.items():
+            place[n], shapes[n] = live, tuple(t.shape)
+    return place, shapes
+
+
+def part_indices(model, live: str, param: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{checkpoint name: the flat indices of its elements in the parameter ``live``}: the
+    parameter's element numbers taken apart by transformers' reverse conversion."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    dtype = torch.int32 if param.numel() < 2 ** 31 else torch.int64
+    probe = torch.arange(param.numel(), dtype=dtype).view(param.shape)
+    return {n: t.reshape(-1).long() for n, t in revert_weight_conversion(model, {live: probe}).items()}
+
+
 class LiveModel:
     """A torch model whose parameters are rewritten to show a role or a merge (module docstring)."""
 
@@ -146,18 +182,20 @@ class LiveModel:
             p.requires_grad_(False)
         _contiguous_head_input(self.model)
         self.params = dict(self.model.named_parameters())
-        self.names = list(self.params)
-        have = set(inputs.names)
-        missing = [n for n in self.names if n not in have]
-        if missing:
-            raise MergeError(f"the task checkpoint lacks the model parameter {missing[0]!r}")
+        # checkpoint name -> the model parameter it is (or is part of: fused experts, renamed
+        # blocks); plans are over the checkpoint's names
+        self.place, self.shapes = checkpoint_places(self.model, self.params, inputs.readers["task"])
+        self.names = list(self.place)
+        self.fused = {self.place[n] for n in self.names if self.place[n] != n}
+        for live in self.fused:   # written through a flat view of its elements
+            self.params[live].data = self.params[live].data.contiguous()
         self.sources = {role: MappedCheckpoint(inputs.readers[role], self.names)
                         for role in inputs.readers}
         for role, src in self.sources.items():
             for n in self.names:
-                if tuple(src.reader.location(n).shape) != tuple(self.params[n].shape):
+                if tuple(src.reader.location(n).shape) != self.shapes[n]:
                     raise MergeError(f"tensor {n}: shape {list(src.reader.location(n).shape)} in "
-                                     f"{role} but {list(self.params[n].shape)} in the model")
+                                     f"{role} but {list(self.shapes[n])} in the model")
         _say(progress, 0.5, "reading the task expert into the live model")
         self.opened = self._own_parameters()
         release_freed_memory()  # what loading freed goes back to the OS
@@ -179,7 +217,10 @@ class LiveModel:
         it, measured, is the kernel handing out fresh zeroed pages, not the read)."""
         t0 = time.perf_counter()
         task, count, nbytes = self.sources["task"], 0, 0
-        for n, p in self.params.items():
+        for n in self.names:
+            if self.place[n] != n:   # part of a fused parameter: transformers made it already
+                continue
+            p = self.params[n]
             if p.device.type != "cpu" or p.dtype != ST_TO_DTYPE.get(task.reader.location(n).dtype):
                 continue
             own = torch.empty(p.shape, dtype=p.dtype)
@@ -202,7 +243,7 @@ class LiveModel:
             self._magnitude = magnitude_weights(
                 lambda role, n, rows: self.sources[role][n] if rows is None
                 else self.sources[role][n][rows], self.sources, self.names,
-                lambda n: tuple(self.params[n].shape), block_bytes=apply.LARGE_BLOCK_BYTES)
+                lambda n: self.shapes[n], block_bytes=apply.LARGE_BLOCK_BYTES)
             self.release()
         return self._magnitude
 
@@ -227,23 +268,35 @@ class LiveModel:
         changed = plan.changed_names(self.plan)
         nbytes = 0
         self.plan, self.label = None, "unknown"  # a failure half-way: the next plan rewrites all
+        # the parts of one fused parameter one after another (its parts' places computed once)
+        changed = sorted(changed, key=lambda n: (self.place[n] != n, self.place[n]))
+        index: dict[str, dict[str, torch.Tensor]] = {}
         for i, n in enumerate(changed):
             if i % 16 == 0:
                 _say(progress, i / max(1, len(changed)), f"{label}: {i}/{len(changed)} tensors")
             src = plan.sources[n]
-            param = self.params[n]
+            live = self.place[n]
+            param = self.params[live]
             nbytes += sum(self.sources[m].nbytes(n) for m in src.models)
-            if src.method == "copy" and self.sources[src.model].read_into(n, param):
-                continue  # read straight into the parameter
-            views = {m: self.sources[m][n] for m in src.models}
-            for rows, value in source_rows(
-                    n, src, param.shape,
-                    lambda m, rows: views[m] if rows is None else views[m][rows],  # noqa: F821
-                    param.dtype, param.device,
-                    "non-finite result refused; the next plan rewrites every tensor",
-                    apply.LARGE_BLOCK_BYTES):
-                (param if rows is None else param[rows]).copy_(value)
-            del views
+            if live != n:   # a part of a fused parameter: computed whole, then put in its place
+                if live not in index:
+                    index = {live: part_indices(self.model, live, param)}
+                out = torch.empty(self.shapes[n], dtype=param.dtype, device=param.device)
+            else:
+                out = param
+            if not (src.method == "copy" and self.sources[src.model].read_into(n, out)):
+                views = {m: self.sources[m][n] for m in src.models}
+                for rows, value in source_rows(
+                        n, src, out.shape,
+                        lambda m, rows: views[m] if rows is None else views[m][rows],  # noqa: F821
+                        out.dtype, out.device,
+                        "non-finite result refused; the next plan rewrites every tensor",
+                        apply.LARGE_BLOCK_BYTES):
+                    (out if rows is None else out[rows]).copy_(value)
+                del views
+            if out is not param:
+                param.data.view(-1)[index[live][n].to(param.device)] = out.reshape(-1)
+        del index
         self.plan, self.label = plan, label
         self.release()
         release_freed_memory()

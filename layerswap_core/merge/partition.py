@@ -277,6 +277,24 @@ class Partition:
                "published counts by the tool's own rule" if self.scaled else "as published")
         return f"{self.name} ({how})"
 
+    def check_classified(self, names: list[str], arch: Architecture):
+        """A rule that selects kinds cannot see a tensor of kind "other" (a name the
+        architecture table does not know): rather than silently leaving it to the task expert,
+        such a rule is refused, naming the tensors, when they are in the layers it covers."""
+        other = [(n, arch.classify(n).layer) for n in arch.unclassified(names)]
+        for i, rule in enumerate(self.rules):
+            if rule.kinds is None or "other" in rule.kinds:
+                continue
+            hit = [n for n, layer in other if rule.layers is None or layer in rule.layers or
+                   (layer is None and rule.non_layer)]
+            if hit:
+                more = f" and {len(hit) - 3} more" if len(hit) > 3 else ""
+                raise ConfigError(
+                    f"partition rule {i + 1}: selects kinds, but {len(hit)} tensor(s) of what it "
+                    f"covers have no kind layerswap knows for a {arch.model_type!r} model "
+                    f"({', '.join(hit[:3])}{more}); add 'other' to its kinds or select by "
+                    "layers alone")
+
     def check_tied(self, names: list[str], arch: Architecture):
         """A tied LM head is the embedding tensor: it always follows the embeddings (a rule for
         ``embed`` moves both). A rule naming ``lm_head`` without ``embed`` would silently do

@@ -413,6 +413,7 @@ def _swap_sources(config, names, arch, blend):
     if config.partition is not None:
         part = config.partition_for(L)
         part.check_tied(names, arch)
+        part.check_classified(names, arch)
         for n in names:
             to = part.rule_for(n, arch)
             sources[n] = Source.copy(to) if to is not None else \

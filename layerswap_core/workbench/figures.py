@@ -30,13 +30,16 @@ KIND_LABELS = {"attn_q": "attn q", "attn_k": "attn k", "attn_v": "attn v", "attn
                "attn_qkv": "attn qkv", "norm_qk": "q/k norm", "mlp_gate": "mlp gate",
                "mlp_up": "mlp up", "mlp_gate_up": "mlp gate+up", "mlp_down": "mlp down",
                "norm_attn": "attn norm", "norm_attn_post": "attn post-norm",
-               "norm_mlp": "mlp norm", "norm_mlp_post": "mlp post-norm", "other": "other"}
+               "norm_mlp": "mlp norm", "norm_mlp_post": "mlp post-norm", "other": "other",
+               "attn_kv": "attn kv", "attn_sinks": "attn sinks", "moe_router": "moe router",
+               "moe_experts": "moe experts", "moe_shared": "moe shared"}
 
 
 # The 2-D projection matrices of a decoder layer, the seven the layer-swapping paper plots
-# (q, k, v, o, gate, up, down), plus the fused forms some families have instead (qkv, gate+up).
+# (q, k, v, o, gate, up, down), plus the fused forms some families have instead (qkv, gate+up),
+# latent attention's kv and a MoE block's router, experts and shared experts.
 MATRIX_KINDS = tuple(k for k in LAYER_KIND_ORDER
-                     if k in ATTENTION_KINDS + MLP_KINDS and k not in NORM_KINDS)
+                     if k in ATTENTION_KINDS + MLP_KINDS and k not in NORM_KINDS + ("attn_sinks",))
 
 
 def heatmap_height(num_layers: int) -> int:

@@ -143,8 +143,11 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
     models = open_models({role: refs[role] for role in sorted(refs, key=lambda r: r != "task")})
     found = compatibility_problems(models)
     note = reading_note(refs.get("base") or refs["task"], names["lang"])
+    # tensors no kind rule can address, said before anything is built (issue #65)
+    notes = [note] + [f"{role}: {infos[role].warning()}" for role in ("task", "lang", "base")
+                      if role in infos and infos[role].warning()]
     return ModelsReport(refs, rows, found, infos["task"].num_layers, names, access, models,
-                        (note,) if note else (), tokenizer_panel(models.paths))
+                        tuple(n for n in notes if n), tokenizer_panel(models.paths))
 
 
 READING_RATIO = 3.0   # tokens per word in the expert's language over English: a warning above
