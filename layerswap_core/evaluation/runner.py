@@ -213,6 +213,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
                 # the prefix stays inside the prompts, so every target is scored in a group pass
                 n_prefix, cache = shared_prefix(model, [pairs[i][0] for i in idx], device)
                 prefix_kv = _kv(cache) if cache is not None else []
+                pause_point()   # and between the prefix and each group's pass
             if prefix_kv is not None:
                 seqs = [(pairs[i][0] + pairs[i][1])[n_prefix:] for i in idx]
 
@@ -222,6 +223,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
                 for members, _, res in group_passes(model, seqs, n_prefix, prefix_kv, pad, device,
                                                     keep=keep_of):
                     score([idx[b] for b in members], res.logits, keep_of(members))
+                    pause_point()
                 continue
             # one left-padded batch: every target ends at the last column
             width = max(len(pairs[i][0]) + len(pairs[i][1]) for i in idx)
