@@ -64,7 +64,10 @@ class ConfigureTab(PageBase):
         try:
             config = self.config(v, session)
         except Exception as e:  # noqa: BLE001 - not valid: said here, and on the tabs it feeds
-            return {self.config_md: warn(e), **self.labels(session, None)}
+            shown = session.planned   # the diagram keeps the last valid plan: say which
+            still = (f" The diagram and plan still show {shown.describe(session.num_layers)}."
+                     if shown is not None else "")
+            return {self.config_md: warn(e) + still, **self.labels(session, None)}
         fig, text = wb.plan_view(session, config)
         changed = since_build(session.built_config, config, session.num_layers)
         out = {self.config_md: ok(config.describe(session.num_layers))

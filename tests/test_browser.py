@@ -572,3 +572,32 @@ def _reload(page, url, task, lang):
     expect(plan).to_contain_text("0-2       lang", timeout=30_000)
     expect(plan).not_to_contain_text("non-layer blend")
     expect(page.locator("#status")).to_contain_text("not built yet")
+
+
+def test_a_typed_out_of_range_layer_count_is_refused_and_the_plan_says_what_it_shows(served):
+    """Issue #61: 99 typed into Bottom's box. Gradio refuses the number over the slider's
+    maximum (one toast) and holds the box at the maximum, which does not fit with the top
+    layers: the status line says so and names the configuration the diagram still shows."""
+    url, _ = served
+    from app import open_chromium
+
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(url)
+            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
+            page.get_by_role("tab", name="Configure").click()
+            status = page.locator("#config-status")
+            expect(status).to_contain_text("bottom", timeout=60_000)
+            before = status.inner_text()
+            box = page.locator("#bottom input[type=number]")
+            box.fill("99")
+            box.blur()
+            expect(status).to_contain_text("The diagram and plan still show", timeout=60_000)
+            layers = int(page.locator("#bottom input[type=range]").get_attribute("max"))
+            assert int(box.input_value()) <= layers        # never the 99 typed
+            shown = status.inner_text().split("still show ", 1)[1]
+            assert shown.rstrip(".") in before, (shown, before)
+        finally:
+            browser.close()

@@ -207,6 +207,7 @@ class Session:
         # the page stops its jobs; without one, this session alone); the person behind it (the
         # access's namespace: a signed-in user in every tab) has one heavy job at a time
         self.id = visitor or uuid.uuid4().hex
+        self.planned = None   # the merge config the Configure tab's diagram shows (last valid)
         self.person = report.access.namespace or self.id
         self.refs = dict(report.refs)
         self.names = dict(report.names or report.refs)
@@ -473,6 +474,7 @@ def plan_view(session: Session, config) -> tuple[Any, str]:
     p = merge_plan(session, config)
     fig = plots.layer_stack_figure(p.layer_rows(), non_layer=p.non_layer_sources(),
                                    kind_params=layer_kind_params(session))
+    session.planned = config   # what the Configure tab shows (an invalid config then names it)
     return fig, p.summary_text()
 
 
