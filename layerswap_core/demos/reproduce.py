@@ -1,11 +1,12 @@
 """The demo result reproduced: does a layer swap read the question better than the math expert?
 
 The measure (``demos.measure``): per held-out eval variant, the teacher-forced NLL of the item's
-*English* worked solution after its own question in the trio's language (``demos.trios``: Swahili,
-Bengali), and after that language's question of *another* template's item of similar length (the mismatched-question control,
-``mismatched_partners``); the same after the English questions. A swap that starts English
-solutions better whatever was asked gains in both; only what it gains after its own question
-and not after another one depends on reading the question. So the primary statistic
+*English* worked solution after its own question in the trio's language (``demos.trios``:
+Swahili, Bengali), and after that language's question of *another* template's item of similar
+length (the mismatched-question control, ``mismatched_partners``); the same after the English
+questions. A swap that starts English solutions better whatever was asked gains in both; only
+what it gains after its own question and not after another one depends on reading the
+question. So the primary statistic
 (``effect_specs``, declared before the run) is that question-specific difference of the chosen
 swap against the math expert after the trio's question, pooled over the language expert's
 seeds, with templates as the unit. The first ``FIRST_K`` solution tokens are stored apart from

@@ -1,7 +1,8 @@
 """The one table of languages: code -> ``Language`` (name, script, the GSM-Symbolic package's
 code, whether MGSM has it, the words of a model reference that name it, the Chat tab's
-examples, and how the demo's held-out variants are drawn in it: ``Variants``). The data loaders, the evaluation's language choices, the app's dropdowns
-(``choices``) and the Chat tab read it; a new language is one ``register_language`` row.
+examples, and how the demo's held-out variants are drawn in it: ``Variants``). The data
+loaders, the evaluation's language choices, the app's dropdowns (``choices``), the Chat tab
+and the demo's variant sets read it; a new language is one ``register_language`` row.
 
 Codes are MGSM's two-letter ones (``sw``); the package's ISO 639-3 codes (``swh``) are accepted
 too (``mgsm_lang`` / ``symbolic_lang``).

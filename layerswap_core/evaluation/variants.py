@@ -29,11 +29,11 @@ The templates (``TEMPLATES``, fixed here, chosen before any model was scored):
   problems, paired item by item.
 
 Languages (the rows of the one table, ``languages.LANGUAGES``, whose ``variants`` are set):
-English and Swahili have every demo template;
-Bengali (``evaluation.bengali``) has the 41 whose package translation is Bengali and pairs
-with English once the project's Bengali fill-ins replace the English words in its lists (the
-package marks 98 of its 100 Bengali templates ``ignore``; its ``Variants`` are set there). Its sets are the English ones
-restricted to those templates: same ids, same numbers, same answers. Variant text is written
+English and Swahili have every demo template; Bengali (``evaluation.bengali``, which sets its
+``Variants``) has the 41 whose package translation is Bengali and pairs with English once the
+project's Bengali fill-ins replace the English words in its lists (the package marks 98 of its
+100 Bengali templates ``ignore``). Its sets are the English ones restricted to those
+templates: same ids, same numbers, same answers. Variant text is written
 with ASCII digits in every language (as MGSM's Bengali file is).
 
 Seeds: split ``s`` of template ``t`` draws its variants with seed ``SPLIT_SEEDS[s] + t``.
