@@ -48,7 +48,7 @@ CSS = (".status p { margin: 0; } footer { display: none !important; } "
 TABS = (ModelsTab, DeltasTab, ConfigureTab, BuildTab, EvaluateTab, DemoSection, SweepTab, ChatTab)
 # what a new (or no) session empties: every view that shows results of earlier models
 SESSION_VIEWS = (*DeltasTab.VIEWS, *ConfigureTab.VIEWS, *BuildTab.VIEWS, *LABELS,
-                 *EvaluateTab.VIEWS, *SweepTab.VIEWS, *ChatTab.VIEWS)
+                 *EvaluateTab.VIEWS, *DemoSection.VIEWS, *SweepTab.VIEWS, *ChatTab.VIEWS)
 # each event's outputs (Page attributes): the API returns them in this order, the state left out
 OUTPUTS = {event: names for tab in TABS for event, names in tab.OUTPUTS.items()}
 OUTPUTS["pick_models"] = (*OUTPUTS["pick_models"], *SESSION_VIEWS)

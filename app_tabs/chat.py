@@ -9,20 +9,10 @@ from layerswap_core.workbench import session as wb
 from layerswap_core.evaluation.languages import LANGUAGES
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            example_languages, examples_code, plain_history)
+from layerswap_core.workbench.demo import trio_in_use
 from layerswap_core.workbench.served import LIMITS, Cancelled
 
 from .common import PageBase, chat_slots, ok, warn
-
-CHAT_EXPECTATIONS = (
-    "**What to expect.** The demo's math expert learned English worked solutions of a family of "
-    "word problems (GSM-Symbolic templates), in its middle layers only; its language expert "
-    "learned Swahili<->English question translations, Swahili words and numerals, in its outer "
-    "layers only, no solutions. At 135M neither solves new problems reliably: expect the worked-"
-    "solution format with `<<expr=result>>` notes the calculator fills in, and wrong answers "
-    "more often than right ones. **Asked in Swahili, the demo models mostly repeat or translate "
-    "the question.** Try a Swahili example, then the same problem in English (the second row "
-    "of examples), and compare the merged model with an expert (Compare with).")
-
 
 def run_chats(session, message, merged_history, other_history, other, settings, deadline):
     """The merged model's answer, then the other model's: (role, ChatReply) as they grow."""
@@ -80,7 +70,10 @@ class ChatTab(PageBase):
     def layout_chat(self):
         language, _ = chat_examples(self.refs["lang"])
         with gr.Tab("Chat", id="chat"):
-            gr.Markdown(CHAT_EXPECTATIONS, elem_id="chat-expectations")
+            # the demo trio in use's words (``demos.trios``; ``DemoSection.show_trio`` follows
+            # the models picked)
+            self.chat_expectations = gr.Markdown(trio_in_use(self.refs).chat_expectations,
+                                                 elem_id="chat-expectations")
             self.chat_label = gr.Markdown(elem_id="chat-acts-on")
             # made before the panes (the API's parameter order), shown below them
             self.message = gr.Textbox(placeholder=f"Ask a math question in {language}...",

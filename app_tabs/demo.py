@@ -5,40 +5,45 @@ from __future__ import annotations
 import gradio as gr
 
 from layerswap_core.workbench import session as wb
-from layerswap_core.workbench.demo import (chosen_words, headline, measured_chart,
-                                            measured_demo_result, measured_markdown, result_chart,
-                                            sweep_markdown)
-from layerswap_core.workbench.served import LIMITS
+from layerswap_core.demos.reproduce import chosen_words, headline, sweep_markdown
+from layerswap_core.workbench.demo import (demo_story, measured_chart, measured_markdown,
+                                            result_chart, trio_in_use)
+from layerswap_core.workbench.served import LIMITS, Cancelled
 
 from .common import PageBase, gr_progress, guarded, heavy_slots, ok
 
 
 def run_demo_result(session, n: int, progress) -> dict:
     """The demo result's measure on ``n`` held-out items and half as many validation items
-    (2-11) for choosing the swap: 4 teacher-forced passes per item and model (math expert, the
-    chosen swap, the default swap), 2 per validation item and swap (7 choices), each counted as
-    8 generated tokens for the job's estimate. A plain-data job of the one dispatcher."""
+    (2-11) for choosing the swap, in the question language of the trio in use: 4
+    teacher-forced passes per item and model (math expert, the chosen swap, the default swap),
+    2 per validation item and swap (7 choices), each counted as 8 generated tokens for the
+    job's estimate. A plain-data job of the one dispatcher."""
     n_validation = max(2, min(n // 2, 11))
     job = session.job("demo_result", n=n, n_validation=n_validation, max_new_tokens=8,
-                      work_items=12 * n + 14 * n_validation)
+                      work_items=12 * n + 14 * n_validation,
+                      lang=trio_in_use(session_refs(session)).language)
     return wb.dispatcher().run(job, progress)
 
 
-def demo_story() -> str:
-    """The Reproduce accordion's text: what the demo shows at this scale (the shipped result's
-    measured numbers), what needs a bigger model."""
-    res = measured_demo_result()
-    shown = headline(res) if res else "No measured demo result is shipped with this install."
-    return (f"**What the demo shows at 135M.** {shown} The chart: each statistic with its 95% "
-            "interval, templates as the unit; the primary one first. Accuracy is not the "
-            "measure at this scale (a 3-point gain needs about 1,000 paired items and a base "
-            "that already reads the language): the paper's gain (+2.9 points in Swahili over "
-            "the math expert) is a 7-8B result; run it on your own experts on a GPU "
-            "(`docs/demo.md`, *Your own experts on a GPU*).")
+def session_refs(session) -> dict:
+    """The models in use as the visitor named them (``embedded:...``), else as resolved."""
+    return {**session.refs, **(session.names or {})}
+
+
+def accordion_label(trio) -> str:
+    return (f"The demo result: does a layer swap read the {trio.language_name} question "
+            "better? (held-out GSM-Symbolic variants)")
+
+
+def slider_label(trio) -> str:
+    return ("Held-out variants to rerun (math expert and swaps, own and another item's "
+            f"question, {trio.language_name} and English)")
 
 
 class DemoSection(PageBase):
-    VIEWS: dict = {}   # a rerun's result stays: it names the models it measured
+    # another trio (or other models) picked: the last rerun's result and its line go
+    VIEWS = {"demo_md": "", "demo_plot": None}
     OUTPUTS = {"demo_result": ("demo_md", "demo_plot")}
 
     @guarded("demo_md")
@@ -46,26 +51,54 @@ class DemoSection(PageBase):
         """The demo's measure on a sample of the held-out variants, for the models picked (the
         embedded demo by default), labelled with its item counts."""
         n = int(v[self.demo_n])
-        res = run_demo_result(wb.require(v[self.session]), n, gr_progress(progress))
+        session = wb.require(v[self.session])
+        try:
+            res = run_demo_result(session, n, gr_progress(progress))
+        except Cancelled:
+            if getattr(session, "closed", False):   # other models were picked: their page shows no line of this run
+                return {self.demo_md: "", self.demo_plot: None}
+            raise
         return {self.demo_md: (f"{ok('Done')} in {res['seconds']:.0f} s: {res['n']} held-out "
                                f"variants of {res['n_templates']} templates (a sample, spread "
                                f"over the templates); {chosen_words(res)}. {headline(res)}"
                                f"\n\n" + res["markdown"] + "\n\n" + sweep_markdown(res)),
                 self.demo_plot: result_chart(res)}
 
+    # ---- the trio in use: its words and defaults on every tab
+    def trio_views(self) -> list:
+        return [self.demo_accordion, self.demo_story, self.demo_chart, self.demo_measured,
+                self.demo_n, self.chat_expectations, self.eval_expectations, self.eval_lang,
+                self.sweep_lang]
+
+    def show_trio(self, v) -> dict:
+        """What the page says and defaults to for the demo trio in use (``demos.trios``): the
+        Reproduce story, chart and tables, Chat's and Evaluate's notes, and the Evaluate and
+        Sweep languages (nothing changes without a session)."""
+        session = v[self.session]
+        if session is None:
+            return gr.skip()
+        trio = trio_in_use(session_refs(session))
+        return {self.demo_accordion: gr.update(label=accordion_label(trio)),
+                self.demo_story: demo_story(trio), self.demo_chart: measured_chart(trio),
+                self.demo_measured: measured_markdown(trio),
+                self.demo_n: gr.update(label=slider_label(trio)),
+                self.chat_expectations: trio.chat_expectations,
+                self.eval_expectations: trio.eval_note,
+                self.eval_lang: trio.defaults["eval_lang"],
+                self.sweep_lang: trio.defaults["sweep_lang"]}
+
     # ---- layout (inside the Evaluate tab)
     def layout_demo(self):
-        with gr.Accordion("The demo result: does a layer swap read the Swahili question "
-                          "better? (held-out GSM-Symbolic variants)", open=True):
-            gr.Markdown(demo_story(), elem_id="demo-story")
-            gr.Plot(measured_chart(), elem_id="demo-chart", show_label=False)
+        trio = trio_in_use(self.refs)
+        with gr.Accordion(accordion_label(trio), open=True) as self.demo_accordion:
+            self.demo_story = gr.Markdown(demo_story(trio), elem_id="demo-story")
+            self.demo_chart = gr.Plot(measured_chart(trio), elem_id="demo-chart",
+                                      show_label=False)
             with gr.Accordion("The measured tables", open=False):
-                gr.Markdown(measured_markdown(), elem_id="demo-measured")
+                self.demo_measured = gr.Markdown(measured_markdown(trio), elem_id="demo-measured")
             with gr.Row():
                 self.demo_n = gr.Slider(2, LIMITS.eval_questions, value=8, step=1,
-                                        label="Held-out variants to rerun (math expert and "
-                                              "swaps, own and another item's question, "
-                                              "Swahili and English)", elem_id="demo-n")
+                                        label=slider_label(trio), elem_id="demo-n")
                 self.demo_btn = gr.Button("Reproduce the demo result", elem_id="demo-btn")
                 self.demo_cancel = gr.Button("Cancel", variant="stop", elem_id="demo-cancel")
             self.demo_plot = gr.Plot(show_label=False, elem_id="demo-plot")

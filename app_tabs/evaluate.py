@@ -7,27 +7,12 @@ import pandas as pd
 
 from layerswap_core.evaluation import registry
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench.demo import trio_in_use
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
                                                evaluate_roles, evaluation_note)
 from layerswap_core.workbench.served import LIMITS, as_text
 
 from .common import LANGS, PageBase, gr_progress, guarded, heavy_slots, ok
-
-# What the page says a demo-sized model can and cannot do, and which number to watch.
-EVAL_EXPECTATIONS = (
-    "**What to expect.** The embedded demo models have 135M parameters. On MGSM, the standard "
-    "benchmark, every one of them scores about 0%: its problems are beyond a model this size in "
-    "any language. The demo's measure is graded instead (*The demo result* below): how likely "
-    "each model finds the English worked solution of a held-out problem after the Swahili "
-    "question, with two controls. The demo's math expert was trained on English variants of "
-    "GSM-Symbolic templates (its card lists them); the GSM-Symbolic data here scores the "
-    "original problems of templates 0050-0099, some of them among those (the note under the "
-    "results names them after each run: not a clean test), while the demo result uses only "
-    "templates it never saw. At this size accuracy on problems a model never saw is near 0%. "
-    "All demo models "
-    "decode with the GSM8K calculator (the result of each `<<expr=` note is filled in). With "
-    "your own 1B-8B experts, MGSM accuracy with its 95% interval is the number to watch.")
-
 
 def item_markdown(headers, values) -> str:
     """One evaluated question in full: short fields on one line, long ones (the question, raw
@@ -77,14 +62,17 @@ class EvaluateTab(PageBase):
     # ---- layout
     def layout_evaluate(self):
         with gr.Tab("Evaluate", id="evaluate"):
-            gr.Markdown(EVAL_EXPECTATIONS, elem_id="eval-expectations")
+            trio = trio_in_use(self.refs)   # the demo trio in use: its words, its language
+            # what a demo-sized model can and cannot do, and which number to watch
+            self.eval_expectations = gr.Markdown(trio.eval_note, elem_id="eval-expectations")
             self.eval_label = gr.Markdown(elem_id="eval-acts-on")
             source, note = data_default()   # offline without MGSM: GSM-Symbolic, and how to get MGSM
             gr.Markdown(as_text(note), visible=bool(note), elem_id="mgsm-note")
             with gr.Row():
                 self.source = gr.Radio(registry.source_choices("eval"),
                                        value=source, label="Data")
-                self.eval_lang = gr.Dropdown(LANGS, value="sw", label="Language")
+                self.eval_lang = gr.Dropdown(LANGS, value=trio.defaults["eval_lang"],
+                                             label="Language")
                 self.n_items = gr.Slider(1, LIMITS.eval_questions, value=2, step=1,
                                          label="Questions", elem_id="n-items")
                 self.shots = gr.Slider(0, LIMITS.shots, value=2, step=1, label="Shots",

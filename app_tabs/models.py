@@ -12,8 +12,8 @@ from layerswap_core.workbench.served import LIMITS, offered_models
 from .common import PageBase, gr_progress, guarded, ok, warn
 from .configure import KEPT_CONTROLS, SLIDERS
 
-# the demo trios' experts (Swahili over SmolLM2, Bengali over Gemma-3-270M)
-EXPERT_CHOICES = [ref for trio in wb.DEMO_TRIOS.values() for ref in (trio["task"], trio["lang"])]
+# the demo trios' experts (``demos.trios``: one record per trio)
+EXPERT_CHOICES = wb.demo_experts()
 
 
 class ModelsTab(PageBase):
@@ -77,7 +77,7 @@ class ModelsTab(PageBase):
 
     def demo_trio(self, lang: str) -> dict:
         """The three dropdowns set to a demo trio (the check follows: one click)."""
-        trio = wb.DEMO_TRIOS[lang]
+        trio = wb.demo_trio_refs(lang)
         return {self.base: trio["base"], self.task: trio["task"], self.lang: trio["lang"]}
 
     # ---- what a page reload keeps (this browser's localStorage)
@@ -139,7 +139,7 @@ class ModelsTab(PageBase):
             with gr.Row():
                 gr.Markdown("Demo trios, one click each:", elem_id="demo-trios-label")
                 self.trio_btns = {lang: gr.Button(label, size="sm", elem_id=f"trio-{lang}")
-                                  for lang, label in wb.DEMO_TRIO_LABELS.items()}
+                                  for lang, label in wb.demo_trio_choices().items()}
             with gr.Row():
                 self.base = gr.Dropdown([*wb.EMBEDDED_BASES, *offered], value=self.refs["base"],
                                         allow_custom_value=True, label="Base model",
@@ -206,8 +206,11 @@ class ModelsTab(PageBase):
                                 api_visibility="private", concurrency_limit=None)
             self.hub_cancel.click(self.cancel_download, None, [self.models_md],
                                   api_name="cancel_download")
-        for event in picked:   # the Chat tab's examples follow the language expert in use
+        for event in picked:   # the Chat tab's examples follow the language expert in use,
             event.then(self.show_examples, {self.session}, self.example_views(),
+                       api_visibility="private", queue=False)
+            # and the page's words and defaults the demo trio in use (``DemoSection.show_trio``)
+            event.then(self.show_trio, {self.session}, self.trio_views(),
                        api_visibility="private", queue=False)
         demo.unload(self.end_visit)
         return picked

@@ -13,7 +13,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from layerswap_core.training.demo_experts import DEMO_ROWS, demo_nll_table, table_markdown  # noqa: E402
+from layerswap_core.demos.heldout import DEMO_ROWS, demo_nll_table, table_markdown  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--limit", type=int, help="first N items of each set")

@@ -1,4 +1,4 @@
-"""The demo result from scratch (``workbench.demo``): per held-out eval variant, the NLL of the
+"""The demo result from scratch (``demos.reproduce``): per held-out eval variant, the NLL of the
 English worked solution after the item's own Swahili question and after another item's (the
 mismatched-question control), the same after the English questions, first tokens apart; the
 swap chosen on the validation variants (no swap among the choices) with each seed's language
@@ -38,35 +38,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main(argv=None) -> int:
     import torch
 
-    from layerswap_core.checkpoints.embedded import (CONTROL_EXPERT, DEMO_TRIOS, EMBEDDED_PREFIX,
-                                                     SWAHILI_SEEDS)
-    from layerswap_core.workbench.demo import measured_demo_result, reproduce_demo_result
+    from layerswap_core.demos.reproduce import measured_demo_result, reproduce_demo_result
+    from layerswap_core.demos.trios import demo
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=66, help="eval variants, spread over the templates "
-                   "(257: all of them)")
-    p.add_argument("--n-validation", type=int, default=33)
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    p.add_argument("--language", choices=sorted(DEMO_TRIOS), default="sw",
-                   help="the question language and its demo trio (default: sw)")
-    p.add_argument("--base", help="default: the language's demo trio")
-    p.add_argument("--task")
-    p.add_argument("--lang")
-    p.add_argument("--seed-expert", action="append", metavar="LABEL=REF",
-                   help="another seed's language expert (default: the shipped seeds 1 and 2)")
-    p.add_argument("--no-seeds", action="store_true", help="the first seed only")
-    p.add_argument("--control", default=EMBEDDED_PREFIX + CONTROL_EXPERT)
-    p.add_argument("--no-control", action="store_true")
-    p.add_argument("--resamples", type=int, default=10_000)
-    p.add_argument("--json", help="write the result here")
-    p.add_argument("--docs", help="rewrite the result block of this markdown file")
-    p.add_argument("--resume", help="a file of finished measurements, read and extended")
-    p.add_argument("--from-json", help="a stored result to print (and --docs), nothing rerun")
+    p = build_parser()
     a = p.parse_args(argv)
-    trio = DEMO_TRIOS[a.language]
-    a.base, a.task, a.lang = a.base or trio["base"], a.task or trio["task"], a.lang or trio["lang"]
-    if a.language != "sw":      # one seed and no control expert for the other trios
-        a.no_seeds, a.no_control = a.no_seeds or not a.seed_expert, True
+    trio = demo(a.language)
+    a.base, a.task, a.lang = a.base or trio.base, a.task or trio.task, a.lang or trio.lang
+    a.control = a.control or trio.control
+    # a trio without more seeds or a control expert runs without them
+    a.no_seeds = a.no_seeds or not (a.seed_expert or trio.seeds)
+    a.no_control = a.no_control or not a.control
     if a.threads:
         torch.set_num_threads(a.threads)
     t0 = time.time()
@@ -75,13 +57,13 @@ def main(argv=None) -> int:
         print(f"[{f:4.0%} {time.time() - t0:5.0f} s] {m}", file=sys.stderr, flush=True)
 
     if a.from_json:
-        res = measured_demo_result(a.from_json, lang=a.language)
+        res = measured_demo_result(a.from_json, trio=a.language)
         if res is None:
             print(f"{a.from_json}: not a demo result (version 3)", file=sys.stderr)
             return 1
     else:
         seeds = {} if a.no_seeds else dict(s.split("=", 1) for s in a.seed_expert) \
-            if a.seed_expert else {f"seed {n[-1]}": EMBEDDED_PREFIX + n for n in SWAHILI_SEEDS}
+            if a.seed_expert else dict(trio.seeds)
         work = Path(a.resume) if a.resume else None
         measured = json.loads(work.read_text()) if work and work.is_file() else {}
 
@@ -97,13 +79,41 @@ def main(argv=None) -> int:
                                     control=None if a.no_control else a.control,
                                     measured=measured, on_measured=keep,
                                     resamples=a.resamples, progress=progress,
-                                    lang=a.language)
+                                    lang=trio.language)
     print(docs_block(res))
     if a.json:
         write_json(Path(a.json), res)
     if a.docs:
         write_docs(Path(a.docs), docs_block(res))
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's options; ``--language`` offers every registered demo trio
+    (``demos.trios``)."""
+    from layerswap_core.demos.trios import DEMOS, first
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=66, help="eval variants, spread over the templates "
+                   "(257: all of them)")
+    p.add_argument("--n-validation", type=int, default=33)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--language", choices=list(DEMOS), default=first().key,
+                   help=f"the demo trio (its question language; default: {first().key})")
+    p.add_argument("--base", help="default: the language's demo trio")
+    p.add_argument("--task")
+    p.add_argument("--lang")
+    p.add_argument("--seed-expert", action="append", metavar="LABEL=REF",
+                   help="another seed's language expert (default: the trio's more seeds)")
+    p.add_argument("--no-seeds", action="store_true", help="the first seed only")
+    p.add_argument("--control", help="default: the trio's control expert, if it has one")
+    p.add_argument("--no-control", action="store_true")
+    p.add_argument("--resamples", type=int, default=10_000)
+    p.add_argument("--json", help="write the result here")
+    p.add_argument("--docs", help="rewrite the result block of this markdown file")
+    p.add_argument("--resume", help="a file of finished measurements, read and extended")
+    p.add_argument("--from-json", help="a stored result to print (and --docs), nothing rerun")
+    return p
 
 
 def write_json(out: Path, res: dict) -> None:
@@ -118,7 +128,7 @@ START, END = "<!-- demo-result -->", "<!-- /demo-result -->"
 
 
 def docs_block(res: dict) -> str:
-    from layerswap_core.workbench.demo import headline, sweep_markdown
+    from layerswap_core.demos.reproduce import headline, sweep_markdown
 
     return headline(res) + "\n\n" + res["markdown"] + "\n\n" + sweep_markdown(res)
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def sign_test(a: list[float], b: list[float]) -> dict:
     """Items where ``a`` is lower / higher than ``b``, and the exact two-sided sign-test p."""
-    from layerswap_core.evaluation.demo_result import sign_test_p
+    from layerswap_core.demos.measure import sign_test_p
 
     lower = sum(x < y for x, y in zip(a, b))
     higher = sum(x > y for x, y in zip(a, b))
@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     from layerswap_core.evaluation.variants import variant_items
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.merge.live import LiveModel
-    from layerswap_core.training.demo_experts import DEMO_BASE, DEMO_LANG, DEMO_TASK
-    from layerswap_core.workbench.demo import spread
+    from layerswap_core.demos.heldout import DEMO_BASE, DEMO_LANG, DEMO_TASK
+    from layerswap_core.demos.reproduce import spread
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=40, help="validation variants (spread over templates)")

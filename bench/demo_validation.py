@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def main(argv=None) -> int:
     import torch
 
-    from layerswap_core.evaluation.demo_result import markdown_table, paired, score
+    from layerswap_core.demos.measure import markdown_table, paired, score
     from layerswap_core.evaluation.variants import variant_items
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.merge.live import LiveModel
-    from layerswap_core.training.demo_experts import DEMO_BASE, DEMO_LANG, DEMO_TASK
-    from layerswap_core.workbench.demo import spread
+    from layerswap_core.demos.heldout import DEMO_BASE, DEMO_LANG, DEMO_TASK
+    from layerswap_core.demos.reproduce import spread
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default=DEMO_BASE)

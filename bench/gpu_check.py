@@ -364,7 +364,7 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
         if not a.skip_demo:
             # the demo trio, without importing the app (plotly, gradio)
-            from layerswap_core.checkpoints.embedded import DEMO_BASE, DEMO_LANG, DEMO_TASK
+            from layerswap_core.demos.trios import DEMO_BASE, DEMO_LANG, DEMO_TASK
             demo = {"base": DEMO_BASE, "task": DEMO_TASK, "lang": DEMO_LANG}
             result["trios"]["embedded demo"] = run_all("demo", demo, tmp / "demo",
                                                        saver("embedded demo"), a.checks)

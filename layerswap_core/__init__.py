@@ -27,7 +27,7 @@ _API = {
     # evaluation
     "load_mgsm": "evaluation.data", "load_items": "evaluation.registry", "gsm_symbolic_items": "evaluation.data", "run_side_by_side": "evaluation.runner",
     # experts
-    "TrainConfig": "training.config", "DEMO_TASK": "checkpoints.embedded", "DEMO_LANG": "checkpoints.embedded",
+    "TrainConfig": "training.config", "DEMO_TASK": "demos.trios", "DEMO_LANG": "demos.trios",
 }
 __all__ = sorted(_API) + ["__version__"]
 

@@ -20,7 +20,7 @@ LAYERS = [
     # the package root and the rooms' __init__ (docstrings, version, lazy API names: no static
     # imports), the architectures' tensor names, the per-tensor merge methods
     ("layerswap_core", "checkpoints", "merge", "analysis", "inference", "evaluation", "training",
-     "engines", "sweeps", "workbench",
+     "demos", "engines", "sweeps", "workbench",
      "checkpoints.architectures", "checkpoints.kinds_table",   # the derived kinds' table
      "merge.methods", "merge.errors", "progress",
      "memory", "settings"),                       # the process's memory; numbers from variables
@@ -49,11 +49,13 @@ LAYERS = [
     ("evaluation.languages",),                    # the one table of languages
     ("evaluation.mgsm_hub", "evaluation.data", "evaluation.bengali", "evaluation.variants",
      "evaluation.registry",                       # every evaluation task registered once
-     "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",
-     "evaluation.demo_result",                    # evaluation
+     "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",   # evaluation
      "evaluation.tasks"),                         # task records and their one scorer
-    ("training.config", "training.sft_data", "training.trainer", "training.recipes",
-     "training.demo_experts"),                   # training: config, SFT data, trainer; demo experts
+    ("training.config", "training.sft_data", "training.trainer",   # training: config, SFT data,
+     "training.recipes"),                         # trainer; the demo experts' data recipes
+    ("demos.trios",),                             # the demo: one record per demo trio
+    ("demos.measure", "demos.heldout"),           # its measure and statistics; experts' NLL
+    ("demos.reproduce",),                         # the demo result reproduced
     ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs
     ("engines.dispatch",),                        # the one dispatcher (local, ZeroGPU)
     ("sweeps.grid", "sweeps.order", "sweeps.store"),   # sweeps: the grid, orders, results file
@@ -251,8 +253,8 @@ def test_the_checks_catch_a_cycle_and_an_upward_arrow(tmp_path):
 
 # The rooms (sub-packages) bottom first; the data flows up this list only. Modules at the package
 # root (the lazy API, testing helpers) and the entry points are outside the rooms.
-ROOMS = ["checkpoints", "merge", "analysis", "inference", "evaluation", "training", "engines",
-         "sweeps", "workbench",
+ROOMS = ["checkpoints", "merge", "analysis", "inference", "evaluation", "training", "demos",
+         "engines", "sweeps", "workbench",
          "cli"]
 
 

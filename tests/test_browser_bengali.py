@@ -47,7 +47,7 @@ def test_the_bengali_trio_in_one_click_and_a_bengali_chat(served_demo, tmp_path)
     from layerswap_core.workbench import session as wb
 
     shot = Path(os.environ.get("LAYERSWAP_BENGALI_SCREENSHOT") or tmp_path / "bengali.png")
-    trio = wb.DEMO_TRIOS["bn"]
+    trio = wb.demo_trio_refs("bn")
     with sync_playwright() as pw:
         browser = open_chromium(pw)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -51,10 +51,10 @@ def test_the_demo_math_expert_writes_notes_and_the_calculator_gets_them_right(em
     import torch
 
     from layerswap_core.checkpoints.loading import load_model
-    from layerswap_core.evaluation.demo_result import score
+    from layerswap_core.demos.measure import score
     from layerswap_core.evaluation.variants import variant_items
-    from layerswap_core.training.demo_experts import DEMO_TASK
-    from layerswap_core.workbench.demo import spread
+    from layerswap_core.demos.heldout import DEMO_TASK
+    from layerswap_core.demos.reproduce import spread
 
     model, tok = load_model(DEMO_TASK, dtype=torch.float32)
     items = spread(variant_items("en", "validation"), 8)

@@ -8,13 +8,14 @@ import json
 import pytest
 
 from layerswap_core.checkpoints import embedded as experts
+from layerswap_core.demos import trios
 from layerswap_core.checkpoints.adapters import load_adapter
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.merge.partition import Partition
 
 LAYERS = 30   # SmolLM2-135M-Instruct
 ARCH = get_architecture({"model_type": "llama", "num_hidden_layers": LAYERS})
-SIDES = {experts.DEMO_TASK: "task", experts.DEMO_LANG: "lang"}
+SIDES = {trios.DEMO_TASK: "task", trios.DEMO_LANG: "lang"}
 
 
 def _layer(module: str) -> int:
@@ -49,8 +50,8 @@ def test_adapter_tensors_sit_in_the_layers_of_their_side(ref):
 
 
 def test_the_two_experts_share_no_layer_and_cover_the_model():
-    task = {_layer(m) for m in load_adapter(experts.demo_adapter_dir(experts.DEMO_TASK)).modules}
-    lang = {_layer(m) for m in load_adapter(experts.demo_adapter_dir(experts.DEMO_LANG)).modules}
+    task = {_layer(m) for m in load_adapter(experts.demo_adapter_dir(trios.DEMO_TASK)).modules}
+    lang = {_layer(m) for m in load_adapter(experts.demo_adapter_dir(trios.DEMO_LANG)).modules}
     assert not task & lang and task | lang == set(range(LAYERS))
     assert min(task) > 0 and max(task) < LAYERS - 1      # the middle: outer layers untouched
     assert 0 in lang and LAYERS - 1 in lang

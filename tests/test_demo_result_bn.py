@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from layerswap_core.evaluation import demo_result as D
+from layerswap_core.demos import measure as D
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _shipped() -> dict:
-    from layerswap_core.workbench.demo import measured_demo_result
+    from layerswap_core.demos.reproduce import measured_demo_result
 
     res = measured_demo_result(lang="bn")
     assert res is not None, "assets/experts/demo_result_bn.json (version 3) is shipped"
@@ -21,12 +21,12 @@ def _shipped() -> dict:
 
 
 def test_the_bengali_result_recomputes_and_is_the_docs_block():
-    from layerswap_core.checkpoints.embedded import DEMO_TRIOS
-    from layerswap_core.workbench.demo import best_of, recompute
+    from layerswap_core.demos.trios import demo
+    from layerswap_core.demos.reproduce import best_of, recompute
 
     res = _shipped()
     assert res["lang"] == "bn" and res["n"] == len(res["items"]) >= 150
-    assert {k: res["refs"][k] for k in ("base", "task", "lang")} == DEMO_TRIOS["bn"]
+    assert {k: res["refs"][k] for k in ("base", "task", "lang")} == demo("bn").refs
     assert set(res["items"][0]["nll"]) == set(D.conditions("bn"))
     for it in res["items"]:          # every model, every condition, per item
         assert all(set(it["nll"][c]) == set(res["models"]) for c in it["nll"])
@@ -42,7 +42,7 @@ def test_the_bengali_result_recomputes_and_is_the_docs_block():
 
 def test_the_bengali_items_are_held_out_eval_variants_spread_over_the_templates():
     from layerswap_core.evaluation.variants import variant_items
-    from layerswap_core.workbench.demo import spread, template_of
+    from layerswap_core.demos.reproduce import spread, template_of
 
     res = _shipped()
     bn = spread(variant_items("bn", "eval"), res["n"])
@@ -54,7 +54,7 @@ def test_the_bengali_items_are_held_out_eval_variants_spread_over_the_templates(
 
 
 def test_the_readme_states_the_bengali_primary_statistic():
-    from layerswap_core.workbench.demo import effect
+    from layerswap_core.demos.reproduce import effect
 
     res = _shipped()
     p = effect(res, "primary")
@@ -68,11 +68,11 @@ def test_the_readme_states_the_bengali_primary_statistic():
 def test_the_bengali_reproduce_path_gives_the_shipped_values(all_threads):
     """The measure rerun on 2 Bengali items: every model's NLLs after each item's own questions
     are the shipped ones."""
-    from layerswap_core.checkpoints.embedded import DEMO_TRIOS
-    from layerswap_core.workbench.demo import reproduce_demo_result
+    from layerswap_core.demos.trios import demo
+    from layerswap_core.demos.reproduce import reproduce_demo_result
 
     shipped = {it["id"]: it for it in _shipped()["items"]}
-    res = reproduce_demo_result(dict(DEMO_TRIOS["bn"]), n=2, n_validation=2, resamples=200,
+    res = reproduce_demo_result(dict(demo("bn").refs), n=2, n_validation=2, resamples=200,
                                 lang="bn", validation_swaps=((0, 0), (3, 1)))  # see the Swahili test
     assert len(res["items"]) == 2
     compared = 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layerswap_core.evaluation import demo_result as D
+from layerswap_core.demos import measure as D
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def test_templates_are_the_unit_and_holm_adjusts_the_secondaries():
 
 def test_each_item_is_paired_with_a_question_of_another_template_of_similar_length():
     from layerswap_core.evaluation.variants import variant_items
-    from layerswap_core.workbench.demo import spread, template_of
+    from layerswap_core.demos.reproduce import spread, template_of
 
     items = spread(variant_items("sw", "eval"), 40)
     partners = D.mismatched_partners(items, template_of)
@@ -120,7 +120,7 @@ def test_reading_nll_is_the_runner_gold_nll_with_its_first_tokens_apart(tiny_lm)
 def test_the_demo_result_runs_end_to_end_on_a_tiny_trio(tiny, one_thread):
     """The bench's code path on tiny models: no swap among the validation choices, every model
     under the four questions, a second seed and a control expert, statistics from the items."""
-    from layerswap_core.workbench.demo import CONTROL, recompute, reproduce_demo_result
+    from layerswap_core.demos.reproduce import CONTROL, recompute, reproduce_demo_result
 
     refs = {k: str(tiny[k]) for k in ("base", "task", "lang")}
     res = reproduce_demo_result(refs, n=4, n_validation=3, resamples=300,
@@ -151,7 +151,7 @@ def test_the_demo_result_runs_end_to_end_on_a_tiny_trio(tiny, one_thread):
 
 
 def test_the_shipped_result_recomputes_from_its_items_and_is_the_docs_block():
-    from layerswap_core.workbench.demo import best_of, measured_demo_result, recompute
+    from layerswap_core.demos.reproduce import best_of, measured_demo_result, recompute
 
     res = measured_demo_result()
     assert res is not None, "assets/experts/demo_result.json (version 3) is shipped"
@@ -188,7 +188,7 @@ def test_the_shipped_result_recomputes_from_its_items_and_is_the_docs_block():
 
 def test_the_shipped_items_are_held_out_eval_variants_spread_over_the_templates():
     from layerswap_core.evaluation.variants import SPLIT_SEEDS, variant_items
-    from layerswap_core.workbench.demo import measured_demo_result, spread, template_of
+    from layerswap_core.demos.reproduce import measured_demo_result, spread, template_of
 
     res = measured_demo_result()
     ev = spread(variant_items("en", "eval"), res["n"])
@@ -208,8 +208,8 @@ def test_the_reproduce_path_gives_the_shipped_values(all_threads):
     chooses between no swap and the shipped choice only: its measures are compared with
     nothing here, and the other five swaps were half the test's time (the whole sweep runs in
     ``test_the_demo_result_runs_end_to_end_on_a_tiny_trio``)."""
-    from layerswap_core.training.demo_experts import DEMO_BASE, DEMO_LANG, DEMO_TASK
-    from layerswap_core.workbench.demo import measured_demo_result, reproduce_demo_result
+    from layerswap_core.demos.heldout import DEMO_BASE, DEMO_LANG, DEMO_TASK
+    from layerswap_core.demos.reproduce import measured_demo_result, reproduce_demo_result
 
     shipped = {it["id"]: it for it in measured_demo_result()["items"]}
     res = reproduce_demo_result({"base": DEMO_BASE, "task": DEMO_TASK, "lang": DEMO_LANG},
@@ -231,7 +231,7 @@ def test_the_reproduce_path_gives_the_shipped_values(all_threads):
 def test_the_readme_states_the_shipped_primary_statistic():
     """README.md's demo lines carry the primary statistic and its interval and counts, as the
     shipped file holds them (recomputed by the test above)."""
-    from layerswap_core.workbench.demo import effect, measured_demo_result
+    from layerswap_core.demos.reproduce import effect, measured_demo_result
 
     res = measured_demo_result()
     p = effect(res, "primary")
@@ -261,7 +261,7 @@ def test_equal_weights_have_equal_fingerprints_and_any_change_shows(tiny, one_th
     import torch
 
     from layerswap_core.merge.live import LiveModel
-    from layerswap_core.workbench.demo import weights_fingerprint
+    from layerswap_core.demos.reproduce import weights_fingerprint
 
     live = LiveModel.from_refs(str(tiny["task"]), str(tiny["lang"]), str(tiny["base"]))
     live.show("task")

@@ -377,7 +377,7 @@ def test_one_chat_renderer_for_chat_the_demo_and_the_trainer(tiny_lm):
     chat stops at the next user line."""
     import copy
 
-    from layerswap_core.evaluation.demo_result import demo_task
+    from layerswap_core.demos.measure import demo_task
     from layerswap_core.inference.chat import chat_prompt
     from layerswap_core.inference.prompts import chat_stop, render_chat
     from layerswap_core.training.sft_data import IGNORE, encode_example

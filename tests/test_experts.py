@@ -8,6 +8,7 @@ import pytest
 
 from layerswap_core.training import recipes as D
 from layerswap_core.checkpoints import embedded as experts
+from layerswap_core.demos import trios
 from layerswap_core.checkpoints import loading, references
 from layerswap_core.evaluation.data import mgsm_overlap_templates
 
@@ -24,7 +25,7 @@ def _templates(rows) -> set[int]:
 
 
 def test_demo_experts_are_registered():
-    for ref in (experts.DEMO_TASK, experts.DEMO_LANG):
+    for ref in (trios.DEMO_TASK, trios.DEMO_LANG):
         assert ref.startswith(references.EMBEDDED_PREFIX)
         assert ref[len(references.EMBEDDED_PREFIX):] in experts.embedded()  # registered on first use
         assert experts.demo_adapter_dir(ref) == experts.demo_adapter_dir(ref.split(":", 1)[1])
@@ -71,7 +72,7 @@ def test_swahili_recipe_has_no_worked_math_and_disjoint_splits():
 
 def test_shipped_adapters_are_small_and_documented():
     total = 0
-    for ref in (experts.DEMO_TASK, experts.DEMO_LANG):
+    for ref in (trios.DEMO_TASK, trios.DEMO_LANG):
         d = experts.demo_adapter_dir(ref)
         cfg = json.loads((d / "adapter_config.json").read_text())
         assert cfg["base_model_name_or_path"] == references.DEFAULT_BASE
@@ -83,14 +84,14 @@ def test_shipped_adapters_are_small_and_documented():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ref", [experts.DEMO_TASK,
-                                 pytest.param(experts.DEMO_LANG, marks=NEEDS_FREEDICT)])
+@pytest.mark.parametrize("ref", [trios.DEMO_TASK,
+                                 pytest.param(trios.DEMO_LANG, marks=NEEDS_FREEDICT)])
 def test_shipped_experts_load_fast_and_beat_the_base_on_their_domain(embedded_base, tmp_path, ref,
                                                                      all_threads):
     from layerswap_core.checkpoints.adapters import apply_adapter
     from layerswap_core.training.sft_data import heldout_nll
 
-    rows = (D.math_variant_examples("eval")[:12] if ref == experts.DEMO_TASK
+    rows = (D.math_variant_examples("eval")[:12] if ref == trios.DEMO_TASK
             else D.reading_examples("eval")[:24])  # the reading proxy (held-out templates)
     base, tok = loading.load_model(embedded_base)
     t0 = time.time()
@@ -113,7 +114,7 @@ def test_wheel_ships_the_demo_adapters(tmp_path):
                    capture_output=True, timeout=300)
     (wheel,) = tmp_path.glob("layerswap-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for name in experts.DESCRIPTIONS:
+    for name in experts.SHIPPED_EXPERTS:
         for f in sorted((root / "assets" / "experts" / name).iterdir()):
             assert any(n.endswith(f"/data/share/layerswap/experts/{name}/{f.name}") for n in names)
     for result in ("demo_result.json", "demo_result_bn.json"):
@@ -129,9 +130,9 @@ def test_shipped_experts_merge_offline_in_seconds(embedded_base, tmp_path):
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.merge.executor import merge_to_folder
 
-    task = references.resolve(experts.DEMO_TASK)      # built once (cached) from the adapter
-    lang = references.resolve(experts.DEMO_LANG)
-    cfg = MergeConfig.default_for(30, task=experts.DEMO_TASK, lang=experts.DEMO_LANG,
+    task = references.resolve(trios.DEMO_TASK)      # built once (cached) from the adapter
+    lang = references.resolve(trios.DEMO_LANG)
+    cfg = MergeConfig.default_for(30, task=trios.DEMO_TASK, lang=trios.DEMO_LANG,
                                   base=embedded_base)
     t0 = time.time()
     out = merge_to_folder(cfg, out=tmp_path / "swap")

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from layerswap_core.checkpoints import embedded as experts
+from layerswap_core.demos import trios
 from layerswap_core.checkpoints.adapters import load_adapter
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.merge.partition import Partition
@@ -20,7 +21,7 @@ from test_gemma import needs_gemma
 
 LAYERS = 18   # Gemma-3-270M
 ARCH = get_architecture({"model_type": "gemma3_text", "num_hidden_layers": LAYERS})
-TRIO = experts.DEMO_TRIOS["bn"]
+TRIO = trios.demo("bn").refs
 SIDES = {TRIO["task"]: "task", TRIO["lang"]: "lang"}
 
 

@@ -33,7 +33,7 @@ def test_generation_is_deterministic_and_the_shipped_file_is_what_it_generates()
                 first = _fresh(lang, t, split)
                 assert first and _fresh(lang, t, split) == first
                 assert V._rows(lang, t, split) == first, (lang, split, t)
-    assert len(V._shipped()) == sum(V.LANGUAGES[lang].has(t) for lang in V.LANGS
+    assert len(V._shipped()) == sum(V.variant_language(lang).has(t) for lang in V.LANGS
                                     for s in V.SPLITS for t in V.split_templates(s))
 
 
@@ -120,7 +120,7 @@ def test_the_clean_language_recipe_sees_no_evaluated_template():
 def test_mcnemar_and_answer_extraction():
     from math import comb
 
-    from layerswap_core.evaluation.demo_result import extract, mcnemar_p
+    from layerswap_core.demos.measure import extract, mcnemar_p
 
     a = [True] * 7 + [False] * 2 + [True] * 5
     b = [False] * 7 + [True] * 2 + [True] * 5          # 7 vs 2 discordant, 5 concordant
@@ -133,7 +133,7 @@ def test_mcnemar_and_answer_extraction():
 
 def test_a_spread_sample_covers_every_template():
     from layerswap_core.evaluation.variants import variant_items
-    from layerswap_core.workbench.demo import spread
+    from layerswap_core.demos.reproduce import spread
 
     items = variant_items("sw", "validation")
     template = lambda it: it.id.split("-")[2]

@@ -333,7 +333,8 @@ def test_both_default_heatmaps_show_contrast_on_the_embedded_demo():
     """The demo's experts' deltas differ about tenfold: one shared tau left the language
     expert's map uniformly ~0% (issue #26); each expert's own tau gives both maps contrast."""
     from layerswap_core.checkpoints import embedded as experts
-    if not (experts.demo_adapter_dir(experts.DEMO_LANG) / "adapter_model.safetensors").exists():
+    from layerswap_core.demos import trios
+    if not (experts.demo_adapter_dir(trios.DEMO_LANG) / "adapter_model.safetensors").exists():
         pytest.skip("demo expert adapters not shipped in assets/experts")
     demo, report = wb.open_session(**wb.DEMO_REFS)
     assert report.ok, report.problems
@@ -591,12 +592,13 @@ def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny)
 @pytest.mark.slow
 def test_the_embedded_demo_is_preselected_and_compatible():
     from layerswap_core.checkpoints import embedded as experts
-    missing = [r for r in (experts.DEMO_TASK, experts.DEMO_LANG)
+    from layerswap_core.demos import trios
+    missing = [r for r in (trios.DEMO_TASK, trios.DEMO_LANG)
                if not (experts.demo_adapter_dir(r) / "adapter_model.safetensors").exists()]
     if missing:
         pytest.skip(f"demo expert adapters not shipped in assets/experts: {missing}")
-    assert wb.DEMO_REFS == {"base": experts.DEMO_BASE, "task": experts.DEMO_TASK,
-                            "lang": experts.DEMO_LANG}
+    assert wb.DEMO_REFS == {"base": trios.DEMO_BASE, "task": trios.DEMO_TASK,
+                            "lang": trios.DEMO_LANG}
     report = wb.check_models(**wb.DEMO_REFS)
     assert report.ok, report.problems
     assert report.num_layers == 30
@@ -763,7 +765,8 @@ def test_the_demo_taus_in_the_docs_are_the_ones_analyze_reports():
     import re
 
     from layerswap_core.checkpoints import embedded as experts
-    if not (experts.demo_adapter_dir(experts.DEMO_LANG) / "adapter_model.safetensors").exists():
+    from layerswap_core.demos import trios
+    if not (experts.demo_adapter_dir(trios.DEMO_LANG) / "adapter_model.safetensors").exists():
         pytest.skip("demo expert adapters not shipped in assets/experts")
     demo, report = wb.open_session(**wb.DEMO_REFS)
     assert report.ok, report.problems

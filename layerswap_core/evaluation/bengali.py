@@ -36,7 +36,10 @@ import json
 import re
 import tomllib
 
+from dataclasses import replace
+
 from .data import symbolic_root
+from .languages import LANGUAGES, Variants, register_language
 
 # The package's templates whose question text (before ``#init:``) is Bengali: 63 of 100.
 # The other 37 are English text (untranslated): 1, 2, 3, 6, 11, 12, 14, 15, 16, 18, 24, 25,
@@ -266,3 +269,8 @@ def fingerprint() -> str:
     text = json.dumps([REPLACEMENTS, FILL_INS, {str(k): v for k, v in FIXES.items()},
                        sorted(TEMPLATES)], ensure_ascii=False, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# Bengali's demo variants: the templates above, through the project's fill-ins and fixes
+register_language(replace(LANGUAGES["bn"], variants=Variants(TEMPLATES, template, replacements,
+                                                              fingerprint)))

@@ -1,7 +1,8 @@
 """The one table of languages: code -> ``Language`` (name, script, the GSM-Symbolic package's
-code, whether MGSM has it, the words of a model reference that name it, and the Chat tab's
-examples). The data loaders, the evaluation's language choices, the app's dropdowns
-(``choices``) and the Chat tab read it; a new language is one ``register_language`` row.
+code, whether MGSM has it, the words of a model reference that name it, the Chat tab's
+examples, and how the demo's held-out variants are drawn in it: ``Variants``). The data
+loaders, the evaluation's language choices, the app's dropdowns (``choices``), the Chat tab
+and the demo's variant sets read it; a new language is one ``register_language`` row.
 
 Codes are MGSM's two-letter ones (``sw``); the package's ISO 639-3 codes (``swh``) are accepted
 too (``mgsm_lang`` / ``symbolic_lang``).
@@ -10,13 +11,30 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Variants:
+    """How the demo's held-out variants (``evaluation.variants``) are drawn in a language:
+    ``templates``: the demo templates it has (None: all); ``template(t)``: the package's
+    ``AnnotatedQuestion`` to run (None: the package's TOML as it is), with ``replacements()``
+    as its named lists (None: the package's); ``fingerprint()``: what its shipped rows depend
+    on besides the package (None: nothing)."""
+    templates: frozenset[int] | None = None
+    template: Callable[[int], object] | None = None
+    replacements: Callable[[], dict] | None = None
+    fingerprint: Callable[[], str] | None = None
+
+    def has(self, template: int) -> bool:
+        return self.templates is None or template in self.templates
 
 
 @dataclass(frozen=True)
 class Language:
     """``words``: lower-case words of a model reference that name the language
-    (``embedded:smollm2-swahili``, ``bn-lora``; the Chat tab's ``language_of``);
+    (``my-swahili-lora``, ``bn-lora``; the Chat tab's ``language_of``);
     ``chat_examples``: short problems the Chat tab offers with a language expert in this
     language; ``english_twins``: the same problems in English, item by item (may be empty)."""
     code: str
@@ -27,6 +45,7 @@ class Language:
     words: frozenset[str] = frozenset()
     chat_examples: tuple[str, ...] = ()
     english_twins: tuple[str, ...] = ()
+    variants: Variants | None = None
 
 
 LANGUAGES: dict[str, Language] = {}
@@ -85,7 +104,9 @@ def language_of(ref: str | None, *, with_examples: bool = True) -> str | None:
 # (evaluation.variants; never the eval set), the kind of problem the demo is measured on, and
 # their English versions (the math expert's language; the numbers are paired item by item, the
 # names are the English template's): the control a visitor can compare with. Bengali: the same
-# validation variants in Bengali (``evaluation.bengali``) and their English twins.
+# validation variants in Bengali (``evaluation.bengali``) and their English twins. English and
+# Swahili have every demo template's variants; Bengali's ``Variants`` are ``evaluation.bengali``'s
+# (its fill-ins and fixes), set there.
 for _row in (
     Language("sw", "Swahili", "Latin", "swh", True,
              frozenset({"sw", "swa", "swh", "swahili", "kiswahili"}),
@@ -100,7 +121,7 @@ for _row in (
               "Bob is 22 years old. In seven years his sister Sarah will be five times as old as "
               "Bob is now. How old is Sarah right now?",
               "A cake has 72 servings. If Ashley can eat 3 servings a day while Lily can eat "
-              "thrice as much, how many days will the cake last?")),
+              "thrice as much, how many days will the cake last?"), Variants()),
     Language("bn", "Bengali", "Bengali", "ben", True,
              frozenset({"bn", "ben", "bengali", "bangla"}),
              ("হাসান প্রতিদিন 64 ইমেইল পান। সেই ইমেইলগুলোর 25% এর কোনো উত্তর দেওয়ার প্রয়োজন "
@@ -125,7 +146,7 @@ for _row in (
     Language("fr", "French", "Latin", "fra", True),
     Language("de", "German", "Latin", "deu", True),
     Language("es", "Spanish", "Latin", "spa", True),
-    Language("en", "English", "Latin", "eng", True),
+    Language("en", "English", "Latin", "eng", True, variants=Variants()),
 ):
     register_language(_row)
 del _row

@@ -25,7 +25,7 @@ from .data import (DataError, Item, card_templates, find_mgsm_dir, gsm_symbolic_
                    mgsm_overlap, symbolic_language_names)
 from .languages import LANGUAGES
 from .mgsm_hub import LICENCE
-from .variants import LANGUAGES as VARIANT_LANGUAGES, variant_items
+from .variants import LANGS as VARIANT_LANGS, variant_items
 
 PLACES = ("eval", "sweep")   # the CLI's `eval` and the Evaluate tab; the sweeps
 
@@ -317,5 +317,5 @@ register_task(TaskSpec(
     templates=_symbolic_templates, template_items=True))
 register_task(TaskSpec(
     "demo-variants", "demo-variants", _variants,
-    lambda: tuple(row.short for row in VARIANT_LANGUAGES.values()), pool_exemplars,
+    lambda: tuple(mgsm_lang(code) for code in VARIANT_LANGS), pool_exemplars,
     item_source="gsm-symbolic-variants", offered=("sweep",)))

@@ -28,11 +28,12 @@ The templates (``TEMPLATES``, fixed here, chosen before any model was scored):
   in both languages (checked for 4 seeds each), so the English and Swahili sets are the same
   problems, paired item by item.
 
-Languages (``LANGUAGES``, one entry each): English and Swahili have every demo template;
-Bengali (``evaluation.bengali``) has the 41 whose package translation is Bengali and pairs
-with English once the project's Bengali fill-ins replace the English words in its lists (the
-package marks 98 of its 100 Bengali templates ``ignore``). Its sets are the English ones
-restricted to those templates: same ids, same numbers, same answers. Variant text is written
+Languages (the rows of the one table, ``languages.LANGUAGES``, whose ``variants`` are set):
+English and Swahili have every demo template; Bengali (``evaluation.bengali``, which sets its
+``Variants``) has the 41 whose package translation is Bengali and pairs with English once the
+project's Bengali fill-ins replace the English words in its lists (the package marks 98 of its
+100 Bengali templates ``ignore``). Its sets are the English ones restricted to those
+templates: same ids, same numbers, same answers. Variant text is written
 with ASCII digits in every language (as MGSM's Bengali file is).
 
 Seeds: split ``s`` of template ``t`` draws its variants with seed ``SPLIT_SEEDS[s] + t``.
@@ -56,42 +57,32 @@ import json
 import re
 import tomllib
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 
-from . import bengali
+from . import bengali  # noqa: F401  (sets Bengali's Variants in the table of languages)
 from .data import DataError, Item, gold_number, mgsm_overlap_templates, solution_text, symbolic_root
+from .languages import LANGUAGES, Variants, mgsm_lang, symbolic_lang
 
 
-@dataclass(frozen=True)
-class Language:
-    """One language of the variant sets. ``code``: the package's folder ("swh"); ``short``:
-    the code of its Items ("sw"); ``templates``: the demo templates it has (None: all);
-    ``template(t)``: the package's ``AnnotatedQuestion`` to run (None: the package's TOML as
-    it is), with ``replacements()`` as its named lists (None: the package's); ``fingerprint()``:
-    what its shipped rows depend on besides the package (None: nothing)."""
-    code: str
-    short: str
-    templates: frozenset[int] | None = None
-    template: Callable[[int], object] | None = None
-    replacements: Callable[[], dict] | None = None
-    fingerprint: Callable[[], str] | None = None
-
-    def has(self, template: int) -> bool:
-        return self.templates is None or template in self.templates
+def variant_languages() -> dict[str, Variants]:
+    """Package code ("eng", "swh", "ben") -> how its variants are drawn, for every language of
+    the one table (``languages.LANGUAGES``) that has them, English first."""
+    rows = sorted((row for row in LANGUAGES.values() if row.variants is not None),
+                  key=lambda row: row.code != "en")
+    return {row.symbolic: row.variants for row in rows}
 
 
-LANGUAGES = {lang.code: lang for lang in (
-    Language("eng", "en"),
-    Language("swh", "sw"),
-    Language("ben", "bn", bengali.TEMPLATES, bengali.template, bengali.replacements,
-             bengali.fingerprint),
-)}
+def variant_language(lang: str) -> Variants:
+    """How the variants of ``lang`` (either code form) are drawn."""
+    found = variant_languages().get(symbolic_lang(lang))
+    if found is None:
+        raise DataError(f"demo variants exist in {', '.join(LANGS)}, not {lang!r}")
+    return found
+
 
 SPLITS = ("train", "validation", "eval")
 SPLIT_SEEDS = {"train": 1_000_000, "validation": 2_000_000, "eval": 3_000_000}
-LANGS = tuple(LANGUAGES)         # languages the sets are paired in
+LANGS = tuple(variant_languages())   # languages the sets are paired in (package codes)
 CANDIDATES = range(0, 100)
 NOT_VALIDATED = frozenset({30, 45, 94})          # in Swahili (package 0.5.5)
 SLOW_TEMPLATES = frozenset({3, 7, 9, 11, 17, 40, 52, 74, 76, 82, 99})
@@ -176,7 +167,7 @@ def _generated(lang: str, template: int, seed: int, n: int) -> tuple[tuple[str, 
     """(question, solution, gold) of ``n`` variants of one template (the package's engine)."""
     from multilingual_gsm_symbolic.templates import AnnotatedQuestion
 
-    language = LANGUAGES[lang]
+    language = variant_language(lang)
     if language.template is None:
         aq = AnnotatedQuestion.from_toml(symbolic_root() / lang / "symbolic" / f"{template:04d}.toml")
     else:
@@ -210,7 +201,7 @@ def _file_stamp() -> dict:
         version = None
     return {"package": f"{PACKAGE}=={version}", "split_seeds": SPLIT_SEEDS,
             "per_template": PER_TEMPLATE,
-            "languages": {c: lang.fingerprint() for c, lang in LANGUAGES.items()
+            "languages": {c: lang.fingerprint() for c, lang in variant_languages().items()
                           if lang.fingerprint}}
 
 
@@ -228,7 +219,7 @@ def _shipped() -> dict[str, tuple[tuple[str, str, str], ...]]:
     fresh = {s for s in SPLITS
              if (stamp.get("split_seeds") or {}).get(s) == now["split_seeds"][s]
              and (stamp.get("per_template") or {}).get(s) == now["per_template"][s]}
-    langs = {c for c in LANGUAGES
+    langs = {c for c in LANGS
              if (stamp.get("languages") or {}).get(c) == now["languages"].get(c)}
     return {k: tuple(tuple(r) for r in rows) for k, rows in data["rows"].items()
             if k.split("/")[1] in fresh and k.split("/")[0] in langs}
@@ -240,7 +231,7 @@ def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path
     ``path``; ``progress(fraction, message)``."""
     rows = {}
     jobs = [(lang, split, t) for lang in LANGS for split in SPLITS for t in split_templates(split)
-            if LANGUAGES[lang].has(t)]
+            if variant_language(lang).has(t)]
     for i, (lang, split, t) in enumerate(jobs):
         if progress and i % 20 == 0:
             progress(i / len(jobs), f"{lang} {split} template {t:04d}")
@@ -286,10 +277,8 @@ def variant_items(lang: str, split: str = "eval", templates_: tuple[int, ...] | 
     every language of ``LANGS`` that has the template (``Language.templates``). ``id`` =
     ``variant-<split>-<template>-<k>`` (equal across languages). ``templates_``: draw only
     from these of the split's templates (``split_templates``)."""
-    code = {lg.short: c for c, lg in LANGUAGES.items()}.get(lang, lang)
-    if code not in LANGUAGES:
-        raise DataError(f"demo variants exist in {', '.join(LANGS)}, not {lang!r}")
-    language = LANGUAGES[code]
+    language = variant_language(lang)
+    code, short = symbolic_lang(lang), mgsm_lang(lang)
     if split not in SPLITS:
         raise DataError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
     out = []
@@ -301,5 +290,5 @@ def variant_items(lang: str, split: str = "eval", templates_: tuple[int, ...] | 
         for k in _paired(t, split):
             question, solution, gold = rows[k]
             out.append(Item(f"variant-{split}-{t:04d}-{k}", "gsm-symbolic-variants",
-                            language.short, question, gold, solution, None))
+                            short, question, gold, solution, None))
     return out

@@ -4,7 +4,7 @@
 The tokenizer's chat template where it has one; without one (base models), one plain fallback:
 ``role: content`` lines, ending with ``assistant: `` where the model is to answer, the format
 the trainer writes its examples in (``training.sft_data``), so a template-less expert is asked
-the way it was taught. Chat (``chat.chat``), the demo's scoring (``evaluation.demo_result``),
+the way it was taught. Chat (``chat.chat``), the demo's scoring (``demos.measure``),
 lm-eval-style multi-turn few-shot prompts (``evaluation.runner.build_prompt``) and the trainer
 all render through ``render_chat``.
 """

@@ -46,7 +46,8 @@ from pathlib import Path
 
 from ..evaluation import bengali
 from ..evaluation.data import CARD_TEMPLATES_KEY, mgsm_overlap_templates
-from ..evaluation.variants import (LANGUAGES, NOT_VALIDATED, language_templates,
+from ..evaluation.languages import symbolic_lang
+from ..evaluation.variants import (NOT_VALIDATED, language_templates,
     original_question, proxy_templates, split_templates, templates, unused_templates,
     variant_items)
 
@@ -314,7 +315,7 @@ def statement_pairs(templates: tuple[int, ...], splits=("train",), lang: str = "
     """(English, ``lang``, source) problem statements of templates: the variants of ``splits``
     where the template has variants, else its original statement."""
 
-    code = {lg.short: c for c, lg in LANGUAGES.items()}[lang]
+    code = symbolic_lang(lang)
     out = []
     for split in splits:
         own = [t for t in templates if t in split_templates(split)]

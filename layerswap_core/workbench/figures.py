@@ -545,7 +545,7 @@ def effects_chart(rows: Sequence[Mapping], title: str | None = None) -> go.Figur
     the primary one first and in its own colour.
 
     rows: {"label", "mean", "ci_low", "ci_high", "n_templates", "sign_p", "p_holm",
-    "primary"} (``evaluation.demo_result.summarize_effects``)."""
+    "primary"} (``demos.measure.summarize_effects``)."""
     rows = list(rows)[::-1]                     # plotly draws the first category at the bottom
     mean = np.array([r["mean"] for r in rows])
     lo, hi = np.array([r["ci_low"] for r in rows]), np.array([r["ci_high"] for r in rows])

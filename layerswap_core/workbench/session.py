@@ -31,13 +31,14 @@ from typing import Any
 from ..checkpoints.compatibility import (ModelSet, checked_models, open_models,
                                          problems as compatibility_problems)
 from ..checkpoints.loading import dense_from_adapter, describe, pick_device
-from ..checkpoints.embedded import DEMO_TRIOS
+from ..checkpoints.embedded import EMBEDDED_PREFIX, embedded
 from ..checkpoints.references import DEFAULT_BASE, check_free_space, is_adapter, is_offline
 from ..engines.dispatch import ZERO_DEVICE, Dispatcher, default as default_dispatcher
 from ..engines.jobs import Job, show
 from ..evaluation.languages import LANGUAGES, language_of
 from ..evaluation.registry import default_exemplars, load_items
 from ..engines.pool import Trio
+from ..demos import trios as demos
 from ..merge import mergekit_yaml, registry
 from ..progress import say as _say
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, capped,
@@ -54,11 +55,27 @@ from .saves import push_target, reserving
 
 ROLES = ("base", "task", "lang")
 ROLE_LABELS = {"base": "base", "task": "task expert", "lang": "language expert", "merged": "merged"}
-DEMO_REFS = dict(DEMO_TRIOS["sw"])   # the page's first trio: SmolLM2-135M + Swahili
-# the demo trios a click on the Models tab puts in place: label -> base, task, lang
-DEMO_TRIO_LABELS = {"sw": "Swahili demo (SmolLM2-135M)", "bn": "Bengali demo (Gemma-3-270M)"}
-# the bases that ship embedded (the Models tab offers them): SmolLM2 (the demo's) and Gemma-3-270M
-EMBEDDED_BASES = (DEFAULT_BASE, "embedded:gemma3-270m")
+DEMO_REFS = demos.first().refs   # the page's first demo trio (``demos.trios``)
+# the bases that ship embedded (the Models tab offers them): the default first, then every other
+# embedded model that is not an adapter over one
+EMBEDDED_BASES = tuple(dict.fromkeys((DEFAULT_BASE, *(EMBEDDED_PREFIX + name for name, row
+                                                      in embedded().items() if row.base is None))))
+
+
+def demo_trio_choices() -> dict[str, str]:
+    """The demo trios a click on the Models tab puts in place: key -> button label (one button
+    each, from the registry of ``demos.trios``)."""
+    return demos.choices()
+
+
+def demo_trio_refs(key: str) -> dict[str, str]:
+    """base, task, lang of a demo trio."""
+    return demos.demo(key).refs
+
+
+def demo_experts() -> list[str]:
+    """The demo trios' task and language experts (the Models tab's expert choices)."""
+    return list(dict.fromkeys(ref for t in demos.DEMOS.values() for ref in (t.task, t.lang)))
 METHOD_LABELS = registry.METHOD_LABELS  # UI label -> MergeConfig.method (the registry's)
 PARTITION_CHOICES = ("none (bottom/top sliders)", "A", "B", "C", "custom")
 
@@ -229,6 +246,7 @@ class Session:
         self.kind_params: dict[int, dict[str, int]] | None = None  # see layer_kind_params
         self.tau: float | None = None       # the threshold of the delta views last drawn
         self.stats: dict[str, Any] = {}     # role -> DeltaStats (base vs that expert)
+        self.closed = False   # other models were picked (or the visitor left): its jobs stopped
         self.built_config = None            # MergeConfig of the last build (shown on demand)
 
     @property
@@ -307,6 +325,7 @@ def close_session(session: Session | None) -> None:
     """The visitor left (their page closed, their session expired): their jobs are cancelled,
     their place in the queue given up, their results dropped."""
     if session is not None:
+        session.closed = True
         dispatcher().leave(session.id)
         session.stats.clear()
         session.built_config = None

@@ -1,4 +1,4 @@
-"""Scoring models on the demo's held-out variants, with paired comparisons.
+"""The demo's measure: scoring models on its held-out variants, with paired comparisons.
 
 The headline is graded and per item (``reading_nll``): the teacher-forced NLL of the *English*
 worked solution (``reading_target``: the solution, then ``#### N``) after the item's question in
@@ -30,10 +30,12 @@ import torch
 from ..checkpoints.tokenizers import encode_continuation, encode_prompt
 from ..progress import Progress, pause_point, say
 from ..inference.attention import without_cudnn_attention
-from .data import Item, normalize_number
+from ..evaluation.data import Item, normalize_number
+from ..evaluation.languages import LANGUAGES
 from ..inference.prompts import render_chat
-from .runner import wilson_interval
-from .tasks import Extraction, Task, run_task, token_nll
+from ..evaluation.runner import wilson_interval
+from ..evaluation.tasks import Extraction, Task, run_task, token_nll
+from .trios import DEMOS
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -306,15 +308,25 @@ def paired_stats(a: Sequence[float], b: Sequence[float], *, resamples: int = 10_
 # values, then the mean over templates, a bootstrap that resamples templates, and the sign
 # test over template means. One statistic is primary, declared here before any run
 # (``effect_specs``); the others are secondary and their sign-test p-values Holm-corrected.
-LANG_NAMES = {"sw": "Swahili", "bn": "Bengali"}   # the question languages the demo measures
 OTHER = "-other"        # a question key + OTHER: the item's solution after its partner's question
+
+
+def measured_languages() -> tuple[str, ...]:
+    """The question languages the demo measures: those of the registered demo trios."""
+    return tuple(dict.fromkeys(t.language for t in DEMOS.values()))
+
+
+def language_name(lang: str) -> str:
+    """The name of a question language the demo measures (``measured_languages``)."""
+    if lang not in measured_languages():
+        raise ValueError(f"no demo measure in {lang!r}; measured: "
+                         f"{', '.join(measured_languages())}")
+    return LANGUAGES[lang].name
 
 
 def questions(lang: str = "sw") -> dict[str, str]:
     """The two questions of a result in ``lang``: its own language's and English."""
-    if lang not in LANG_NAMES:
-        raise ValueError(f"no demo measure in {lang!r}; measured: {', '.join(LANG_NAMES)}")
-    return {lang: f"{LANG_NAMES[lang]} question", "en": "English question"}
+    return {lang: f"{language_name(lang)} question", "en": "English question"}
 
 
 def conditions(lang: str = "sw") -> tuple[str, ...]:
@@ -322,7 +334,7 @@ def conditions(lang: str = "sw") -> tuple[str, ...]:
 
 
 def condition_names(lang: str = "sw") -> dict[str, str]:
-    name = LANG_NAMES[lang]
+    name = language_name(lang)
     return {lang: f"own {name} question", lang + OTHER: f"another item's {name} question",
             "en": "own English question", "en" + OTHER: "another item's English question"}
 
@@ -386,8 +398,8 @@ def effect_specs(swaps: Sequence[str], control: str | None = None,
     """The statistics of the demo result, the first one primary. ``swaps``: the measured swap
     with each seed's language expert (``what`` names it); ``control``: the same swap with the
     control expert's outer layers; ``default``: the app's default swap (first seed) where it is
-    another swap. ``lang``: the question language (``LANG_NAMES``)."""
-    pooled, qs, name = list(swaps), questions(lang), LANG_NAMES[lang]
+    another swap. ``lang``: the question language (``measured_languages``)."""
+    pooled, qs, name = list(swaps), questions(lang), language_name(lang)
     what = f"{what} ({len(pooled)} seeds pooled)" if len(pooled) > 1 else what
     specs = [dict(key="primary", label=f"{what} vs math expert, {name} question, "
                   "question-specific", models=pooled, vs=MATH, question=lang, specific=True),
@@ -465,7 +477,11 @@ def _p(p: float | None) -> str:
     return "n/a" if p is None or math.isnan(p) else (f"{p:.2g}" if p >= 1e-4 else "<1e-4")
 
 
-CONDITION_NAMES = {k: v for lang in LANG_NAMES for k, v in condition_names(lang).items()}
+def condition_label(cond: str) -> str:
+    """A condition key's words ("sw-other" -> "another item's Swahili question"), in any
+    language the demo measures; the key itself otherwise."""
+    return next((names[cond] for lang in measured_languages()
+                 if cond in (names := condition_names(lang))), cond)
 
 
 def means_table(means: Sequence[dict]) -> str:
@@ -473,7 +489,7 @@ def means_table(means: Sequence[dict]) -> str:
     conds = list(dict.fromkeys(m["condition"] for m in means))
     models = list(dict.fromkeys(m["model"] for m in means))
     cell = {(m["model"], m["condition"]): m for m in means}
-    lines = ["| model | " + " | ".join(CONDITION_NAMES.get(c, c) for c in conds) + " |",
+    lines = ["| model | " + " | ".join(condition_label(c) for c in conds) + " |",
              "|---|" + "---:|" * len(conds)]
     for m in models:
         cells = [(lambda c: "" if c is None else f"{c['mean']:.3f} [{c['ci_low']:.3f}, "
