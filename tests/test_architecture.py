@@ -387,3 +387,16 @@ def test_the_limits_table_lists_every_max_variable_the_code_reads():
     assert set(rows) == read, (sorted(read - set(rows)), sorted(set(rows) - read))
     for f in fields(Limits):
         assert rows[f.name.upper()] == str(f.default), f.name
+
+
+def test_performance_page_is_short_and_bench_readme_names_every_script():
+    """docs/performance.md holds the current figures, not the history (that is
+    docs/CHANGELOG-performance.md): under 300 lines. bench/README.md indexes the benchmarks:
+    every ``bench/*.py`` script is named in it (as ``name.py``)."""
+    lines = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) < 300, f"docs/performance.md has {len(lines)} lines (< 300)"
+    index = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
+    scripts = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+    assert scripts
+    missing = [s for s in scripts if f"`{s}`" not in index]
+    assert not missing, f"bench/README.md does not name {missing}"
