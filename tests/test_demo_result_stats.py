@@ -276,7 +276,14 @@ def test_equal_weights_have_equal_fingerprints_and_any_change_shows(tiny, one_th
     assert weights_fingerprint(live.model) != first
 
 
-def test_the_control_recipe_mirrors_the_reading_recipe_without_swahili():
+def test_english_numbers_are_written_out():
+    from layerswap_core.training import recipes as R
+
+    assert R.english_number(345) == "three hundred forty-five"
+    assert R.english_number(12_019) == "twelve thousand nineteen"
+
+
+def test_the_control_recipe_mirrors_the_reading_recipe_without_swahili(freedict):
     """english-control: as many rows of each kind as swahili-reading, none with a Swahili
     prompt or a Swahili statement."""
     from layerswap_core.training import recipes as R
@@ -287,8 +294,6 @@ def test_the_control_recipe_mirrors_the_reading_recipe_without_swahili():
     text = [m["content"] for r in ctl for m in r["messages"]]
     assert not any(s in t for s in swahili for t in text[:50])
     assert not any(w in t for t in text for w in ("Tafsiri", "Andika", "Kiswahili", "mia "))
-    assert R.english_number(345) == "three hundred forty-five"
-    assert R.english_number(12_019) == "twelve thousand nineteen"
 
 
 def test_an_adapter_scaled_to_another_changes_each_weight_by_as_much(tiny, tmp_path):
