@@ -400,3 +400,23 @@ def test_performance_page_is_short_and_bench_readme_names_every_script():
     assert scripts
     missing = [s for s in scripts if f"`{s}`" not in index]
     assert not missing, f"bench/README.md does not name {missing}"
+
+
+def test_architecture_md_names_every_module_of_each_room_once():
+    """ARCHITECTURE.md's table has one row per room of layerswap_core (every package but the
+    CLI face), and its modules column lists exactly the room's modules, each once."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    rows = re.findall(r"^\| `([a-z_]+)/` \| ([^|]*) \|", (root / "ARCHITECTURE.md")
+                      .read_text(encoding="utf-8"), flags=re.M)
+    rooms = sorted(p.parent.name for p in (root / "layerswap_core").glob("*/__init__.py")
+                   if p.parent.name != "cli")
+    assert sorted(room for room, _ in rows) == rooms
+    for room, cell in rows:
+        listed = re.findall(r"`([a-z_]+)`", cell)
+        have = sorted(p.stem for p in (root / "layerswap_core" / room).glob("*.py")
+                      if p.stem != "__init__")
+        assert sorted(listed) == have, (room, sorted(set(have) - set(listed)),
+                                        sorted(set(listed) - set(have)),
+                                        [m for m in listed if listed.count(m) > 1])
