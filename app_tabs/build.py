@@ -119,8 +119,11 @@ class BuildTab(PageBase):
                 self.zip_file = gr.File(label="Download")
             # only with a token and the network, and never with the server's token for visitors
             # (served: with the signed-in visitor's own token, into their own namespace)
-            with gr.Row(visible=self.oauth or (wb.hub_token() is not None
-                                               and not self.access.served)):
+            self.can_push = self.oauth or (wb.hub_token() is not None and not self.access.served)
+            if not self.can_push:
+                gr.Markdown("Push to the Hub: set `HF_TOKEN` and run locally, or sign in on a "
+                            "Space (visitors never push with the server's token).")
+            with gr.Row(visible=self.can_push):
                 self.repo_id = gr.Textbox(label="Push to the Hub as",
                                           placeholder="your-name/merged-model",
                                           max_length=LIMITS.ref_chars)

@@ -129,9 +129,12 @@ class PageBase:
         ``config`` (None: not valid now), the others the session's build."""
         if session is None:
             return {getattr(self, name): "" for name in LABELS}
+        labels = dict(LABELS)
+        if not getattr(self, "can_push", True):   # no Push control on this page
+            labels["saves_label"] = "Save and Zip write"
         return {getattr(self, name): acts_on(who, session.built_config, config,
                                              session.num_layers, builds=name == "build_label")
-                for name, who in LABELS.items()}
+                for name, who in labels.items()}
 
     def banner(self, session) -> dict:
         text = wb.banner(session)

@@ -81,7 +81,8 @@ class SweepTab(PageBase):
                 self.sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
                                              value="nll", label="Score")
                 self.sweep_shots = gr.Slider(0, LIMITS.shots, value=0, step=1, label="Shots",
-                                             info="MGSM: its standard exemplars, in order",
+                                             info="MGSM: its 8 standard exemplars, in order; GSM-Symbolic: "
+                                                  "training templates, never the scored ones",
                                              elem_id="sweep-shots")
             self.sweep_estimate = gr.Markdown(elem_id="sweep-estimate")
             with gr.Row():

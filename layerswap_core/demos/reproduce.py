@@ -126,8 +126,8 @@ class _Measurer:
                 live.model, tok, [render_chat(tok, it.question) for it in asked],
                 [reading_target(it) for it in en],
                 [None if answer_is_copied(it) else it.answer for it in en],
-                progress=lambda f, m: self.tell(len(en), f, f"{what}, after the "
-                                                f"{condition_label(cond)}: {m}"))
+                progress=lambda f, m: self.tell(len(en), f, f"{what}, after "
+                                                f"{_with_article(condition_label(cond))}: {m}"))
             if self.on_measured:
                 self.on_measured(key, self.measured[key])
         self.tell(len(en), 1.0, None)
@@ -401,3 +401,11 @@ def sweep_markdown(res: dict) -> str:
                  f"{s['transition_bottom']}/{s['transition_top']}"
                  + (f", partition {s['partition']}" if s.get("partition") else "") + ".")
     return text
+
+
+def _with_article(words: str) -> str:
+    """"its own Swahili question", "another item's Swahili question" (the bar's words): never
+    "the another item's"."""
+    if words.startswith("own "):
+        return f"its {words}"
+    return words if words.startswith(("another", "the ")) else f"the {words}"
