@@ -123,12 +123,13 @@ CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run")
 
 
-def serve_locally(refs: dict[str, str] | None = None) -> tuple[gr.Blocks, str]:
-    """The app (``build_demo(refs)``) on a free port of 127.0.0.1, without blocking: (demo, its
-    URL). ``demo.close()`` stops it."""
+def serve_locally(refs: dict[str, str] | None = None,
+                  served: bool | None = None) -> tuple[gr.Blocks, str]:
+    """The app (``build_demo(refs, served)``) on a free port of 127.0.0.1, without blocking:
+    (demo, its URL). ``demo.close()`` stops it."""
     import socket
 
-    demo = build_demo(refs)
+    demo = build_demo(refs, served)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -10,7 +10,7 @@ from layerswap_core.evaluation.languages import LANGUAGES
 from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_message,
                                            example_languages, examples_code, plain_history)
 from layerswap_core.workbench.demo import trio_in_use
-from layerswap_core.workbench.served import LIMITS, Cancelled
+from layerswap_core.workbench.served import LIMITS, limits_for, Cancelled
 
 from .common import PageBase, chat_slots, ok, warn
 
@@ -105,7 +105,7 @@ class ChatTab(PageBase):
             with gr.Row():
                 self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                               value="task expert", label="Compare with")
-                self.chat_tokens = gr.Slider(16, LIMITS.new_tokens, value=96, step=16,
+                self.chat_tokens = gr.Slider(16, limits_for(self.access).new_tokens, value=96, step=16,
                                              label="Max new tokens", elem_id="chat-tokens")
                 self.chat_temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                                   label="Temperature (0 = greedy)")

@@ -8,7 +8,7 @@ from layerswap_core.workbench import session as wb
 from layerswap_core.demos.reproduce import chosen_words, headline, sweep_markdown
 from layerswap_core.workbench.demo import (demo_story, measured_chart, measured_markdown,
                                             result_chart, trio_in_use)
-from layerswap_core.workbench.served import LIMITS, Cancelled
+from layerswap_core.workbench.served import limits_for, Cancelled
 
 from .common import PageBase, gr_progress, guarded, heavy_slots, ok
 
@@ -97,7 +97,7 @@ class DemoSection(PageBase):
             with gr.Accordion("The measured tables", open=False):
                 self.demo_measured = gr.Markdown(measured_markdown(trio), elem_id="demo-measured")
             with gr.Row():
-                self.demo_n = gr.Slider(2, LIMITS.eval_questions, value=8, step=1,
+                self.demo_n = gr.Slider(2, limits_for(self.access).eval_questions, value=8, step=1,
                                         label=slider_label(trio), elem_id="demo-n")
                 self.demo_btn = gr.Button("Reproduce the demo result", elem_id="demo-btn")
                 self.demo_cancel = gr.Button("Cancel", variant="stop", elem_id="demo-cancel")

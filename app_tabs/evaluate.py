@@ -10,7 +10,7 @@ from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.demo import trio_in_use
 from layerswap_core.workbench.evaluate import (SUMMARY_HEADERS, EvalResult, data_default,
                                                evaluate_roles, evaluation_note)
-from layerswap_core.workbench.served import LIMITS, as_text
+from layerswap_core.workbench.served import limits_for, as_text
 
 from .common import LANGS, PageBase, gr_progress, guarded, heavy_slots, ok
 
@@ -73,9 +73,9 @@ class EvaluateTab(PageBase):
                                        value=source, label="Data")
                 self.eval_lang = gr.Dropdown(LANGS, value=trio.defaults["eval_lang"],
                                              label="Language")
-                self.n_items = gr.Slider(1, LIMITS.eval_questions, value=2, step=1,
+                self.n_items = gr.Slider(1, limits_for(self.access).eval_questions, value=2, step=1,
                                          label="Questions", elem_id="n-items")
-                self.shots = gr.Slider(0, LIMITS.shots, value=2, step=1, label="Shots",
+                self.shots = gr.Slider(0, limits_for(self.access).shots, value=2, step=1, label="Shots",
                                        elem_id="shots")
             with gr.Row():  # made in the API's parameter order
                 self.cot = gr.Checkbox(False, label="Chain of thought", min_width=160)
@@ -83,7 +83,7 @@ class EvaluateTab(PageBase):
                                               value=list(wb.ROLE_LABELS.values()), label="Models",
                                               elem_id="eval-roles")
                 with gr.Column(min_width=160):
-                    self.eval_tokens = gr.Slider(8, LIMITS.new_tokens, value=64, step=8,
+                    self.eval_tokens = gr.Slider(8, limits_for(self.access).new_tokens, value=64, step=8,
                                                  label="Max new tokens", elem_id="eval-tokens")
                     self.chat_template = gr.Checkbox(False, label="Chat template")
             # the estimate as the sliders stand; their maxima fit this server's job budget

@@ -8,7 +8,7 @@ import pandas as pd
 from layerswap_core.evaluation import registry
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.evaluate import data_default
-from layerswap_core.workbench.served import LIMITS, as_text
+from layerswap_core.workbench.served import LIMITS, limits_for, as_text
 from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
 
 from .common import LANGS, PageBase, gr_progress, guarded, heavy_slots, ok
@@ -76,7 +76,7 @@ class SweepTab(PageBase):
                 self.sweep_source = gr.Radio(registry.source_choices("sweep", first="gsm-symbolic"),
                                              value="gsm-symbolic", label="Data")
                 self.sweep_lang = gr.Dropdown(LANGS, value="sw", label="Language")
-                self.sweep_n = gr.Slider(1, LIMITS.sweep_items, value=4, step=1, label="Items",
+                self.sweep_n = gr.Slider(1, limits_for(self.access).sweep_items, value=4, step=1, label="Items",
                                          elem_id="sweep-n")
                 self.sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
                                              value="nll", label="Score")

@@ -29,7 +29,9 @@ def tiny_page(tiny):
     d = wb.dispatcher()
     before = d.job_seconds
     d.job_seconds = BUDGET
-    demo, url = serve_locally({role: str(tiny[role]) for role in ("base", "task", "lang")})
+    # served mode: the caps and the budget are a shared server's (local mode has neither)
+    demo, url = serve_locally({role: str(tiny[role]) for role in ("base", "task", "lang")},
+                              served=True)
     yield url
     demo.close()
     d.job_seconds = before
@@ -46,7 +48,7 @@ def test_the_sliders_offer_what_the_budget_runs_and_the_estimate_shows(tiny_page
     from layerswap_core.workbench import session as wb
     from layerswap_core.workbench.evaluate import (evaluation_caps, evaluation_line,
                                                    session_roles)
-    from layerswap_core.workbench.served import LIMITS
+    from layerswap_core.workbench.served import LIMITS, Access
     from layerswap_core.workbench.sweep import sweep_caps
 
     with sync_playwright() as pw:
@@ -60,7 +62,8 @@ def test_the_sliders_offer_what_the_budget_runs_and_the_estimate_shows(tiny_page
             # the warm-up's measurement on these models, then the maxima that follow it
             expect(line).to_contain_text("tokens/s, measured on these models here",
                                          timeout=180_000)
-            session, _ = wb.open_session(*(str(tiny[r]) for r in ("base", "task", "lang")))
+            refs = [str(tiny[r]) for r in ("base", "task", "lang")]
+            session, _ = wb.open_session(*refs, access=Access.from_env(True, trusted=refs))
             n, t = evaluation_caps(session)
             assert (n, t) < (LIMITS.eval_questions, LIMITS.new_tokens)   # the budget binds
             questions = page.locator("#n-items input[type=range]")

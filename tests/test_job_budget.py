@@ -9,7 +9,7 @@ from layerswap_core.engines.dispatch import TooLong, _zero_duration
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.evaluate import (HEADROOM, evaluation_caps, evaluation_line,
                                                evaluation_seconds, session_roles)
-from layerswap_core.workbench.served import LIMITS
+from layerswap_core.workbench.served import LIMITS, LOCAL_LIMITS, Access
 from layerswap_core.workbench.sweep import sweep_caps, sweep_line, sweep_seconds
 
 # a measured speed on a 2-core CPU (issue #51: the page's own maxima were estimated ~54 min)
@@ -18,9 +18,32 @@ SLOW = 6.3
 
 @pytest.fixture(scope="module")
 def session(tiny):
-    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    """A served visitor's session: the caps and the job budget are a shared server's."""
+    refs = [str(tiny[r]) for r in ("base", "task", "lang")]
+    s, report = wb.open_session(*refs, access=Access.from_env(True, trusted=refs))
     assert report.ok, report.problems
     return s
+
+
+def test_local_mode_is_the_users_own(tiny, speed):
+    """On one's own machine the sliders go to what the data and the model allow (no served
+    caps, no job budget); the estimate is shown, without a server's allowance."""
+    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    assert report.ok and not s.access.served
+    speeds = wb.dispatcher().speeds
+    speeds[s.trio] = SLOW
+    try:
+        assert evaluation_caps(s) == (LOCAL_LIMITS.eval_questions, LOCAL_LIMITS.new_tokens)
+        assert sweep_caps(s) == LOCAL_LIMITS.sweep_items > LIMITS.sweep_items
+        line = evaluation_line(s, LOCAL_LIMITS.eval_questions, 256, ["task expert"])
+        assert line.startswith("About ") and "allows" not in line and "⚠" not in line, line
+        job = s.job("evaluate", {"task": "task"}, [None] * 250, max_new_tokens=256)
+        assert not job.budgeted and wb.dispatcher()._admit(job) == float("inf")   # no TooLong
+        # a grid over the served cap is fine here; served, the line refuses it before Run
+        assert sweep_line(s, "bottom / top", "0-5", "0-4", 4, "nll").startswith("30 configurations.")
+    finally:
+        speeds.pop(s.trio, None)
+        wb.close_session(s)
 
 
 @pytest.fixture
@@ -75,6 +98,9 @@ def test_the_sweep_maxima_fit_the_budget_at_the_measured_speed(session, speed):
     line = sweep_line(session, "bottom / top", "0-4", "0-4", n, "accuracy")
     assert line.startswith("25 configurations. About "), line
     assert sweep_line(session, "bottom / top", "0,x", "0", n, "nll").startswith("⚠ bottom")
+    # a grid over the server's cap is refused by the line, before Run
+    assert sweep_line(session, "bottom / top", "0-5", "0-4", n, "nll") == \
+        f"⚠ 30 configurations: this server allows {LIMITS.sweep_cells} per sweep."
     speed(1000.0)
     assert sweep_caps(session) == LIMITS.sweep_items
 

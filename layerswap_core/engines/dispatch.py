@@ -163,7 +163,7 @@ class Dispatcher:
 
     def _admit(self, job: J.Job) -> float:
         """The job's deadline (monotonic); TooLong when its estimate is over the budget."""
-        if job.kind in LIGHT:
+        if job.kind in LIGHT or not job.budgeted:
             return float("inf")
         est = self.estimate(job)
         if est > self.job_seconds:
@@ -206,7 +206,8 @@ class Dispatcher:
         """The visitor's slot for work done in this process without an engine (saving,
         analysing deltas): yields the guarded progress (Cancel, the time budget)."""
         with self.claim(job) as v:
-            yield self._guard(v, time.monotonic() + self.job_seconds, progress)
+            budget = self.job_seconds if job.budgeted else float("inf")
+            yield self._guard(v, time.monotonic() + budget, progress)
 
     def _estimated(self, job: J.Job) -> J.Job:
         """``job`` carrying its estimate: on ZeroGPU the duration asked for (``_zero_duration``)

@@ -53,6 +53,9 @@ class Job:
     # who the visitor is across their pages (a signed-in user's name): one heavy job per person
     # (``engines.dispatch``); empty: the page (``visitor``) is the person
     person: str = ""
+    # held to the dispatcher's time budget (LAYERSWAP_MAX_JOB_SECONDS): a served visitor's job;
+    # False on one's own machine (local mode), where the page shows the estimate instead
+    budgeted: bool = True
 
     @property
     def scores_only(self) -> bool:

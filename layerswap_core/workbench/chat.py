@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from ..engines.jobs import context_tokens, fit_context  # noqa: F401  (the chat's context rules)
 from ..evaluation import languages
 from ..evaluation.languages import LANGUAGES
-from .served import LIMITS, WorkbenchError, bounded, capped
+from .served import LIMITS, WorkbenchError, bounded, capped, limits_for
 from .session import Session, dispatcher
 
 # Examples per language of the language expert come from the one table of languages
@@ -131,7 +131,8 @@ def chat_turn(session: Session, message: str, history: list[dict] | None, role: 
     The prompt keeps the newest turns that fit the model's context; generation stops at
     ``deadline`` (``time.monotonic()``; default LIMITS.request_seconds from now)."""
     text = check_chat_message(message, history)
-    max_new_tokens = bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
+    max_new_tokens = bounded("max new tokens", max_new_tokens, 1,
+                             limits_for(session.access).new_tokens)
     turns = plain_history(history)
     what = session.what(role)
     deadline = time.monotonic() + LIMITS.request_seconds if deadline is None else deadline

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .served import LIMITS, Progress, WorkbenchError, bounded
+from .served import Progress, WorkbenchError, bounded, limits_for
 from .session import ROLE_LABELS, Session, dispatcher
 from ..evaluation.data import mgsm_help, mgsm_reachable
 from ..evaluation.registry import (by_label, default_exemplars, load_items, task_spec,
@@ -54,8 +54,11 @@ def evaluation_caps(session: Session) -> tuple[int, int]:
     """(questions, max new tokens): the Evaluate sliders' maxima on this server. Every model
     at both maxima is estimated within ``HEADROOM`` of the job budget; the server's limits
     (``LIMITS``) scaled down together when it is not."""
+    limits = limits_for(session.access)
+    questions, tokens = limits.eval_questions, limits.new_tokens
+    if not session.access.served:   # one's own machine: no job budget (the estimate is shown)
+        return questions, tokens
     roles, budget = session_roles(session), HEADROOM * dispatcher().job_seconds
-    questions, tokens = LIMITS.eval_questions, LIMITS.new_tokens
     for percent in range(100, 0, -1):
         n = max(1, questions * percent // 100)
         t = max(8, tokens * percent // 100 // 8 * 8)    # the slider's steps of 8
@@ -86,6 +89,8 @@ def estimate_line(seconds: float, session: Session, scoring: bool = False) -> st
     """The estimate of a job before it runs, against the server's budget (one line)."""
     budget = dispatcher().job_seconds
     speed = speed_words(session, scoring)
+    if not session.access.served:
+        return f"About {minutes(seconds)} ({speed})."
     if seconds > budget:
         return (f"⚠ About {minutes(seconds)} ({speed}): over the "
                 f"{minutes(budget)} this server allows per job.")
@@ -119,9 +124,10 @@ def evaluate_roles(session: Session, source: str = "mgsm", lang: str = "sw", n: 
                    max_new_tokens: int = 64, chat_template: bool = False,
                    progress: Progress | None = None) -> EvalResult:
     """Side-by-side evaluation of the chosen models on the first ``n`` items."""
-    n = bounded("number of questions", n, 1, LIMITS.eval_questions)
-    shots = bounded("shots", shots, 0, LIMITS.shots)
-    max_new_tokens = bounded("max new tokens", max_new_tokens, 1, LIMITS.new_tokens)
+    limits = limits_for(session.access)
+    n = bounded("number of questions", n, 1, limits.eval_questions)
+    shots = bounded("shots", shots, 0, limits.shots)
+    max_new_tokens = bounded("max new tokens", max_new_tokens, 1, limits.new_tokens)
     if not roles:
         raise WorkbenchError("choose at least one model to evaluate")
     what = {ROLE_LABELS[r]: session.what(r) for r in roles}

@@ -84,6 +84,16 @@ class Limits:
 
 
 LIMITS = Limits.from_env()
+# Local mode (one user on their own machine) is theirs: the work a request may ask for is bounded
+# by the data and the model (MGSM has 250 questions), not by a shared server's caps or budget.
+LOCAL_LIMITS = replace(LIMITS, eval_questions=250, new_tokens=1024, sweep_cells=400,
+                       sweep_items=250)
+
+
+def limits_for(access) -> Limits:
+    """The work limits of a page or session: the server's (``LIMITS``, from the environment)
+    when it serves visitors, ``LOCAL_LIMITS`` on one's own machine."""
+    return LIMITS if access.served else LOCAL_LIMITS
 
 
 def capped(name: str, text, limit: int) -> str:

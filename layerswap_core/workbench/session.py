@@ -283,7 +283,8 @@ class Session:
 
     def job(self, kind: str, what=None, items=(), **settings) -> Job:
         """A plain-data job of this visitor on this session's engine."""
-        return Job(kind, self.trio, self.id, what, list(items), settings, person=self.person)
+        return Job(kind, self.trio, self.id, what, list(items), settings, person=self.person,
+                   budgeted=self.access.served)
 
 
 def dispatcher() -> Dispatcher:

@@ -13,7 +13,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import replace
 
-from .served import LIMITS, Progress, WorkbenchError, bounded, capped
+from .served import LIMITS, Progress, WorkbenchError, bounded, capped, limits_for
 from .session import Session, dispatcher
 from ..engines.jobs import register_kind, tally
 from ..evaluation.registry import load_items
@@ -87,9 +87,12 @@ def sweep_seconds(session: Session, cells: int, n: int, metric: str = "nll") -> 
 def sweep_caps(session: Session) -> int:
     """The most items the Sweep slider offers on this server: the largest grid scored by
     accuracy (the slower score) is estimated within ``HEADROOM`` of the job budget."""
+    limits = limits_for(session.access)
+    if not session.access.served:   # one's own machine: no job budget (the estimate is shown)
+        return limits.sweep_items
     budget = HEADROOM * dispatcher().job_seconds
-    for n in range(LIMITS.sweep_items, 1, -1):
-        if sweep_seconds(session, LIMITS.sweep_cells, n, "accuracy") <= budget:
+    for n in range(limits.sweep_items, 1, -1):
+        if sweep_seconds(session, limits.sweep_cells, n, "accuracy") <= budget:
             return n
     return 1
 
@@ -105,6 +108,9 @@ def sweep_line(session: Session | None, axes: str, x_values: str, y_values: str,
                  * len(parse_values(y_values, fy.replace("_", " "), session.num_layers)))
     except WorkbenchError as e:
         return f"⚠ {e}"
+    cap = limits_for(session.access).sweep_cells
+    if cells > cap:   # said before Run, not after
+        return f"⚠ {cells} configurations: this server allows {cap} per sweep."
     return f"{cells} configurations. " + estimate_line(sweep_seconds(session, cells, n, metric),
                                                        session, scoring=metric == "nll")
 
@@ -173,10 +179,11 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
     fx, fy = SWEEP_AXES[axes]
     xs = parse_values(x_values, fx.replace("_", " "), session.num_layers)
     ys = parse_values(y_values, fy.replace("_", " "), session.num_layers)
-    if len(xs) * len(ys) > LIMITS.sweep_cells:
+    limits = limits_for(session.access)
+    if len(xs) * len(ys) > limits.sweep_cells:
         raise WorkbenchError(f"{len(xs)} x {len(ys)} = {len(xs) * len(ys)} configurations; this "
-                             f"server allows {LIMITS.sweep_cells} per sweep")
-    n = bounded("sweep questions", n, 1, LIMITS.sweep_items)
+                             f"server allows {limits.sweep_cells} per sweep")
+    n = bounded("sweep questions", n, 1, limits.sweep_items)
     items = load_items(source, lang, n)
     if metric == "nll" and not all(it.solution for it in items):
         raise WorkbenchError("gold NLL needs worked solutions: use GSM-Symbolic, or score by accuracy")
