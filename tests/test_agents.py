@@ -251,8 +251,6 @@ def alias_bomb(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 64 High 1: the aliases expand at json.dumps "
-                                       "(593 million characters from 480)")
 def test_a_yaml_alias_bomb_is_refused_before_it_expands(tiny, tmp_path):
     from bounded import assert_refused, run_attack
 
