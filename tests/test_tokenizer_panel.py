@@ -113,3 +113,26 @@ def test_the_models_check_shows_the_panel_where_something_differs(tiny, tmp_path
     assert report.ok
     assert "**Tokenizers and chat templates**\n- ⚠ language expert vs task expert: eos token " \
            "'<|endoftext|>'" in report.markdown()
+
+
+def _cycled_template(n: int, step: int) -> str:
+    """``n`` lines, each one of 100 comment lines (every one repeated, below difflib's "popular"
+    cut), in an order set by ``step``: two such templates are difflib's slow case."""
+    return "\n".join(f"{{# line {(i * step) % 100} #}}" for i in range(n)) + "\n"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 64 High 3: difflib on two long templates is "
+                                       "quadratic (196 s for two 133 KB templates)")
+def test_two_30000_line_templates_are_compared_within_seconds(source, tmp_path):
+    from bounded import assert_bounded, run_attack
+
+    task, lang = tokenizer_copy(source, tmp_path / "task"), tokenizer_copy(source, tmp_path / "lang")
+    (task / "chat_template.jinja").write_text(_cycled_template(30_000, 1), encoding="utf-8")
+    (lang / "chat_template.jinja").write_text(_cycled_template(30_000, 7), encoding="utf-8")
+    setup = f"""
+        from layerswap_core.checkpoints.tokenizer_panel import tokenizer_panel
+        paths = {{"task": {str(task)!r}, "lang": {str(lang)!r}}}
+    """
+    r = run_attack(setup, "(lambda p: p.warnings + p.details)(tokenizer_panel(paths))")
+    assert_bounded(r)
+    assert "chat templates differ" in r.message
