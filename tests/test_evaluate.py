@@ -399,3 +399,21 @@ def test_one_chat_renderer_for_chat_the_demo_and_the_trainer(tiny_lm):
     assert plain.decode(prompt).endswith(render_chat(plain, "2+3?"))
     assert plain.decode([i for i in labels if i != IGNORE]) == "5\n" + plain.eos_token
     assert task.extract("so 2+3=5 #### 5").flexible == "5" and task.correct("5", "5")
+
+
+NESTED_LOOPS = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 64 High 4: a chat template's loops run unbounded "
+                                       "(10^10 iterations, Chat never answers)")
+def test_a_chat_template_of_nested_loops_is_refused_within_seconds(tiny):
+    from bounded import assert_refused, run_attack
+
+    setup = f"""
+        from transformers import AutoTokenizer
+        from layerswap_core.inference.prompts import render_chat
+        tok = AutoTokenizer.from_pretrained({str(tiny['task'])!r})
+        tok.chat_template = {NESTED_LOOPS!r}
+    """
+    assert_refused(run_attack(setup, "render_chat(tok, 'hi')"), "chat template")
