@@ -32,7 +32,7 @@ print("START", _before, flush=True)
 _t = time.monotonic()
 try:
     _value = ({attack})
-    _out = {{"refused": False, "message": repr(_value)[:500]}}
+    _out = {{"refused": False, "message": repr(_value)[:20000]}}
 except Exception as _e:
     _out = {{"refused": True, "type": type(_e).__name__, "message": str(_e)}}
 _out["seconds"] = time.monotonic() - _t

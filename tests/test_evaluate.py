@@ -405,8 +405,6 @@ NESTED_LOOPS = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endf
                 "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 64 High 4: a chat template's loops run unbounded "
-                                       "(10^10 iterations, Chat never answers)")
 def test_a_chat_template_of_nested_loops_is_refused_within_seconds(tiny):
     from bounded import assert_refused, run_attack
 
@@ -416,4 +414,54 @@ def test_a_chat_template_of_nested_loops_is_refused_within_seconds(tiny):
         tok = AutoTokenizer.from_pretrained({str(tiny['task'])!r})
         tok.chat_template = {NESTED_LOOPS!r}
     """
-    assert_refused(run_attack(setup, "render_chat(tok, 'hi')"), "chat template")
+    assert_refused(run_attack(setup, "render_chat(tok, 'hi')"), "chat template runs past")
+
+
+# each a chat template's way to take hours or gigabytes, and the bound that refuses it
+TEMPLATE_BATTERY = {
+    "{{ ('a' * 1000000000)|length }}": "a product",
+    "{{ ([1] * 100000) * 100000 }}": "a product",
+    "{{ 7 ** 999999999 }}": "a power",
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}": "too deeply",
+    "{% for i in range(100000) %}{{ range(100000)|join(',') }}{% endfor %}": "writes over",
+    "{{ range(100000)|map('string')|join('x' * 900000) }}": "a joined string",
+    "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}":
+        "runs past",
+    "{% set ns = namespace(a=['x' * 1000]) %}{% for i in range(64) %}{% set ns.a = [ns.a, ns.a]"
+    " %}{% endfor %}{{ ns.a|tojson }}": "a value",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}{{ ns.s|length }}": "a value",
+    "{{ '%999999999d' % 1 }}": "field width",
+    "{{ '{:>999999999}'.format(1) }}": "field width",
+    "{{ ('{0}' * 300000).format('y' * 900000) }}": "a formatted string",
+    "{{ ('a' * 100000)|replace('a', 'b' * 100000) }}": "a replaced string",
+    "{{ ('a' * 100000).replace('a', 'b' * 100000) }}": "a replaced string",
+    "{{ ('\n' * 500000)|indent(1000) }}": "an indented string",
+    "{{ 'x'|center(1000000000) }}": "passes the number",
+    "{{ ('\t' * 500000).expandtabs(1000) }}": "an expanded string",
+}
+
+
+def test_a_battery_of_hostile_chat_templates_is_refused_in_one_line_each(tiny):
+    """Loops, recursion, products, powers, joins, formats and doublings: every one refused in
+    one line naming its bound, all of them together within seconds and 100 MB."""
+    from bounded import assert_bounded, run_attack
+
+    setup = f"""
+        from transformers import AutoTokenizer
+        from layerswap_core.inference.prompts import ChatTemplateError, render_chat
+        tok = AutoTokenizer.from_pretrained({str(tiny['task'])!r})
+        def refusal(template):
+            tok.chat_template = template
+            try:
+                return "rendered " + render_chat(tok, "hi")[:80]
+            except ChatTemplateError as e:
+                return str(e)
+        battery = {list(TEMPLATE_BATTERY)!r}
+    """
+    r = run_attack(setup, "[refusal(t) for t in battery]")
+    assert_bounded(r)
+    answers = eval(r.message)   # noqa: S307 - the repr of a list of strings, from our child
+    for (template, words), answer in zip(TEMPLATE_BATTERY.items(), answers):
+        assert answer.startswith("the chat template ") and answer.endswith(": refused"), answer
+        assert words in answer and "\n" not in answer, (template, answer)
