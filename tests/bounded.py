@@ -106,8 +106,9 @@ def assert_bounded(r: Attack, *, mb: float = 100, seconds: float = 5) -> None:
     """The attack ended by itself within ``seconds``, the process grown by less than ``mb``
     MB (the issue's acceptance)."""
     assert r.killed is None, f"{r.killed}: {r.message[-500:]}"
-    assert r.seconds < seconds, f"{r.seconds:.1f} s: {r.message}"
-    assert r.grown_mb < mb, f"grew {r.grown_mb:.0f} MB: {r.message}"
+    cost = f"{r.seconds:.1f} s, grown {r.grown_mb:.0f} MB: {r.message[:500]}"
+    assert r.seconds < seconds, cost
+    assert r.grown_mb < mb, cost
     print(f"answered in {r.seconds:.2f} s, grown {r.grown_mb:.1f} MB: {r.message}")
 
 

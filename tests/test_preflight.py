@@ -7,7 +7,9 @@ swapped in its tokenizer.json).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -286,3 +288,36 @@ def test_check_names_a_special_token_that_differs(fake_hub, capsys):
     assert "the merge writes the task expert's tokenizer files and chat template " \
            "(tokenizer_source)" in out
     assert out[-1].startswith("compatible")
+
+
+def _hostile_header(nbytes: int) -> bytes:
+    """A safetensors file that is all header: ``nbytes`` of JSON (one metadata string)."""
+    head = b'{"__metadata__":{"pad":"'
+    body = head + b"a" * (nbytes - len(head) - 3) + b'"}}'
+    return struct.pack("<Q", len(body)) + body
+
+
+@pytest.mark.xfail(strict=True, reason="issue 64 High 2: the pre-flight reads safetensors "
+                                       "headers of up to 100 MiB each, as many files as listed")
+def test_weight_files_of_99_mib_headers_are_refused_from_their_lengths(tiny):
+    """Three weight files of ~99 MiB headers (0.3 GB listed, far under the download cap): the
+    pre-flight refuses them from their 8-byte lengths, within seconds and 100 MB."""
+    from bounded import assert_bounded, run_attack
+
+    evil = _hostile_header(99 << 20)
+    fh = CountingHub({"evil/headers": {"config.json": (tiny["task"] / "config.json").read_bytes(),
+                                       **{f"model-0000{i}-of-00003.safetensors": evil
+                                          for i in (1, 2, 3)}},
+                      "fake/lang": tiny["lang"]})
+    try:
+        setup = """
+            from layerswap_core.checkpoints.preflight import preflight
+            refs = {"task": "evil/headers", "lang": "fake/lang"}
+        """
+        env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": fh.url}
+        r = run_attack(setup, f"preflight(refs, endpoint={fh.url!r}).refusal", env=env)
+    finally:
+        fh.close()
+    assert_bounded(r)
+    assert "task evil/headers: " in r.message and "header" in r.message, r.message
+    assert sum(fh.sent.values()) < 1 * MB, fh.sent
