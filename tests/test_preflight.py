@@ -403,3 +403,25 @@ def test_too_many_weight_files_too_many_tensors_and_a_slow_hub_are_refused(tiny,
         pf = preflight({"task": "fake/task"}, endpoint=fh.url)
         assert pf.problems == ["task fake/task: the pre-flight ran past 0 s (the Hub answers too "
                                "slowly); try again later"]
+
+
+def test_deeply_nested_json_in_a_model_is_one_line_not_a_traceback(tiny, tmp_path, capsys):
+    """config.json, tokenizer_config.json, tokenizer.json and a safetensors header nested
+    100,000 deep (Python's parser recurses per level): `layerswap check` refuses in one line."""
+    from layerswap_core.cli import main
+
+    deep = "[" * 100_000 + "]" * 100_000
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors"):
+        lang = tmp_path / name / "lang"
+        shutil.copytree(tiny["lang"], lang)
+        if name == "model.safetensors":
+            (lang / name).write_bytes(struct.pack("<Q", len(deep)) + deep.encode())
+        else:
+            (lang / name).write_text(deep)
+        assert main(["check", "--task", str(tiny["task"]), "--lang", str(lang)]) == 1, name
+        out = capsys.readouterr()
+        assert "Traceback" not in out.err and "RecursionError" not in out.out.replace(
+            "cannot be read (RecursionError)", ""), (name, out)
+        assert out.out.splitlines()[-1].startswith("refused: "), (name, out.out)
+        assert "nested too deeply" in out.out or "cannot be read (RecursionError)" in out.out, \
+            (name, out.out)

@@ -414,7 +414,10 @@ def preflight(refs: dict[str, str], *, served: bool = False, token=None,
             found += _compatibility(hub, paths, remote, found, limits, progress,
                                     len(refs) / (len(refs) + 2))
             if not found:   # the tokenizer files are here (fetched when nothing else differed)
-                panel = tokenizer_panel(paths)
+                try:
+                    panel = tokenizer_panel(paths)
+                except (ModelLoadError, ValueError, OSError) as e:   # an unreadable file
+                    found.append(str(e))
         facts = {role: replace(f, fetched_bytes=remote[role].fetched if role in remote else 0)
                  for role, f in facts.items()}
         return Preflight(facts, [_named(p, paths, refs) for p in found], notes, panel)
