@@ -465,3 +465,7 @@ def test_a_battery_of_hostile_chat_templates_is_refused_in_one_line_each(tiny):
     for (template, words), answer in zip(TEMPLATE_BATTERY.items(), answers):
         assert answer.startswith("the chat template ") and answer.endswith(": refused"), answer
         assert words in answer and "\n" not in answer, (template, answer)
+    # values made and dropped in a loop are freed as it goes (the bounds keep none of them)
+    setup += "\n        tok.chat_template = " + repr(
+        "{% for i in range(100000) %}{% set x = [('x' * 100000) ~ i] %}{% endfor %}done")
+    assert_bounded(run_attack(setup, "render_chat(tok, 'hi')"))

@@ -85,13 +85,11 @@ class _Refused(Exception):
 
 
 class _Budget:
-    """One render's steps, output and deadline, and the sizes of the values it made (by id,
-    each kept alive so an id is not reused; a value shared by aliases is sized once)."""
+    """One render's steps, output and deadline."""
 
     def __init__(self):
         self.steps = self.output = 0
         self.deadline = time.monotonic() + RENDER_SECONDS
-        self.sizes: dict[int, tuple] = {}
 
     def step(self) -> None:
         self.steps += 1
@@ -112,25 +110,25 @@ def _step() -> None:
         budget.step()
 
 
-def _size(value) -> int:
+def _size(value, seen: dict | None = None) -> int:
     """Characters and items of ``value`` with every shared part counted where it appears (what
-    printing it would write), stopped past RENDER_CHARS."""
+    printing it would write), stopped past RENDER_CHARS. Each part is sized once per call
+    (``seen``); nothing is kept after it (a render's values may be freed as it goes)."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, (list, tuple, dict, set, frozenset)):
-        budget = _BUDGET.get()
-        sizes = budget.sizes if budget is not None else {}
-        hit = sizes.get(id(value))
-        if hit is not None and hit[0] is value:
-            return hit[1]
+        seen = {} if seen is None else seen
+        hit = seen.get(id(value))
+        if hit is not None:
+            return hit
         n = len(value)
         for item in (value.values() if isinstance(value, dict) else value):
-            n += _size(item)
+            n += _size(item, seen)
             if n > RENDER_CHARS:
                 break
         if isinstance(value, dict) and n <= RENDER_CHARS:
-            n += sum(_size(k) for k in value)
-        sizes[id(value)] = (value, n)
+            n += sum(_size(k, seen) for k in value)
+        seen[id(value)] = n
         return n
     if isinstance(value, int) and not isinstance(value, bool):
         return value.bit_length() // 3
