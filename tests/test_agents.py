@@ -240,3 +240,31 @@ def test_agent_sessions_are_capped_and_closed_when_idle(tiny, tmp_path, monkeypa
     tools.sessions[second].running.clear()
     for sid in list(tools.sessions):
         tools.close_session(sid)
+
+
+# --------------------------------------------------------------------------- hostile inputs
+def alias_bomb(levels: int = 9) -> str:
+    """The YAML 'billion laughs': each level a list of nine aliases of the one before (9^9
+    strings once expanded, from under 500 characters)."""
+    lines = ["l0: &l0 [" + ", ".join(["lol"] * 9) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_expands(tiny, tmp_path):
+    from bounded import assert_refused, run_attack
+
+    bomb = alias_bomb()
+    assert 440 < len(bomb) < 520
+    setup = f"""
+        from pathlib import Path
+        from layerswap_core.workbench import agents
+        from layerswap_core.workbench.served import Access
+        tools = agents.AgentTools(Access(True, Path({str(tmp_path / 'out')!r}),
+                                         (Path({str(tiny['base'].parent)!r}),)))
+        sid = json.loads(tools.check_models({str(tiny['base'])!r}, {str(tiny['task'])!r},
+                                            {str(tiny['lang'])!r}))["session"]
+        bomb = {bomb!r}
+    """
+    for tool in ("layer_plan", "build_and_save"):
+        assert_refused(run_attack(setup, f"tools.{tool}(sid, config=bomb)"), "alias")

@@ -399,3 +399,73 @@ def test_one_chat_renderer_for_chat_the_demo_and_the_trainer(tiny_lm):
     assert plain.decode(prompt).endswith(render_chat(plain, "2+3?"))
     assert plain.decode([i for i in labels if i != IGNORE]) == "5\n" + plain.eos_token
     assert task.extract("so 2+3=5 #### 5").flexible == "5" and task.correct("5", "5")
+
+
+NESTED_LOOPS = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+                "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+
+
+def test_a_chat_template_of_nested_loops_is_refused_within_seconds(tiny):
+    from bounded import assert_refused, run_attack
+
+    setup = f"""
+        from transformers import AutoTokenizer
+        from layerswap_core.inference.prompts import render_chat
+        tok = AutoTokenizer.from_pretrained({str(tiny['task'])!r})
+        tok.chat_template = {NESTED_LOOPS!r}
+    """
+    assert_refused(run_attack(setup, "render_chat(tok, 'hi')"), "chat template runs past")
+
+
+# each a chat template's way to take hours or gigabytes, and the bound that refuses it
+TEMPLATE_BATTERY = {
+    "{{ ('a' * 1000000000)|length }}": "a product",
+    "{{ ([1] * 100000) * 100000 }}": "a product",
+    "{{ 7 ** 999999999 }}": "a power",
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}": "too deeply",
+    "{% for i in range(100000) %}{{ range(100000)|join(',') }}{% endfor %}": "writes over",
+    "{{ range(100000)|map('string')|join('x' * 900000) }}": "a joined string",
+    "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}":
+        "runs past",
+    "{% set ns = namespace(a=['x' * 1000]) %}{% for i in range(64) %}{% set ns.a = [ns.a, ns.a]"
+    " %}{% endfor %}{{ ns.a|tojson }}": "a value",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}{{ ns.s|length }}": "a value",
+    "{{ '%999999999d' % 1 }}": "field width",
+    "{{ '{:>999999999}'.format(1) }}": "field width",
+    "{{ ('{0}' * 300000).format('y' * 900000) }}": "a formatted string",
+    "{{ ('a' * 100000)|replace('a', 'b' * 100000) }}": "a replaced string",
+    "{{ ('a' * 100000).replace('a', 'b' * 100000) }}": "a replaced string",
+    "{{ ('\n' * 500000)|indent(1000) }}": "an indented string",
+    "{{ 'x'|center(1000000000) }}": "passes the number",
+    "{{ ('\t' * 500000).expandtabs(1000) }}": "an expanded string",
+}
+
+
+def test_a_battery_of_hostile_chat_templates_is_refused_in_one_line_each(tiny):
+    """Loops, recursion, products, powers, joins, formats and doublings: every one refused in
+    one line naming its bound, all of them together within seconds and 100 MB."""
+    from bounded import assert_bounded, run_attack
+
+    setup = f"""
+        from transformers import AutoTokenizer
+        from layerswap_core.inference.prompts import ChatTemplateError, render_chat
+        tok = AutoTokenizer.from_pretrained({str(tiny['task'])!r})
+        def refusal(template):
+            tok.chat_template = template
+            try:
+                return "rendered " + render_chat(tok, "hi")[:80]
+            except ChatTemplateError as e:
+                return str(e)
+        battery = {list(TEMPLATE_BATTERY)!r}
+    """
+    r = run_attack(setup, "[refusal(t) for t in battery]")
+    assert_bounded(r)
+    answers = eval(r.message)   # noqa: S307 - the repr of a list of strings, from our child
+    for (template, words), answer in zip(TEMPLATE_BATTERY.items(), answers):
+        assert answer.startswith("the chat template ") and answer.endswith(": refused"), answer
+        assert words in answer and "\n" not in answer, (template, answer)
+    # values made and dropped in a loop are freed as it goes (the bounds keep none of them)
+    setup += "\n        tok.chat_template = " + repr(
+        "{% for i in range(100000) %}{% set x = [('x' * 100000) ~ i] %}{% endfor %}done")
+    assert_bounded(run_attack(setup, "render_chat(tok, 'hi')"))

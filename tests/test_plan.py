@@ -271,6 +271,28 @@ def test_yaml_round_trip_and_unknown_keys(tmp_path):
         MergeConfig.load(p)
 
 
+def test_yaml_aliases_are_sized_before_anything_is_built():
+    """Anchors a person writes still load (each alias sized once: a graph, not a tree); an alias
+    bomb, an alias inside itself and nesting deeper than the stack are one-line refusals."""
+    from layerswap_core.merge.config import MAX_YAML_EXPANSION, load_yaml
+
+    text = "w: &w {w_task: 0.5, w_lang: 0.5}\nsoup:\n  <<: *w\nrules: [&r [1, 2], *r, *r]\n"
+    assert load_yaml(text) == {"w": {"w_task": 0.5, "w_lang": 0.5},
+                               "soup": {"w_task": 0.5, "w_lang": 0.5}, "rules": [[1, 2]] * 3}
+    long = "x: [" + ", ".join(["word"] * 300_000) + "]"      # long but no alias: its text passes
+    assert len(load_yaml(long)["x"]) == 300_000
+    lines = ["a0: &a0 [" + ", ".join(["lol"] * 9) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 7)]
+    with pytest.raises(ConfigError, match=f"more than {MAX_YAML_EXPANSION:,} nodes") as e:
+        load_yaml("\n".join(lines), "config")     # 9^7 strings: 4.8 million
+    assert str(e.value).startswith("config: its aliases")
+    assert load_yaml("\n".join(lines[:5]))["a4"][0][0][0][0] == ["lol"] * 9   # 9^5: 59,049
+    with pytest.raises(ConfigError, match="inside its own anchor"):
+        load_yaml("a: &a [1, *a]")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_yaml("[" * 5000 + "]" * 5000)
+
+
 def test_rules_address_the_non_layer_parameters():
     names, arch = llama(8)
     glob = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]

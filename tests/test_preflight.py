@@ -1,21 +1,18 @@
-"""Pre-flight from metadata alone, against a fake Hub on loopback that counts what it sends.
-
-The fake Hub (stdlib http.server in a thread on 127.0.0.1) answers model info with file sizes
-and blob ids (``/api/models/<repo>``) and file resolves with HTTP ranges
-(``/<repo>/resolve/<rev>/<file>``, ``Range: bytes=a-b`` answered 206). Its repositories are
-folders of the tiny family: ``fake/task``, ``fake/lang``, ``fake/base`` (the tiny trio),
-``fake/other-vocab`` (the task expert cut to a 32,000-token vocabulary) and ``fake/other-tokenizer``
-(the task expert with two tokens' ids swapped in its tokenizer.json).
+"""Pre-flight from metadata alone, against a fake Hub on loopback that counts what it sends
+(``fake_hub.CountingHub``). Its repositories are folders of the tiny family: ``fake/task``,
+``fake/lang``, ``fake/base`` (the tiny trio), ``fake/other-vocab`` (the task expert cut to a
+32,000-token vocabulary) and ``fake/other-tokenizer`` (the task expert with two tokens' ids
+swapped in its tokenizer.json).
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import os
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 from huggingface_hub.utils.sha import git_hash
 
@@ -23,99 +20,9 @@ from layerswap_core.checkpoints import hub
 from layerswap_core.checkpoints.preflight import check, hub_id, preflight
 from layerswap_core.checkpoints.reading import CheckpointReader, read_header
 
-SHA = "0123456789abcdef0123456789abcdef01234567"
+from fake_hub import SHA, CountingHub, pointed_at
+
 MB = 10 ** 6
-
-
-class CountingHub:
-    """A fake Hub serving ``{repo: folder}``, counting the bytes it sends per repository."""
-
-    def __init__(self, repos: dict[str, Path]):
-        self.repos = {r: {p.name: p.read_bytes() for p in sorted(Path(f).iterdir()) if p.is_file()}
-                      for r, f in repos.items()}
-        self.sent: dict[str, int] = {}
-        self.ranges: list[tuple[str, str, str | None]] = []   # repo, file, Range header
-        self.auths: list[str | None] = []                      # every request's authorization
-        self.lock = threading.Lock()
-        hub_ = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                hub_.handle(self)
-
-            def do_HEAD(self):   # huggingface_hub's metadata request before a download
-                hub_.handle(self, head=True)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def reset(self):
-        self.sent.clear()
-        self.ranges.clear()
-
-    def handle(self, h, head: bool = False):
-        path = h.path.split("?")[0]
-        self.auths.append(h.headers.get("authorization"))
-        if path.startswith("/api/models/"):
-            repo = path[len("/api/models/"):].split("/revision/")[0]
-            files = self.repos.get(repo)
-            if files is None:
-                return self.send(h, repo, 404, json.dumps({"error": "Repository not found"}).encode())
-            listing = {"id": repo, "modelId": repo, "sha": SHA, "private": False,
-                       "gated": "manual" if repo == "fake/gated" else False,
-                       "cardData": {"license": "apache-2.0"},
-                       "siblings": [{"rfilename": n, "size": len(b),
-                                     "blobId": git_hash(b)}
-                                    for n, b in files.items()]}
-            return self.send(h, repo, 200, json.dumps(listing).encode())
-        repo, _, rest = path[1:].partition("/resolve/")
-        name = rest.split("/", 1)[1] if "/" in rest else ""
-        data = self.repos.get(repo, {}).get(name)
-        if data is None:
-            return self.send(h, repo, 404, json.dumps({"error": "Entry not found"}).encode())
-        etag = {"etag": f'"{hashlib.sha256(data).hexdigest()}"'}
-        if head:
-            return self.send(h, repo, 200, data, etag, head=True)
-        rng = h.headers.get("range")
-        with self.lock:
-            self.ranges.append((repo, name, rng))
-        if rng:
-            a, b = (int(x) for x in rng.removeprefix("bytes=").split("-"))
-            return self.send(h, repo, 206, data[a:b + 1],
-                             {"content-range": f"bytes {a}-{min(b, len(data) - 1)}/{len(data)}",
-                              **etag})
-        return self.send(h, repo, 200, data, etag)
-
-    def send(self, h, repo: str, status: int, body: bytes, headers: dict | None = None,
-             head: bool = False):
-        h.send_response(status)
-        h.send_header("content-length", str(len(body)))
-        h.send_header("x-repo-commit", SHA)
-        if status == 404:
-            h.send_header("x-error-code", "RepoNotFound" if b"Repository" in body
-                          else "EntryNotFound")
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.end_headers()
-        if head:
-            return
-        try:
-            h.wfile.write(body)
-        except OSError:
-            pass
-        with self.lock:
-            self.sent[repo] = self.sent.get(repo, 0) + len(body)
 
 
 def _other_vocab(task: Path, out: Path, vocab: int = 32000) -> Path:
@@ -155,8 +62,6 @@ def _other_eos(lang: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def fake_hub(tiny, tmp_path_factory):
-    from huggingface_hub import constants
-
     root = tmp_path_factory.mktemp("preflight-repos")
     fh = CountingHub({"fake/task": tiny["task"], "fake/lang": tiny["lang"],
                       "fake/base": tiny["base"], "fake/gated": tiny["lang"],
@@ -164,19 +69,8 @@ def fake_hub(tiny, tmp_path_factory):
                       "fake/other-tokenizer": _other_tokenizer(tiny["task"],
                                                                root / "other-tokenizer"),
                       "fake/other-eos": _other_eos(tiny["lang"], root / "other-eos")})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "0")
-        mp.setattr(constants, "HF_HUB_OFFLINE", False)
-        mp.setattr(constants, "ENDPOINT", fh.url)
-        # the resolve URLs' template is made from HF_ENDPOINT when huggingface_hub is
-        # imported: pointed at the fake Hub too, as HF_ENDPOINT set before would have
-        mp.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                   fh.url + "/{repo_id}/resolve/{revision}/{filename}")
-        mp.setenv("HF_ENDPOINT", fh.url)
-        try:
-            yield fh
-        finally:
-            fh.close()
+    with pointed_at(fh):
+        yield fh
 
 
 def weight_bytes_fetched(fh: CountingHub) -> list[tuple[str, str, str | None]]:
@@ -404,3 +298,139 @@ def test_check_names_a_special_token_that_differs(fake_hub, capsys):
     assert "the merge writes the task expert's tokenizer files and chat template " \
            "(tokenizer_source)" in out
     assert out[-1].startswith("compatible")
+
+
+def _hostile_header(nbytes: int) -> bytes:
+    """A safetensors file that is all header: ``nbytes`` of JSON (one metadata string)."""
+    head = b'{"__metadata__":{"pad":"'
+    body = head + b"a" * (nbytes - len(head) - 3) + b'"}}'
+    return struct.pack("<Q", len(body)) + body
+
+
+def test_weight_files_of_99_mib_headers_are_refused_from_their_lengths(tiny):
+    """Three weight files of ~99 MiB headers (0.3 GB listed, far under the download cap): the
+    pre-flight refuses them from their 8-byte lengths, within seconds and 100 MB."""
+    from bounded import assert_bounded, run_attack
+
+    evil = _hostile_header(99 << 20)
+    fh = CountingHub({"evil/headers": {"config.json": (tiny["task"] / "config.json").read_bytes(),
+                                       **{f"model-0000{i}-of-00003.safetensors": evil
+                                          for i in (1, 2, 3)}},
+                      "fake/lang": tiny["lang"]})
+    try:
+        setup = """
+            from layerswap_core.checkpoints.preflight import preflight
+            refs = {"task": "evil/headers", "lang": "fake/lang"}
+        """
+        env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": fh.url}
+        r = run_attack(setup, f"preflight(refs, endpoint={fh.url!r}).refusal", env=env)
+    finally:
+        fh.close()
+    assert_bounded(r)
+    assert "task evil/headers: " in r.message and "header" in r.message, r.message
+    assert sum(fh.sent.values()) < 1 * MB, fh.sent
+
+
+def _moe_30b_headers() -> tuple[dict, dict, dict[str, int]]:
+    """Qwen3-30B-A3B's config (the fields that size it), index and the header bytes of each of
+    its 16 files, written as safetensors writes them (compact JSON, bf16, real shapes)."""
+    import math
+
+    config = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "num_experts": 128,
+              "num_experts_per_tok": 8, "hidden_size": 2048, "vocab_size": 151936}
+    shapes = {"model.embed_tokens.weight": [151936, 2048], "model.norm.weight": [2048],
+              "lm_head.weight": [151936, 2048]}
+    for layer in range(48):
+        p = f"model.layers.{layer}."
+        shapes.update({p + "self_attn.q_proj.weight": [4096, 2048],
+                       p + "self_attn.k_proj.weight": [512, 2048],
+                       p + "self_attn.v_proj.weight": [512, 2048],
+                       p + "self_attn.o_proj.weight": [2048, 4096],
+                       p + "self_attn.q_norm.weight": [128], p + "self_attn.k_norm.weight": [128],
+                       p + "input_layernorm.weight": [2048],
+                       p + "post_attention_layernorm.weight": [2048],
+                       p + "mlp.gate.weight": [128, 2048]})
+        for e in range(128):
+            for w, shape in (("gate_proj", [768, 2048]), ("up_proj", [768, 2048]),
+                             ("down_proj", [2048, 768])):
+                shapes[f"{p}mlp.experts.{e}.{w}.weight"] = shape
+    names = list(shapes)
+    files = [f"model-{i:05d}-of-00016.safetensors" for i in range(1, 17)]
+    weight_map = {n: files[i * 16 // len(names)] for i, n in enumerate(names)}
+    headers: dict[str, dict] = {f: {"__metadata__": {"format": "pt"}} for f in files}
+    offsets = dict.fromkeys(files, 0)
+    for n in names:
+        f, size = weight_map[n], math.prod(shapes[n]) * 2
+        headers[f][n] = {"dtype": "BF16", "shape": shapes[n],
+                         "data_offsets": [offsets[f], offsets[f] + size]}
+        offsets[f] += size
+    return config, {"weight_map": weight_map}, {
+        f: len(json.dumps(h, separators=(",", ":"))) for f, h in headers.items()}
+
+
+def test_the_header_caps_let_a_30b_mixture_of_experts_through():
+    """The caps are sized from a real model: Qwen3-30B-A3B's 18,867 tensors in 16 files (2.4 MB
+    of headers) pass every one with room; a file's header ten times its tensors' needs not."""
+    from layerswap_core.checkpoints import preflight as pre
+
+    config, index, sizes = _moe_30b_headers()
+    assert len(index["weight_map"]) == 18867 and len(sizes) == 16
+    assert 2.2 * MB < sum(sizes.values()) < 2.6 * MB
+    allowed = pre.header_allowance(index, list(sizes))
+    assert all(sizes[f] * 4 < allowed[f] for f in sizes)          # 148 kB each against ~1.2 MB
+    assert sum(sizes.values()) * 6 < pre.HEADER_TOTAL_MAX
+    assert 18867 < pre.tensor_allowance(config) < 2 * 18867
+    assert len(sizes) * 10 < pre.MAX_WEIGHT_FILES
+    assert pre.header_allowance(None, ["model.safetensors"]) == {
+        "model.safetensors": pre.HEADER_FILE_MAX}
+
+
+def test_too_many_weight_files_too_many_tensors_and_a_slow_hub_are_refused(tiny, monkeypatch):
+    """More weight files than any model: refused from the listing, no file read; more tensors
+    than the config's layers explain: refused; a pre-flight past its deadline: refused."""
+    from safetensors.numpy import save
+
+    from layerswap_core.checkpoints import preflight as pre
+
+    config = (tiny["task"] / "config.json").read_bytes()
+    empty = save({})
+    many = save({f"t{i}": np.zeros(1, np.float32) for i in range(900)})
+    repos = {"evil/files": {"config.json": config,
+                            **{f"w{i:04d}.safetensors": empty for i in range(300)}},
+             "evil/tensors": {"config.json": config, "model.safetensors": many},
+             "fake/task": tiny["task"]}
+    with pointed_at(CountingHub(repos)) as fh:
+        pf = preflight({"task": "evil/files"}, endpoint=fh.url)
+        assert pf.problems == ["task evil/files: 300 weight files: a pre-flight reads at most "
+                               "256 per model (no model needs more): refused"]
+        assert not fh.ranges
+        pf = preflight({"task": "evil/tensors"}, endpoint=fh.url)   # 8 layers: 768 at most
+        assert pf.problems == ["task evil/tensors: the weight files list over 768 tensors, more "
+                               "than its config.json has layers and experts for: refused"]
+        assert preflight({"task": "fake/task"}, endpoint=fh.url).ok
+        monkeypatch.setattr(pre, "PREFLIGHT_SECONDS", 0.0)
+        pf = preflight({"task": "fake/task"}, endpoint=fh.url)
+        assert pf.problems == ["task fake/task: the pre-flight ran past 0 s (the Hub answers too "
+                               "slowly); try again later"]
+
+
+def test_deeply_nested_json_in_a_model_is_one_line_not_a_traceback(tiny, tmp_path, capsys):
+    """config.json, tokenizer_config.json, tokenizer.json and a safetensors header nested
+    100,000 deep (Python's parser recurses per level): `layerswap check` refuses in one line."""
+    from layerswap_core.cli import main
+
+    deep = "[" * 100_000 + "]" * 100_000
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors"):
+        lang = tmp_path / name / "lang"
+        shutil.copytree(tiny["lang"], lang)
+        if name == "model.safetensors":
+            (lang / name).write_bytes(struct.pack("<Q", len(deep)) + deep.encode())
+        else:
+            (lang / name).write_text(deep)
+        assert main(["check", "--task", str(tiny["task"]), "--lang", str(lang)]) == 1, name
+        out = capsys.readouterr()
+        assert "Traceback" not in out.err and "RecursionError" not in out.out.replace(
+            "cannot be read (RecursionError)", ""), (name, out)
+        assert out.out.splitlines()[-1].startswith("refused: "), (name, out.out)
+        assert "nested too deeply" in out.out or "cannot be read (RecursionError)" in out.out, \
+            (name, out.out)

@@ -369,6 +369,22 @@ def test_a_download_is_cancelled_and_leaves_nothing(tmp_path, fake_hub):
     assert [p.name for p in (tmp_path / "hub").iterdir()] == []   # no partial folder left
 
 
+def test_a_download_past_its_deadline_stops_and_leaves_nothing(tmp_path, fake_hub,
+                                                                monkeypatch):
+    """A Hub that answers every read in time but sends too slowly on the whole (here: any Hub,
+    the deadline half a second) is stopped at its next chunk, in words."""
+    monkeypatch.setattr(hub, "DOWNLOAD_SLACK_SECONDS", 0.5)
+    monkeypatch.setattr(hub, "DOWNLOAD_MIN_RATE", 10 ** 12)
+    cache = hub.HubCache(tmp_path / "hub", hub.HubLimits(None, None, TIMEOUT, 2), fake_hub.url)
+    t0 = time.monotonic()
+    with pytest.raises(hub.ModelLoadError,
+                       match=r"fake/slow: the download ran past \d+ s \(the Hub sent under") as e:
+        cache.fetch("fake/slow", "v1", wait=10)
+    assert time.monotonic() - t0 < 5 and "\n" not in str(e.value)
+    assert cache.cached("fake/slow") is None
+    assert [p.name for p in (tmp_path / "hub").iterdir()] == []   # no partial folder left
+
+
 def test_a_file_of_another_size_than_listed_is_refused_and_leaves_nothing(tmp_path, fake_hub):
     """The download goes through huggingface_hub, which checks each file against the Hub's own
     metadata; the served cache also checks it against the listing it sized the download by."""

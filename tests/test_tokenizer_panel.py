@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from layerswap_core.checkpoints.references import resolve
-from layerswap_core.checkpoints.tokenizer_panel import tokenizer_panel
+from layerswap_core.checkpoints.tokenizer_panel import MAX_DIFF_LINES, tokenizer_panel
 from layerswap_core.checkpoints.tokenizers import TOKENIZER_FILES
 
 
@@ -113,3 +114,33 @@ def test_the_models_check_shows_the_panel_where_something_differs(tiny, tmp_path
     assert report.ok
     assert "**Tokenizers and chat templates**\n- ⚠ language expert vs task expert: eos token " \
            "'<|endoftext|>'" in report.markdown()
+
+
+def _cycled_template(n: int, step: int) -> str:
+    """``n`` lines, each one of 100 comment lines (every one repeated, below difflib's "popular"
+    cut), in an order set by ``step``: two such templates are difflib's slow case."""
+    return "\n".join(f"{{# line {(i * step) % 100} #}}" for i in range(n)) + "\n"
+
+
+def test_two_30000_line_templates_are_compared_within_seconds(source, tmp_path):
+    from bounded import assert_bounded, run_attack
+
+    task, lang = tokenizer_copy(source, tmp_path / "task"), tokenizer_copy(source, tmp_path / "lang")
+    (task / "chat_template.jinja").write_text(_cycled_template(30_000, 1), encoding="utf-8")
+    (lang / "chat_template.jinja").write_text(_cycled_template(30_000, 7), encoding="utf-8")
+    setup = f"""
+        from layerswap_core.checkpoints.tokenizer_panel import MAX_DIFF_LINES, tokenizer_panel
+        paths = {{"task": {str(task)!r}, "lang": {str(lang)!r}}}
+    """
+    r = run_attack(setup, "(lambda p: p.warnings + p.details)(tokenizer_panel(paths))")
+    assert_bounded(r)
+    assert "chat templates differ" in r.message and "30,000 lines, sha256" in r.message
+    assert "not diffed here" in r.message
+    # at the bound, the slow case is still diffed, in well under a second
+    (task / "chat_template.jinja").write_text(_cycled_template(MAX_DIFF_LINES, 1), "utf-8")
+    (lang / "chat_template.jinja").write_text(_cycled_template(MAX_DIFF_LINES, 7), "utf-8")
+    started = time.monotonic()
+    panel = tokenizer_panel({"task": task, "lang": lang})
+    assert time.monotonic() - started < 5
+    assert panel.warnings == ["language expert vs task expert: chat templates differ (diff below)"]
+    assert panel.details[0] == "--- task expert" and panel.details[-1].endswith("more lines)")

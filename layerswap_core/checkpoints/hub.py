@@ -14,8 +14,8 @@ far it got. A download:
   request; its metadata and read timeouts are ``LAYERSWAP_HUB_TIMEOUT`` seconds, so a silent Hub
   is an error within a minute (one that goes silent mid-file is retried first: 6 tries, each
   waiting that long, and Cancel waits for them); the progress bar it is given (``_Watch``)
-  counts the bytes and stops the file at Cancel (within ``CHUNK_BYTES``) or past its listed
-  size;
+  counts the bytes and stops the file at Cancel (within ``CHUNK_BYTES``), past its listed
+  size or past the download's deadline (``DOWNLOAD_MIN_RATE``: a Hub that dribbles);
 * checks every file against the listing: its size, and its sha256 (LFS) or git blob id;
 * writes into a partial folder renamed into place when complete (never half a model, never a
   file that does not match its checksum);
@@ -46,6 +46,11 @@ GB = 10 ** 9
 PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
 USED = ".last-used"          # beside a cached repository's snapshots; its mtime is its last use
 CHUNK_BYTES = 256 << 10      # a download reads at most this much between two looks at Cancel
+# A download's overall deadline: DOWNLOAD_SLACK_SECONDS plus its listed size at DOWNLOAD_MIN_RATE
+# bytes a second (a 10 GB model: about 3 hours). Each read has its timeout, but a Hub that sends
+# a byte every few seconds answers every read in time and would hold a download slot for ever.
+DOWNLOAD_SLACK_SECONDS = 600.0
+DOWNLOAD_MIN_RATE = 10 ** 6
 
 
 class Pending(ModelLoadError):
@@ -102,6 +107,7 @@ class Download:
     started: float = field(default_factory=time.monotonic)
     thread: threading.Thread | None = None
     rate: Rate = field(default_factory=Rate)   # the bytes' speed so far -> the time left
+    deadline: float = float("inf")             # set from the listed size (DOWNLOAD_MIN_RATE)
 
     @property
     def running(self) -> bool:
@@ -364,6 +370,7 @@ class HubCache:
         check_free_space(self.root, total, f"downloading {job.repo_id}")
         self.make_room(total, keep=job.repo_id)
         job.total, job.state = total, "downloading"
+        job.deadline = time.monotonic() + DOWNLOAD_SLACK_SECONDS + total / DOWNLOAD_MIN_RATE
         # huggingface_hub reads these two per call: a silent Hub within the timeout, Cancel
         # within a chunk (its default, 10 MB, is a long wait on a slow link)
         constants.HF_HUB_DOWNLOAD_TIMEOUT = timeout
@@ -476,14 +483,17 @@ class _Watch:
         n = int(n or 0)
         self.n += n
         self.job.done += n
-        if self.job.cancel.is_set():
-            raise _Stop()
+        self.update_transfer()
         if self.n > self.size:
             raise ModelLoadError("the Hub sent more than the size it listed: stopped")
 
     def update_transfer(self, n: int | float | None = 1) -> None:
         if self.job.cancel.is_set():
             raise _Stop()
+        if time.monotonic() > self.job.deadline:
+            raise ModelLoadError(
+                f"the download ran past {self.job.deadline - self.job.started:.0f} s (the Hub "
+                f"sent under {DOWNLOAD_MIN_RATE / 10 ** 6:g} MB/s on average): stopped")
 
     def __enter__(self) -> _Watch:
         return self

@@ -20,11 +20,13 @@ needs, and the problems, the first of which is the one-line refusal.
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import shutil
 import struct
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -42,8 +44,20 @@ from .tokenizer_panel import TokenizerPanel, tokenizer_panel
 
 # a config, index or tokenizer file listed larger than this is not read for a pre-flight
 MAX_SMALL_FILE = 64 * 2 ** 20
+SMALL_FILE_CAPS = {"config.json": 4 << 20, INDEX_NAME: 16 << 20}   # tighter: no file needs more
 # read_header's own bound on a safetensors header
 MAX_HEADER = 100 << 20
+# What a pre-flight reads of a model's weight files, sized from real repositories: Qwen3-30B-A3B
+# (a mixture of experts: 48 layers of 128 experts) has 18,867 tensors in 16 files, whose headers
+# come to 2.4 MB (126 bytes a tensor, 148 kB a file); DeepSeek-V3's 91,000 tensors in 163 files
+# to about 12 MB; Llama-3.1-405B has 191 files. Past these a hostile repository would make each
+# Check fetch and parse what no model needs (three 99 MiB headers took 2 GB and 74 s of CPU).
+MAX_WEIGHT_FILES = 256              # weight files per model
+HEADER_FILE_MAX = 8 << 20           # one file's header (about 65,000 tensors)
+HEADER_TOTAL_MAX = 16 << 20         # all of one model's headers
+# a file the index maps N tensors to: a header of at most HEADER_SLACK + N * HEADER_PER_TENSOR
+HEADER_SLACK, HEADER_PER_TENSOR = 64 << 10, 1024
+PREFLIGHT_SECONDS = 120.0           # one pre-flight, every read of every model together
 
 
 @dataclass(frozen=True)
@@ -171,6 +185,8 @@ class _HubModel:
     blobs: dict[str, str | None] = field(default_factory=dict)  # name -> blob id
     url: dict[str, str] = field(default_factory=dict)           # name -> resolve URL
     fetched: int = 0
+    header_bytes: int = 0           # of the weight files' headers read so far
+    tensors: int = 0                # entries of those headers
     license: str | None = None
     gated: bool = False
     private: bool = False
@@ -189,12 +205,22 @@ class _Hub:
         self.client = get_session()
         self.headers = build_hf_headers(token=token)
         self.fetched_blobs: dict[tuple[str, str], Path] = {}    # (name, blob) -> a copy here
+        self.deadline = time.monotonic() + PREFLIGHT_SECONDS     # the whole pre-flight's
+
+    def time_left(self) -> float:
+        """Seconds left before the pre-flight's deadline; ModelLoadError past it (a Hub that
+        answers each read within its timeout but dribbles would otherwise hold a slot)."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ModelLoadError(f"the pre-flight ran past {PREFLIGHT_SECONDS:.0f} s (the Hub "
+                                 "answers too slowly); try again later")
+        return left
 
     def listing(self, model: _HubModel) -> None:
         from huggingface_hub import HfApi
 
         info = HfApi(endpoint=self.endpoint, token=self.token).model_info(
-            model.repo_id, files_metadata=True, timeout=self.limits.timeout)
+            model.repo_id, files_metadata=True, timeout=min(self.limits.timeout, self.time_left()))
         model.gated, model.private = bool(getattr(info, "gated", False)), bool(info.private)
         card = getattr(info, "card_data", None)
         model.license = (card.get("license") if card is not None else None) or next(
@@ -222,7 +248,7 @@ class _Hub:
         want = (length if length is not None else model.files[name] - start)
         out = bytearray()
         with self.client.stream("GET", model.url[name], headers=headers,
-                                timeout=self.limits.timeout) as r:
+                                timeout=min(self.limits.timeout, self.time_left())) as r:
             if r.status_code >= 400:
                 r.read()
                 hf_raise_for_status(r)
@@ -235,6 +261,7 @@ class _Hub:
                 out += chunk
                 if len(out) >= want:
                     break
+                self.time_left()
         if len(out) < want:
             raise ModelLoadError(f"the Hub sent less of {name} than it listed")
         return bytes(out[:want])
@@ -242,7 +269,7 @@ class _Hub:
     def small_file(self, model: _HubModel, name: str) -> None:
         """A config, index or tokenizer file into the skeleton (a blob fetched before: copied)."""
         size = model.files[name]
-        if size > MAX_SMALL_FILE:
+        if size > SMALL_FILE_CAPS.get(name, MAX_SMALL_FILE):
             raise ModelLoadError(f"{name} is listed at {_gb(size)}: too large for a pre-flight")
         dest = model.folder / name
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -254,13 +281,27 @@ class _Hub:
         if key[1]:
             self.fetched_blobs[key] = dest
 
-    def header(self, model: _HubModel, name: str) -> None:
-        """A weight file into the skeleton: its header, then a hole up to its listed size."""
+    def header(self, model: _HubModel, name: str, allowed: int, max_tensors: int | None
+               ) -> None:
+        """A weight file into the skeleton: its header, then a hole up to its listed size.
+        Refused from its 8-byte length past ``allowed`` or the model's HEADER_TOTAL_MAX, and
+        after it past ``max_tensors`` tensors in the model's headers."""
         size = model.files[name]
         (n,) = struct.unpack("<Q", self.read(model, name, 0, 8))
         if n > min(size - 8, MAX_HEADER):
             raise ModelLoadError(f"{name} is not a safetensors file (bad header length)")
+        if n > allowed:
+            raise ModelLoadError(f"{name} has a safetensors header of {_small(n)}, more than "
+                                 f"its tensors need (at most {_small(allowed)}): refused")
+        if model.header_bytes + n > HEADER_TOTAL_MAX:
+            raise ModelLoadError(f"the weight files' headers come to over "
+                                 f"{_small(HEADER_TOTAL_MAX)}, more than any model's: refused")
+        model.header_bytes += n
         raw = self.read(model, name, 8, n)
+        model.tensors += raw.count(b'"data_offsets"')
+        if max_tensors is not None and model.tensors > max_tensors:
+            raise ModelLoadError(f"the weight files list over {max_tensors:,} tensors, more "
+                                 "than its config.json has layers and experts for: refused")
         dest = model.folder / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(dest, "wb") as f:
@@ -268,20 +309,67 @@ class _Hub:
             f.truncate(size)
 
 
+def header_allowance(index: dict | None, names) -> dict[str, int]:
+    """The header bytes each weight file may have: HEADER_SLACK plus HEADER_PER_TENSOR for each
+    tensor the index maps to it (at most HEADER_FILE_MAX); HEADER_FILE_MAX for a file the index
+    does not name, or without an index."""
+    counts: dict[str, int] = {}
+    weight_map = (index or {}).get("weight_map")
+    if isinstance(weight_map, dict):
+        for file in weight_map.values():
+            if isinstance(file, str):
+                counts[file] = counts.get(file, 0) + 1
+    return {n: min(HEADER_FILE_MAX, HEADER_SLACK + HEADER_PER_TENSOR * counts[n])
+            if n in counts else HEADER_FILE_MAX for n in names}
+
+
+def tensor_allowance(config: dict | None) -> int | None:
+    """The most tensors a model of this config.json could have: 256, plus per layer 64 and 4 per
+    expert (Qwen3-30B-A3B's 48 layers of 128 experts: 27,904 for its 18,867). None when the
+    config does not say its depth."""
+    if not isinstance(config, dict):
+        return None
+    parts = [config] + [v for v in config.values() if isinstance(v, dict)]   # text_config...
+    depth = max((p.get(k) for p in parts for k in ("num_hidden_layers", "n_layer", "num_layers")
+                 if isinstance(p.get(k), int)), default=None)
+    if depth is None:
+        return None
+    experts = max((v for p in parts for k, v in p.items()
+                   if "expert" in k and isinstance(v, int) and not isinstance(v, bool)),
+                  default=0)
+    return 256 + depth * (64 + 4 * max(experts, 0))
+
+
+def _json_file(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None     # the compatibility check says what is wrong with it
+    return value if isinstance(value, dict) else None
+
+
 def _skeleton(hub: _Hub, model: _HubModel) -> None:
     """The listing, config.json, the index and every weight file's header; a model over the
-    download limit is refused from its listing, before any file is read."""
+    download limit, or with more weight files than MAX_WEIGHT_FILES, is refused from its
+    listing, before any file is read; a header past what its tensors need (``header_allowance``,
+    HEADER_TOTAL_MAX) from its length, before it is read."""
     hub.listing(model)
     refusal = too_big(sum(model.files.values()), hub.limits.max_download)
     if refusal:
         raise ModelLoadError(refusal)
+    weights = [n for n in model.files
+               if n.endswith(".safetensors") and "/" not in n]   # what the readers read
+    if len(weights) > MAX_WEIGHT_FILES:
+        raise ModelLoadError(f"{len(weights):,} weight files: a pre-flight reads at most "
+                             f"{MAX_WEIGHT_FILES} per model (no model needs more): refused")
     model.folder.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", INDEX_NAME):
         if name in model.files:
             hub.small_file(model, name)
-    for name in model.files:
-        if name.endswith(".safetensors") and "/" not in name:   # what the readers read
-            hub.header(model, name)
+    allowed = header_allowance(_json_file(model.folder / INDEX_NAME), weights)
+    max_tensors = tensor_allowance(_json_file(model.folder / "config.json"))
+    for name in weights:
+        hub.header(model, name, allowed[name], max_tensors)
 
 
 # --------------------------------------------------------------------------- the pre-flight
@@ -350,7 +438,10 @@ def preflight(refs: dict[str, str], *, served: bool = False, token=None,
             found += _compatibility(hub, paths, remote, found, limits, progress,
                                     len(refs) / (len(refs) + 2))
             if not found:   # the tokenizer files are here (fetched when nothing else differed)
-                panel = tokenizer_panel(paths)
+                try:
+                    panel = tokenizer_panel(paths)
+                except (ModelLoadError, ValueError, OSError) as e:   # an unreadable file
+                    found.append(str(e))
         facts = {role: replace(f, fetched_bytes=remote[role].fetched if role in remote else 0)
                  for role, f in facts.items()}
         return Preflight(facts, [_named(p, paths, refs) for p in found], notes, panel)

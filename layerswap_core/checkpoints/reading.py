@@ -49,6 +49,8 @@ def read_json_object(p: Path, error=None, kind: str = "a model config") -> dict:
         raise error(f"{p}: cannot read it ({e})") from e
     except ValueError as e:
         raise error(f"{p}: not valid JSON ({e})") from e
+    except RecursionError:    # json's parser recurses once per level of nesting
+        raise error(f"{p}: nested too deeply to be {kind}") from None
     if not isinstance(cfg, dict):
         raise error(f"{p}: not a JSON object ({kind} is {{...}})")
     return cfg
@@ -142,6 +144,9 @@ def read_header(path: Path) -> dict[str, TensorLocation]:
                 raise CheckpointError(f"{path}: cannot read safetensors (bad header length: not a "
                                       "safetensors file)")
             header = json.loads(f.read(n))
+    except RecursionError:
+        raise CheckpointError(f"{path}: cannot read safetensors header (nested too deeply)") \
+            from None
     except (OSError, ValueError) as e:
         if isinstance(e, CheckpointError):
             raise
@@ -168,6 +173,9 @@ def _read_index(index: Path) -> dict[str, str]:
     """tensor -> shard file name from a safetensors index; CheckpointError if malformed."""
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
+    except RecursionError:
+        raise CheckpointError(f"{index}: not a valid safetensors index (nested too deeply)") \
+            from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
     if not isinstance(weight_map, dict):

@@ -12,6 +12,7 @@ file's stamp), so the usual trio of experts fine-tuned from one base costs a few
 from __future__ import annotations
 
 import difflib
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,12 @@ SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                 "chat_template.json")
 DIFF_LINES = 24          # a chat template's diff is cut after this many lines
+# difflib's time grows with the product of the two templates' lengths (and worse for lines that
+# repeat): two 30,000-line templates of 100 repeated lines would take hours. Real templates have
+# tens to a few hundred lines; longer ones are compared by their digests only (equal text is
+# found without difflib: the files' hashes, then the strings). Two hostile 2,000-line templates
+# diff in about 0.4 s.
+MAX_DIFF_LINES = 2_000
 LABELS = {"task": "task expert", "lang": "language expert", "base": "base"}
 
 
@@ -101,6 +108,12 @@ def added_tokens(folder: Path) -> dict[str, tuple[int, bool]]:
             for t in data.get("added_tokens") or () if isinstance(t, dict) and "content" in t}
 
 
+def _lines_digest(text: str) -> str:
+    """A template named by its length and the start of its sha256."""
+    return (f"{len(text.splitlines()):,} lines, sha256 "
+            f"{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}")
+
+
 def _digests(folder: Path, names) -> tuple:
     return tuple(file_digest(folder / n) if (folder / n).is_file() else None for n in names)
 
@@ -151,6 +164,12 @@ def tokenizer_panel(paths: dict[str, str | os.PathLike], kept: str | None = None
                 panel.warnings.append(f"{who}: only the "
                                       f"{LABELS.get(kept if a is None else role)} has a chat "
                                       "template")
+            elif max(len(a.splitlines()), len(b.splitlines())) > MAX_DIFF_LINES:
+                panel.warnings.append(f"{who}: chat templates differ")
+                panel.details.append(
+                    f"chat template: {LABELS.get(kept, kept)} {_lines_digest(b)}, "
+                    f"{LABELS.get(role, role)} {_lines_digest(a)} (longer than "
+                    f"{MAX_DIFF_LINES:,} lines: not diffed here)")
             else:
                 panel.warnings.append(f"{who}: chat templates differ (diff below)")
                 diff = list(difflib.unified_diff(b.splitlines(), a.splitlines(),

@@ -100,7 +100,7 @@ def _content(folder: Path, fmt: str) -> dict | str:
     """The parsed content of one format in ``folder``, or why it cannot be read (a string)."""
     try:
         return _fast_content(folder) if fmt == "tokenizer.json" else _slow_bpe_content(folder)
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
         return f"cannot be read ({type(e).__name__})"
 
 

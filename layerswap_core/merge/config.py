@@ -68,9 +68,18 @@ def validated_ranges(num_layers: int) -> LayerRanges:
                        num_layers, False)
 
 
+# What a YAML may stand for once its aliases are expanded: its nodes and characters, at most this
+# many more than its text has. An alias repeats a whole subtree, so nine levels of nine aliases
+# (under 500 characters) stand for 9^9 strings; the loaded object shares them, but json.dumps or
+# any walk then writes every one out (593 million characters from 480: the "billion laughs").
+MAX_YAML_EXPANSION = 1_000_000
+
+
 def load_yaml(text: str, what: str = "YAML"):
     """``yaml.safe_load`` that also reads exponent floats without a dot (``1e39``, ``1e-3``) as
-    numbers, as YAML 1.2 does (PyYAML's 1.1 rules read them as text)."""
+    numbers, as YAML 1.2 does (PyYAML's 1.1 rules read them as text). Refused in one line
+    (``ConfigError``) before anything is built: aliases that expand it past
+    ``MAX_YAML_EXPANSION``, an alias inside itself, and nesting deeper than Python's stack."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -78,10 +87,53 @@ def load_yaml(text: str, what: str = "YAML"):
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
         re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    loader = Loader(text)
     try:
-        return yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+        node = loader.get_single_node()       # the node graph: aliases are shared, not copied
+        if node is None:
+            return None
+        _expanded(node, MAX_YAML_EXPANSION + 2 * len(text), what)   # its text always passes
+        return loader.construct_document(node)
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} is not valid YAML: {' '.join(str(e).split())}") from e
+    except RecursionError:
+        raise ConfigError(f"{what} is nested too deeply: refused") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded(root, limit: int, what: str) -> None:
+    """ConfigError when the node graph ``root``, its aliases expanded, has more than ``limit``
+    nodes and scalar characters, or an alias inside itself. Each node is sized once (aliases
+    share nodes), depth first without recursion."""
+    import yaml
+
+    def kids(node):
+        if isinstance(node, yaml.SequenceNode):
+            return node.value
+        return [x for pair in node.value for x in pair]
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()             # the nodes on the path from the root
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            open_.discard(key)
+            sizes[key] = 1 + sum(sizes[id(k)] for k in kids(node))
+            if sizes[key] > limit:
+                raise ConfigError(f"{what}: its aliases (*name) expand it to more than "
+                                  f"{MAX_YAML_EXPANSION:,} nodes and characters: refused")
+        elif key in sizes:
+            continue
+        elif isinstance(node, yaml.ScalarNode):
+            sizes[key] = 1 + len(node.value)
+        elif key in open_:
+            raise ConfigError(f"{what}: an alias (*name) inside its own anchor: refused")
+        else:
+            open_.add(key)
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids(node))
 
 
 # --------------------------------------------------------------------------- the fields
