@@ -420,3 +420,31 @@ def test_architecture_md_names_every_module_of_each_room_once():
         assert sorted(listed) == have, (room, sorted(set(have) - set(listed)),
                                         sorted(set(listed) - set(have)),
                                         [m for m in listed if listed.count(m) > 1])
+
+
+def test_no_private_name_crosses_a_module():
+    """No module of layerswap_core, app.py or app_tabs imports another module's ``_name`` or
+    reads one as ``module._name`` (public helpers, parameters passed instead)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    ours = {p.stem for p in (root / "layerswap_core").rglob("*.py")} | {"layerswap_core"}
+    found = []
+    for path in [*(root / "layerswap_core").rglob("*.py"), *(root / "app_tabs").glob("*.py"),
+                 root / "app.py"]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules = set()   # names this file binds to one of our modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "")
+                                                     .startswith("layerswap_core")):
+                found += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+                modules |= {a.asname or a.name for a in node.names if a.name in ours}
+            if isinstance(node, ast.Import):
+                modules |= {a.asname or a.name.split(".")[0] for a in node.names
+                            if a.name.startswith("layerswap_core")}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in modules and re.fullmatch(r"_[A-Za-z]\w*", node.attr):
+                found.append(f"{path.name}: {node.value.id}.{node.attr}")
+    assert not found, found

@@ -199,7 +199,8 @@ def test_allow_bin_on_every_command_that_loads_models(tiny, capsys, tmp_path, mo
     _fails_readably(["info", str(d)], capsys, "--allow-bin")
     assert main(["info", "--allow-bin", str(d)]) == 0
     assert "8 layers" in capsys.readouterr().out
-    assert references._ALLOW_BIN["default"] is False  # the flag does not outlive the command
+    with pytest.raises(references.ModelLoadError, match="--allow-bin"):   # the command's choice
+        references.resolve(str(d))                     # does not outlive it (a context variable)
     _fails_readably(["plan", "--task", str(d), "--lang", str(tiny["lang"])], capsys, "--allow-bin")
 
 

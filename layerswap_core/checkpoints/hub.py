@@ -57,7 +57,7 @@ class Pending(ModelLoadError):
     """The model is being downloaded in the background; the message says how far it got."""
 
 
-def _gb(nbytes: float) -> str:
+def gb_text(nbytes: float) -> str:
     return f"{nbytes / GB:.2f} GB" if nbytes >= GB / 10 else f"{nbytes / 10 ** 6:.1f} MB"
 
 
@@ -89,8 +89,8 @@ def too_big(nbytes: int, limit: int | None) -> str | None:
     """The refusal of a download of ``nbytes`` over ``limit`` (the message names the limit)."""
     if limit is None or nbytes <= limit:
         return None
-    return (f"{_gb(nbytes)} to download; this server downloads at most "
-            f"{_gb(limit)} per model (LAYERSWAP_MAX_DOWNLOAD_GB)")
+    return (f"{gb_text(nbytes)} to download; this server downloads at most "
+            f"{gb_text(limit)} per model (LAYERSWAP_MAX_DOWNLOAD_GB)")
 
 
 # --------------------------------------------------------------------------- one download
@@ -121,7 +121,7 @@ class Download:
             pct = 100 * self.done / self.total if self.total else 0
             left = self.rate.left(self.done / self.total) if self.total else ""
             return (f"{self.repo_id}: downloading in the background, {pct:.0f}% "
-                    f"({_gb(self.done)} of {_gb(self.total or 0)}{', ' + left if left else ''})"
+                    f"({gb_text(self.done)} of {gb_text(self.total or 0)}{', ' + left if left else ''})"
                     "; press Check again when it is done")
         if self.state == "done":
             return f"{self.repo_id}: downloaded; press Check to use it"
@@ -130,7 +130,7 @@ class Download:
         return f"{self.repo_id}: {self.error}"
 
 
-def _words(exc: BaseException, timeout: float) -> str:
+def hub_error_words(exc: BaseException, timeout: float) -> str:
     """An exception of a Hub call as a sentence (no URL, no exception class)."""
     import httpx2
     from huggingface_hub import errors
@@ -138,7 +138,7 @@ def _words(exc: BaseException, timeout: float) -> str:
     if isinstance(exc, ModelLoadError):
         return str(exc)
     if isinstance(exc, (ValueError, errors.LocalEntryNotFoundError)) and exc.__cause__:
-        return _words(exc.__cause__, timeout)    # hf_hub_download's wrapping of a failed HEAD
+        return hub_error_words(exc.__cause__, timeout)    # hf_hub_download's wrapping of a failed HEAD
     if isinstance(exc, httpx2.TimeoutException):
         return f"the Hub did not answer within {timeout:.0f} s; try again later"
     if isinstance(exc, (httpx2.ConnectError, httpx2.NetworkError)):
@@ -172,7 +172,7 @@ def file_url(endpoint: str, repo_id: str, sha: str, name: str) -> str:
 _SAFE_NAME = re.compile(r"[\w.-]+(/[\w.-]+)*")
 
 
-def _clean_names(names) -> None:
+def check_file_names(names) -> None:
     for name in names:
         if not _SAFE_NAME.fullmatch(name) or any(p in ("", ".", "..") for p in name.split("/")):
             raise ModelLoadError("the Hub listed a file name that is not a plain path: refused")
@@ -256,7 +256,7 @@ class HubCache:
                              keep=lambda repo: repo in busy or self.held(repo))
             if used + nbytes > cap:
                 raise ModelLoadError(
-                    f"the server's model cache ({_gb(cap)}, LAYERSWAP_MAX_HUB_CACHE_GB) is full "
+                    f"the server's model cache ({gb_text(cap)}, LAYERSWAP_MAX_HUB_CACHE_GB) is full "
                     "of models in use; try again later")
 
     # ---- fetching
@@ -341,7 +341,7 @@ class HubCache:
         except _Stop:
             job.state = "cancelled"
         except Exception as e:  # noqa: BLE001 - every failure becomes a sentence
-            job.error, job.state = _words(e, self.limits.timeout), "failed"
+            job.error, job.state = hub_error_words(e, self.limits.timeout), "failed"
 
     def _download(self, job: Download) -> Path:
         from huggingface_hub import HfApi, constants
@@ -357,7 +357,7 @@ class HubCache:
                  if any(fnmatch.fnmatch(s.rfilename, p) for p in PATTERNS)}
         if not any(n.endswith(".safetensors") for n in files):
             raise ModelLoadError("the repository has no safetensors weights")
-        _clean_names(files)
+        check_file_names(files)
         if any(s.size is None for s in files.values()):
             raise ModelLoadError("the Hub does not list the size of every file: not downloaded")
         if any(_checksum(s) is None for s in files.values()):

@@ -34,11 +34,11 @@ from ..progress import Progress, say
 from .adapters import is_adapter
 from .compatibility import open_models, problems
 from .embedded import EMBEDDED_PREFIX
-from .hub import (PATTERNS, HubLimits, _clean_names, _gb, _words, file_url, served_cache,
+from .hub import (PATTERNS, HubLimits, check_file_names, gb_text, hub_error_words, file_url, served_cache,
                   too_big)
 from .loading import ModelInfo, describe, runs_in_float32
 from .reading import INDEX_NAME, ModelLoadError
-from .references import _REPO_ID, resolve
+from .references import REPO_ID_PATTERN, resolve
 from .tokenizers import TOKENIZER_FILES
 from .tokenizer_panel import TokenizerPanel, tokenizer_panel
 
@@ -74,13 +74,13 @@ class ModelFacts:
 
     def line(self) -> str:
         i = self.info
-        where = (f"{_gb(self.download_bytes)} to download" if self.download_bytes
+        where = (f"{gb_text(self.download_bytes)} to download" if self.download_bytes
                  else "here, nothing to download")
         terms = [f"licence {self.license}" if self.license else "",
                  "gated" if self.gated else "", "private" if self.private else ""]
         return (f"{self.role}: {self.ref}: {i.architecture}, {i.num_layers} layers, "
                 f"hidden {i.hidden_size}, vocab {i.vocab_size}, {i.dtype}, "
-                f"{i.num_params / 1e6:.1f} M params, {_gb(i.size_bytes)} of weights; {where}"
+                f"{i.num_params / 1e6:.1f} M params, {gb_text(i.size_bytes)} of weights; {where}"
                 + "".join(f", {t}" for t in terms if t))
 
 
@@ -146,10 +146,10 @@ class Preflight:
         """The summary, one line each: every model, the totals, then the verdict."""
         out = [f.line() for f in self.models.values()]
         if self.models:
-            out.append(f"download: {_gb(self.download_bytes)} in all; memory: about "
-                       f"{_gb(self.memory_bytes)} for the live model"
+            out.append(f"download: {gb_text(self.download_bytes)} in all; memory: about "
+                       f"{gb_text(self.memory_bytes)} for the live model"
                        + (" (float32 on the CPU)" if self.live_float32 else "") + ", plus up to "
-                       f"{_gb(self.mapped_bytes)} of page cache for the weight files "
+                       f"{gb_text(self.mapped_bytes)} of page cache for the weight files "
                        f"(pre-flight fetched {_small(self.fetched_bytes)})")
         out += [f"note: {n}" for n in self.notes]
         out += [f"warning: {f.role}: {f.info.warning()}" for f in self.models.values()
@@ -163,7 +163,7 @@ class Preflight:
 
 
 def _small(nbytes: int) -> str:
-    return _gb(nbytes) if nbytes >= 10 ** 6 else f"{nbytes / 1000:.1f} kB"
+    return gb_text(nbytes) if nbytes >= 10 ** 6 else f"{nbytes / 1000:.1f} kB"
 
 
 def hub_id(ref: str, served: bool = False) -> bool:
@@ -171,7 +171,7 @@ def hub_id(ref: str, served: bool = False) -> bool:
     ``served``: whatever lies on the server's disk (a visitor's owner/name is never read as a
     relative path)."""
     s = str(ref).strip()
-    return (bool(_REPO_ID.match(s)) and not s.startswith((".", "~", EMBEDDED_PREFIX))
+    return (bool(REPO_ID_PATTERN.match(s)) and not s.startswith((".", "~", EMBEDDED_PREFIX))
             and (served or not Path(s).expanduser().exists()))
 
 
@@ -227,7 +227,7 @@ class _Hub:
             (t.split(":", 1)[1] for t in info.tags or () if t.startswith("license:")), None)
         siblings = [s for s in info.siblings or ()
                     if any(fnmatch.fnmatch(s.rfilename, p) for p in PATTERNS)]
-        _clean_names(s.rfilename for s in siblings)
+        check_file_names(s.rfilename for s in siblings)
         if any(s.size is None for s in siblings):
             raise ModelLoadError("the Hub does not list the size of every file")
         model.files = {s.rfilename: s.size for s in siblings}
@@ -270,7 +270,7 @@ class _Hub:
         """A config, index or tokenizer file into the skeleton (a blob fetched before: copied)."""
         size = model.files[name]
         if size > SMALL_FILE_CAPS.get(name, MAX_SMALL_FILE):
-            raise ModelLoadError(f"{name} is listed at {_gb(size)}: too large for a pre-flight")
+            raise ModelLoadError(f"{name} is listed at {gb_text(size)}: too large for a pre-flight")
         dest = model.folder / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         key = (name, model.blobs.get(name) or "")
@@ -404,7 +404,7 @@ def preflight(refs: dict[str, str], *, served: bool = False, token=None,
                     try:
                         _skeleton(hub, model)
                     except Exception as e:  # noqa: BLE001 - every failure becomes a sentence
-                        raise ModelLoadError(_words(e, limits.timeout)) from e
+                        raise ModelLoadError(hub_error_words(e, limits.timeout)) from e
                     if served and (model.gated or model.private):
                         raise ModelLoadError("this model is gated or private: not downloaded "
                                              "on this server")
@@ -467,7 +467,7 @@ def _compatibility(hub: _Hub | None, paths: dict[str, Path], remote: dict[str, _
                 if name in model.files:
                     hub.small_file(model, name)
         except Exception as e:  # noqa: BLE001 - every failure becomes a sentence
-            return [f"{model.folder.name} {model.repo_id}: {_words(e, limits.timeout)}"]
+            return [f"{model.folder.name} {model.repo_id}: {hub_error_words(e, limits.timeout)}"]
     return problems(models)
 
 

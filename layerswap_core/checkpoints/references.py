@@ -12,6 +12,8 @@ downloaded into the local Hub cache (bounded, served downloads are ``hub``).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import re
@@ -30,8 +32,9 @@ from .tokenizers import TOKENIZER_FILES
 from .cache import build_once, cache_dir, cache_key
 from .writing import unwritable_reason
 
-__all__ = ["DEFAULT_BASE", "EMBEDDED_PREFIX", "ModelLoadError", "check_folder", "check_free_space",
-           "hub_reachable", "is_adapter", "is_offline", "read_config_file", "resolve", "set_allow_bin_default"]
+__all__ = ["DEFAULT_BASE", "EMBEDDED_PREFIX", "ModelLoadError", "bin_weights_allowed", "check_folder",
+           "check_free_space", "hub_reachable", "is_adapter", "is_offline", "read_config_file",
+           "resolve"]
 
 
 def is_offline() -> bool:
@@ -78,7 +81,7 @@ def hub_reachable(timeout: float = 3.0, max_age: float = 60.0) -> bool:
 
 
 # --------------------------------------------------------------------------- resolving references
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+REPO_ID_PATTERN = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 def _bin_files(path: Path) -> list[Path]:
@@ -130,15 +133,22 @@ def _write_converted(path: Path, bins: list[Path], tmp: Path, progress: Progress
             shutil.copy2(f, tmp / f.name)
 
 
-_ALLOW_BIN = {"default": False}  # process-wide default of allow_bin (the CLI's --allow-bin)
+# allow_bin's default where a caller does not pass it: False, or what ``bin_weights_allowed``
+# set for the work running in this context (the CLI's --allow-bin). A context variable, not a
+# process-wide flag: a served app's other threads never see one command's choice.
+_BIN_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("layerswap_allow_bin",
+                                                                   default=False)
 
 
-def set_allow_bin_default(value: bool) -> bool:
-    """Make ``allow_bin`` default to ``value`` wherever a caller does not pass it (the CLI's
-    --allow-bin). Returns the previous default, to restore it."""
-    before = _ALLOW_BIN["default"]
-    _ALLOW_BIN["default"] = bool(value)
-    return before
+@contextlib.contextmanager
+def bin_weights_allowed(value: bool = True):
+    """Within the block (this thread or task only), ``allow_bin`` defaults to ``value`` where a
+    caller does not pass it (the CLI's --allow-bin)."""
+    token = _BIN_ALLOWED.set(bool(value))
+    try:
+        yield
+    finally:
+        _BIN_ALLOWED.reset(token)
 
 
 def resolve(ref: str | os.PathLike, *, allow_bin: bool | None = None,
@@ -147,10 +157,10 @@ def resolve(ref: str | os.PathLike, *, allow_bin: bool | None = None,
 
     A folder with safetensors weights is used as it is, whatever .bin files lie beside them (every
     path reads the safetensors); one with only PyTorch .bin weights is refused unless
-    ``allow_bin`` (default: ``set_allow_bin_default``), then converted once into the cache.
+    ``allow_bin`` (default: ``bin_weights_allowed``), then converted once into the cache.
     """
     if allow_bin is None:
-        allow_bin = _ALLOW_BIN["default"]
+        allow_bin = _BIN_ALLOWED.get()
     s = str(ref).strip()
     if not s:
         raise ModelLoadError("empty model reference")
@@ -164,7 +174,7 @@ def resolve(ref: str | os.PathLike, *, allow_bin: bool | None = None,
         if not ((path / INDEX_NAME).exists() or weight_files(path)):
             return _convert_bin(path, progress)
         return path.resolve()
-    if _REPO_ID.match(s) and not s.startswith((".", "~")):
+    if REPO_ID_PATTERN.match(s) and not s.startswith((".", "~")):
         return _from_hub(s, progress)
     raise ModelLoadError(f"{s}: no such folder (and not a Hub repo id of the form owner/name)")
 

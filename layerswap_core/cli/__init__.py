@@ -11,7 +11,7 @@ import gc
 import importlib
 import sys
 
-from ..checkpoints.references import ModelLoadError, set_allow_bin_default
+from ..checkpoints.references import ModelLoadError, bin_weights_allowed
 
 # command group module -> its commands and their one-line help, groups in --help order
 # (tests/test_cli.py checks these against the commands each module's add_cli adds)
@@ -42,11 +42,8 @@ NO_MODEL_COMMANDS = ("prepare", "demo-data")
 def _allowing_bin(func):
     """``func`` run with models' allow_bin default set from --allow-bin (restored afterwards)."""
     def run(args):
-        before = set_allow_bin_default(args.allow_bin)
-        try:
+        with bin_weights_allowed(args.allow_bin):
             return func(args)
-        finally:
-            set_allow_bin_default(before)
     return run
 
 

@@ -297,6 +297,11 @@ class Guard:
 _ZERO_POOL = EnginePool(max_waiting=64)
 
 
+def zero_pool() -> EnginePool:
+    """The engines of this process's ZeroGPU worker (``spaces.start`` describes them)."""
+    return _ZERO_POOL
+
+
 def _relay(source: Iterator, guard: Progress) -> Iterator:
     """The items of a streaming job, each passing ``guard`` (Cancel, the time budget); the
     source is closed however the caller stops."""

@@ -43,8 +43,8 @@ from .tasks import Extraction, Task, run_task, token_nll
 from ..checkpoints.loading import load_model
 from ..inference.attention import without_cudnn_attention
 from ..inference.lean import load_lean_model
-from ..inference.prefill import (batch_order, group_passes, kv_layers as _kv,
-                                 plain_cache_ok as _plain_cache_ok, shared_prefix)
+from ..inference.prefill import (batch_order, group_passes, kv_layers,
+                                 plain_cache_ok, shared_prefix)
 
 
 
@@ -193,7 +193,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     pairs = [(encode_prompt(tokenizer, p), encode_continuation(tokenizer, t))
              for p, t in zip(prompts, targets)]
     out = [math.nan] * len(pairs)
-    share_prefix = share_prefix and _plain_cache_ok(model)
+    share_prefix = share_prefix and plain_cache_ok(model)
     order = batch_order([p + t for p, t in pairs])
 
     def score(idx, logits, keep):
@@ -212,7 +212,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
             if share_prefix:
                 # the prefix stays inside the prompts, so every target is scored in a group pass
                 n_prefix, cache = shared_prefix(model, [pairs[i][0] for i in idx], device)
-                prefix_kv = _kv(cache) if cache is not None else []
+                prefix_kv = kv_layers(cache) if cache is not None else []
                 pause_point()   # and between the prefix and each group's pass
             if prefix_kv is not None:
                 seqs = [(pairs[i][0] + pairs[i][1])[n_prefix:] for i in idx]

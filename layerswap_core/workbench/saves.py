@@ -133,8 +133,8 @@ def reserving(access: Access, out: Path, nbytes: int, quotas: Quotas | None = No
                 - replaced)
         if quotas.per_visitor is not None and mine + nbytes > quotas.per_visitor:
             raise WorkbenchError(
-                f"this save needs {hub._gb(nbytes)}; your saves use {hub._gb(mine)} of the "
-                f"{hub._gb(quotas.per_visitor)} each visitor may keep on this server "
+                f"this save needs {hub.gb_text(nbytes)}; your saves use {hub.gb_text(mine)} of the "
+                f"{hub.gb_text(quotas.per_visitor)} each visitor may keep on this server "
                 "(LAYERSWAP_MAX_SAVES_GB_PER_VISITOR): overwrite one of them instead")
         if quotas.total is not None:
             _make_room(access, out, nbytes, replaced, quotas.total)
@@ -150,8 +150,8 @@ def _make_room(access: Access, out: Path, nbytes: int, replaced: int, total: int
     saves = {p: folder_bytes(p) for p in _saves(access.output_root)}
     used = sum(saves.values()) + sum(b for _, b in _WRITING.values()) - replaced
     if nbytes > total:
-        raise WorkbenchError(f"this save needs {hub._gb(nbytes)}, more than the "
-                             f"{hub._gb(total)} this server keeps for all saves "
+        raise WorkbenchError(f"this save needs {hub.gb_text(nbytes)}, more than the "
+                             f"{hub.gb_text(total)} this server keeps for all saves "
                              "(LAYERSWAP_MAX_SAVES_GB)")
     mine = access.saves_root
     used = evict_lru(saves, used, nbytes, total, oldest_first=lambda p: -_age(p),
@@ -159,8 +159,8 @@ def _make_room(access: Access, out: Path, nbytes: int, replaced: int, total: int
                                      or (mine is not None and p.parent == mine)))
     if used + nbytes > total:
         raise WorkbenchError(
-            f"this save needs {hub._gb(nbytes)}; the saves on this server already use "
-            f"{hub._gb(used)} of {hub._gb(total)} (LAYERSWAP_MAX_SAVES_GB): overwrite one of "
+            f"this save needs {hub.gb_text(nbytes)}; the saves on this server already use "
+            f"{hub.gb_text(used)} of {hub.gb_text(total)} (LAYERSWAP_MAX_SAVES_GB): overwrite one of "
             "yours or try again later")
 
 

@@ -37,7 +37,7 @@ def start(refs: dict[str, str]) -> str:
         import spaces  # noqa: F401 - before anything initialises CUDA
         trio = Trio(refs["task"], refs["lang"], refs.get("base"), device=dispatch.ZERO_DEVICE)
         dispatch.preload(trio)
-        pool = dispatch._ZERO_POOL
+        pool = dispatch.zero_pool()
     else:
         trio = Trio(refs["task"], refs["lang"], refs.get("base"), device=pick_device())
         pool = d.pool
