@@ -601,3 +601,37 @@ def test_a_typed_out_of_range_layer_count_is_refused_and_the_plan_says_what_it_s
             assert shown.rstrip(".") in before, (shown, before)
         finally:
             browser.close()
+
+
+@pytest.mark.timing   # Stop must land while an answer streams
+@pytest.mark.parametrize("stop_during", ["Merged model answering", "expert answering"])
+def test_after_chats_stop_the_next_turn_reaches_both_panes(served, stop_during):
+    """Issue #61: after Stop, the next message is answered by the merged model and then by the
+    model beside it (the compare pane), as any turn is."""
+    url, _ = served
+    from app import open_chromium
+
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            page.goto(url)
+            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
+            page.get_by_role("tab", name="Build").click()
+            page.locator("#build-btn").click()
+            expect(page.locator("#status")).not_to_contain_text("not built yet", timeout=120_000)
+            page.get_by_role("tab", name="Chat").click()
+            box = page.locator("#chat-input textarea")
+            box.fill("What is 12 + 30?")
+            page.locator("#chat-send").click()
+            expect(page.locator("#chat-status")).to_contain_text(stop_during, timeout=120_000)
+            page.locator("#chat-stop").click()
+            expect(page.locator("#chat-status")).to_contain_text("Stopped", timeout=60_000)
+            other = page.locator("#chat-other")
+            before = other.inner_text()
+            box.fill("What is 7 + 5?")
+            page.locator("#chat-send").click()
+            expect(page.locator("#chat-status")).to_contain_text("Done", timeout=180_000)
+            assert "7 + 5" in other.inner_text() and other.inner_text() != before
+        finally:
+            browser.close()
