@@ -47,9 +47,10 @@ class ModelsTab(PageBase):
         if gate is not None:   # Hub models to download: their metadata first, nothing large
             pf, missing = gate
             md = preflight_markdown(pf, access)
-            if not pf.ok:
+            if not pf.ok:   # the table names these references, never an earlier pick's
                 gr.Warning("These models cannot be merged; see the Models tab.")
                 return {self.models_md: "⚠ " + md + still,
+                        self.models_table: wb.unchecked_rows(*refs),
                         self.download_btn: gr.update(visible=False)}
             return {self.models_md: ok(md + "\n\n" + download_line(pf, missing)) + still,
                     self.download_btn: gr.update(visible=True)}

@@ -742,6 +742,14 @@ def test_one_bad_reference_keeps_the_other_rows(tiny):
     rows = {r[0]: r for r in e.value.rows}
     assert rows["base"][3] == "8" and rows["language expert"][3] == "8"      # read
     assert rows["task expert"][2].startswith("⚠ cannot be read") and rows["task expert"][3] == ""
+    # a long reference and reason are cut in the table (the columns stay on screen); the
+    # status line has the whole reason
+    typo = "/no/such/" + "x" * 300
+    with pytest.raises(WorkbenchError) as e:
+        wb.check_models(str(tiny["base"]), typo, str(tiny["lang"]))
+    cells = {r[0]: r for r in e.value.rows}["task expert"]
+    assert all(len(c) <= wb.TABLE_CELL_CHARS for c in cells) and cells[1].endswith("…")
+    assert typo in str(e.value)
     with pytest.raises(WorkbenchError) as e:                                  # two bad ones
         wb.check_models(str(tiny["base"]), "/no/such/a", "/no/such/b")
     assert "task expert" in str(e.value) and "language expert" in str(e.value)

@@ -143,8 +143,8 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
                 raise WorkbenchError(f"{label} {name!r}: {readable_error(e)}") from e
         except WorkbenchError as e:   # the others are still read: their rows stay valid
             errors.append(str(e))
-            rows[role] = [label, name[:200], f"⚠ cannot be read: {readable_error(e)}"[:300],
-                          "", "", "", "", ""]
+            rows[role] = [label, _cell(name), _cell(f"⚠ cannot be read: {readable_error(e)}"),
+                          "", "", "", "", ""]   # the whole reason is on the status line
             continue
         refs[role], infos[role] = ref, info
         rows[role] = [label, name, info.architecture,
@@ -202,10 +202,18 @@ def reading_note(base_folder, lang_ref: str) -> str | None:
             f"answer it badly; a base whose tokenizer covers {row.name} reads it better")
 
 
+TABLE_CELL_CHARS = 80   # a table cell's text: a long reference or reason keeps the columns on screen
+
+
+def _cell(text: str) -> str:
+    text = str(text)
+    return text if len(text) <= TABLE_CELL_CHARS else text[:TABLE_CELL_CHARS - 1] + "…"
+
+
 def unchecked_rows(base, task, lang) -> list[list[str]]:
     """Rows of the models table for references that could not be read (a failed check)."""
     given = {"base": base, "task": task, "lang": lang}
-    return [[ROLE_LABELS[role], str(ref or "")[:200], "(not read)", "", "", "", "", ""]
+    return [[ROLE_LABELS[role], _cell(str(ref or "")), "(not read)", "", "", "", "", ""]
             for role, ref in given.items() if str(ref or "").strip()]
 
 
