@@ -282,3 +282,15 @@ def test_sweep_heatmap_of_an_nll_stars_the_lowest_with_its_own_sign():
     assert text[0][1] == "★ 1.200" and "★" not in text[0][0] + text[1][1]
     assert fig.data[0].z[0][1] > 0                      # not negated
     assert fig.data[0].colorscale[0][1] != plots.sweep_heatmap([0], [0], [[1.0]]).data[0].colorscale[0][1]
+
+
+def test_a_log_colourbar_within_one_decade_has_several_ticks():
+    """The MAV colourbar of a range inside one decade showed a single tick; now 1x, 2x and 5x
+    the powers of ten inside the range, each placed at its value."""
+    import math
+
+    ticks = plots._log_ticks(math.log10(3e-4), math.log10(3e-3))
+    assert [t for _, t in ticks] == ["5e-4", "1e-3", "2e-3"]
+    assert all(abs(v - math.log10(float(t))) < 1e-12 for v, t in ticks)
+    wide = plots._log_ticks(-6.2, -1.5)
+    assert [t for _, t in wide] == ["1e-6", "1e-5", "1e-4", "1e-3", "1e-2"]

@@ -89,9 +89,20 @@ def _colorbar(metric: str, log: bool, zmin=None, zmax=None) -> dict:
     if metric == "frac_rows_above":
         cb["tickformat"] = ".0%"
     if log and zmin is not None and zmax is not None and np.isfinite([zmin, zmax]).all():
-        ticks = list(range(math.floor(zmin), math.ceil(zmax) + 1))
-        cb.update(tickvals=ticks, ticktext=[f"1e{t}" for t in ticks])
+        ticks = _log_ticks(zmin, zmax)
+        cb.update(tickvals=[v for v, _ in ticks], ticktext=[t for _, t in ticks])
     return cb
+
+
+def _log_ticks(lo: float, hi: float) -> list[tuple[float, str]]:
+    """(log10 value, label) ticks within [lo, hi]: the powers of ten, and 2x and 5x them too
+    when fewer than three powers fall inside (a range within one decade had a single tick)."""
+    decades = range(math.floor(lo), math.ceil(hi) + 1)
+    within = [(float(k), f"1e{k}") for k in decades if lo <= k <= hi]
+    if len(within) >= 3:
+        return within
+    return [(k + math.log10(m), f"{m}e{k}") for k in decades for m in (1, 2, 5)
+            if lo <= k + math.log10(m) <= hi]
 
 
 def _range(zs: Iterable[np.ndarray], metric: str, log: bool) -> tuple[float, float]:
@@ -218,8 +229,8 @@ def overlap_heatmap(task, lang, tau: float | tuple[float | None, float | None] |
                        "<extra></extra>")))
     taus = (f"τ = {tau_task:.3g}" if tau_task == tau_lang else
             f"τ = {tau_task:.3g} for {task.label}, {tau_lang:.3g} for {lang.label}")
-    _layout(fig, title or f"Interference risk: rows changed by both experts ({taus})",
-            heatmap_height(task.num_layers))
+    _layout(fig, title or f"Interference risk: rows changed by both experts<br><sup>{taus}</sup>",
+            heatmap_height(task.num_layers), margin=dict(t=80))   # the taus on a line of their own
     fig.update_xaxes(title_text="module", tickangle=-35)
     fig.update_yaxes(title_text="layer", dtick=1 if task.num_layers <= 40 else 2)
     return fig
@@ -400,8 +411,8 @@ def layer_stack_figure(rows: Sequence, title: str | None = None,
     for r in extra:  # "non-layer: blend 0.50/0.50 (embeddings, final norm, LM head)"
         src = r["source"]
         what = names.get(src, src) if src in ("task", "lang", "base") else r["short"]
-        fig.add_annotation(x=1.01, xref="paper", xanchor="left", y=r["layer"],
-                           text=f"non-layer: {what} (embeddings, final norm, LM head)",
+        fig.add_annotation(x=1.01, xref="paper", xanchor="left", y=r["layer"],   # two lines:
+                           text=f"non-layer: {what}<br>(embeddings, final norm, LM head)",
                            showarrow=False, font=dict(size=11, color=COLORS.get(src, "#444")))
     i = 0
     while i < len(rs):
