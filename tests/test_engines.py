@@ -424,6 +424,9 @@ def test_a_chunked_evaluations_progress_counts_the_whole_job(trio, tiny, one_thr
     assert all(b >= a - 1e-9 for a, b in zip(fractions, fractions[1:])), fractions
     assert "model 1 of 2 (base): 0 of 8 items answered" in messages
     assert any(m.startswith("model 1 of 2 (base): setting up the model") for m in messages)
+    # the set-up ends when answering starts (the bar sat at "setting up (100%)" meanwhile)
+    up = max(i for i, m in enumerate(messages) if m.startswith("model 1 of 2 (base): setting up"))
+    assert messages[up + 1].startswith("model 1 of 2 (base): answering")
     assert "model 2 of 2 (task expert): 6 of 8 items answered" in messages
     assert messages[-1] == "model 2 of 2 (task expert): 8 of 8 items answered"
     assert not [m for m in messages if "of 1 " in m or "evaluate" in m or "starting" in m]

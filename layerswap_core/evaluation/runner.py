@@ -411,6 +411,8 @@ def run_side_by_side(models: dict, items: Sequence[Item], *, shots: int = 2, cot
         count.say(progress, mi, name, 0, "loading the model" if isinstance(spec, (str, Path))
                   else "setting up the model")
         (model, tokenizer), loaded_here = _ensure_loaded(spec, device, lean and not chat_template)
+        # the set-up is over: the bar says so before the first answer (a batch takes seconds)
+        count.say(progress, mi, name, 0, "answering")
         try:
             run = run_task(task, model, tokenizer, batch_size=batch_size,
                            progress=lambda f, m, mi=mi, name=name: count.say(
