@@ -21,10 +21,14 @@ def session(tiny):
 
 
 def test_the_sweep_tab_gets_the_clis_scores(session, tiny, tmp_path, one_thread):
-    seen = []
+    seen, fractions = [], []
     config = wb.make_config(session, "layer swap", 2, 1, 0, 0)
     res = sweep_grid(session, config, "bottom / top", "0,2", "1,7", "gsm-symbolic", "sw", n=2,
-                     metric="nll", progress=lambda f, m: seen.append(m))
+                     metric="nll", progress=lambda f, m: (seen.append(m), fractions.append(f)))
+    # one bar over the whole sweep: it never goes back (it restarted at 0 per configuration)
+    # and moves before the last configuration ends
+    assert all(b >= a - 1e-9 for a, b in zip(fractions, fractions[1:])), fractions
+    assert any(0.3 < f < 0.9 for f in fractions), fractions
     assert res.xs == [0, 2] and res.ys == [1, 7] and res.scores[1][1] is None   # 2 + 7 > 8
     # each configuration is one dispatcher job that names itself on the bar
     names = {m for m in (re.match(r"configuration \d of 3 \(([^)]*)\)", s) for s in seen) if m}

@@ -157,10 +157,14 @@ def _on_dispatcher(session: Session, metric: str, progress: Progress | None):
         part = dict(units=len(jobs), items=len(items), unit="configuration",
                     verb="scored" if metric == "nll" else "answered", first_unit=k,
                     part_units=1, name=label)
+        # the bar over the whole sweep: configuration k's own 0..1 placed in its share, so it
+        # moves per item and its time left counts the sweep (it restarted at 0 per configuration)
+        whole = None if progress is None else (
+            lambda f, m: progress((k + min(max(f, 0.0), 1.0)) / len(jobs), m))
         handle(dispatcher().run(session.job(
             SWEEP_KIND, job, items, eval=worker_args["settings"],
             eval_items=worker_args["eval_items"], work_items=len(items), part=part,
-            **_scoring(metric)), progress))
+            **_scoring(metric)), whole))
     return score
 
 
