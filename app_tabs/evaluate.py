@@ -72,7 +72,7 @@ class EvaluateTab(PageBase):
                 self.source = gr.Radio(registry.source_choices("eval"),
                                        value=source, label="Data")
                 self.eval_lang = gr.Dropdown(LANGS, value=trio.defaults["eval_lang"],
-                                             label="Language")
+                                             label="Language", elem_id="eval-lang")
                 self.n_items = gr.Slider(1, limits_for(self.access).eval_questions, value=2, step=1,
                                          label="Questions", elem_id="n-items")
                 self.shots = gr.Slider(0, limits_for(self.access).shots, value=2, step=1, label="Shots",
