@@ -76,7 +76,8 @@ def timed_sweep(refs, grid: str, n: int, out: Path, **kw) -> dict:
     wall = time.perf_counter() - t0
     recs = outcome.records()
     per = sorted(r["seconds"] for r in recs)
-    return {"backend": kw.get("backend", "local"), "workers": kw.get("workers", 1),
+    return {"backend": kw.get("backend", "local"),
+            "workers": kw.get("backend_options", {}).get("workers", 1),
             "configurations": len(recs), "wall_s": round(wall, 1),
             "first_result_s": round(stamps[0] - t0, 1),
             "after_first_s": round(stamps[-1] - stamps[0], 1),
@@ -166,7 +167,7 @@ def main() -> int:
                          log_to_driver=False)
                 try:
                     report["ray"] = timed_sweep(refs, a.timed, a.n, Path(d) / "ray",
-                                                backend="ray", workers=2, cpus_per_worker=1)
+                                                backend="ray", backend_options=dict(workers=2, cpus_per_worker=1))
                 finally:
                     ray.shutdown()
                 r, loc = report["ray"], report["local"]

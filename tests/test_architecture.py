@@ -61,6 +61,7 @@ LAYERS = [
     ("sweeps.grid", "sweeps.order", "sweeps.store"),   # sweeps: the grid, orders, results file
     ("sweeps.scoring", "sweeps.report"),          # scoring on one engine; table, best, heatmap
     ("sweeps.ray_backend",),                      # Ray actors (the only module importing ray)
+    ("sweeps.backends",),                         # the backends: one record each, one mapping
     ("sweeps.runner",),                           # run_sweep: the one entry point of a sweep
     ("workbench.figures", "workbench.spaces", "workbench.served",   # figures, the ZeroGPU shim,
      "workbench.controls"),                       # which controls the method reads,

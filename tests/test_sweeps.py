@@ -196,7 +196,7 @@ def test_ray_gives_the_local_scores_and_loses_nothing_to_a_killed_worker(
         ray_runtime.kill(ray_runtime.get_actor(other))
         killed.append(other)
 
-    outcome = run_sweep(request(tiny, tmp_path, backend="ray", workers=2),
+    outcome = run_sweep(request(tiny, tmp_path, backend="ray", backend_options={"workers": 2}),
                         on_result=kill_the_other)
     assert outcome.complete and outcome.scored == 9
     keys = [r["key"] for r in lines(tmp_path)]
@@ -317,3 +317,38 @@ def test_when_every_configuration_ties_none_is_called_best():
     res.rows[3][2] = 0.25
     res.rows.sort(key=lambda r: -r[2])
     assert not res.tied and res.best == [1, 1, 0.25]
+
+
+def test_backends_are_records_with_their_own_options(tiny, tmp_path):
+    """A backend is one record in one mapping, its options checked against its own dataclass;
+    a toy backend registered here scores a sweep with no change elsewhere."""
+    from dataclasses import dataclass
+
+    from layerswap_core.sweeps import backends
+    from layerswap_core.sweeps.scoring import SweepWorker
+
+    assert {"local", "ray"} <= set(backends.BACKENDS)
+    with pytest.raises(ValueError, match="backend local: no option workers"):
+        run_sweep(request(tiny, tmp_path / "a", backend_options={"workers": 2}))
+    with pytest.raises(ValueError, match="backend: one of"):
+        run_sweep(request(tiny, tmp_path / "b", backend="nowhere"))
+
+    @dataclass(frozen=True)
+    class Toy:
+        tag: str = "toy"
+
+    seen = []
+
+    def run(jobs, worker_args, handle, options, *, checkout=None, progress=None):
+        worker = SweepWorker(**worker_args)
+        for job in jobs:
+            seen.append(options.tag)
+            handle(worker.run(job))
+
+    backends.register_backend(backends.Backend("toy", "a test's own", Toy, run))
+    try:
+        out = run_sweep(request(tiny, tmp_path / "c", backend="toy",
+                                backend_options={"tag": "mine"}))
+    finally:
+        backends.BACKENDS.pop("toy")
+    assert out.complete and seen == ["mine"] * len(out.records())

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..sweeps import report
 from ..sweeps.grid import parse_grid
 from ..sweeps.order import ORDERS
-from ..sweeps.runner import BACKENDS, SweepRequest, run_sweep
+from ..sweeps.backends import BACKENDS
+from ..sweeps.runner import SweepRequest, run_sweep
 from ..evaluation.registry import choices
 from ..sweeps.scoring import METRICS, EvalSettings
 from .merge import MODEL_FIELDS, add_config_flags, config_from_args
@@ -28,17 +29,21 @@ def request_from_args(args) -> SweepRequest:
     settings = EvalSettings(args.data, _langs(args.langs), args.n, args.shots, args.metric,
                             args.cot, args.max_new_tokens, args.batch_size, args.data_dir).check()
     config = {k: v for k, v in fixed.to_dict().items() if k not in MODEL_FIELDS}
+    options = {}
+    if args.backend == "ray":
+        options = dict(address=args.address, workers=args.workers,
+                       gpus_per_worker=args.gpus_per_worker, cpus_per_worker=args.cpus_per_worker)
+    elif args.workers != 1 or args.address:
+        raise ValueError("--workers and --address are for --backend ray (local runs one worker)")
     return SweepRequest(args.task, args.lang, grid, args.base, config, settings, args.out,
-                        args.order, args.backend, args.address, args.workers,
-                        args.gpus_per_worker, args.cpus_per_worker, args.device)
+                        args.order, args.backend, options, args.device)
 
 
 def _sweep(args) -> int:
     from tqdm import tqdm
 
     request = request_from_args(args)
-    if args.backend == "local" and (args.workers != 1 or args.address):
-        raise ValueError("--workers and --address are for --backend ray (local runs one worker)")
+    workers = request.backend_options.get("workers", 1)
     bars = []
 
     def on_start(outcome, todo: int):
@@ -46,8 +51,8 @@ def _sweep(args) -> int:
         print(f"{len(outcome.cells)} configurations"
               + (f" ({len(impossible)} impossible cells skipped: {impossible[0][1]})"
                  if impossible else "") + f"; {outcome.reused} done already; {order.text()}"
-              + (f"; cut into {request.workers} runs: {order.workers_cost}"
-                 if request.backend == "ray" and request.workers > 1 else ""), flush=True)
+              + (f"; cut into {workers} runs: {order.workers_cost}" if workers > 1 else ""),
+              flush=True)
         bars.append(tqdm(total=todo, unit="config", desc="configurations", dynamic_ncols=True))
 
     def on_result(record):
@@ -107,8 +112,10 @@ def add_cli(subparsers) -> None:
     g.add_argument("--batch-size", type=int, default=16)
     g = s.add_argument_group("where")
     g.add_argument("--out", required=True, help="folder of sweep.yaml, results.jsonl, heatmap")
-    g.add_argument("--backend", choices=BACKENDS, default="local",
-                   help="local: one engine in this process; ray: one actor per worker")
+    g.add_argument("--backend", choices=[b for b in BACKENDS if b in ("local", "ray")],
+                   default="local", help="; ".join(f"{b.name}: {b.description}"
+                                                   for b in BACKENDS.values()
+                                                   if b.name in ("local", "ray")))
     g.add_argument("--address", default=None,
                    help="Ray cluster: auto or HOST:PORT of `ray start --head` (default: a new "
                    "local Ray runtime)")

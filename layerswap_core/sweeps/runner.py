@@ -2,10 +2,11 @@
 
 The request -> the grid's cells (impossible ones set aside) -> their plans -> the order that
 rewrites the fewest tensors -> the result keys (models' fingerprints, configuration, items,
-generation settings) -> the configurations not done yet, scored by a backend: ``local`` (one
-worker in this process, on the engine its ``checkout`` lends), ``ray`` (one actor per worker,
-``ray_backend``), or a caller's ``score`` (the app's: each configuration a job of its
-dispatcher, ``workbench.sweep``). Every finished configuration is appended to ``DIR/results.jsonl`` at once.
+generation settings) -> the configurations not done yet, scored by a backend of
+``backends.BACKENDS`` (``local``: one worker in this process, on the engine its ``checkout``
+lends; ``ray``: one actor per worker; the app's registers its dispatcher), with its options
+in ``request.backend_options``. Every finished configuration is appended to
+``DIR/results.jsonl`` at once.
 """
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ from collections.abc import Callable
 from ..merge.config import MergeConfig
 from ..progress import Progress
 from ..progress import say as _say
+from .backends import backend as backend_of
 from .grid import Cell, expand
 from .order import OrderReport, choose_order, plan_codes
-from .scoring import EvalSettings, SweepWorker, load_eval_items
+from .scoring import EvalSettings, load_eval_items
 from .store import SweepStore, checkpoint_fingerprint, items_digest, result_key
 from ..checkpoints.references import resolve
 from ..merge.executor import open_inputs
 from ..merge.plan import build_plan
 
-BACKENDS = ("local", "ray")
 MODEL_FIELDS = ("task", "lang", "base")
 
 
@@ -39,10 +40,7 @@ class SweepRequest:
     out: str | None = None
     order: str = "auto"
     backend: str = "local"
-    address: str | None = None
-    workers: int = 1
-    gpus_per_worker: float = 0.0
-    cpus_per_worker: float = 1.0
+    backend_options: dict = field(default_factory=dict)   # checked by the backend's record
     device: str = "auto"
 
     @property
@@ -96,10 +94,8 @@ def prepare(request: SweepRequest, progress: Progress | None = None):
     # lazy: merge.live adds 0.015 s to `layerswap`'s start (-X importtime; --help never needs it)
     from ..merge.live import role_plan
 
-    if request.backend not in BACKENDS:
-        raise ValueError(f"backend: one of {', '.join(BACKENDS)}, not {request.backend!r}")
-    if request.workers < 1:
-        raise ValueError(f"workers must be at least 1, not {request.workers}")
+    chosen = backend_of(request.backend)
+    options = chosen.parse(request.backend_options)
     settings = request.eval.check()
     _say(progress, 0.0, "reading the models' headers")
     inputs = open_inputs(request.task, request.lang, request.base)
@@ -111,8 +107,8 @@ def prepare(request: SweepRequest, progress: Progress | None = None):
         raise ValueError(f"no configuration of the grid fits these models ({why})")
     plans = [build_plan(c.config, names, arch) for c in cells]
     codes, start = plan_codes(plans, role_plan("task", names, arch))
-    order = choose_order(codes, [c.index for c in cells], request.order, start, request.workers
-                         if request.backend == "ray" else 1)
+    order = choose_order(codes, [c.index for c in cells], request.order, start,
+                         chosen.workers(options))
     _say(progress, 0.3, "loading the items")
     eval_items = load_eval_items(settings)
     _say(progress, 0.6, "fingerprinting the models")
@@ -127,18 +123,14 @@ def prepare(request: SweepRequest, progress: Progress | None = None):
 def run_sweep(request: SweepRequest, *, checkout: Callable | None = None,
               progress: Progress | None = None, on_result: Callable[[dict], None] | None = None,
               limit: int | None = None,
-              on_start: Callable[[SweepOutcome, int], None] | None = None,
-              score: Callable[[list[dict], dict, Callable[[dict], None]], None] | None = None
-              ) -> SweepOutcome:
+              on_start: Callable[[SweepOutcome, int], None] | None = None) -> SweepOutcome:
     """Score every configuration of ``request`` not already in its results file (module
     docstring). ``checkout``: the local backend's engine lender (``with checkout() as
     engine``; default: one engine of this process, ``scoring.engine_checkout``);
     ``on_result(record)`` is called as each configuration finishes (raise ``SweepStopped`` to
     stop); ``limit``: score at most this many now; ``on_start(outcome, n)`` once the order is
     known, before the ``n`` configurations to score now. ``progress(fraction, message)`` follows
-    configurations done. ``score(jobs, worker_args, handle)``: a backend of the caller's in place
-    of ``request.backend`` (it scores the jobs in order, as ``SweepWorker(**worker_args).run``
-    does, and hands each record to ``handle``)."""
+    configurations done."""
     cells, impossible, order, eval_items, keys = prepare(request, progress)
     store = SweepStore(request.out) if request.out else None
     results = store.open() if store else {}
@@ -168,20 +160,10 @@ def run_sweep(request: SweepRequest, *, checkout: Callable | None = None,
         return outcome
     worker_args = dict(refs=request.refs, settings=request.eval.to_dict(), eval_items=eval_items,
                        device=request.device)
+    chosen = backend_of(request.backend)
     try:
-        if score is not None:
-            score(jobs, worker_args, handle)
-        elif request.backend == "ray":
-            # lazy: the Ray backend adds 0.002 s to `layerswap`'s start (-X importtime)
-            from .ray_backend import run_on_ray
-            run_on_ray(jobs, worker_args, handle, address=request.address,
-                       workers=request.workers, gpus_per_worker=request.gpus_per_worker,
-                       cpus_per_worker=request.cpus_per_worker)
-        else:
-            worker = SweepWorker(**worker_args, checkout=checkout)
-            for i, job in enumerate(jobs):
-                handle(worker.run(job, progress=None if progress is None else (
-                    lambda f, m, i=i: _say(progress, (i + f) / total, m))))
+        chosen.run(jobs, worker_args, handle, chosen.parse(request.backend_options),
+                   checkout=checkout, progress=progress)
     except SweepStopped:
         pass
     return outcome

@@ -20,6 +20,7 @@ from ..evaluation.registry import load_items
 from ..merge.partition import ConfigError
 from ..sweeps.grid import axis_values, expand
 from ..sweeps.report import score_grid
+from ..sweeps.backends import Backend, register_backend
 from ..sweeps.runner import MODEL_FIELDS, SweepRequest, run_sweep
 from ..sweeps.scoring import EvalSettings, SweepWorker
 from .evaluate import HEADROOM, estimate_line
@@ -139,10 +140,28 @@ def _sweep_config_job(engine, job, progress: Progress | None) -> dict:
 register_kind(SWEEP_KIND, _sweep_config_job)
 
 
-def _on_dispatcher(session: Session, metric: str, progress: Progress | None):
-    """The sweep's backend in the app (``run_sweep(score=...)``): each configuration, in the
+@dataclass(frozen=True)
+class DispatcherOptions:
+    """The app's sweep backend's options: whose engine, which score, whose bar."""
+    session: Any
+    metric: str = "nll"
+    progress: Any = None
+
+
+def _run_on_dispatcher(jobs: list[dict], worker_args: dict, handle, options: DispatcherOptions,
+                       *, checkout=None, progress=None) -> None:
+    """The app's sweep backend (``sweeps.backends``, "dispatcher"): each configuration, in the
     sweep's order, one job of the dispatcher on the session's engine (another visitor's short
     job waits at most one configuration; cancel stops between configurations)."""
+    _on_dispatcher(options.session, options.metric, options.progress)(jobs, worker_args, handle)
+
+
+register_backend(Backend("dispatcher", "each configuration a job of the app's dispatcher",
+                         DispatcherOptions, _run_on_dispatcher))
+
+
+def _on_dispatcher(session: Session, metric: str, progress: Progress | None):
+    """Score the jobs on the session's engine, one dispatcher job per configuration."""
     def score(jobs: list[dict], worker_args: dict, handle) -> None:
         items = [it for its, _ in worker_args["eval_items"].values() for it in its]
         # the visitor's claim held across the sweep (a light job: no heavy slot), so that a
@@ -199,8 +218,10 @@ def sweep_grid(session: Session, base_config, axes: str = "bottom / top",
                                 None if metric == "nll" else 64)
         config = {k: v for k, v in base.to_dict().items() if k not in MODEL_FIELDS}
         request = SweepRequest(session.paths["task"], session.paths["lang"], grid,
-                               session.paths.get("base"), config, settings)
-        records = run_sweep(request, score=_on_dispatcher(session, metric, progress)).records()
+                               session.paths.get("base"), config, settings,
+                               backend="dispatcher", backend_options=dict(
+                                   session=session, metric=metric, progress=progress))
+        records = run_sweep(request).records()
     scores: list[list[float | None]] = score_grid(records, grid, lang, metric)[4]
     rows = [[xs[ix], ys[iy], round(v, 4)] for iy, row in enumerate(scores)
             for ix, v in enumerate(row) if v is not None]
