@@ -251,6 +251,7 @@ def alias_bomb(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_a_yaml_alias_bomb_is_refused_before_it_expands(tiny, tmp_path):
     from bounded import assert_refused, run_attack
 

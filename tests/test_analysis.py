@@ -124,6 +124,7 @@ def test_threshold_changes_read_no_tensors(tiny, monkeypatch):
     assert not np.allclose(fracs[0], fracs[-1])  # the threshold did change the picture
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_cache_hit_is_fast_and_invalidated_when_a_file_changes(tiny, tmp_path):
     expert = Path(shutil.copytree(tiny["task"], tmp_path / "task"))
     first = delta_stats(tiny["base"], expert)

@@ -340,6 +340,7 @@ def test_reproduce_stops_when_cancelled(tiny):
     assert not wb.dispatcher().running(session.id)
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
     """A Cancel button's first callback only writes the note; the job is asked to stop by the
     second one, which the page starts once the note is on screen, so the job's outcome always

@@ -95,6 +95,7 @@ def settled():
     wb.measured_speed(session, wait=300)
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_reproduce_shows_progress_and_cancel_stops_it(demo_page):
     from app import open_chromium
 
@@ -141,6 +142,7 @@ def test_reproduce_shows_progress_and_cancel_stops_it(demo_page):
             browser.close()
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, one_thread):
     """A fresh cache: the page is up before anything is converted; the Models tab's bar names
     the conversion's steps and tensors, moves, gives a measured time left, and its text, bar
@@ -204,6 +206,7 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
     assert any("building embedded:smollm2-math-en" in t for t in seen)
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_closing_the_page_stops_its_reproduce(demo_page):
     """A visitor closes the page while Reproduce runs: its heartbeat ends, the page's unload
     cancels the job, the server's CPU falls to idle within BOUND s and the dispatcher keeps

@@ -223,6 +223,7 @@ def test_demo_data_writes_a_recipe_as_chat_jsonl(tmp_path, capsys):
         assert "apt-get install" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_the_progress_bar_appears_after_its_delay_with_the_latest_state(capsys):
     """The bar (and tqdm's import) waits DELAY_S: a command that ends sooner shows none; one
     that runs longer shows where it is, including what was said before the bar appeared."""

@@ -206,6 +206,7 @@ def test_a_paused_job_cancelled_while_it_waits_leaves_the_engine_to_the_other(tr
     assert d.run(J.Job("show", trio, "c", swap(tiny, 1, 1)))["rewritten"] > 0
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_the_pool_never_exceeds_its_bound_and_evicts_the_least_recent(trio, one_thread):
     made = []
 
@@ -258,6 +259,7 @@ def test_visitors_on_one_trio_share_one_engine(trio, one_thread):
     assert pool.built == 1 and pool.peak == 1 and len(pool.engines) == 1
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_a_short_job_waits_ahead_of_long_chunks(trio, one_thread):
     """While one job holds the engine and two long chunks wait, a Build (short) gets the engine
     next: it waits for at most the chunk that holds it, not for every chunk queued before it."""
@@ -287,6 +289,7 @@ def test_a_short_job_waits_ahead_of_long_chunks(trio, one_thread):
     assert order == ["build", "chunk-1", "chunk-2"]
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_queue_and_per_visitor_limits_refuse_with_clear_messages(trio, tiny, one_thread):
     pool = EnginePool(1, max_waiting=1)
     d = Dispatcher(pool)
@@ -328,6 +331,7 @@ def test_one_heavy_job_per_person_and_closing_a_page_stops_only_its_jobs(trio, o
     assert d.visitors == {} and d.heavy == {}
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_a_visitor_who_leaves_is_cancelled_and_forgotten(trio, one_thread):
     pool = EnginePool(1)
     d = Dispatcher(pool)

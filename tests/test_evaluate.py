@@ -405,6 +405,7 @@ NESTED_LOOPS = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endf
                 "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_a_chat_template_of_nested_loops_is_refused_within_seconds(tiny):
     from bounded import assert_refused, run_attack
 
@@ -442,6 +443,7 @@ TEMPLATE_BATTERY = {
 }
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_a_battery_of_hostile_chat_templates_is_refused_in_one_line_each(tiny):
     """Loops, recursion, products, powers, joins, formats and doublings: every one refused in
     one line naming its bound, all of them together within seconds and 100 MB."""

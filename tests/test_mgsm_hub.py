@@ -176,6 +176,7 @@ def test_make_run_leaves_the_hub_on_and_make_test_turns_it_off():
     assert "HF_HUB_OFFLINE=1" in recipe("test")
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_no_network_without_hf_hub_offline_falls_back_and_says_what_to_do(fresh_machine,
                                                                             hub_unreachable,
                                                                             monkeypatch):

@@ -336,6 +336,7 @@ def test_tied_head_stays_with_the_embeddings():
     assert "tied" not in plan.summary_text()
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_huge_layer_ranges_are_refused_before_anything_is_built():
     import time
     import tracemalloc

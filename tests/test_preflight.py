@@ -307,6 +307,7 @@ def _hostile_header(nbytes: int) -> bytes:
     return struct.pack("<Q", len(body)) + body
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_weight_files_of_99_mib_headers_are_refused_from_their_lengths(tiny):
     """Three weight files of ~99 MiB headers (0.3 GB listed, far under the download cap): the
     pre-flight refuses them from their 8-byte lengths, within seconds and 100 MB."""

@@ -146,6 +146,7 @@ def test_the_estimate_counts_down_between_reports():
     assert shown[-1][1].endswith("· still working (80 s on this step)")
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_the_ticking_thread_ends_with_its_job():
     import gc
     import threading

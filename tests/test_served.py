@@ -180,6 +180,7 @@ def test_push_needs_the_visitors_own_sign_in(built):
 
 
 # --------------------------------------------------------------------------- caps and limits
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_every_parsed_text_is_capped(served, built, tiny):
     status, *_ = built.predict(*config(partition="custom", rules="0 : mlp\n" * 300),
                                api_name="/plan")

@@ -281,6 +281,7 @@ def in_words(msg: str, fake_hub) -> None:
 
 
 # --------------------------------------------------------------------------- Hub downloads
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_a_hanging_hub_errors_within_the_timeout_while_another_visitor_picks(served, tiny,
                                                                             fake_hub):
     a, b = visitor(served), visitor(served)
@@ -354,6 +355,7 @@ def test_a_model_downloads_in_the_background_and_is_then_picked(served, tiny, fa
     in_words(msg, fake_hub)
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_a_download_is_cancelled_and_leaves_nothing(tmp_path, fake_hub):
     cache = hub.HubCache(tmp_path / "hub", hub.HubLimits(None, None, TIMEOUT, 2), fake_hub.url)
     with pytest.raises(hub.Pending, match="fake/slow"):
@@ -369,6 +371,7 @@ def test_a_download_is_cancelled_and_leaves_nothing(tmp_path, fake_hub):
     assert [p.name for p in (tmp_path / "hub").iterdir()] == []   # no partial folder left
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_a_download_past_its_deadline_stops_and_leaves_nothing(tmp_path, fake_hub,
                                                                 monkeypatch):
     """A Hub that answers every read in time but sends too slowly on the whole (here: any Hub,
@@ -460,6 +463,7 @@ def served_session(tiny, out_root: Path, namespace: str):
     return session, access
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_quotas_refuse_before_anything_is_written(tiny, tmp_path, monkeypatch):
     out = tmp_path / "outputs"
     s, a = served_session(tiny, out, "session-a")

@@ -215,6 +215,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_cli_against_a_ray_head_in_another_process(ray_runtime, local_run, tiny, tmp_path):
     """`layerswap sweep --backend ray --address` against `ray start --head` (a two-process
     cluster on this machine); the score is the local one, found under the same key."""

@@ -122,6 +122,7 @@ def _cycled_template(n: int, step: int) -> str:
     return "\n".join(f"{{# line {(i * step) % 100} #}}" for i in range(n)) + "\n"
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_two_30000_line_templates_are_compared_within_seconds(source, tmp_path):
     from bounded import assert_bounded, run_attack
 

@@ -128,6 +128,7 @@ def merged_state(session):
         return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_build_in_memory_then_only_changed_layers(session, tiny):
     with wb.showing(session, "task"):    # the engine shows the task expert
         pass
@@ -262,6 +263,7 @@ def test_references_are_vetted_only_when_served(tmp_path):
         vet_reference("/" + "x" * 600, access)
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_text_inputs_are_capped_before_parsing(session):
     with pytest.raises(WorkbenchError, match="custom rules: at most 2000 characters"):
         wb.make_config(session, "layer swap", partition="custom", custom_rules="0 : mlp\n" * 300)
@@ -444,6 +446,7 @@ def test_chat_keeps_the_newest_turns_that_fit_the_context(session):
     assert f"{dropped} earlier turn" in reply.note()
 
 
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_chat_stops_at_its_deadline(session):
     start = time.monotonic()
     replies = chat_turn(session, "Habari?", [], "base", max_new_tokens=200, deadline=start + 1.0)
