@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..checkpoints.compatibility import quantized_problem
 from ..checkpoints.reading import CheckpointReader, ST_TO_DTYPE
 from ..memory import release_freed_memory
 from ..progress import Progress
@@ -172,6 +173,9 @@ class LiveModel:
 
     def __init__(self, inputs: Inputs, *, device: str = "cpu", dtype: torch.dtype | None = None,
                  progress: Progress | None = None):
+        quantized = quantized_problem(inputs)   # before transformers loads (or dequantizes) it
+        if quantized:
+            raise MergeError(f"cannot build the live model: {quantized}")
         self.inputs = inputs
         self.arch = inputs.arch
         self.device = device
