@@ -18,7 +18,7 @@ from .reading import CheckpointReader
 from .references import read_config_file, resolve
 from .tokenizers import tokenizer_difference
 
-TIED_HEADS = ("lm_head.weight", "embed_out.weight")
+TIED_HEADS = ("lm_head.weight", "embed_out.weight", "language_model.lm_head.weight")
 
 
 @dataclass
