@@ -37,7 +37,7 @@ OTHER_NAMES = dict(n_layer=2, num_layers=2, n_layers=2, n_embd=32, d_model=32, n
                    num_heads=4, n_heads=4, n_inner=64, ffn_dim=64, n_positions=64,
                    n_ctx=64, max_seq_len=64, seq_length=64, num_kv_heads=2, kv_channels=8,
                    ffn_hidden_size=64, moe_topk=2, num_experts_per_token=2, top_k=2,
-                   moe_num_experts=4)
+                   moe_num_experts=4, rotary_dim=8)
 VISION = dict(image_size=28, patch_size=14, mm_tokens_per_image=4)
 MAX_PARAMS = 3_000_000
 IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
@@ -52,9 +52,19 @@ ATTENTION = re.compile(r"(?:^|\.)(?:layers|h|blocks|layer)\.\d+\.(?:self_attn|at
 VISION_PART = re.compile(r"(?:^|\.)(?:vision_tower|multi_modal_projector|vision_model)\.")
 
 
+def _settable(config, key: str) -> bool:
+    prop = getattr(type(config), key, None)
+    return hasattr(config, key) and not (isinstance(prop, property) and prop.fset is None)
+
+
 def _shrunk(default, extra=()) -> dict:
     sizes = {**OTHER_NAMES, **TINY, **dict(extra)}
-    return {k: v for k, v in sizes.items() if hasattr(default, k)}
+    out = {k: v for k, v in sizes.items() if _settable(default, k)}
+    kinds = getattr(default, "layer_types", None)
+    if isinstance(kinds, (list, tuple)) and len(kinds) > 2:   # a hybrid's pattern, cut to 2
+        other = next((k for k in kinds if k != kinds[0]), kinds[1])
+        out["layer_types"] = [kinds[0], other]
+    return out
 
 
 def tiny_config(model_type: str):
@@ -234,13 +244,16 @@ def run(model_type: str, root: Path) -> dict:
 
 
 def causal_lm_types() -> list[str]:
-    """Every model type with a causal-LM class in the pinned transformers, minus encoder-decoder
-    ones (a causal-LM head on an encoder-decoder's decoder is not a model users merge)."""
+    """Every model type with a causal-LM class in the pinned transformers, minus encoders that
+    can also decode (types with a masked-LM class: BERT, RoBERTa...) and encoder-decoders."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     out = []
     for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        if t in MODEL_FOR_MASKED_LM_MAPPING_NAMES and t not in NAMED:
+            continue
         try:
             if getattr(AutoConfig.for_model(t), "is_encoder_decoder", False):
                 continue
