@@ -93,7 +93,8 @@ def test_the_table():
                  f"({moe} of them mixture-of-experts), of {len(ran)} decoder-only causal-LM types "
                  f"of transformers {transformers.__version__} tried: check, deltas, every merge "
                  "method, a kind partition, the disk merge, the live engine and save "
-                 f"([docs/models.md](docs/models.md#conformance)).{README_END}")
+                 "(`make conformance`; [docs/models.md](docs/models.md#conformance))."
+                 f"{README_END}")
         if README_BEGIN in readme:
             readme = re.sub(re.escape(README_BEGIN) + ".*?" + re.escape(README_END),
                             lambda m: count, readme, flags=re.S)
