@@ -67,6 +67,15 @@ def _shrunk(default, extra=()) -> dict:
     return out
 
 
+# what a sub-config derives from its sizes (rebuilt, not copied from the full-size default)
+_REGENERATED = ("layer_types", "architectures", "transformers_version", "_name_or_path",
+                "rope_scaling", "rope_parameters", "sliding_window_pattern")
+
+
+def _per_layer_type(rope) -> bool:
+    return isinstance(rope, dict) and bool(rope) and all(isinstance(v, dict) for v in rope.values())
+
+
 def tiny_config(model_type: str):
     """transformers' config of ``model_type`` shrunk (module docstring), untied embeddings."""
     from transformers import AutoConfig
@@ -75,11 +84,17 @@ def tiny_config(model_type: str):
 
     default = AutoConfig.for_model(model_type)
     kw = {k: v for k, v in _shrunk(default, VISION).items() if k not in TINY}
+    if _per_layer_type(getattr(default, "rope_parameters", None)):
+        kw["rope_scaling"] = default.rope_parameters   # TINY's None would drop every layer's
     for key in getattr(default, "sub_configs", None) or {}:
         sub = getattr(default, key, None)
         if sub is not None and hasattr(sub, "to_dict"):
-            kw[key] = {"model_type": sub.model_type, "tie_word_embeddings": False,
+            kept = {k: v for k, v in sub.to_dict().items() if k not in _REGENERATED}
+            kw[key] = {**kept, "model_type": sub.model_type, "tie_word_embeddings": False,
                        **_shrunk(sub, VISION if "vision" in key else ())}
+            if hasattr(sub, "vocab_size"):   # token ids within the tiny vocabulary
+                kw[key].update({k: v for k, v in (("bos_token_id", 1), ("eos_token_id", 2),
+                                                  ("pad_token_id", 0)) if hasattr(sub, k)})
             if getattr(sub, "kv_lora_rank", None):
                 kw[key]["num_key_value_heads"] = kw[key]["num_attention_heads"]
     return tiny_model_config(model_type, **kw)
