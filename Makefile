@@ -34,8 +34,15 @@ CHECK_TESTS := tests/test_architecture.py tests/test_cli.py tests/test_data.py \
 	tests/test_methods_registry.py tests/test_plan.py tests/test_mgsm_hub.py \
 	tests/test_space.py tests/test_dependencies.py
 
+# The conformance table over every decoder-only causal-LM type of the pinned transformers
+# (tests/test_conformance.py; `make test` runs the 21 types issue #65 names): writes the table into
+# docs/models.md and the count into the README. LAYERSWAP_CONFORMANCE_BUDGET: seconds (600).
+conformance: $(STAMP)
+	HF_HUB_OFFLINE=1 LAYERSWAP_CONFORMANCE=all LAYERSWAP_CONFORMANCE_WRITE=1 \
+		$(BIN)/python -m pytest -q -ra tests/test_conformance.py
+
 check: $(STAMP)
 	$(BIN)/ruff check .
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -ra -m "not slow and not browser and not timing" $(CHECK_TESTS)
 
-.PHONY: install run test check
+.PHONY: install run test check conformance

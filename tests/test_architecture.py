@@ -22,6 +22,7 @@ LAYERS = [
     ("layerswap_core", "checkpoints", "merge", "analysis", "inference", "evaluation", "training",
      "demos", "engines", "sweeps", "workbench",
      "checkpoints.architectures", "checkpoints.kinds_table",   # the derived kinds' table
+     "checkpoints.quantized",                     # quantized checkpoints recognised (refused)
      "merge.methods", "merge.errors", "progress",
      "memory", "settings"),                       # the process's memory; numbers from variables
     ("checkpoints.reading", "checkpoints.tokenizers",   # tensors, headers, configs; tokenizers;

@@ -214,3 +214,26 @@ def test_a_layer_swap_built_live_gives_the_logits_of_the_saved_merge(trio, tmp_p
     with torch.no_grad():
         want = AutoModelForCausalLM.from_pretrained(paths["lang"], dtype=torch.float32)(ids).logits
         assert torch.equal(live.model(ids).logits, want)
+
+
+def test_a_checkpoint_tensor_the_model_keeps_as_a_buffer_is_merged_live(tmp_path):
+    """hy_v3 stores its router bias as ``mlp.expert_bias``; transformers loads it into the
+    buffer ``mlp.e_score_correction_bias``. A blend built live writes it (it was left at the
+    task expert's value: logits off by 2e-4) and equals the disk merge."""
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.merge.live import LiveModel, checkpoint_buffers
+
+    paths = make_trio(tmp_path, "hy_v3")
+    live = LiveModel.from_refs(paths["task"], paths["lang"], paths["base"])
+    buffers = checkpoint_buffers(live.model, CheckpointReader(paths["task"]))
+    assert "model.layers.1.mlp.e_score_correction_bias" in buffers
+    assert "model.layers.1.mlp.expert_bias" in live.names
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    for cfg in (MergeConfig(method="soup"), MergeConfig(bottom=1, top=0)):
+        out = merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], base=paths["base"],
+                              out=tmp_path / cfg.method / str(cfg.bottom))
+        live.show(cfg)
+        with torch.no_grad():
+            want = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
+            assert torch.equal(live.model(ids).logits, want), cfg

@@ -44,6 +44,13 @@ LAYER_KIND_ORDER = (
 )
 
 
+# A multimodal wrapper's parts that are not the decoder (gemma3's Gemma3ForConditionalGeneration:
+# ``model.vision_tower.*``, ``model.multi_modal_projector.*``): kind ``vision``, outside every
+# layer; every merge keeps them from the task expert (``merge.plan.build_plan``).
+VISION_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                   "multi_modal_projector.", "model.vision_model.", "vision_model.")
+
+
 class ParamInfo(NamedTuple):
     layer: int | None  # decoder layer index, None for embeddings / final norm / head
     kind: str          # one of the kinds above, or "other"
@@ -109,10 +116,15 @@ FAMILIES: list[Family] = [
                      "smollm3", "internlm2", "yi"),
            r"^(?:model\.)?layers\.(\d+)\.", _LLAMA_LAYER, _LLAMA_GLOBAL),
     Family("gemma", ("gemma",), r"^(?:model\.)?layers\.(\d+)\.", _LLAMA_LAYER, _LLAMA_GLOBAL),
+    # gemma3's multimodal wrapper: its decoder as transformers 5 names it live
+    # (model.language_model.*) and as its checkpoints store it (language_model.model.*)
     Family("gemma2", ("gemma2", "gemma3", "gemma3_text"),
-           r"^(?:model\.(?:language_model\.)?)?layers\.(\d+)\.", _GEMMA2_LAYER,
+           r"^(?:model\.(?:language_model\.)?|language_model\.model\.)?layers\.(\d+)\.",
+           _GEMMA2_LAYER,
            {**_LLAMA_GLOBAL, "model.language_model.embed_tokens": "embed",
-            "model.language_model.norm": "final_norm"}),
+            "model.language_model.norm": "final_norm",
+            "language_model.model.embed_tokens": "embed",
+            "language_model.model.norm": "final_norm", "language_model.lm_head": "lm_head"}),
     Family("cohere", ("cohere", "cohere2"), r"^(?:model\.)?layers\.(\d+)\.",
            {**_LLAMA_LAYER}, _LLAMA_GLOBAL),  # parallel block: input_layernorm only
     Family("phi3", ("phi3",), r"^(?:model\.)?layers\.(\d+)\.",
@@ -198,6 +210,10 @@ class Architecture:
         """The names no kind rule can address (kind "other"), in the given order."""
         return [n for n in names if self.classify(n).kind == "other"]
 
+    def vision(self, names) -> list[str]:
+        """The names of a multimodal wrapper's vision tower and projector (kind "vision")."""
+        return [n for n in names if self.classify(n).kind == "vision"]
+
     def describe(self) -> str:
         note = " (unknown family: layer index found by the generic `layers.N.`/`h.N.` regex)" \
             if self.is_fallback else ""
@@ -208,6 +224,8 @@ class Architecture:
 def classify(name: str, family: Family = FAMILIES[0]) -> ParamInfo:
     """(layer index or None, module kind) of one parameter name."""
     base = _strip(name)
+    if base.startswith(VISION_PREFIXES):
+        return ParamInfo(None, "vision")
     m = family._rx.search(base)
     if m:
         rest = base[m.end():]

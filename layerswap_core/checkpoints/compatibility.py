@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .architectures import Architecture, get_architecture, text_config, tied_embeddings
+from .quantized import quantization, quantization_problem
 from .reading import CheckpointReader
 from .references import read_config_file, resolve
 from .tokenizers import tokenizer_difference
 
-TIED_HEADS = ("lm_head.weight", "embed_out.weight")
+TIED_HEADS = ("lm_head.weight", "embed_out.weight", "language_model.lm_head.weight")
 
 
 @dataclass
@@ -110,6 +111,9 @@ def problems(models: ModelSet, *, roles=None, exact: bool = False, tokenizers: b
     wrong; ``tokenizer_hint`` is appended to a tokenizer problem (what to do about it)."""
     ref = models.reference
     others = [role for role in models.refs if role != ref]
+    quantized = quantized_problem(models)
+    if quantized:
+        return [quantized]
     out = _architecture_problems(models, others)
     if out:
         return out
@@ -129,6 +133,17 @@ def problems(models: ModelSet, *, roles=None, exact: bool = False, tokenizers: b
             if why:
                 out.append(f"the tokenizers of {role} and {ref}: {why}{tokenizer_hint}")
     return out
+
+
+def quantized_problem(models: ModelSet) -> str | None:
+    """The one-line refusal of quantized models among ``models`` (``quantized``: from config.json
+    and the headers' names and dtypes), or None."""
+    found = {}
+    for role, reader in models.readers.items():
+        why = quantization(models.configs[role], ((n, reader.dtype(n)) for n in reader.names()))
+        if why:
+            found[role] = why
+    return quantization_problem(found)
 
 
 def _architecture_problems(models: ModelSet, others: list[str]) -> list[str]:

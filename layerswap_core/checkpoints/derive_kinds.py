@@ -35,7 +35,13 @@ from .reading import CheckpointReader
 # The model types whose kinds the shipped table holds (the hand families in architectures.py
 # are checked against the same derivation in the tests).
 DERIVED_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v3", "llama4_text",
-                 "granitemoe", "glm4_moe", "starcoder2", "olmo2")
+                 "granitemoe", "glm4_moe", "starcoder2", "olmo2",
+                 # types the conformance table (docs/models.md) found no kind for, whose
+                 # modules derive without an "other"
+                 "aria_text", "diffllama", "ernie4_5_moe", "exaone_moe", "flint", "glm4",
+                 "granitemoe_swa", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hyperclovax",
+                 "kolibri1", "minimax_m2", "minimax_m3_vl_text", "nanochat", "moshi", "phi",
+                 "persimmon")
 
 # Shrunk sizes; each is set only where the type's config has the attribute.
 TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -50,11 +56,13 @@ TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_lay
 # projection names (of the live model's modules) -> kind, inside attention / a dense MLP
 _ATTENTION = {"q_proj": "attn_q", "q_a_proj": "attn_q", "q_b_proj": "attn_q",
               "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_o", "dense": "attn_o",
+              "out_proj": "attn_o",
               "qkv_proj": "attn_qkv", "query_key_value": "attn_qkv",
               "kv_a_proj_with_mqa": "attn_kv", "kv_b_proj": "attn_kv"}
 _MLP = {"gate_proj": "mlp_gate", "w1": "mlp_gate", "up_proj": "mlp_up", "w3": "mlp_up",
         "c_fc": "mlp_up", "fc1": "mlp_up", "down_proj": "mlp_down", "w2": "mlp_down",
-        "c_proj": "mlp_down", "fc2": "mlp_down", "gate_up_proj": "mlp_gate_up"}
+        "c_proj": "mlp_down", "fc2": "mlp_down", "gate_up_proj": "mlp_gate_up",
+        "dense_h_to_4h": "mlp_up", "dense_4h_to_h": "mlp_down"}
 _LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 _INDEX = re.compile(r"\.\d+\.")
 
@@ -65,7 +73,9 @@ def tiny_model_config(model_type: str, **overrides):
     from transformers import AutoConfig
 
     default = AutoConfig.for_model(model_type)
-    kw = {k: v for k, v in TINY.items() if hasattr(default, k)}
+    kw = {k: v for k, v in TINY.items() if hasattr(default, k) and not (  # nor a read-only one
+        isinstance(getattr(type(default), k, None), property)
+        and getattr(type(default), k).fset is None)}
     if getattr(default, "kv_lora_rank", None):   # multi-head latent attention: no grouped heads
         kw["num_key_value_heads"] = kw["num_attention_heads"]
     kw.update({k: v for k, v in (("bos_token_id", 1), ("eos_token_id", 2), ("pad_token_id", 0))
@@ -206,7 +216,7 @@ def _strip(name: str) -> str:
 
 def _global_kind(base: str) -> str:
     return ("embed" if base.endswith("embed_tokens") else "lm_head" if base == "lm_head" else
-            "final_norm" if base.endswith(".norm") else "other")
+            "final_norm" if base.endswith((".norm", ".final_layernorm")) else "other")
 
 
 def table_source(types=DERIVED_TYPES) -> str:

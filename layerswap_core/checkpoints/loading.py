@@ -156,6 +156,16 @@ class ModelInfo:
     fallback_architecture: bool
     moe: str = ""                          # "MoE: N experts, K active", "" for a dense model
     unclassified: tuple[str, ...] = ()     # tensors no kind rule can address (kind "other")
+    vision: int = 0                        # a multimodal wrapper's vision tensors (kind "vision")
+    wrapper: str = ""                      # the wrapper's own model type (gemma3 of gemma3_text)
+
+    def vision_note(self) -> str | None:
+        """What a merge does with a multimodal wrapper's vision tower and projector, or None."""
+        if not self.vision:
+            return None
+        return (f"{self.wrapper or self.model_type} is a multimodal wrapper: its decoder layers are merged; its "
+                f"vision tower and projector ({self.vision} tensors) are kept from the task "
+                "expert by every method")
 
     def warning(self) -> str | None:
         """One line naming the tensors no kind rule can address, or None."""
@@ -194,7 +204,8 @@ def describe(ref, progress: Progress | None = None) -> ModelInfo:
     return ModelInfo(str(ref), str(path), arch.model_type, arch.name, arch.num_layers,
                      tc.get("hidden_size"), tc.get("vocab_size"), "/".join(dtypes), reader.numel(),
                      reader.nbytes(), tied_embeddings(cfg), arch.is_fallback, arch.moe(),
-                     tuple(arch.unclassified(reader.names())))
+                     tuple(arch.unclassified(reader.names())), len(arch.vision(reader.names())),
+                     str(cfg.get("model_type") or ""))
 
 
 

@@ -433,6 +433,9 @@ def preflight(refs: dict[str, str], *, served: bool = False, token=None,
             refusal = too_big(download, limits.max_download)
             if refusal:   # said, and the rest is still checked: both are worth knowing
                 found.append(f"{role} {refs[role]}: {refusal}")
+        said = next((f.info.vision_note() for f in facts.values() if f.info.vision), None)
+        if said:
+            notes.append(said)
         panel = None
         if len(facts) == len(paths) > 1:
             found += _compatibility(hub, paths, remote, found, limits, progress,

@@ -21,7 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import __version__
-from ..checkpoints.compatibility import CheckedModels, ModelSet, open_models, problems, reopen
+from ..checkpoints.compatibility import (CheckedModels, ModelSet, open_models, problems,
+                                         quantized_problem, reopen)
 from ..checkpoints.reading import (CONFIG_DTYPES, ST_SIZES, ST_TO_DTYPE, CheckpointError,
                                    CheckpointReader)
 from ..checkpoints.tokenizers import TOKENIZER_FILES
@@ -57,6 +58,9 @@ def open_inputs(task, lang, base=None, *, tokenizer_source: str | None = None,
             raise MergeError(f"the {role} expert is missing (give --{role})")
     inputs = reopen(checked, refs)
     if inputs is not None:
+        quantized = quantized_problem(inputs)   # a record of other code's check: never merged
+        if quantized:
+            raise MergeError("cannot merge: " + quantized)
         return inputs
     inputs = open_models(refs)
     found = problems(inputs, roles=need, tokenizers=tokenizer_source is None,

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..checkpoints.compatibility import quantized_problem
 from ..checkpoints.reading import CheckpointReader, ST_TO_DTYPE
 from ..memory import release_freed_memory
 from ..progress import Progress
@@ -157,6 +158,27 @@ def checkpoint_places(model, params: dict, reader: CheckpointReader
     return place, shapes
 
 
+def checkpoint_buffers(model, reader: CheckpointReader) -> dict[str, torch.Tensor]:
+    """{name: buffer} of the model's persistent buffers that are checkpoint tensors, under their
+    own name or under what transformers' reverse conversion makes of them (hy_v3's
+    ``mlp.e_score_correction_bias``, stored as ``mlp.expert_bias``)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    have = set(reader.names())
+    out = {}
+    for prefix, module in model.named_modules():
+        for name, b in module._buffers.items():
+            if b is None or name in module._non_persistent_buffers_set:
+                continue
+            full = f"{prefix}.{name}" if prefix else name
+            if full not in have:
+                parts = revert_weight_conversion(model, {full: torch.empty(b.shape, device="meta")})
+                if not parts or any(n not in have for n in parts):
+                    continue
+            out[full] = b
+    return out
+
+
 def part_indices(model, live: str, param: torch.Tensor) -> dict[str, torch.Tensor]:
     """{checkpoint name: the flat indices of its elements in the parameter ``live``}: the
     parameter's element numbers taken apart by transformers' reverse conversion."""
@@ -172,6 +194,9 @@ class LiveModel:
 
     def __init__(self, inputs: Inputs, *, device: str = "cpu", dtype: torch.dtype | None = None,
                  progress: Progress | None = None):
+        quantized = quantized_problem(inputs)   # before transformers loads (or dequantizes) it
+        if quantized:
+            raise MergeError(f"cannot build the live model: {quantized}")
         self.inputs = inputs
         self.arch = inputs.arch
         self.device = device
@@ -182,6 +207,9 @@ class LiveModel:
             p.requires_grad_(False)
         _contiguous_head_input(self.model)
         self.params = dict(self.model.named_parameters())
+        # checkpoint tensors the model keeps as buffers (hy_v3's router bias) are written like
+        # parameters: the merge's values, not the task expert's left behind
+        self.params.update(checkpoint_buffers(self.model, inputs.readers["task"]))
         # checkpoint name -> the model parameter it is (or is part of: fused experts, renamed
         # blocks); plans are over the checkpoint's names
         self.place, self.shapes = checkpoint_places(self.model, self.params, inputs.readers["task"])

@@ -29,6 +29,8 @@ With a ``partition`` (presets A/B/C or custom rules) the non-layer parameters al
 final_norm, lm_head).
 The other methods (soups, task arithmetic, TIES) combine every tensor alike; ``non_layer`` does
 not apply to them.
+A multimodal wrapper's vision tower and projector (kind ``vision``: gemma3) are not the decoder:
+every method keeps them from the task expert (the live model's own), and the plan says so.
 
 """
 from __future__ import annotations
@@ -40,6 +42,10 @@ from collections.abc import Iterable
 from ..checkpoints.architectures import KIND_GROUPS, LAYER_KIND_ORDER, Architecture
 from .config import MergeConfig
 from .registry import Source, get_method
+
+# what a plan says of a multimodal wrapper's vision tower and projector
+VISION_TEXT = ("vision tower and projector: kept from the task expert (a multimodal wrapper: "
+               "only its decoder is merged)")
 
 
 @dataclass
@@ -171,12 +177,18 @@ class MergePlan:
             lines.append(f"{span:<9} {rows[i].text()}")
             i = j + 1
         glob: dict[str, list[str]] = OrderedDict()
+        vision = 0
         for n, lab in self.global_sources().items():
+            if self.arch.classify(n).kind == "vision":
+                vision += 1
+                continue
             glob.setdefault(lab, []).append(n.removesuffix(".weight"))
         if "non_layer" in get_method(cfg.method).knobs and glob:
             lines.append(self.non_layer_text())
         for lab, names in glob.items():
             lines.append(f"{'non-layer':<9} {lab}: {', '.join(names)}")
+        if vision:
+            lines.append(f"{'non-layer':<9} {VISION_TEXT} ({vision} tensors)")
         c = self.counts()
         lines.append("tensors: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
         return "\n".join(lines)
@@ -202,6 +214,10 @@ def build_plan(config: MergeConfig, param_names: Iterable[str], arch: Architectu
     config.validate(arch.num_layers)
     blend_w = magnitude if config.uses_magnitude else (config.w_task, config.w_lang)
     blend = Source("linear", ("task", "lang"), None if blend_w is None else tuple(map(float, blend_w)))
-    sources = get_method(config.method).sources(config, list(param_names), arch, blend)
+    names = list(param_names)
+    sources = get_method(config.method).sources(config, names, arch, blend)
+    keep = Source.copy("task")
+    for n in arch.vision(names):   # a multimodal wrapper: only the decoder is merged
+        sources[n] = keep
     return MergePlan(config, arch, sources,
                      tuple(magnitude) if magnitude is not None and config.uses_magnitude else None)

@@ -163,6 +163,7 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
     # tensors no kind rule can address, said before anything is built (issue #65)
     notes = [note] + [f"{role}: {infos[role].warning()}" for role in ("task", "lang", "base")
                       if role in infos and infos[role].warning()]
+    notes.append(infos["task"].vision_note())   # a multimodal wrapper's kept vision tower
     return ModelsReport(refs, rows, found, infos["task"].num_layers, names, access, models,
                         tuple(n for n in notes if n), tokenizer_panel(models.paths))
 
