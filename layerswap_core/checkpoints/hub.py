@@ -169,6 +169,62 @@ def file_url(endpoint: str, repo_id: str, sha: str, name: str) -> str:
     return f"{endpoint}/{repo_id}/resolve/{quote(sha, safe='')}/{quote(name)}"
 
 
+# --------------------------------------------------------------------------- other hosts
+_GUARD = threading.local()      # .endpoint: the Hub this thread's served reads may reach
+OTHER_HOST = "the Hub sent this server to another host: refused"
+
+
+def _hub_like(host: str) -> bool:
+    return host in ("huggingface.co", "hf.co") or host.endswith((".huggingface.co", ".hf.co"))
+
+
+def same_host_allowed(endpoint: str, url: str) -> bool:
+    """Whether a served read of the Hub at ``endpoint`` may request ``url``: the endpoint's own
+    scheme, host and port; from the Hugging Face Hub itself, its file hosts too (https, under
+    huggingface.co or hf.co: its LFS and Xet downloads are redirected there)."""
+    from urllib.parse import urlsplit
+
+    def origin(u):
+        port = u.port or (443 if u.scheme == "https" else 80)
+        return u.scheme, (u.hostname or "").lower(), port
+    e, u = urlsplit(endpoint), urlsplit(url)
+    if origin(e) == origin(u):
+        return True
+    return _hub_like((e.hostname or "").lower()) and u.scheme == "https" \
+        and _hub_like((u.hostname or "").lower())
+
+
+def _guard_request(request) -> None:
+    """huggingface_hub's client's request hook (every request, each redirect's too): in a
+    ``same_host`` block, a request to another host is refused before it is sent."""
+    endpoint = getattr(_GUARD, "endpoint", None)
+    if endpoint is not None and not same_host_allowed(endpoint, str(request.url)):
+        raise ModelLoadError(OTHER_HOST)
+
+
+class same_host:
+    """A block whose Hub requests (huggingface_hub's shared client, in this thread) reach only
+    ``endpoint`` (``same_host_allowed``): a redirect elsewhere is refused in one line."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+
+    def __enter__(self):
+        from huggingface_hub.utils import get_session
+
+        client = get_session()     # the hook is put on the client in use (a new one: again)
+        hooks = client.event_hooks
+        if _guard_request not in hooks.get("request", []):
+            hooks["request"] = [*hooks.get("request", []), _guard_request]
+            client.event_hooks = hooks
+        self.before = getattr(_GUARD, "endpoint", None)
+        _GUARD.endpoint = self.endpoint
+        return self
+
+    def __exit__(self, *exc):
+        _GUARD.endpoint = self.before
+
+
 _SAFE_NAME = re.compile(r"[\w.-]+(/[\w.-]+)*")
 
 
@@ -335,8 +391,10 @@ class HubCache:
 
     # ---- the download itself (in its thread)
     def _run(self, job: Download) -> None:
+        from huggingface_hub import constants
         try:
-            job.path = self._download(job)
+            with same_host(self.endpoint or constants.ENDPOINT):
+                job.path = self._download(job)
             job.state = "done"
         except _Stop:
             job.state = "cancelled"
@@ -367,7 +425,8 @@ class HubCache:
         if refusal:
             raise ModelLoadError(refusal)
         self.root.mkdir(parents=True, exist_ok=True)
-        check_free_space(self.root, total, f"downloading {job.repo_id}")
+        check_free_space(self.root, total, f"downloading {job.repo_id}",
+                         shown="the server's cache")
         self.make_room(total, keep=job.repo_id)
         job.total, job.state = total, "downloading"
         job.deadline = time.monotonic() + DOWNLOAD_SLACK_SECONDS + total / DOWNLOAD_MIN_RATE
