@@ -133,7 +133,7 @@ def test_no_server_path_reaches_a_visitor(served, tiny, fake_hub):
     with pytest.raises(WorkbenchError) as e:
         wb.open_session(base, "fake/badheader", lang, access=access)
     corrupt = readable_error(e.value)
-    assert "fake/badheader" in corrupt and "the server's cache" in corrupt, corrupt
+    assert "fake/badheader" in corrupt and "cannot be read as a model" in corrupt, corrupt
     texts += [corrupt, *(c for row in e.value.rows for c in row)]
     # the agent tools, over the same server
     tools = agents.AgentTools(access)
@@ -213,3 +213,35 @@ def test_the_served_hub_reads_do_not_follow_a_redirect_to_another_host(served, f
     finally:
         fake_hub.redirects.clear()
         other.close()
+
+
+def test_unreadable_downloads_are_not_kept(served, fake_hub, tiny):
+    """Files that match the checksums the Hub listed but are no model (a weight file whose
+    header is not JSON, an index naming a file outside the folder) and a listed commit id
+    that is a path: refused in one line, nothing left in the served cache or beside it. A
+    snapshot already cached that a check then cannot read is removed after that check."""
+    import shutil
+
+    access, cache, tmp = served
+    fake_hub.shas["fake/task"] = "../../escaped"
+    try:
+        for repo, why in (("fake/badheader", "cannot be read as a model"),
+                          ("fake/outside", "cannot be read as a model"),
+                          ("fake/task", "a commit id that is not one")):
+            with pytest.raises(hub.ModelLoadError, match=why) as e:
+                cache.fetch(repo, "visitor-a", wait=20)
+            assert str(tmp) not in str(e.value), str(e.value)
+            assert cache.cached(repo) is None
+        assert sorted(p.name for p in cache.root.iterdir()) == []   # no partial, no repo folder
+        assert not (tmp / "escaped").exists() and not (cache.root.parent / "escaped").exists()
+    finally:
+        fake_hub.shas.clear()
+    # cached before (an older server, a disk error): the failed check removes it
+    snapshot = cache.repo_dir("fake/badheader") / SHA
+    snapshot.mkdir(parents=True)
+    for name, data in fake_hub.repos["fake/badheader"].items():
+        (snapshot / name).write_bytes(data)
+    with pytest.raises(WorkbenchError, match="fake/badheader"):
+        wb.open_session(str(tiny["base"]), "fake/badheader", str(tiny["lang"]), access=access)
+    assert not snapshot.exists() and cache.cached("fake/badheader") is None
+    shutil.rmtree(cache.repo_dir("fake/badheader"))

@@ -264,6 +264,18 @@ class HubCache:
             return None
         return max(snaps, key=lambda p: p.stat().st_mtime) if snaps else None
 
+    def discard(self, repo_id: str, path) -> bool:
+        """Remove a snapshot of ``repo_id`` that turned out unreadable (a check failed on it),
+        so that the next pick downloads it again instead of failing on the same files."""
+        path = Path(path)
+        with self.lock:
+            if not (path.parent == self.repo_dir(repo_id) and path.is_dir()):
+                return False
+            for held in self.holds.values():
+                held.pop(path, None)
+            shutil.rmtree(path, ignore_errors=True)
+            return not path.exists()
+
     def used(self, repo_dir: Path) -> float:
         try:
             return (repo_dir / USED).stat().st_mtime
@@ -434,7 +446,9 @@ class HubCache:
         # within a chunk (its default, 10 MB, is a long wait on a slow link)
         constants.HF_HUB_DOWNLOAD_TIMEOUT = timeout
         constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
-        sha = info.sha or "main"
+        sha = info.sha or ""
+        if not _COMMIT.fullmatch(sha):   # it names a folder here: never '..' or a path
+            raise ModelLoadError("the Hub listed a commit id that is not one: refused")
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.root))
         stop = threading.Event()     # a file failed: the checksums still running stop too
         try:
@@ -456,8 +470,8 @@ class HubCache:
                     stop.set()
                     raise
             shutil.rmtree(partial / ".cache", ignore_errors=True)   # huggingface_hub's notes
-            check_folder(partial)
-            final = self.repo_dir(job.repo_id) / re.sub(r"[^\w.-]", "_", sha)
+            _readable(partial)    # files that match their checksums may still be no model
+            final = self.repo_dir(job.repo_id) / sha
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
                 partial.rename(final)
@@ -490,6 +504,23 @@ class HubCache:
         if path.stat().st_size != size:
             raise ModelLoadError("the Hub sent another size than it listed: stopped")
         return path
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")    # a git commit id, as the Hub lists it
+
+
+def _readable(folder: Path) -> None:
+    """ModelLoadError (in words, no path) unless ``folder`` reads as a model: its config, every
+    weight file's header, an index naming only files of the folder (``CheckpointReader``)."""
+    from .reading import CheckpointReader
+
+    try:
+        check_folder(folder)
+        CheckpointReader(folder).close()
+    except Exception as e:  # noqa: BLE001 - whatever it is, the download is not kept
+        why = " ".join(str(e).replace(str(folder), "").split()).lstrip("/: ")
+        raise ModelLoadError(f"the downloaded files cannot be read as a model ({why[:200]}): "
+                             "not kept") from e
 
 
 def _checksum(sibling) -> str | None:

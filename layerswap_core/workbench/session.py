@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..checkpoints import hub as served_hub
 from ..checkpoints.compatibility import (ModelSet, checked_models, open_models,
                                          problems as compatibility_problems)
 from ..checkpoints.loading import dense_from_adapter, describe, pick_device
@@ -146,6 +147,8 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
                 info = describe(ref, progress=lambda f, m: _say(
                     progress, f, f"{label} ({i + 1} of {len(names)}): {m}"))
             except Exception as e:  # noqa: BLE001 - any unreadable model becomes one message
+                if access.served and HUB_ID.fullmatch(name):   # not kept in the served cache
+                    served_hub.served_cache().discard(name, ref)
                 raise WorkbenchError(f"{label} {name!r}: {readable_error(e)}") from e
         except WorkbenchError as e:   # the others are still read: their rows stay valid
             errors.append(str(e))
