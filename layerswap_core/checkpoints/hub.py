@@ -41,6 +41,7 @@ from ..progress import Progress, Rate, say
 from ..settings import env_number
 from .references import ModelLoadError, check_folder, check_free_space, is_offline
 from .cache import cache_dir, evict_lru, folder_bytes
+from .reading import CheckpointReader
 
 GB = 10 ** 9
 PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
@@ -512,8 +513,6 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")    # a git commit id, as the Hub lists it
 def _readable(folder: Path) -> None:
     """ModelLoadError (in words, no path) unless ``folder`` reads as a model: its config, every
     weight file's header, an index naming only files of the folder (``CheckpointReader``)."""
-    from .reading import CheckpointReader
-
     try:
         check_folder(folder)
         CheckpointReader(folder).close()
