@@ -2,6 +2,8 @@
 visitor's Hub downloads (served), and what a page reload keeps (this browser's localStorage)."""
 from __future__ import annotations
 
+import os
+
 import gradio as gr
 
 from layerswap_core.workbench import saves
@@ -111,7 +113,8 @@ class ModelsTab(PageBase):
     # ---- served: the visitor's own saves and Hub downloads
     def own_saves(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The model lists with the visitor's own saves (served: nobody else's)."""
-        mine = saves.own_saves(self.visitor(request, profile))
+        # by their names: a visitor picks their own save by name (no server path on the page)
+        mine = [os.path.basename(p) for p in saves.own_saves(self.visitor(request, profile))]
         offered = offered_models(self.access)
         return [gr.update(choices=[*first, *mine, *offered]) for first in
                 (list(wb.EMBEDDED_BASES), EXPERT_CHOICES, EXPERT_CHOICES)]

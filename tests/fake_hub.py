@@ -6,7 +6,10 @@ and blob ids (``/api/models/<repo>``) and file resolves with HTTP ranges
 (``/<repo>/resolve/<rev>/<file>``, ``Range: bytes=a-b`` answered 206), counting what it sends.
 A repository is a folder (its files as they are) or ``{name: bytes}`` (a hostile one made in
 memory: one bytes object may stand for several files). ``pointed_at`` points huggingface_hub
-at it for the duration.
+at it for the duration. ``redirects`` sends a repository's file resolves elsewhere (``{repo:
+URL prefix}``: a 302 to ``<prefix>/<file>``, with the etag and size the Hub sends with its own
+redirects), e.g. to another ``CountingHub`` on another port; ``shas`` lists another commit
+id for a repository.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ class CountingHub:
         self.sent: dict[str, int] = {}
         self.ranges: list[tuple[str, str, str | None]] = []   # repo, file, Range header
         self.auths: list[str | None] = []                      # every request's authorization
+        self.redirects: dict[str, str] = {}                    # repo -> where its files are
+        self.shas: dict[str, str] = {}                         # repo -> another commit id
         self.lock = threading.Lock()
         hub_ = self
 
@@ -69,7 +74,8 @@ class CountingHub:
             files = self.repos.get(repo)
             if files is None:
                 return self.send(h, repo, 404, json.dumps({"error": "Repository not found"}).encode())
-            listing = {"id": repo, "modelId": repo, "sha": SHA, "private": False,
+            listing = {"id": repo, "modelId": repo, "sha": self.shas.get(repo, SHA),
+                       "private": False,
                        "gated": "manual" if repo == "fake/gated" else False,
                        "cardData": {"license": "apache-2.0"},
                        "siblings": [{"rfilename": n, "size": len(b),
@@ -82,6 +88,10 @@ class CountingHub:
         if data is None:
             return self.send(h, repo, 404, json.dumps({"error": "Entry not found"}).encode())
         etag = {"etag": f'"{hashlib.sha256(data).hexdigest()}"'}
+        if repo in self.redirects:
+            return self.send(h, repo, 302, b"", {**etag, "x-linked-size": str(len(data)),
+                                                 "location": f"{self.redirects[repo]}/{name}"},
+                             head=head)
         if head:
             return self.send(h, repo, 200, data, etag, head=True)
         rng = h.headers.get("range")

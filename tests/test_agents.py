@@ -191,16 +191,20 @@ def test_served_agents_reach_only_what_a_visitor_may(served_tools, tiny, monkeyp
         with pytest.raises(WorkbenchError):
             tools.build_and_save(one, folder=name)
     assert not out.exists() or not any(out.rglob("layerswap.yaml"))
-    saved = Path(json.loads(tools.build_and_save(one, folder="mine"))["saved_to"])
+    # saved_to: the save's name (no server path, #64), picked again by that name
+    assert json.loads(tools.build_and_save(one, folder="mine"))["saved_to"] == "mine"
+    [saved] = out.glob("*/mine")
     assert saved.parent.parent == out and saved.parent.name.startswith("session-")
     # another agent session can neither pick it nor write beside it; its owner can pick it
-    with pytest.raises(WorkbenchError, match=REFUSED[:30]):
-        tools.check_models("", str(saved), str(saved), session=two)
-    theirs = Path(json.loads(tools.build_and_save(two, folder="mine"))["saved_to"])
-    assert theirs.parent != saved.parent and theirs.name == "mine"
-    again = json.loads(tools.check_models(str(tiny["base"]), str(saved), str(tiny["lang"]),
-                                          session=one))
-    assert again["session"] == one and again["compatible"], again
+    for ref in (str(saved), "mine"):
+        with pytest.raises(WorkbenchError, match=REFUSED[:30]):
+            tools.check_models("", ref, ref, session=two)
+    assert json.loads(tools.build_and_save(two, folder="mine"))["saved_to"] == "mine"
+    [theirs] = set(out.glob("*/mine")) - {saved}
+    for ref in (str(saved), "mine"):
+        again = json.loads(tools.check_models(str(tiny["base"]), ref, str(tiny["lang"]),
+                                              session=one))
+        assert again["session"] == one and again["compatible"], again
     # the save quota of a visitor
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", "0.001")
     with pytest.raises(WorkbenchError, match="each visitor may keep"):

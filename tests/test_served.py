@@ -76,7 +76,8 @@ def built(served, tiny):
 def test_the_page_says_it_serves_visitors(served, tiny):
     page = json.loads(urllib.request.urlopen(served.url + "config").read())
     text = json.dumps(page)
-    assert "Served mode" in text and str(served.out) in text
+    assert "Served mode" in text and "the server's output folder" in text
+    assert str(served.out) not in text and os.getcwd() not in text   # no server path (#64)
     assert "Save as (a folder name" in text and "my-merge" in text
     assert str(tiny["task"]) in text            # folders under the model roots are offered
 

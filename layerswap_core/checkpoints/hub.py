@@ -41,6 +41,7 @@ from ..progress import Progress, Rate, say
 from ..settings import env_number
 from .references import ModelLoadError, check_folder, check_free_space, is_offline
 from .cache import cache_dir, evict_lru, folder_bytes
+from .reading import CheckpointReader
 
 GB = 10 ** 9
 PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja")
@@ -169,6 +170,62 @@ def file_url(endpoint: str, repo_id: str, sha: str, name: str) -> str:
     return f"{endpoint}/{repo_id}/resolve/{quote(sha, safe='')}/{quote(name)}"
 
 
+# --------------------------------------------------------------------------- other hosts
+_GUARD = threading.local()      # .endpoint: the Hub this thread's served reads may reach
+OTHER_HOST = "the Hub sent this server to another host: refused"
+
+
+def _hub_like(host: str) -> bool:
+    return host in ("huggingface.co", "hf.co") or host.endswith((".huggingface.co", ".hf.co"))
+
+
+def same_host_allowed(endpoint: str, url: str) -> bool:
+    """Whether a served read of the Hub at ``endpoint`` may request ``url``: the endpoint's own
+    scheme, host and port; from the Hugging Face Hub itself, its file hosts too (https, under
+    huggingface.co or hf.co: its LFS and Xet downloads are redirected there)."""
+    from urllib.parse import urlsplit
+
+    def origin(u):
+        port = u.port or (443 if u.scheme == "https" else 80)
+        return u.scheme, (u.hostname or "").lower(), port
+    e, u = urlsplit(endpoint), urlsplit(url)
+    if origin(e) == origin(u):
+        return True
+    return _hub_like((e.hostname or "").lower()) and u.scheme == "https" \
+        and _hub_like((u.hostname or "").lower())
+
+
+def _guard_request(request) -> None:
+    """huggingface_hub's client's request hook (every request, each redirect's too): in a
+    ``same_host`` block, a request to another host is refused before it is sent."""
+    endpoint = getattr(_GUARD, "endpoint", None)
+    if endpoint is not None and not same_host_allowed(endpoint, str(request.url)):
+        raise ModelLoadError(OTHER_HOST)
+
+
+class same_host:
+    """A block whose Hub requests (huggingface_hub's shared client, in this thread) reach only
+    ``endpoint`` (``same_host_allowed``): a redirect elsewhere is refused in one line."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+
+    def __enter__(self):
+        from huggingface_hub.utils import get_session
+
+        client = get_session()     # the hook is put on the client in use (a new one: again)
+        hooks = client.event_hooks
+        if _guard_request not in hooks.get("request", []):
+            hooks["request"] = [*hooks.get("request", []), _guard_request]
+            client.event_hooks = hooks
+        self.before = getattr(_GUARD, "endpoint", None)
+        _GUARD.endpoint = self.endpoint
+        return self
+
+    def __exit__(self, *exc):
+        _GUARD.endpoint = self.before
+
+
 _SAFE_NAME = re.compile(r"[\w.-]+(/[\w.-]+)*")
 
 
@@ -207,6 +264,18 @@ class HubCache:
         except OSError:
             return None
         return max(snaps, key=lambda p: p.stat().st_mtime) if snaps else None
+
+    def discard(self, repo_id: str, path) -> bool:
+        """Remove a snapshot of ``repo_id`` that turned out unreadable (a check failed on it),
+        so that the next pick downloads it again instead of failing on the same files."""
+        path = Path(path)
+        with self.lock:
+            if not (path.parent == self.repo_dir(repo_id) and path.is_dir()):
+                return False
+            for held in self.holds.values():
+                held.pop(path, None)
+            shutil.rmtree(path, ignore_errors=True)
+            return not path.exists()
 
     def used(self, repo_dir: Path) -> float:
         try:
@@ -335,8 +404,10 @@ class HubCache:
 
     # ---- the download itself (in its thread)
     def _run(self, job: Download) -> None:
+        from huggingface_hub import constants
         try:
-            job.path = self._download(job)
+            with same_host(self.endpoint or constants.ENDPOINT):
+                job.path = self._download(job)
             job.state = "done"
         except _Stop:
             job.state = "cancelled"
@@ -367,7 +438,8 @@ class HubCache:
         if refusal:
             raise ModelLoadError(refusal)
         self.root.mkdir(parents=True, exist_ok=True)
-        check_free_space(self.root, total, f"downloading {job.repo_id}")
+        check_free_space(self.root, total, f"downloading {job.repo_id}",
+                         shown="the server's cache")
         self.make_room(total, keep=job.repo_id)
         job.total, job.state = total, "downloading"
         job.deadline = time.monotonic() + DOWNLOAD_SLACK_SECONDS + total / DOWNLOAD_MIN_RATE
@@ -375,7 +447,9 @@ class HubCache:
         # within a chunk (its default, 10 MB, is a long wait on a slow link)
         constants.HF_HUB_DOWNLOAD_TIMEOUT = timeout
         constants.DOWNLOAD_CHUNK_SIZE = min(constants.DOWNLOAD_CHUNK_SIZE, CHUNK_BYTES)
-        sha = info.sha or "main"
+        sha = info.sha or ""
+        if not _COMMIT.fullmatch(sha):   # it names a folder here: never '..' or a path
+            raise ModelLoadError("the Hub listed a commit id that is not one: refused")
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=self.root))
         stop = threading.Event()     # a file failed: the checksums still running stop too
         try:
@@ -397,8 +471,8 @@ class HubCache:
                     stop.set()
                     raise
             shutil.rmtree(partial / ".cache", ignore_errors=True)   # huggingface_hub's notes
-            check_folder(partial)
-            final = self.repo_dir(job.repo_id) / re.sub(r"[^\w.-]", "_", sha)
+            _readable(partial)    # files that match their checksums may still be no model
+            final = self.repo_dir(job.repo_id) / sha
             final.parent.mkdir(parents=True, exist_ok=True)
             try:
                 partial.rename(final)
@@ -431,6 +505,21 @@ class HubCache:
         if path.stat().st_size != size:
             raise ModelLoadError("the Hub sent another size than it listed: stopped")
         return path
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")    # a git commit id, as the Hub lists it
+
+
+def _readable(folder: Path) -> None:
+    """ModelLoadError (in words, no path) unless ``folder`` reads as a model: its config, every
+    weight file's header, an index naming only files of the folder (``CheckpointReader``)."""
+    try:
+        check_folder(folder)
+        CheckpointReader(folder).close()
+    except Exception as e:  # noqa: BLE001 - whatever it is, the download is not kept
+        why = " ".join(str(e).replace(str(folder), "").split()).lstrip("/: ")
+        raise ModelLoadError(f"the downloaded files cannot be read as a model ({why[:200]}): "
+                             "not kept") from e
 
 
 def _checksum(sibling) -> str | None:
@@ -518,6 +607,12 @@ def served_cache() -> HubCache:
     if "cache" not in _SERVED:
         _SERVED["cache"] = HubCache(cache_dir() / "hub", HubLimits.from_env(served=True))
     return _SERVED["cache"]
+
+
+def served_cache_if_open() -> HubCache | None:
+    """The process's served cache if one was opened (nothing is created): what a message about
+    it must hide (``workbench.served.hide_paths``)."""
+    return _SERVED.get("cache")
 
 
 def set_served_cache(cache: HubCache | None) -> HubCache | None:

@@ -34,8 +34,8 @@ from ..progress import Progress, say
 from .adapters import is_adapter
 from .compatibility import open_models, problems
 from .embedded import EMBEDDED_PREFIX
-from .hub import (PATTERNS, HubLimits, check_file_names, gb_text, hub_error_words, file_url, served_cache,
-                  too_big)
+from .hub import (PATTERNS, HubLimits, check_file_names, file_url, gb_text, hub_error_words,
+                  same_host, served_cache, too_big)
 from .loading import ModelInfo, describe, runs_in_float32
 from .reading import INDEX_NAME, ModelLoadError
 from .references import REPO_ID_PATTERN, resolve
@@ -217,6 +217,10 @@ class _Hub:
         return left
 
     def listing(self, model: _HubModel) -> None:
+        with same_host(self.endpoint):
+            self._listing(model)
+
+    def _listing(self, model: _HubModel) -> None:
         from huggingface_hub import HfApi
 
         info = HfApi(endpoint=self.endpoint, token=self.token).model_info(
@@ -247,7 +251,8 @@ class _Hub:
             headers["Range"] = f"bytes={start}-{start + length - 1}"
         want = (length if length is not None else model.files[name] - start)
         out = bytearray()
-        with self.client.stream("GET", model.url[name], headers=headers,
+        with same_host(self.endpoint), \
+                self.client.stream("GET", model.url[name], headers=headers,
                                 timeout=min(self.limits.timeout, self.time_left())) as r:
             if r.status_code >= 400:
                 r.read()

@@ -234,12 +234,15 @@ def _hub_download_size(repo_id: str, patterns: list[str]) -> int | None:
 
 
 def check_free_space(folder: str | os.PathLike, nbytes: int | None, what: str,
-                     margin: float = 1.05) -> None:
+                     margin: float = 1.05, shown: str | None = None) -> None:
     """ModelLoadError when the disk holding ``folder`` has less free space than ``nbytes`` (plus
-    5%): said before anything is written, not half-way."""
+    5%): said before anything is written, not half-way. ``shown``: the folder in words (a
+    server's visitors do not see its paths)."""
     folder = Path(folder)
     why = unwritable_reason(folder)
     if why:   # before the space: a folder that cannot be written is not a full disk
+        if shown is not None:   # any path in the reason: the folder in words
+            why = re.sub(r"(?<![\w.])/[^\s:'\"]*", shown, why)
         raise ModelLoadError(f"{what}: cannot write there ({why})")
     if not nbytes:
         return
@@ -248,7 +251,7 @@ def check_free_space(folder: str | os.PathLike, nbytes: int | None, what: str,
         probe = probe.parent
     free = shutil.disk_usage(probe).free
     if free < nbytes * margin:
-        raise ModelLoadError(f"{what} needs {_gib(nbytes)} but {folder} has only {_gib(free)} "
+        raise ModelLoadError(f"{what} needs {_gib(nbytes)} but {shown or folder} has only {_gib(free)} "
                              "free: free some space or point HF_HOME / LAYERSWAP_CACHE elsewhere")
 
 

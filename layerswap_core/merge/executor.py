@@ -93,13 +93,16 @@ def _ordered(names: list[str], reader: CheckpointReader) -> list[str]:
 def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=None, *,
                     device: str = "cpu", shard_size: int | str = "2GB", overwrite: bool = False,
                     force: bool = False, progress: Progress | None = None,
-                    checked: CheckedModels | None = None) -> Path:
+                    checked: CheckedModels | None = None,
+                    names: dict[str, str] | None = None) -> Path:
     """Merge into the folder ``out`` (HF format, loadable with from_pretrained); returns its path.
 
     Models default to ``config.task/lang/base``; the config saved with the output records the
     references actually used. An existing ``out`` is replaced only with ``overwrite``, and only
     if it is a layerswap output (or empty) unless ``force`` (see ``checkpoints.writing.check_output_dir``).
-    ``checked``: the models as already checked (``open_inputs``).
+    ``checked``: the models as already checked (``open_inputs``). ``names``: role -> how
+    layerswap.yaml and the card name the models instead (a server's visitor: as they named
+    them, not the server's folders); then the progress names the output by its folder name.
     """
     if out is None:
         raise ValueError("no output folder given (out=... / --out DIR)")
@@ -115,6 +118,10 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
                          tokenizer_source=config.tokenizer_source, checked=checked)
     config = concrete(config, inputs.arch.num_layers)  # e.g. the layer counts actually used
     plan = build_plan(config, inputs.names, inputs.arch)
+    refs = dict(inputs.refs)
+    if names:
+        refs = {role: str(names.get(role) or ref) for role, ref in refs.items()}
+    recorded = replace(config, **{role: refs.get(role) for role in ("task", "lang", "base")})
     check_output_dir(out, overwrite=overwrite, force=force, inputs=inputs.paths.values())
     readers = inputs.readers
     if config.uses_magnitude:
@@ -129,24 +136,26 @@ def merge_to_folder(config: MergeConfig, task=None, lang=None, base=None, out=No
     if missing_models:
         raise ConfigError(f"the plan needs the {', '.join(sorted(missing_models))} model(s)")
     out_dtype = CONFIG_DTYPES.get(config.dtype) if config.dtype else None
-    names = _ordered(inputs.names, readers["task"])
+    order = _ordered(inputs.names, readers["task"])
     start = 0.3 if config.uses_magnitude else 0.0
 
     try:
         with atomic_output_dir(out, overwrite=overwrite, force=force,
                                inputs=inputs.paths.values()) as tmp:
-            _write_folder(tmp, inputs, config, plan, names, out_dtype, device, max_shard,
-                          lambda f, m: _say(progress, start + (1 - start) * 0.98 * f, m))
-            (tmp / "README.md").write_text(model_card(config, plan, inputs.refs,
-                                                      time.time() - t0))
+            _write_folder(tmp, inputs, config, plan, order, out_dtype, device, max_shard,
+                          lambda f, m: _say(progress, start + (1 - start) * 0.98 * f, m),
+                          recorded)
+            (tmp / "README.md").write_text(model_card(recorded, plan, refs, time.time() - t0))
     except OutputWriteError as e:  # disk full, read-only...: one line, nothing left written
         raise MergeError(str(e)) from e
-    _say(progress, 1.0, f"merged into {out} in {time.time() - t0:.1f} s")
+    _say(progress, 1.0, f"merged into {Path(out).name if names else out} in "
+                        f"{time.time() - t0:.1f} s")
     return Path(out).expanduser().resolve()
 
 
 def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePlan, names: list[str],
-                  out_dtype: str | None, device, max_shard: int, progress: Progress):
+                  out_dtype: str | None, device, max_shard: int, progress: Progress,
+                  recorded: MergeConfig | None = None):
     """The tensors (sharded), the side files and layerswap.yaml of a merge, into ``tmp``.
 
     Two lanes side by side: a thread copies the single-source tensors file-to-file (in the
@@ -155,7 +164,8 @@ def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePla
     time, a blend the CPU's, so on two cores the merge takes about the longer of the two
     instead of their sum (bench/merge_bench.py). Errors and cancellation in either lane stop
     both; nothing is left (the caller's temporary folder).
-    ``out_dtype``: a safetensors dtype (None: each tensor's own)."""
+    ``out_dtype``: a safetensors dtype (None: each tensor's own); ``recorded``: the config
+    layerswap.yaml records (default ``config``)."""
     readers = inputs.readers
     writer = ShardedWriter(tmp, max_shard, metadata={"layerswap": __version__})
     copies, blends = [], []   # blends: (name, output dtype)
@@ -193,7 +203,7 @@ def _write_folder(tmp: Path, inputs: Inputs, config: MergeConfig, plan: MergePla
                 done += readers["task"].location(n).nbytes
                 progress((done + lane.copied) / total, n)
         _copy_side_files(inputs, config, tmp)   # while the copies finish
-        (tmp / "layerswap.yaml").write_text(config.to_yaml())
+        (tmp / "layerswap.yaml").write_text((recorded or config).to_yaml())
         while lane.wait(0.25):
             progress((done + lane.copied) / total, lane.current)
         lane.check()

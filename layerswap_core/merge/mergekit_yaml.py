@@ -73,11 +73,14 @@ class Opened(NamedTuple):
 
 # --------------------------------------------------------------------------- out
 def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None,
-                models=None) -> tuple[str, list[str]]:
+                models=None, folders: bool = True) -> tuple[str, list[str]]:
     """(the mergekit YAML of the merge ``config`` builds, notes). The models default to the
     config's; the task expert's headers are read (layers, tensor names, dtype) unless ``models``
     (an ``Opened``, e.g. a session's) gives them and the references.
-    ConfigError (one line, naming the part) where mergekit cannot express the merge."""
+    ConfigError (one line, naming the part) where mergekit cannot express the merge.
+    ``folders=False``: every model as its reference, an ``embedded:NAME`` too (a server's
+    visitor: the server's folders are not theirs), with a note where mergekit needs a folder.
+    """
     given = models.refs if models is not None else {}
     refs = {"task": task or config.task, "lang": lang or config.lang, "base": base or config.base}
     refs = {r: v or given.get(r) for r, v in refs.items()}
@@ -97,7 +100,11 @@ def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None,
     notes: list[str] = []
     paths = {}
     for role, ref in refs.items():  # mergekit reads folders and Hub ids, not embedded:NAME
-        if ref.startswith("embedded:"):
+        if ref.startswith("embedded:") and not folders:
+            paths[role] = ref
+            notes.append(f"{role}: {ref} is a model of layerswap's install: write its folder "
+                         "there for mergekit (`layerswap prepare` prints it)")
+        elif ref.startswith("embedded:"):
             paths[role] = str(models.paths[role] if role in models.paths else resolve(ref))
         else:
             paths[role] = ref
@@ -250,12 +257,12 @@ def _dump(doc: dict, plan, notes: list[str]) -> str:
     return "\n".join(head) + "\n" + yaml.dump(doc, Dumper=Dumper, sort_keys=False)
 
 
-def mergekit_file(config: MergeConfig, models: Opened) -> tuple[str, str]:
+def mergekit_file(config: MergeConfig, models: Opened, folders: bool = True) -> tuple[str, str]:
     """(file name, text) for a merge recipe over ``models`` (``Opened``):
     ("mergekit.yaml", the YAML) when mergekit can express the merge, else
-    ("mergekit-not-expressible.txt", the reason)."""
+    ("mergekit-not-expressible.txt", the reason). ``folders``: as ``to_mergekit``'s."""
     try:
-        text, _ = to_mergekit(config, models=models)
+        text, _ = to_mergekit(config, models=models, folders=folders)
         return "mergekit.yaml", text
     except ConfigError as e:
         return "mergekit-not-expressible.txt", f"{e}\n"

@@ -160,7 +160,7 @@ class AgentTools:
             raise WorkbenchError(f"config: leave out {', '.join(models)}: the models are the "
                                  "session's (check_models)")
         given = MergeConfig.from_dict(config)
-        refs = {k: s.refs.get(k) for k in MODEL_KEYS}
+        refs = {k: s.recipe.get(k) for k in MODEL_KEYS}   # as named, never a server folder
         return replace(given, **refs).validate(s.num_layers, has_base=s.has_base)
 
     # ---- the tools
@@ -297,7 +297,9 @@ class AgentTools:
                    if folder else None)
         return _json({"built": cfg.describe(s.num_layers), "seconds": round(res.seconds, 2),
                       "tensors_recomputed": res.changed, "tensors": res.total,
-                      "saved_to": None if out is None else str(out),
+                      # served: by its name (the server's folders are not the agent's)
+                      "saved_to": None if out is None else
+                      out.name if entry.access.served else str(out),
                       "config_yaml": cfg.to_yaml()})
 
     def quick_evaluate(self, session: str, models: list[str] | None = None,

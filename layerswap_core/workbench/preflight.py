@@ -74,14 +74,17 @@ def _here(repo_id: str, access: Access) -> bool:
 
 
 def awaiting_download(refs, access: Access = LOCAL) -> list[str]:
-    """The Hub ids among ``refs`` a pick would download first (not here yet, not a folder of
-    that name, the Hub reachable: offline the check itself says what is missing)."""
+    """The Hub ids among ``refs`` a pick would download first (not here yet, the Hub
+    reachable: offline the check itself says what is missing). Locally a folder of that name
+    is not a Hub id; served, ``owner/name`` is always one (``vet_reference``), whatever lies in
+    the server's working directory: the answer says nothing of its files."""
     if is_offline():
         return []
     out = []
     for ref in refs:
         ref = (ref or "").strip()
-        if (HUB_ID.fullmatch(ref) and ref not in access.trusted and not os.path.exists(ref)
+        if (HUB_ID.fullmatch(ref) and ref not in access.trusted
+                and (access.served or not os.path.exists(ref))
                 and ref not in out and not _here(ref, access)):
             out.append(ref)
     return out

@@ -30,8 +30,46 @@ class WorkbenchError(ValueError):
     """A problem to show on the page as one readable sentence."""
 
 
+# --------------------------------------------------------------------------- server folders
+# Folders of a server with visitors, and the words a visitor reads instead of them (a served
+# ``Access.from_env`` registers its output root, the layerswap cache and the working directory;
+# the served Hub cache is always hidden). Locally nothing is registered: real paths are shown.
+_HIDDEN: dict[str, str] = {}
+
+
+def hide_folder(folder, words: str) -> None:
+    """From now on, ``hide_paths`` writes ``words`` for ``folder`` and any path under it."""
+    for form in {str(Path(folder).expanduser()), os.path.realpath(Path(folder).expanduser())}:
+        if form not in ("", os.sep):
+            _HIDDEN.setdefault(form.rstrip(os.sep), words)
+
+
+def hide_paths(text: str, names: dict | None = None) -> str:
+    """``text`` without the server's folders: each folder of ``names`` (folder -> the model's
+    name as the visitor gave it) and any path in it as that name; any path under a hidden
+    folder (``hide_folder``, the served Hub cache) as its words ("the server's cache", "the
+    output folder")."""
+    text = str(text)
+    cache = hub.served_cache_if_open()
+    hidden = dict(_HIDDEN)
+    if cache is not None:
+        for form in (str(cache.root), os.path.realpath(cache.root)):
+            hidden[form.rstrip(os.sep)] = "the server's cache"
+    named = {}
+    for folder, name in (names or {}).items():
+        for form in (str(folder), os.path.realpath(folder)):
+            named[form.rstrip(os.sep)] = str(name)
+    for table in (named, hidden):
+        for folder in sorted(table, key=len, reverse=True):
+            if folder and folder in text:
+                text = re.sub(re.escape(folder) + r"(?![\w-])(?:/[^\s'\"`,;:()\[\]]*)?",
+                              lambda m, w=table[folder]: w, text)
+    return text
+
+
 def readable_error(exc: BaseException) -> str:
-    """One line for the page: library errors as they are, anything else with its type."""
+    """One line for the page: library errors as they are, anything else with its type; the
+    server's folders in words (``hide_paths``)."""
     if isinstance(exc, Cancelled):
         return "Cancelled."
     if isinstance(exc, (ValueError, FileNotFoundError, FileExistsError, PermissionError)):
@@ -40,7 +78,7 @@ def readable_error(exc: BaseException) -> str:
         msg = "out of memory: try fewer questions, shorter answers or a smaller model"
     else:
         msg = f"{type(exc).__name__}: {exc}"
-    msg = " ".join(msg.split())
+    msg = " ".join(hide_paths(msg).split())
     return msg if len(msg) <= 600 else msg[:597] + "..."
 
 
@@ -166,6 +204,10 @@ class Access:
         out = Path(os.environ.get("LAYERSWAP_OUTPUT_DIR") or cache_dir() / "outputs").expanduser()
         dirs = os.environ.get("LAYERSWAP_MODEL_DIRS", "").split(os.pathsep)
         roots = [Path(d).expanduser() for d in dirs if d.strip()]
+        if served:   # its lines and errors name these in words (hide_paths)
+            hide_folder(out, "the output folder")
+            hide_folder(cache_dir(), "the server's cache")
+            hide_folder(os.getcwd(), "the server's folder")
         return cls(served, out, (*roots, out), frozenset(str(t) for t in trusted))
 
     def describe(self) -> str:
@@ -177,7 +219,7 @@ class Access:
         roots = [r for r in self.model_roots if r != self.output_root]
         return ("Served mode: models are embedded, Hub ids or folders under "
                 + ", ".join(f"`{r}`" for r in roots or self.model_roots)
-                + f"; saves are named folders under `{self.output_root}`, each visitor's in "
+                + "; saves are named folders in the server's output folder, each visitor's in "
                 "their own folder that only they can see.")
 
 
@@ -198,13 +240,19 @@ def _within(real: str, root: Path | str) -> bool:
 def vet_reference(ref, access: Access = LOCAL, progress: Progress | None = None) -> str:
     """The reference to use for a model someone named. Local: as given. Served: an ``embedded:``
     name or a trusted reference as given, a Hub id as its downloaded folder (never read as a
-    relative path), an absolute path as its real path (links resolved) when that lies under a
-    model root; anything else is REFUSED, in the same words whatever exists on the server."""
+    relative path), a plain name as the visitor's own save of that name, an absolute path as
+    its real path (links resolved) when that lies under a model root; anything else is
+    REFUSED, in the same words whatever exists on the server."""
     ref = capped("model reference", ref, LIMITS.ref_chars).strip()
     if not access.served or ref in access.trusted or ref.startswith(EMBEDDED_PREFIX):
         return ref
     if HUB_ID.fullmatch(ref):
         return str(hub.served_fetch(ref, access.namespace or ""))
+    if access.namespace and _FOLDER_NAME.fullmatch(ref) and ".." not in ref:
+        # one of the visitor's own saves, by its name (as Save and the agents' saved_to name it)
+        real = os.path.realpath(access.saves_root / ref)
+        if _within(real, access.saves_root) and os.path.isdir(real):
+            return real
     if os.path.isabs(ref) and ref.isprintable():
         try:
             real = os.path.realpath(ref)
@@ -218,6 +266,26 @@ def vet_reference(ref, access: Access = LOCAL, progress: Progress | None = None)
         if real and ok:
             return real
     raise WorkbenchError(REFUSED)
+
+
+def recipe_name(name: str, ref, access: Access = LOCAL) -> str:
+    """How a recipe (layerswap.yaml, the model card, mergekit.yaml) names the model a visitor
+    named ``name`` and ``vet_reference`` made ``ref``. Local: ``ref`` (the reference used).
+    Served, never a server folder: a Hub id as ``owner/name@commit`` (its folder in the served
+    cache is named by the commit), an ``embedded:`` or trusted reference as given, a folder
+    under a model root by its path under that root, a visitor's own save by its name."""
+    name, ref = str(name).strip(), str(ref)
+    if not access.served or name in access.trusted or name.startswith(EMBEDDED_PREFIX):
+        return ref if not access.served else name
+    if HUB_ID.fullmatch(name):
+        return f"{name}@{Path(ref).name}"
+    real = os.path.realpath(ref)
+    roots = [r for r in (access.saves_root, *access.model_roots)
+             if r is not None and r != access.output_root]
+    for root in roots:
+        if _within(real, root):
+            return os.path.relpath(real, os.path.realpath(root))
+    return hide_paths(name)
 
 
 def offered_models(access: Access, limit: int = 50) -> list[str]:

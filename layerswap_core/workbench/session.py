@@ -24,10 +24,11 @@ import threading
 import uuid
 import zipfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..checkpoints import hub as served_hub
 from ..checkpoints.compatibility import (ModelSet, checked_models, open_models,
                                          problems as compatibility_problems)
 from ..checkpoints.loading import dense_from_adapter, describe, pick_device
@@ -42,7 +43,8 @@ from ..demos import trios as demos
 from ..merge import mergekit_yaml, registry
 from ..progress import say as _say
 from .served import (HUB_ID, LIMITS, LOCAL, Access, Progress, WorkbenchError, capped,
-                     check_replace, output_folder, readable_error, vet_reference)
+                     check_replace, hide_paths, output_folder, readable_error, recipe_name,
+                     vet_reference)
 from ..checkpoints.reading import CheckpointReader
 from ..checkpoints.tokenizer_panel import TokenizerPanel, tokenizer_panel
 from ..merge.config import DTYPES, MergeConfig
@@ -92,6 +94,7 @@ class ModelsReport:
     models: ModelSet | None = None        # the opened models (headers), checked once
     notes: tuple[str, ...] = ()           # warnings that do not stop the merge
     tokenizers: TokenizerPanel | None = None   # what differs in tokenizers and chat templates
+    recipe: dict[str, str] | None = None  # how recipes name the models (``served.recipe_name``)
 
     HEADERS = ("role", "model", "architecture", "layers", "hidden", "vocab", "dtype", "size")
 
@@ -124,14 +127,18 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
         if not names[role]:
             raise WorkbenchError(f"give a {ROLE_LABELS[role]} (an embedded: name, a folder or a Hub id)")
     names = {r: v for r, v in names.items() if v}
-    refs, rows, infos, errors = {}, {}, {}, []
+    refs, rows, infos, errors, recipe = {}, {}, {}, [], {}
     for i, (role, name) in enumerate(names.items()):   # base first: adapters need it
         label = ROLE_LABELS[role]
         try:
             try:
                 ref = vet_reference(name, access, progress)
+                # served: the visitor's name for it (an adapter's, not its merge's folder)
+                recipe[role] = recipe_name(name, ref, access)
                 if role in ("task", "lang") and is_adapter(ref):   # merged into the base once
                     ref = str(dense_from_adapter(ref, refs.get("base"), progress))
+                if not access.served:
+                    recipe[role] = ref
             except ValueError as e:
                 raise WorkbenchError(f"{label}: {readable_error(e)}") from e
             _say(progress, i / (len(names) + 1), f"reading {label} {name}")
@@ -140,6 +147,8 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
                 info = describe(ref, progress=lambda f, m: _say(
                     progress, f, f"{label} ({i + 1} of {len(names)}): {m}"))
             except Exception as e:  # noqa: BLE001 - any unreadable model becomes one message
+                if access.served and HUB_ID.fullmatch(name):   # not kept in the served cache
+                    served_hub.served_cache().discard(name, ref)
                 raise WorkbenchError(f"{label} {name!r}: {readable_error(e)}") from e
         except WorkbenchError as e:   # the others are still read: their rows stay valid
             errors.append(str(e))
@@ -159,13 +168,16 @@ def check_models(base: str, task: str, lang: str, progress: Progress | None = No
     # the one check (checkpoints.compatibility), against the task expert; the Session reuses it
     models = open_models({role: refs[role] for role in sorted(refs, key=lambda r: r != "task")})
     found = compatibility_problems(models)
+    if access.served:   # each model by its name, never its folder on the server
+        folders = {path: recipe[role] for role, path in models.paths.items()}
+        found = [hide_paths(p, folders) for p in found]
     note = reading_note(refs.get("base") or refs["task"], names["lang"])
     # tensors no kind rule can address, said before anything is built (issue #65)
     notes = [note] + [f"{role}: {infos[role].warning()}" for role in ("task", "lang", "base")
                       if role in infos and infos[role].warning()]
     notes.append(infos["task"].vision_note())   # a multimodal wrapper's kept vision tower
     return ModelsReport(refs, rows, found, infos["task"].num_layers, names, access, models,
-                        tuple(n for n in notes if n), tokenizer_panel(models.paths))
+                        tuple(n for n in notes if n), tokenizer_panel(models.paths), recipe)
 
 
 READING_RATIO = 3.0   # tokens per word in the expert's language over English: a warning above
@@ -237,6 +249,9 @@ class Session:
         self.person = report.access.namespace or self.id
         self.refs = dict(report.refs)
         self.names = dict(report.names or report.refs)
+        # how recipes (layerswap.yaml, card, mergekit.yaml, configs) name the models: served,
+        # as the visitor named them (owner/name@commit), never the server's folders
+        self.recipe = dict(report.recipe or report.refs)
         self.access = report.access
         # headers only: architecture, output tensor names (tied heads dropped), checked once by
         # check_models (the models tab)
@@ -482,14 +497,14 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
                          magnitude_weights=bool(magnitude_weights),
                          non_layer=NON_LAYER_CHOICES.get(non_layer, non_layer),
                          partition=part, scale_partition=bool(scale_partition), **numbers,
-                         task=session.refs["task"], lang=session.refs["lang"],
-                         base=session.refs.get("base"))
+                         task=session.recipe["task"], lang=session.recipe["lang"],
+                         base=session.recipe.get("base"))
     return config.validate(session.num_layers, has_base=session.has_base)
 
 
 def default_config(session: Session):
-    return MergeConfig.default_for(session.num_layers, task=session.refs["task"],
-                                   lang=session.refs["lang"], base=session.refs.get("base"))
+    return MergeConfig.default_for(session.num_layers, task=session.recipe["task"],
+                                   lang=session.recipe["lang"], base=session.recipe.get("base"))
 
 
 def merge_plan(session: Session, config):
@@ -578,11 +593,21 @@ def _merge_into(session: Session, config, out: Path, overwrite: bool,
     """The merge streamed to ``out`` (at most ``need`` bytes), from the models as the Models
     tab checked them."""
     check_replace(out, overwrite)
-    check_free_space(Path(out).parent, need, f"saving the merge to {out}")
+    served = session.access.served
+    check_free_space(Path(out).parent, need,
+                     f"saving the merge to {Path(out).name if served else out}",
+                     shown="the output folder" if served else None)
+    if served and progress is not None:   # its lines without the server's folders
+        progress = functools.partial(_hidden, progress)
     with dispatcher().hold(session.job("save"), progress) as guard:
         return merge_to_folder(config, session.refs["task"], session.refs["lang"],
                                session.refs.get("base"), out, overwrite=overwrite, progress=guard,
-                               checked=session.checked)
+                               checked=session.checked,
+                               names=session.recipe if served else None)
+
+
+def _hidden(progress: Progress, fraction: float, message: str):
+    return progress(fraction, hide_paths(message))
 
 
 def hub_token() -> str | None:
@@ -626,7 +651,8 @@ def push_to_hub(session: Session, config, repo_id: str, private: bool = True,
 def export_zip(session: Session, config, out_dir: str | None = None) -> Path:
     """A zip with the merge config (layerswap.yaml) and a model card (README.md), from the
     session's models as the Models tab checked them (no model file is read again)."""
-    refs = {role: session.refs[role] for role in ("task", "lang", "base") if role in session.refs}
+    refs = {role: session.recipe[role] for role in ("task", "lang", "base") if role in session.refs}
+    config = replace(config, **{role: refs.get(role) for role in ("task", "lang", "base")})
     card = model_card(config, merge_plan(session, config), refs, 0.0)
     card = card.replace("\nMerged in 0.0 s.\n", "\n")  # not merged yet: a recipe
     out_dir = Path(out_dir or tempfile.mkdtemp(prefix="layerswap-"))
@@ -634,5 +660,6 @@ def export_zip(session: Session, config, out_dir: str | None = None) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("layerswap.yaml", config.to_yaml())
         z.writestr("README.md", card)
-        z.writestr(*mergekit_yaml.mergekit_file(config, session.opened))  # or why not
+        z.writestr(*mergekit_yaml.mergekit_file(  # or why not; served: names, not folders
+            config, session.opened, folders=not session.access.served))
     return path
