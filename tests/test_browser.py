@@ -7,6 +7,7 @@ Uses the embedded demo when its experts are installed, else the tiny test family
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -29,6 +30,20 @@ def _skip_reason() -> str | None:
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} is missing (apt-get install -y chromium; .ci/run does it)"
     return None
+
+
+@contextlib.contextmanager
+def browser_page(width: int = 1400, height: int = 1000):
+    """One page of Debian's headless Chromium (``app.open_chromium``), closed after the block:
+    the one place the browser tests open and close it."""
+    from app import open_chromium
+
+    with sync_playwright() as pw:
+        browser = open_chromium(pw)
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()
 
 
 def demo_refs(tiny) -> dict[str, str]:
@@ -58,16 +73,9 @@ def served(tiny):
 
 def test_browser_walkthrough(served, tmp_path):
     url, refs = served
-    from app import open_chromium
-
     shot = Path(os.environ.get("LAYERSWAP_SCREENSHOT") or tmp_path / "screenshot.png")
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _walkthrough(page, url, refs, shot)
-        finally:
-            browser.close()
+    with browser_page() as page:
+        _walkthrough(page, url, refs, shot)
     assert shot.stat().st_size > 20_000
 
 
@@ -163,15 +171,8 @@ def test_the_page_tells_the_truth(tiny_served):
     """Every line and view follows the session: build updates the top line, a chat error stays
     on the Chat tab, Cancel's note is replaced when the job ends, moving tau redraws the plan over
     the deltas, a new check clears the old analysis, a failed check clears the session."""
-    from app import open_chromium
-
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _truth(page, tiny_served)
-        finally:
-            browser.close()
+    with browser_page() as page:
+        _truth(page, tiny_served)
 
 
 def _tab(page, name):
@@ -288,7 +289,6 @@ def test_save_writes_the_built_merge_not_the_changed_configure_tab(served, tmp_p
     since build; Save writes the built merge (the layer top 2 takes from the language expert
     is the language expert's, bit for bit)."""
     url, refs = served
-    from app import open_chromium
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.workbench import session as wb
 
@@ -297,13 +297,8 @@ def test_save_writes_the_built_merge_not_the_changed_configure_tab(served, tmp_p
     b, u = MergeConfig.default_for(L).layer_counts(L)[:2]
     assert u >= 1, "the default keeps no top layer of the language expert"
     out = tmp_path / "saved"
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _built_is_saved(page, url, b, u, out)
-        finally:
-            browser.close()
+    with browser_page() as page:
+        _built_is_saved(page, url, b, u, out)
 
     from layerswap_core.checkpoints.reading import CheckpointReader
     import torch
@@ -359,7 +354,7 @@ def test_the_first_ten_minutes(tiny, tmp_path, monkeypatch):
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from app import open_chromium, serve_locally
+    from app import serve_locally
     from layerswap_core.evaluation import data
 
     cwd, outputs = tmp_path / "checkout", tmp_path / "outputs"
@@ -372,13 +367,8 @@ def test_the_first_ten_minutes(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     demo, url = serve_locally({role: str(tiny[role]) for role in ("base", "task", "lang")})
     try:
-        with sync_playwright() as pw:
-            browser = open_chromium(pw)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            try:
-                _first_minutes(page, url)
-            finally:
-                browser.close()
+        with browser_page() as page:
+            _first_minutes(page, url)
     finally:
         demo.close()
     saved = outputs / "bare-merge"
@@ -450,37 +440,30 @@ def test_evaluate_progress_counts_the_whole_job(tiny_served):
     then "model 2 of 2") and counts the items across it ("N of 8 items")."""
     import re
 
-    from app import open_chromium
-
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(tiny_served)
-            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
-            _tab(page, "Evaluate")
-            roles = page.locator("#eval-roles")
-            for name in ("language expert", "merged"):
-                roles.get_by_label(name, exact=True).uncheck()
-            fill_kept(page, page.locator("#n-items input[type=number]"), "4")
-            fill_kept(page, page.locator("#shots input[type=number]"), "0")
-            fill_kept(page, page.locator("#eval-tokens input[type=number]"), "64")
-            # every text the progress lines show while the job runs
-            page.evaluate("""() => {
-                window.__progress = [];
-                new MutationObserver(() => {
-                    for (const el of document.querySelectorAll('.progress-text, .progress-level-inner')) {
-                        const t = el.innerText.trim();
-                        if (t && !window.__progress.includes(t)) window.__progress.push(t);
-                    }
-                }).observe(document.body, {subtree: true, childList: true, characterData: true});
-            }""")
-            page.locator("#eval-btn").click()
-            expect(page.locator("#eval-status")).to_contain_text("the first 4 of",
-                                                                 timeout=300_000)
-            seen = page.evaluate("window.__progress")
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.goto(tiny_served)
+        expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=60_000)
+        _tab(page, "Evaluate")
+        roles = page.locator("#eval-roles")
+        for name in ("language expert", "merged"):
+            roles.get_by_label(name, exact=True).uncheck()
+        fill_kept(page, page.locator("#n-items input[type=number]"), "4")
+        fill_kept(page, page.locator("#shots input[type=number]"), "0")
+        fill_kept(page, page.locator("#eval-tokens input[type=number]"), "64")
+        # every text the progress lines show while the job runs
+        page.evaluate("""() => {
+            window.__progress = [];
+            new MutationObserver(() => {
+                for (const el of document.querySelectorAll('.progress-text, .progress-level-inner')) {
+                    const t = el.innerText.trim();
+                    if (t && !window.__progress.includes(t)) window.__progress.push(t);
+                }
+            }).observe(document.body, {subtree: true, childList: true, characterData: true});
+        }""")
+        page.locator("#eval-btn").click()
+        expect(page.locator("#eval-status")).to_contain_text("the first 4 of",
+                                                             timeout=300_000)
+        seen = page.evaluate("window.__progress")
     lines = [t for t in seen if re.search(r"model \d of \d", t)]
     print("\n".join(lines))
     assert any("model 1 of 2 (base)" in t for t in lines), seen
@@ -493,15 +476,8 @@ def test_evaluate_progress_counts_the_whole_job(tiny_served):
 def test_chat_stop_keeps_the_answer_so_far(tiny_served):
     """Chat's Stop (issue #50): the answer streaming now stops where it is and stays in its
     pane, nothing more arrives in either pane, and the line says so."""
-    from app import open_chromium
-
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _stop_chat(page, tiny_served)
-        finally:
-            browser.close()
+    with browser_page() as page:
+        _stop_chat(page, tiny_served)
 
 
 def _stop_chat(page, url):
@@ -530,15 +506,8 @@ def _stop_chat(page, url):
 def test_a_reload_keeps_the_models_and_the_configure_tab(tiny_served, tiny):
     """Issue #50: a page reload checks again the models this browser last used and puts the
     Configure tab back as it was (gr.BrowserState); nothing is built in the new session."""
-    from app import open_chromium
-
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            _reload(page, tiny_served, str(tiny["task"]), str(tiny["lang"]))
-        finally:
-            browser.close()
+    with browser_page() as page:
+        _reload(page, tiny_served, str(tiny["task"]), str(tiny["lang"]))
 
 
 def _reload(page, url, task, lang):
@@ -579,28 +548,21 @@ def test_a_typed_out_of_range_layer_count_is_refused_and_the_plan_says_what_it_s
     maximum (one toast) and holds the box at the maximum, which does not fit with the top
     layers: the status line says so and names the configuration the diagram still shows."""
     url, _ = served
-    from app import open_chromium
-
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(url)
-            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
-            page.get_by_role("tab", name="Configure").click()
-            status = page.locator("#config-status")
-            expect(status).to_contain_text("bottom", timeout=60_000)
-            before = status.inner_text()
-            box = page.locator("#bottom input[type=number]")
-            box.fill("99")
-            box.blur()
-            expect(status).to_contain_text("The diagram and plan still show", timeout=60_000)
-            layers = int(page.locator("#bottom input[type=range]").get_attribute("max"))
-            assert int(box.input_value()) <= layers        # never the 99 typed
-            shown = status.inner_text().split("still show ", 1)[1]
-            assert shown.rstrip(".") in before, (shown, before)
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.goto(url)
+        expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
+        page.get_by_role("tab", name="Configure").click()
+        status = page.locator("#config-status")
+        expect(status).to_contain_text("bottom", timeout=60_000)
+        before = status.inner_text()
+        box = page.locator("#bottom input[type=number]")
+        box.fill("99")
+        box.blur()
+        expect(status).to_contain_text("The diagram and plan still show", timeout=60_000)
+        layers = int(page.locator("#bottom input[type=range]").get_attribute("max"))
+        assert int(box.input_value()) <= layers        # never the 99 typed
+        shown = status.inner_text().split("still show ", 1)[1]
+        assert shown.rstrip(".") in before, (shown, before)
 
 
 @pytest.mark.timing   # Stop must land while an answer streams
@@ -609,29 +571,22 @@ def test_after_chats_stop_the_next_turn_reaches_both_panes(served, stop_during):
     """Issue #61: after Stop, the next message is answered by the merged model and then by the
     model beside it (the compare pane), as any turn is."""
     url, _ = served
-    from app import open_chromium
-
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(url)
-            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
-            page.get_by_role("tab", name="Build").click()
-            page.locator("#build-btn").click()
-            expect(page.locator("#status")).not_to_contain_text("not built yet", timeout=120_000)
-            page.get_by_role("tab", name="Chat").click()
-            box = page.locator("#chat-input textarea")
-            box.fill("What is 12 + 30?")
-            page.locator("#chat-send").click()
-            expect(page.locator("#chat-status")).to_contain_text(stop_during, timeout=120_000)
-            page.locator("#chat-stop").click()
-            expect(page.locator("#chat-status")).to_contain_text("Stopped", timeout=60_000)
-            other = page.locator("#chat-other")
-            before = other.inner_text()
-            box.fill("What is 7 + 5?")
-            page.locator("#chat-send").click()
-            expect(page.locator("#chat-status")).to_contain_text("Done", timeout=180_000)
-            assert "7 + 5" in other.inner_text() and other.inner_text() != before
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.goto(url)
+        expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
+        page.get_by_role("tab", name="Build").click()
+        page.locator("#build-btn").click()
+        expect(page.locator("#status")).not_to_contain_text("not built yet", timeout=120_000)
+        page.get_by_role("tab", name="Chat").click()
+        box = page.locator("#chat-input textarea")
+        box.fill("What is 12 + 30?")
+        page.locator("#chat-send").click()
+        expect(page.locator("#chat-status")).to_contain_text(stop_during, timeout=120_000)
+        page.locator("#chat-stop").click()
+        expect(page.locator("#chat-status")).to_contain_text("Stopped", timeout=60_000)
+        other = page.locator("#chat-other")
+        before = other.inner_text()
+        box.fill("What is 7 + 5?")
+        page.locator("#chat-send").click()
+        expect(page.locator("#chat-status")).to_contain_text("Done", timeout=180_000)
+        assert "7 + 5" in other.inner_text() and other.inner_text() != before

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import _skip_reason, sync_playwright
+from test_browser import _skip_reason, browser_page
 from test_gemma_experts import needs_gemma
 
 pytestmark = [pytest.mark.browser, needs_gemma]
@@ -43,50 +43,44 @@ def served_demo():
 def test_the_bengali_trio_in_one_click_and_a_bengali_chat(served_demo, tmp_path):
     from playwright.sync_api import expect
 
-    from app import open_chromium
     from layerswap_core.workbench import session as wb
 
     shot = Path(os.environ.get("LAYERSWAP_BENGALI_SCREENSHOT") or tmp_path / "bengali.png")
     trio = wb.demo_trio_refs("bn")
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(served_demo)
-            status = page.locator("#models-status")
-            expect(status).to_contain_text("Compatible", timeout=120_000)   # the Swahili demo
-            assert page.evaluate(GLYPHS_DIFFER), "Bengali renders as boxes: no Bengali font"
-            page.locator("#trio-bn").click()
-            expect(page.locator("#models-table")).to_contain_text("gemma3-bengali",
-                                                                 timeout=300_000)
-            expect(status).to_contain_text("Compatible", timeout=300_000)
-            assert page.locator("#lang-ref input").input_value() == trio["lang"]
-            # every demo text and default follows the trio in use (issue #61)
-            page.get_by_role("tab", name="Evaluate").click()
-            expect(page.locator("#eval-expectations")).to_contain_text("270M", timeout=60_000)
-            assert "135M" not in page.locator("#eval-expectations").inner_text()
-            assert page.locator("#eval-lang input").input_value() in ("bn", "Bengali")
-            expect(page.locator("#demo-story")).to_contain_text("Bengali")
-            assert "Swahili" not in page.locator("#demo-story").inner_text()
-            page.get_by_role("tab", name="Chat").click()
-            expect(page.locator("#chat-expectations")).to_contain_text("Bengali")
-            assert "Swahili" not in page.locator("#chat-expectations").inner_text()
-            page.get_by_role("tab", name="Build").click()
-            page.locator("#build-btn").click()
-            expect(page.locator("#build-status")).to_contain_text("Built in memory",
-                                                                  timeout=300_000)
-            page.get_by_role("tab", name="Chat").click()
-            expect(page.locator("#chat-examples-bn")).to_be_visible()
-            expect(page.locator("#chat-examples-sw")).to_be_hidden()
-            page.locator("#chat-tokens input[type=number]").fill("16")
-            page.locator("#chat-input textarea").fill(GREETING)
-            page.locator("#chat-send").click()
-            expect(page.locator("#chat-status")).to_contain_text("Done", timeout=300_000)
-            answer = page.locator("#chat-merged .message.bot").last
-            expect(answer).to_contain_text(re.compile(BENGALI))
-            print(f"\nmerged model's reply to {GREETING!r}: {answer.inner_text().strip()!r}")
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shot), full_page=False)
-        finally:
-            browser.close()
+    with browser_page() as page:
+        page.goto(served_demo)
+        status = page.locator("#models-status")
+        expect(status).to_contain_text("Compatible", timeout=120_000)   # the Swahili demo
+        assert page.evaluate(GLYPHS_DIFFER), "Bengali renders as boxes: no Bengali font"
+        page.locator("#trio-bn").click()
+        expect(page.locator("#models-table")).to_contain_text("gemma3-bengali",
+                                                             timeout=300_000)
+        expect(status).to_contain_text("Compatible", timeout=300_000)
+        assert page.locator("#lang-ref input").input_value() == trio["lang"]
+        # every demo text and default follows the trio in use (issue #61)
+        page.get_by_role("tab", name="Evaluate").click()
+        expect(page.locator("#eval-expectations")).to_contain_text("270M", timeout=60_000)
+        assert "135M" not in page.locator("#eval-expectations").inner_text()
+        assert page.locator("#eval-lang input").input_value() in ("bn", "Bengali")
+        expect(page.locator("#demo-story")).to_contain_text("Bengali")
+        assert "Swahili" not in page.locator("#demo-story").inner_text()
+        page.get_by_role("tab", name="Chat").click()
+        expect(page.locator("#chat-expectations")).to_contain_text("Bengali")
+        assert "Swahili" not in page.locator("#chat-expectations").inner_text()
+        page.get_by_role("tab", name="Build").click()
+        page.locator("#build-btn").click()
+        expect(page.locator("#build-status")).to_contain_text("Built in memory",
+                                                              timeout=300_000)
+        page.get_by_role("tab", name="Chat").click()
+        expect(page.locator("#chat-examples-bn")).to_be_visible()
+        expect(page.locator("#chat-examples-sw")).to_be_hidden()
+        page.locator("#chat-tokens input[type=number]").fill("16")
+        page.locator("#chat-input textarea").fill(GREETING)
+        page.locator("#chat-send").click()
+        expect(page.locator("#chat-status")).to_contain_text("Done", timeout=300_000)
+        answer = page.locator("#chat-merged .message.bot").last
+        expect(answer).to_contain_text(re.compile(BENGALI))
+        print(f"\nmerged model's reply to {GREETING!r}: {answer.inner_text().strip()!r}")
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shot), full_page=False)
     assert shot.stat().st_size > 20_000

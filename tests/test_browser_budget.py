@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_browser import _skip_reason
+from test_browser import _skip_reason, browser_page
 
 pytestmark = pytest.mark.browser
 
@@ -44,53 +44,47 @@ def set_slider(page, elem_id: str, value: int) -> None:
 
 
 def test_the_sliders_offer_what_the_budget_runs_and_the_estimate_shows(tiny_page, tiny):
-    from app import open_chromium
     from layerswap_core.workbench import session as wb
     from layerswap_core.workbench.evaluate import (evaluation_caps, evaluation_line,
                                                    session_roles)
     from layerswap_core.workbench.served import LIMITS, Access
     from layerswap_core.workbench.sweep import sweep_caps
 
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(tiny_page)
-            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
-            page.get_by_role("tab", name="Evaluate").click()
-            line = page.locator("#eval-estimate")
-            # the warm-up's measurement on these models, then the maxima that follow it
-            expect(line).to_contain_text("tokens/s, measured on these models here",
-                                         timeout=180_000)
-            refs = [str(tiny[r]) for r in ("base", "task", "lang")]
-            session, _ = wb.open_session(*refs, access=Access.from_env(True, trusted=refs))
-            n, t = evaluation_caps(session)
-            assert (n, t) < (LIMITS.eval_questions, LIMITS.new_tokens)   # the budget binds
-            questions = page.locator("#n-items input[type=range]")
-            tokens = page.locator("#eval-tokens input[type=range]")
-            expect(questions).to_have_attribute("max", str(n), timeout=30_000)
-            expect(tokens).to_have_attribute("max", str(t))
-            # the line follows the sliders
-            set_slider(page, "n-items", 1)
-            set_slider(page, "eval-tokens", 8)
-            expect(line).to_have_text(evaluation_line(session, 1, 8, session_roles(session)),
-                                      timeout=30_000)
-            # every slider at its maximum: the line says it fits, before Evaluate is pressed
-            set_slider(page, "n-items", n)
-            set_slider(page, "eval-tokens", t)
-            want = evaluation_line(session, n, t, session_roles(session))
-            assert want.startswith("About "), want
-            expect(line).to_have_text(want, timeout=30_000)
-            print(f"at the caps ({n} questions, {t} tokens): {want}")
+    with browser_page() as page:
+        page.goto(tiny_page)
+        expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=120_000)
+        page.get_by_role("tab", name="Evaluate").click()
+        line = page.locator("#eval-estimate")
+        # the warm-up's measurement on these models, then the maxima that follow it
+        expect(line).to_contain_text("tokens/s, measured on these models here",
+                                     timeout=180_000)
+        refs = [str(tiny[r]) for r in ("base", "task", "lang")]
+        session, _ = wb.open_session(*refs, access=Access.from_env(True, trusted=refs))
+        n, t = evaluation_caps(session)
+        assert (n, t) < (LIMITS.eval_questions, LIMITS.new_tokens)   # the budget binds
+        questions = page.locator("#n-items input[type=range]")
+        tokens = page.locator("#eval-tokens input[type=range]")
+        expect(questions).to_have_attribute("max", str(n), timeout=30_000)
+        expect(tokens).to_have_attribute("max", str(t))
+        # the line follows the sliders
+        set_slider(page, "n-items", 1)
+        set_slider(page, "eval-tokens", 8)
+        expect(line).to_have_text(evaluation_line(session, 1, 8, session_roles(session)),
+                                  timeout=30_000)
+        # every slider at its maximum: the line says it fits, before Evaluate is pressed
+        set_slider(page, "n-items", n)
+        set_slider(page, "eval-tokens", t)
+        want = evaluation_line(session, n, t, session_roles(session))
+        assert want.startswith("About "), want
+        expect(line).to_have_text(want, timeout=30_000)
+        print(f"at the caps ({n} questions, {t} tokens): {want}")
 
-            page.get_by_role("tab", name="Sweep").click()
-            items = sweep_caps(session)
-            sweep_n = page.locator("#sweep-n input[type=range]")
-            if items > 1:
-                expect(sweep_n).to_have_attribute("max", str(items), timeout=30_000)
-            else:   # one item fits: the slider is held at it
-                expect(sweep_n).to_be_disabled(timeout=30_000)
-                expect(sweep_n).to_have_value("1")
-            expect(page.locator("#sweep-estimate")).to_contain_text("configurations. About")
-        finally:
-            browser.close()
+        page.get_by_role("tab", name="Sweep").click()
+        items = sweep_caps(session)
+        sweep_n = page.locator("#sweep-n input[type=range]")
+        if items > 1:
+            expect(sweep_n).to_have_attribute("max", str(items), timeout=30_000)
+        else:   # one item fits: the slider is held at it
+            expect(sweep_n).to_be_disabled(timeout=30_000)
+            expect(sweep_n).to_have_value("1")
+        expect(page.locator("#sweep-estimate")).to_contain_text("configurations. About")

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from test_browser import browser_page
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 try:
@@ -97,49 +99,43 @@ def settled():
 
 @pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_reproduce_shows_progress_and_cancel_stops_it(demo_page):
-    from app import open_chromium
 
     pid = os.getpid()   # the server runs in this process (its worker threads included)
-    with sync_playwright() as pw:
-        browser = open_chromium(pw)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            page.goto(demo_page)
-            expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=300_000)
-            settled()
-            page.get_by_role("tab", name="Evaluate").click()
-            page.locator("#demo-n input[type=number]").fill("2")
-            page.locator("#demo-btn").click()
-            # the bar's text: visible, with height, naming what is scored now
-            inner = page.locator("#demo-result .progress-level-inner")
-            expect(inner).to_contain_text("validation: swap bottom", timeout=120_000)
-            box = inner.bounding_box()
-            assert box and box["height"] > 5 and box["width"] > 50, box
-            text = inner.inner_text()
-            assert "bottom" in text and "%" in text, text
-            assert not overlapping(page.evaluate(BOXES, [TRACKER.format(sel="#demo-result")]))
-            shoot(page, "reproduce-progress")
-            busy = cpu_share(pid)
-            # the job is working: the measurement tells work from idle (on a CPU shared with
-            # other work a generating job still gets well over the idle bound below)
-            assert busy > 0.3, f"the server used {busy:.0%} of a core while Reproduce ran"
+    with browser_page() as page:
+        page.goto(demo_page)
+        expect(page.locator("#models-status")).to_contain_text("Compatible", timeout=300_000)
+        settled()
+        page.get_by_role("tab", name="Evaluate").click()
+        page.locator("#demo-n input[type=number]").fill("2")
+        page.locator("#demo-btn").click()
+        # the bar's text: visible, with height, naming what is scored now
+        inner = page.locator("#demo-result .progress-level-inner")
+        expect(inner).to_contain_text("validation: swap bottom", timeout=120_000)
+        box = inner.bounding_box()
+        assert box and box["height"] > 5 and box["width"] > 50, box
+        text = inner.inner_text()
+        assert "bottom" in text and "%" in text, text
+        assert not overlapping(page.evaluate(BOXES, [TRACKER.format(sel="#demo-result")]))
+        shoot(page, "reproduce-progress")
+        busy = cpu_share(pid)
+        # the job is working: the measurement tells work from idle (on a CPU shared with
+        # other work a generating job still gets well over the idle bound below)
+        assert busy > 0.3, f"the server used {busy:.0%} of a core while Reproduce ran"
 
-            page.locator("#demo-cancel").click()
-            t_cancel = time.monotonic()
-            # the worker stops: a 3 s window under 20% of one core (idle here is the page's
-            # polling: a few % of a core) starts within BOUND s of Cancel
-            shares, started = [], []
-            while not shares or (time.monotonic() - t_cancel < BOUND and shares[-1] >= 0.2):
-                started.append(time.monotonic() - t_cancel)
-                shares.append(cpu_share(pid))
-            print(f"CPU while running {busy:.2f} of a core; after Cancel, 3 s windows: "
-                  f"{[round(s, 2) for s in shares]} (from {started[-1]:.1f} s)")
-            assert shares[-1] < min(0.2, busy / 2) and started[-1] < BOUND, (busy, shares)
-            expect(page.locator("#demo-result")).to_contain_text("Cancelled", timeout=60_000)
-            print(f"the page said Cancelled {time.monotonic() - t_cancel:.1f} s after Cancel")
-            expect(page.locator("#demo-result")).not_to_contain_text("Cancelling")
-        finally:
-            browser.close()
+        page.locator("#demo-cancel").click()
+        t_cancel = time.monotonic()
+        # the worker stops: a 3 s window under 20% of one core (idle here is the page's
+        # polling: a few % of a core) starts within BOUND s of Cancel
+        shares, started = [], []
+        while not shares or (time.monotonic() - t_cancel < BOUND and shares[-1] >= 0.2):
+            started.append(time.monotonic() - t_cancel)
+            shares.append(cpu_share(pid))
+        print(f"CPU while running {busy:.2f} of a core; after Cancel, 3 s windows: "
+              f"{[round(s, 2) for s in shares]} (from {started[-1]:.1f} s)")
+        assert shares[-1] < min(0.2, busy / 2) and started[-1] < BOUND, (busy, shares)
+        expect(page.locator("#demo-result")).to_contain_text("Cancelled", timeout=60_000)
+        print(f"the page said Cancelled {time.monotonic() - t_cancel:.1f} s after Cancel")
+        expect(page.locator("#demo-result")).not_to_contain_text("Cancelling")
 
 
 @pytest.mark.timing   # measures time or races a job (docs/development.md)
@@ -150,7 +146,7 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    from app import open_chromium, serve_locally
+    from app import serve_locally
     from layerswap_core.workbench import session as wb
 
     monkeypatch.setenv("LAYERSWAP_CACHE", str(tmp_path / "cache"))
@@ -158,43 +154,38 @@ def test_cold_start_shows_the_conversion_without_overlap(tmp_path, monkeypatch, 
     try:
         assert not (tmp_path / "cache" / "embedded").exists() or not any(
             (tmp_path / "cache" / "embedded").iterdir())   # nothing converted before the page
-        with sync_playwright() as pw:
-            browser = open_chromium(pw)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            try:
-                # the page's first load starts the conversion, which competes with serving
-                # the page's scripts on a busy CPU
-                page.goto(url, timeout=180_000)
-                expect(page.locator("#models-status")).to_be_attached(timeout=180_000)
-                # every text the bar shows, however briefly (a step can pass between two polls)
-                page.evaluate("""() => { window.__seen = [];
-                    new MutationObserver(() => {
-                        const e = document.querySelector('#models-status .progress-level-inner');
-                        const t = e ? e.innerText.trim() : '';
-                        if (t && window.__seen[window.__seen.length - 1] !== t)
-                            window.__seen.push(t);
-                    }).observe(document.body, {subtree: true, childList: true,
-                                               characterData: true}); }""")
-                seen, t0, shot = [], time.monotonic(), False
-                while time.monotonic() - t0 < 900:
-                    text, status = page.evaluate("""() => [
-                        document.querySelector('#models-status .progress-level-inner'),
-                        document.querySelector('#models-status')]
-                        .map(e => e ? e.innerText.trim() : '')""")
-                    if text and text not in seen:
-                        seen.append(text)
-                        boxes = page.evaluate(BOXES, [TRACKER.format(sel="#models-status"),
-                                                      "#status"])
-                        assert not overlapping(boxes), (text, overlapping(boxes))
-                        if "step 4 of 5" in text and " left" in text and not shot:
-                            shot = shoot(page, "cold-start") or True
-                    if "Compatible" in status:
-                        break
-                    page.wait_for_timeout(1000)
-                expect(page.locator("#models-status")).to_contain_text("Compatible")
-                seen += [t for t in page.evaluate("window.__seen") if t not in seen]
-            finally:
-                browser.close()
+        with browser_page() as page:
+            # the page's first load starts the conversion, which competes with serving
+            # the page's scripts on a busy CPU
+            page.goto(url, timeout=180_000)
+            expect(page.locator("#models-status")).to_be_attached(timeout=180_000)
+            # every text the bar shows, however briefly (a step can pass between two polls)
+            page.evaluate("""() => { window.__seen = [];
+                new MutationObserver(() => {
+                    const e = document.querySelector('#models-status .progress-level-inner');
+                    const t = e ? e.innerText.trim() : '';
+                    if (t && window.__seen[window.__seen.length - 1] !== t)
+                        window.__seen.push(t);
+                }).observe(document.body, {subtree: true, childList: true,
+                                           characterData: true}); }""")
+            seen, t0, shot = [], time.monotonic(), False
+            while time.monotonic() - t0 < 900:
+                text, status = page.evaluate("""() => [
+                    document.querySelector('#models-status .progress-level-inner'),
+                    document.querySelector('#models-status')]
+                    .map(e => e ? e.innerText.trim() : '')""")
+                if text and text not in seen:
+                    seen.append(text)
+                    boxes = page.evaluate(BOXES, [TRACKER.format(sel="#models-status"),
+                                                  "#status"])
+                    assert not overlapping(boxes), (text, overlapping(boxes))
+                    if "step 4 of 5" in text and " left" in text and not shot:
+                        shot = shoot(page, "cold-start") or True
+                if "Compatible" in status:
+                    break
+                page.wait_for_timeout(1000)
+            expect(page.locator("#models-status")).to_contain_text("Compatible")
+            seen += [t for t in page.evaluate("window.__seen") if t not in seen]
     finally:
         demo.close()
     steps = [t for t in seen if "converting the embedded SmolLM2" in t]
@@ -211,8 +202,9 @@ def test_closing_the_page_stops_its_reproduce(demo_page):
     """A visitor closes the page while Reproduce runs: its heartbeat ends, the page's unload
     cancels the job, the server's CPU falls to idle within BOUND s and the dispatcher keeps
     nothing for that page (its slot is free) (issue #51, item 1)."""
-    from app import open_chromium
     from layerswap_core.workbench import session as wb
+
+    from app import open_chromium
 
     pid = os.getpid()
     with sync_playwright() as pw:
