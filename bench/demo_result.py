@@ -11,7 +11,7 @@ unit.
                                 [--base REF --task REF --lang REF] [--seed-expert LABEL=REF ...]
                                 [--control REF | --no-control] [--no-seeds]
     python bench/demo_result.py --from-json assets/experts/demo_result.json --docs docs/demo.md
-    python bench/demo_result.py --language bn --n 177 [...]   # the Bengali trio (Gemma-3-270M)
+    python bench/demo_result.py --language bn --n 150 [...]   # the Bengali trio (Gemma-3-270M)
 
 Defaults: the embedded demo trio, its two more seeds (``embedded:smollm2-swahili-seed1``,
 ``-seed2``) and its control expert (``embedded:smollm2-english-control``). ``--language bn``:

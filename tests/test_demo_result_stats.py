@@ -228,17 +228,33 @@ def test_the_reproduce_path_gives_the_shipped_values(all_threads):
     assert compared >= 4    # the math expert and the default swap at least, both questions
 
 
+def quoted(e: dict, test: str = "Holm p") -> str:
+    """How the README quotes an effect of the shipped file: mean, interval over templates,
+    templates lower, p (the primary's sign test, else Holm-adjusted), each from its field."""
+    p = e["sign_p"] if test == "sign test p" else e["p_holm"]
+    return (f"{e['mean']:+.3f} [{e['ci_low']:+.3f}, {e['ci_high']:+.3f}], {e['lower']} of "
+            f"{e['n_templates']} templates lower, {test} " + ("< 0.001" if p < 0.001 else f"= {p:.2g}"))
+
+
+# effect key -> how its p is named, for every comparison the README's Swahili paragraph quotes
+README_SW = {"primary": "sign test p", "matched-sw": "Holm p", "rest-matched": "Holm p",
+             "first-matched": "Holm p", "matched-en": "Holm p", "vs-control": "Holm p",
+             "control": "Holm p"}
+
+
 def test_the_readme_states_the_shipped_primary_statistic():
-    """README.md's demo lines carry the primary statistic and its interval and counts, as the
-    shipped file holds them (recomputed by the test above)."""
+    """README.md's demo lines carry the primary statistic and every other comparison they make,
+    each as number and field together (mean, interval, templates lower, p), as the shipped file
+    holds them (recomputed by the test above), and the item count."""
     from layerswap_core.demos.reproduce import effect, measured_demo_result
 
     res = measured_demo_result()
-    p = effect(res, "primary")
     readme = (ROOT / "README.md").read_text()
-    line = readme[readme.index("**What the demo shows"):].split("\n\n", 1)[0]
-    assert f"{p['mean']:+.3f}" in line and f"[{p['ci_low']:+.3f}, {p['ci_high']:+.3f}]" in line
-    assert f"{p['n_templates']} templates" in line and f"{res['n']} held-out" in line
+    para = readme[readme.index("**What the demo shows"):].split("\n\n", 1)[0]
+    for key, test in README_SW.items():
+        assert quoted(effect(res, key), test) in para, (key, quoted(effect(res, key), test))
+    assert f"{res['n']} held-out variants of {res['n_templates']} templates" in para
+    assert "near 0%" not in para and '"no swap" was a choice' not in para
 
 
 def test_the_effects_chart_draws_each_statistic_with_its_interval():
