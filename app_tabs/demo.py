@@ -7,7 +7,8 @@ import gradio as gr
 from layerswap_core.workbench import session as wb
 from layerswap_core.demos.reproduce import chosen_words, headline, sweep_markdown
 from layerswap_core.workbench.demo import (demo_story, measured_chart, measured_markdown,
-                                            result_chart, trio_in_use)
+                                            measured_template_chart, result_chart,
+                                            template_chart, trio_in_use)
 from layerswap_core.workbench.served import limits_for, Cancelled
 
 from .common import PageBase, gr_progress, guarded, heavy_slots, ok
@@ -44,7 +45,7 @@ def slider_label(trio) -> str:
 class DemoSection(PageBase):
     # another trio (or other models) picked: the last rerun's result and its line go
     VIEWS = {"demo_md": "", "demo_plot": None}
-    OUTPUTS = {"demo_result": ("demo_md", "demo_plot")}
+    OUTPUTS = {"demo_result": ("demo_md", "demo_plot", "demo_templates")}
 
     @guarded("demo_md")
     def demo_result(self, v, progress=gr.Progress()):
@@ -62,11 +63,12 @@ class DemoSection(PageBase):
                                f"variants of {res['n_templates']} templates (a sample, spread "
                                f"over the templates); {chosen_words(res)}. {headline(res)}"
                                f"\n\n" + res["markdown"] + "\n\n" + sweep_markdown(res)),
-                self.demo_plot: result_chart(res)}
+                self.demo_plot: result_chart(res), self.demo_templates: template_chart(res)}
 
     # ---- the trio in use: its words and defaults on every tab
     def trio_views(self) -> list:
-        return [self.demo_accordion, self.demo_story, self.demo_chart, self.demo_measured,
+        return [self.demo_accordion, self.demo_story, self.demo_chart, self.demo_templates,
+                self.demo_measured,
                 self.demo_n, self.chat_expectations, self.eval_expectations, self.eval_lang,
                 self.sweep_lang]
 
@@ -80,6 +82,7 @@ class DemoSection(PageBase):
         trio = trio_in_use(session_refs(session))
         return {self.demo_accordion: gr.update(label=accordion_label(trio)),
                 self.demo_story: demo_story(trio), self.demo_chart: measured_chart(trio),
+                self.demo_templates: measured_template_chart(trio),
                 self.demo_measured: measured_markdown(trio),
                 self.demo_n: gr.update(label=slider_label(trio)),
                 self.chat_expectations: trio.chat_expectations,
@@ -94,6 +97,9 @@ class DemoSection(PageBase):
             self.demo_story = gr.Markdown(demo_story(trio), elem_id="demo-story")
             self.demo_chart = gr.Plot(measured_chart(trio), elem_id="demo-chart",
                                       show_label=False)
+            # the primary statistic per template: the units it averages, not only the mean
+            self.demo_templates = gr.Plot(measured_template_chart(trio), elem_id="demo-templates",
+                                          show_label=False)
             with gr.Accordion("The measured tables", open=False):
                 self.demo_measured = gr.Markdown(measured_markdown(trio), elem_id="demo-measured")
             with gr.Row():

@@ -292,12 +292,12 @@ def test_a_question_reads_in_full():
 
 def test_reproduce_the_demo_result(client):
     """The Evaluate tab's button: the demo table for the models picked (here the tiny trio)."""
-    md, plot = client.predict(2, api_name="/demo_result")
+    md, plot, per_template = client.predict(2, api_name="/demo_result")
     assert md.startswith("✔") and "**primary**" in md and "Holm p" in md
     assert "2 held-out variants of 2 templates" in md and "minus the math expert" in md
     assert "on 2 validation items" in md and "Sweep on 2 validation variants" in md
     assert "Deltas tab suggests" in md
-    assert plot is not None
+    assert plot is not None and per_template is not None   # and the primary per template
 
 
 def reproduce_running(tiny):

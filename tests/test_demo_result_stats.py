@@ -343,3 +343,22 @@ def test_an_adapter_scaled_to_another_changes_each_weight_by_as_much(tiny, tmp_p
                                                             rel=1e-5)
         cos = torch.nn.functional.cosine_similarity(s.flatten(), orig.flatten(), dim=0)
         assert float(cos) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_page_shows_the_primary_statistic_per_template():
+    """The per-template picture (issue #62): one dot per template, the statistic being their
+    mean, the dots below 0 its 'templates lower' and the band its interval."""
+    import numpy as np
+
+    from layerswap_core.demos.reproduce import effect, measured_demo_result
+    from layerswap_core.workbench.demo import template_chart
+
+    res = measured_demo_result()
+    p = effect(res, "primary")
+    fig = template_chart(res)
+    dots = np.array(fig.data[0].x)
+    assert len(dots) == p["n_templates"] == len(set(fig.data[0].y))
+    assert float(dots.mean()) == pytest.approx(p["mean"], abs=1e-12)
+    assert int((dots < 0).sum()) == p["lower"] and int((dots > 0).sum()) == p["higher"]
+    band = fig.layout.shapes[0]
+    assert (band.x0, band.x1) == (p["ci_low"], p["ci_high"])

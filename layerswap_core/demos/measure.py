@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -391,6 +391,17 @@ def item_effects(items: Sequence[dict], models: Sequence[str], vs: str, question
 
     return [diff(it, question) - (diff(it, question + OTHER) if specific else 0.0)
             for it in items]
+
+
+def template_means(items: Sequence[dict], spec: Mapping) -> list[tuple[int, float]]:
+    """(template, mean of its items' values) of one statistic, sorted by the mean: the units
+    the statistic averages (its mean is the mean of these), for the per-template picture."""
+    values = item_effects(items, spec["models"], spec["vs"], spec["question"],
+                          spec.get("part", "solution"), spec["specific"])
+    by: dict[int, list[float]] = {}
+    for v, it in zip(values, items):
+        by.setdefault(it["template"], []).append(v)
+    return sorted(((t, float(np.mean(vs))) for t, vs in by.items()), key=lambda tv: tv[1])
 
 
 def effect_specs(swaps: Sequence[str], control: str | None = None,

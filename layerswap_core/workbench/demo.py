@@ -10,7 +10,8 @@ from __future__ import annotations
 from ..demos.reproduce import headline, measured_demo_result, reproduce_demo_result, sweep_markdown
 from ..demos.trios import DemoTrio, first, for_refs
 from ..engines.jobs import register_kind
-from .figures import effects_chart
+from ..demos.measure import template_means
+from .figures import effects_chart, template_strip
 
 
 def trio_in_use(refs: dict | None) -> DemoTrio:
@@ -43,6 +44,23 @@ def result_chart(res: dict):
     """Each statistic with its 95% cluster-bootstrap interval, the primary one first."""
     return effects_chart(res["effects"], title=f"Question-specific NLL effects against the math "
                          f"expert ({res['n']} held-out variants, {res['n_templates']} templates)")
+
+
+def template_chart(res: dict, key: str = "primary"):
+    """The per-template picture of one statistic of a result (the primary by default): a dot
+    per template with the mean and its interval, not only the pooled number."""
+    spec = next(s for s in res["specs"] if s["key"] == key)
+    row = next(e for e in res["effects"] if e["key"] == key)
+    return template_strip(template_means(res["items"], spec), row,
+                          title=f"The primary statistic per template: {row['lower']} of "
+                          f"{row['n_templates']} templates below 0, sign test p = "
+                          f"{row['sign_p']:.2g}" if key == "primary" else None)
+
+
+def measured_template_chart(trio: DemoTrio):
+    """``template_chart`` of the trio's shipped result; None when none is shipped."""
+    res = measured_demo_result(trio=trio.key)
+    return None if res is None else template_chart(res)
 
 
 def measured_chart(trio: DemoTrio):
