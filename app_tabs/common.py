@@ -118,8 +118,10 @@ class PageBase:
         session_id = getattr(request, "session_hash", None)
         if not (self.access.served or user or session_id):
             return self.access   # local, called without a page session (a script)
+        # served: an anonymous visitor is their client address; locally every tab is its own
+        address = client_address(request) if self.access.served else None
         return self.access.for_visitor(saves.visitor_namespace(user, session_id),
-                                       saves.person(user, client_address(request)))
+                                       saves.person(user, address))
 
     @staticmethod
     def page_id(request: gr.Request | None) -> str | None:

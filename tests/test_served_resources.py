@@ -534,6 +534,9 @@ def test_one_clients_tabs_and_agent_sessions_share_one_quota_and_one_heavy_job(
     assert other.person != tab1.person
     assert direct.person not in (tab1.person, other.person)   # a direct client names no one
     assert signed.person == signed.namespace == "hf-alice"
+    local = PageBase.visitor(SimpleNamespace(access=replace(base, served=False)),
+                             request("tab-6", "127.0.0.1"))
+    assert local.person == local.namespace          # locally each tab is its own, as before
 
     sessions = []
     for access in (tab1, tab2):

@@ -95,8 +95,10 @@ class AgentTools:
     # ---- sessions
     def _visitor(self, token: str, client: str | None = None) -> Access:
         """The access of the agent session ``token``: a visitor of its own (its namespace: a
-        keyed digest of the id, as a page session's) whose quotas are its client's."""
-        return self.access.for_visitor(saves.visitor_namespace(None, "agent:" + token), client)
+        keyed digest of the id, as a page session's) whose quotas are its client's when served
+        (locally each session is its own, as each tab is)."""
+        return self.access.for_visitor(saves.visitor_namespace(None, "agent:" + token),
+                                       client if self.access.served else None)
 
     def _models(self, session: str) -> tuple[AgentSession, wb.Session]:
         """The agent session and its workbench ``Session`` (refused when it has no models)."""
