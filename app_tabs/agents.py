@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 
 import gradio as gr
 
-from layerswap_core.workbench.agents import AgentTools
+from app_tabs.common import client_address
+from layerswap_core.workbench import saves
+from layerswap_core.workbench.agents import CLIENT, AgentTools
 from layerswap_core.workbench.served import LIMITS, Access, readable_error
 
 AGENT_TOOLS = tuple(tool.__name__ for tool in AgentTools().tools())
 AGENT_STATUS = ("job_status", "cancel_job", "close_session")   # answered at once, never queued
+# tools that do no model work (no tensor read, no download, no engine): answered at once, never
+# queued behind the page's heavy slots (their inputs are capped and bounded before parsing)
+AGENT_INSTANT = (*AGENT_STATUS, "layer_plan")
 
 
 def add_agent_tools(demo: gr.Blocks, access: Access) -> AgentTools:
-    """The agent tools as API endpoints: the heavy ones in the page's heavy slots."""
+    """The agent tools as API endpoints: the instant ones outside the queue, the others in the
+    page's heavy slots."""
     tools = AgentTools(access)
     for tool in tools.tools():
         name = tool.__name__
-        slots = ({"queue": False} if name in AGENT_STATUS
+        slots = ({"queue": False} if name in AGENT_INSTANT
                  else {"concurrency_id": "heavy", "concurrency_limit": LIMITS.jobs})
         gr.api(one_line_errors(tool), api_name=name, **slots)
     return tools
@@ -37,11 +44,26 @@ def agent_tools_only(demo: gr.Blocks) -> None:
 
 
 def one_line_errors(fn):
-    """``fn`` with its errors as one readable line for the API and MCP caller."""
+    """``fn`` with its errors as one readable line for the API and MCP caller, run as its
+    client (``agents.CLIENT``: the request's address, ``common.client_address``)."""
+    sig = inspect.signature(fn)
+    # gradio fills a positional parameter annotated gr.Request (and leaves it out of the API
+    # and the MCP schema)
+    sig = sig.replace(parameters=[
+        *sig.parameters.values(),
+        inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                          annotation=gr.Request)])
+
     @functools.wraps(fn)
     def tool(*args, **kw):
+        given = sig.bind(*args, **kw).arguments
+        token = CLIENT.set(saves.person(None, client_address(given.pop("request", None))))
         try:
-            return fn(*args, **kw)
+            return fn(**given)
         except Exception as e:  # noqa: BLE001 - every error reaches the agent as one line
             raise gr.Error(readable_error(e), print_exception=False) from None
+        finally:
+            CLIENT.reset(token)
+    tool.__signature__ = sig
+    tool.__annotations__ = {**fn.__annotations__, "request": gr.Request}
     return tool

@@ -76,6 +76,21 @@ def chat_slots() -> dict:
     return dict(concurrency_id="chat", concurrency_limit=LIMITS.plan_jobs)
 
 
+def client_address(request) -> str | None:
+    """The address a page or API request came from, as the Space's proxy reports it
+    (``saves.client_address``: the first hop of X-Forwarded-For behind a proxy, else the
+    connection's address); None without a request."""
+    if request is None:
+        return None
+    client = getattr(request, "client", None)
+    headers = getattr(request, "headers", None) or {}
+    try:
+        forwarded = headers.get("x-forwarded-for")
+    except AttributeError:
+        forwarded = None
+    return saves.client_address(getattr(client, "host", None), forwarded)
+
+
 class PageBase:
     """The page's shared part; ``app.Page`` adds the tabs (``TABS``), the outputs of every
     event (``OUTPUTS``) and what a new session empties (``SESSION_VIEWS``)."""
@@ -96,12 +111,17 @@ class PageBase:
     # ---- the visitor
     def visitor(self, request: gr.Request | None, profile=None) -> Access:
         """The page's access for this visitor: their namespace (signed-in user, else the page
-        session) holds their saves, downloads and temporary files (``workbench.saves``)."""
+        session) holds their saves, downloads and temporary files; their person (signed-in
+        user, else the client's address: ``client_address``) has the save quota and the one
+        heavy job (``workbench.saves``)."""
         user = getattr(profile, "username", None)
         session_id = getattr(request, "session_hash", None)
         if not (self.access.served or user or session_id):
             return self.access   # local, called without a page session (a script)
-        return self.access.for_visitor(saves.visitor_namespace(user, session_id))
+        # served: an anonymous visitor is their client address; locally every tab is its own
+        address = client_address(request) if self.access.served else None
+        return self.access.for_visitor(saves.visitor_namespace(user, session_id),
+                                       saves.person(user, address))
 
     @staticmethod
     def page_id(request: gr.Request | None) -> str | None:

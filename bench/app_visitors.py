@@ -27,6 +27,7 @@ with ``gradio_client``, one client (one session) per scripted visitor:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -50,12 +51,20 @@ def start_server(root: Path, port: int, env_extra: dict | None = None) -> subpro
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def connect(url: str, tries: int = 600):
+_ADDRESSES = itertools.count(1)
+
+
+def connect(url: str, tries: int = 600, address: str | None = None):
+    """A new visitor: a gradio client (one page session) from its own client address
+    (``address``, else a new one, sent as X-Forwarded-For as the Space's proxy does: the server
+    budgets anonymous visitors per address, and every scripted visitor is a person)."""
     from gradio_client import Client
 
+    n = next(_ADDRESSES)
+    headers = {"x-forwarded-for": address or f"198.18.{n // 250}.{n % 250 + 1}"}
     for _ in range(tries):
         try:
-            return Client(url, verbose=False)
+            return Client(url, verbose=False, headers=headers)
         except Exception:  # noqa: BLE001 - not up yet
             time.sleep(0.5)
     raise RuntimeError(f"the app at {url} did not start")

@@ -2,6 +2,7 @@
 as one visitor (one gradio_client session) would."""
 from __future__ import annotations
 
+import itertools
 import socket
 
 
@@ -15,10 +16,17 @@ def launch(demo) -> str:
     return f"http://127.0.0.1:{port}/"
 
 
-def visitor(served):
-    """A new visitor (a new page session) of the served app."""
+_ADDRESSES = itertools.count(1)
+
+
+def visitor(served, address: str | None = None):
+    """A new visitor (a new page session) of the served app, from its own client address
+    (``address``, else a new one: sent as X-Forwarded-For, as the Space's proxy does, so that
+    each scripted visitor is a person of their own)."""
     from gradio_client import Client
-    return Client(served.url, verbose=False)
+    n = next(_ADDRESSES)
+    address = address or f"198.18.{n // 250}.{n % 250 + 1}"
+    return Client(served.url, verbose=False, headers={"x-forwarded-for": address})
 
 
 def pick(client, base, task, lang) -> dict:

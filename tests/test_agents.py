@@ -44,14 +44,14 @@ def mcp_url(tiny, tmp_path_factory):
     demo.close()
 
 
-def over_mcp(url: str, script):
-    """Run ``await script(call, tools)`` in one MCP client session (streamable HTTP):
-    ``call(name, **args)`` returns (is_error, text)."""
+def over_mcp(url: str, script, headers: dict | None = None):
+    """Run ``await script(call, tools)`` in one MCP client session (streamable HTTP, sending
+    ``headers``): ``call(name, **args)`` returns (is_error, text)."""
     from mcp import ClientSession
     from mcp.client.streamable_http import streamablehttp_client
 
     async def main():
-        async with streamablehttp_client(url) as (read, write, _):
+        async with streamablehttp_client(url, headers=headers) as (read, write, _):
             async with ClientSession(read, write) as client:
                 await client.initialize()
                 tools = (await client.list_tools()).tools
@@ -244,6 +244,111 @@ def test_agent_sessions_are_capped_and_closed_when_idle(tiny, tmp_path, monkeypa
     tools.sessions[second].running.clear()
     for sid in list(tools.sessions):
         tools.close_session(sid)
+
+
+def test_agent_sessions_are_capped_per_client_and_share_its_quota(tiny, tmp_path, monkeypatch):
+    """One client address (``agents.CLIENT``, set by the app per call) opens at most
+    LAYERSWAP_MAX_AGENT_SESSIONS_PER_CLIENT sessions; another address still gets one; a
+    client's sessions share one save quota."""
+    monkeypatch.setattr(agents, "LIMITS", replace(LIMITS, agent_sessions_per_client=2))
+    tools = agents.AgentTools(Access(True, tmp_path / "out", (tiny["base"].parent,)))
+    token = agents.CLIENT.set("client-a")
+    try:
+        first, second = opened(tools, tiny), opened(tools, tiny)
+        with pytest.raises(WorkbenchError, match="your address has 2 agent sessions open.*"
+                                                 "LAYERSWAP_MAX_AGENT_SESSIONS_PER_CLIENT"):
+            opened(tools, tiny)
+        assert len(tools.sessions) == 2
+        assert json.loads(tools.build_and_save(first, folder="x"))["saved_to"] == "x"   # a name
+        (saved,) = [p for p in (tmp_path / "out").rglob("x") if p.is_dir()]
+        monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR",
+                           str(1.5 * sum(f.stat().st_size for f in saved.iterdir()) / 1e9))
+        with pytest.raises(WorkbenchError, match="in your 2 tabs and agent sessions together"):
+            tools.build_and_save(second, folder="y")
+    finally:
+        agents.CLIENT.reset(token)
+    token = agents.CLIENT.set("client-b")
+    try:
+        assert opened(tools, tiny)                 # another address: its own sessions
+    finally:
+        agents.CLIENT.reset(token)
+    tools.close_session(first)
+    token = agents.CLIENT.set("client-a")
+    try:
+        assert opened(tools, tiny)                 # room again for client a
+    finally:
+        agents.CLIENT.reset(token)
+    for sid in list(tools.sessions):
+        tools.close_session(sid)
+
+
+@pytest.mark.timing
+def test_layer_plan_answers_while_both_heavy_slots_are_held(tiny, tmp_path, monkeypatch):
+    """Instant tools (layer_plan, job_status) are outside the page's heavy slots: with both
+    held by delta analyses that do not end, an MCP client's layer_plan answers within seconds;
+    the tools see the caller's address (X-Forwarded-For behind gradio's MCP loopback)."""
+    import threading
+    import time
+
+    import app
+    from gradio_client import Client
+    from layerswap_core.workbench import saves
+
+    release, entered = threading.Event(), []
+    seen = []
+
+    def held(session, progress=None):
+        entered.append(session)
+        release.wait(120)
+        raise WorkbenchError("released")
+    monkeypatch.setattr(agents, "analyze_deltas", held)
+    real_room = agents.AgentTools._room
+
+    def room(self, client):
+        seen.append(client)
+        return real_room(self, client)
+    monkeypatch.setattr(agents.AgentTools, "_room", room)
+    monkeypatch.setenv("LAYERSWAP_OUTPUT_DIR", str(tmp_path / "outputs"))
+    demo = app.build_demo(refs(tiny), served=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
+                        quiet=True, mcp_server=True)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        api = Client(url, verbose=False, headers={"x-forwarded-for": "203.0.113.5"})
+        sid = json.loads(api.predict(*refs(tiny).values(), "", api_name="/check_models"))
+        sid = sid["session"]
+        assert seen[-1] == saves.person(None, "203.0.113.5")
+
+        async def check(call, tools):             # queued: through gradio's MCP loopback
+            return await call("check_models", **refs(tiny))
+        err, text = over_mcp(url + "gradio_api/mcp/", check, {"X-Forwarded-For": "198.51.100.8"})
+        assert not err, text
+        assert seen[-1] == saves.person(None, "198.51.100.8")
+        jobs = [api.submit(sid, api_name="/delta_summary") for _ in range(2)]
+        deadline = time.monotonic() + 120
+        while len(entered) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(entered) == 2            # both heavy slots held
+
+        async def script(call, tools):
+            t0 = time.monotonic()
+            err, text = await call("layer_plan", session=sid)
+            return time.monotonic() - t0, err, text
+        seconds, err, text = over_mcp(url + "gradio_api/mcp/", script)
+        assert not err, text
+        assert json.loads(text)["layers"] and seconds < 10, seconds
+        print(f"layer_plan with both heavy slots held: {seconds:.2f} s")
+    finally:
+        release.set()
+        for job in locals().get("jobs", []):
+            try:
+                job.result(timeout=60)
+            except Exception:  # noqa: BLE001 - "released"
+                pass
+        demo.close()
 
 
 # --------------------------------------------------------------------------- hostile inputs

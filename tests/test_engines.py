@@ -290,6 +290,39 @@ def test_a_short_job_waits_ahead_of_long_chunks(trio, one_thread):
 
 
 @pytest.mark.timing   # measures time or races a job (docs/development.md)
+def test_equally_urgent_jobs_of_several_visitors_take_turns(trio, one_thread):
+    """Round robin between visitors, not first come first served: visitor A queues 5 chat
+    steps, then B one; B's is served second, not sixth (A's many tabs cannot starve B)."""
+    pool = EnginePool(1)
+    order, started, release = [], threading.Event(), threading.Event()
+
+    def hold():
+        with pool.checkout(trio, "holder"):
+            started.set()
+            release.wait(120)
+
+    def wait(name):
+        with pool.checkout(trio, name[0], priority=1):
+            order.append(name)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert started.wait(120)
+    waiters = []
+    for name in ("A1", "A2", "A3", "A4", "A5", "B1"):
+        waiters.append(threading.Thread(target=wait, args=(name,)))
+        waiters[-1].start()
+        deadline = time.monotonic() + 60
+        while len(pool.waiting) < len(waiters) and time.monotonic() < deadline:
+            time.sleep(0.01)                  # queued in this order
+    assert [t.visitor for t in pool.waiting] == ["A", "B", "A", "A", "A", "A"]
+    release.set()
+    for t in (holder, *waiters):
+        t.join(120)
+    assert order == ["A1", "B1", "A2", "A3", "A4", "A5"]
+
+
+@pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_queue_and_per_visitor_limits_refuse_with_clear_messages(trio, tiny, one_thread):
     pool = EnginePool(1, max_waiting=1)
     d = Dispatcher(pool)

@@ -479,9 +479,23 @@ def test_quotas_refuse_before_anything_is_written(tiny, tmp_path, monkeypatch):
     b = a.for_visitor("session-b")
     wb.save(s, cfg, "one", access=b)
     time.sleep(0.05)
-    # a third visitor at the total: the oldest save (a's) goes first
-    wb.save(s, cfg, "one", access=a.for_visitor("session-c"))
+    # a third anonymous visitor at the total is refused in one line: nobody's unexpired save
+    # is evicted for an anonymous one
+    with pytest.raises(WorkbenchError, match=r"other visitors' saves are kept until they "
+                                             r"expire: overwrite one of yours"):
+        wb.save(s, cfg, "one", access=a.for_visitor("session-c"))
+    assert (out / "session-a" / "one").exists() and (out / "session-b" / "one").exists()
+    assert not (out / "session-c" / "one").exists()
+    # a signed-in user at the total: the oldest anonymous save (a's) goes first ...
+    wb.save(s, cfg, "one", access=a.for_visitor("hf-carol"))
     assert not (out / "session-a" / "one").exists() and (out / "session-b" / "one").exists()
+    time.sleep(0.05)
+    wb.save(s, cfg, "one", access=a.for_visitor("hf-dave"))
+    assert not (out / "session-b" / "one").exists()
+    # ... never another signed-in user's
+    with pytest.raises(WorkbenchError, match=r"LAYERSWAP_MAX_SAVES_GB\): overwrite one of"):
+        wb.save(s, cfg, "one", access=a.for_visitor("hf-erin"))
+    assert (out / "hf-carol" / "one").exists() and (out / "hf-dave" / "one").exists()
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB", str(0.5 * n / 1e9))
     with pytest.raises(WorkbenchError, match=r"more than the .* MB this server keeps for all saves \(LAYERSWAP_MAX_SAVES_GB\)"):
         wb.save(s, cfg, "big", access=a.for_visitor("session-d"))
@@ -490,9 +504,72 @@ def test_quotas_refuse_before_anything_is_written(tiny, tmp_path, monkeypatch):
     monkeypatch.delenv("LAYERSWAP_MAX_SAVES_GB")
     monkeypatch.setenv("LAYERSWAP_SAVES_HOURS", "1")
     old = time.time() - 2 * 3600
-    os.utime(out / "session-b" / "one", (old, old))
+    os.utime(out / "hf-carol" / "one", (old, old))
     wb.save(s, cfg, "fresh", access=a.for_visitor("session-e"))
-    assert not (out / "session-b" / "one").exists() and (out / "session-c" / "one").exists()
+    assert not (out / "hf-carol" / "one").exists() and (out / "hf-dave" / "one").exists()
+
+
+def test_one_clients_tabs_and_agent_sessions_share_one_quota_and_one_heavy_job(
+        tiny, tmp_path, monkeypatch):
+    """Two sessions from one client address (two tabs, or a tab and an agent session): one
+    save quota between them and one heavy job; a signed-in user keeps their user name; another
+    address has its own. How a page request names its client: X-Forwarded-For's first hop
+    behind a proxy (a private or loopback peer: the Space's proxy), the peer itself otherwise."""
+    from app_tabs.common import PageBase
+    from layerswap_core.engines.dispatch import Busy, Dispatcher
+
+    def request(session, host, forwarded=None):
+        headers = {"x-forwarded-for": forwarded} if forwarded else {}
+        return SimpleNamespace(session_hash=session, client=SimpleNamespace(host=host),
+                               headers=headers)
+
+    out = tmp_path / "outputs"
+    base = Access(served=True, output_root=out, model_roots=(tiny["base"].parent, out))
+    page = SimpleNamespace(access=base)
+    via_proxy = "203.0.113.7, 10.16.0.3"
+    tab1 = PageBase.visitor(page, request("tab-1", "10.16.0.9", via_proxy))
+    tab2 = PageBase.visitor(page, request("tab-2", "127.0.0.1", "203.0.113.7"))
+    other = PageBase.visitor(page, request("tab-3", "10.16.0.9", "198.51.100.4"))
+    direct = PageBase.visitor(page, request("tab-4", "203.0.113.9", "203.0.113.7"))
+    signed = PageBase.visitor(page, request("tab-5", "10.16.0.9", via_proxy),
+                              SimpleNamespace(username="alice"))
+    assert tab1.namespace != tab2.namespace and tab1.person == tab2.person
+    assert tab1.person.startswith("client-") and "203.0.113.7" not in tab1.person
+    assert other.person != tab1.person
+    assert direct.person not in (tab1.person, other.person)   # a direct client names no one
+    assert signed.person == signed.namespace == "hf-alice"
+    local = PageBase.visitor(SimpleNamespace(access=replace(base, served=False)),
+                             request("tab-6", "127.0.0.1"))
+    assert local.person == local.namespace          # locally each tab is its own, as before
+
+    sessions = []
+    for access in (tab1, tab2):
+        session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]),
+                                          str(tiny["lang"]), access=access)
+        assert session is not None, report.problems
+        sessions.append(session)
+    s1, s2 = sessions
+    cfg = wb.default_config(s1)
+    n = s1.checkpoint_bytes
+    monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", str(1.5 * n / 1e9))
+    assert wb.save(s1, cfg, "one").parent == out / tab1.namespace
+    with pytest.raises(WorkbenchError, match=r"in your 2 tabs and agent sessions together\) .*"
+                                             r"LAYERSWAP_MAX_SAVES_GB_PER_VISITOR"):
+        wb.save(s2, cfg, "one")
+    assert not (out / tab2.namespace / "one").exists()
+    assert wb.save(s1, cfg, "one", access=other).parent == out / other.namespace
+    # one heavy job for both tabs; another client's job runs beside it
+    d = Dispatcher(max_waiting=4)
+    with d.claim(s1.job("save")):
+        with pytest.raises(Busy, match="another of yours"):
+            with d.claim(s2.job("save")):
+                pass
+        third, _ = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]),
+                                   access=other)
+        with d.claim(third.job("save")):
+            pass
+    with d.claim(s2.job("save")):
+        pass
 
 
 def test_a_save_reserves_all_it_writes_and_little_more(tiny, tmp_path, monkeypatch):

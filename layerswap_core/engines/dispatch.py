@@ -55,6 +55,12 @@ PRIORITY = {"show": 0, "chat": 1}
 LONG = 2
 
 
+def _whose(job: J.Job) -> str:
+    """Who a job is for the engine queue's turns (``EnginePool._enqueue``): the person (every
+    tab and agent session of one signed-in user or one anonymous client), else the page."""
+    return job.person or job.visitor
+
+
 def priority(job: J.Job) -> int:
     """How urgent ``job`` is for an engine (``PRIORITY``; long work otherwise)."""
     return PRIORITY.get(job.kind, LONG)
@@ -191,7 +197,7 @@ class Dispatcher:
             live = getattr(engine, "live", None)
             plan, label = (live.plan, live.label) if live is not None else (None, None)
             t0 = time.monotonic()
-            pool.pause(engine, lease, urgency, job.visitor,
+            pool.pause(engine, lease, urgency, _whose(job),
                        lambda f, m: guard(guard.fraction, m), guard.visitor.cancel.is_set)
             guard.deadline += time.monotonic() - t0   # time lent out is not the job's
             if plan is not None and live.plan is not plan:
@@ -222,7 +228,7 @@ class Dispatcher:
                 self.speeds[job.trio] = speed
             return out
         # waiting for or loading the engine happens at the chunk's start on the bar
-        with self.pool.checkout(job.trio, job.visitor, lambda f, m: guard(0.0, m),
+        with self.pool.checkout(job.trio, _whose(job), lambda f, m: guard(0.0, m),
                                 v.cancel.is_set,
                                 priority=priority(job)) as engine, \
                 pausing(self._pauser(engine, job, root)):
@@ -260,7 +266,7 @@ class Dispatcher:
                 guard(0.0, "waiting for the GPU")
                 yield from _relay(zero_stream(self._estimated(job)), guard)
                 return
-            with self.pool.checkout(job.trio, job.visitor, guard, v.cancel.is_set,
+            with self.pool.checkout(job.trio, _whose(job), guard, v.cancel.is_set,
                                     priority=priority(job)) as engine:
                 yield from _relay(J.stream_job(engine, job, guard,
                                                pause=self._pauser(engine, job, guard)), guard)

@@ -9,7 +9,7 @@ running chat.
 
 The pool holds at most ``max_engines`` (``LAYERSWAP_MAX_ENGINES``; by default as many as fit in
 the free memory of the device with a margin, ``fitting_engines``). A job whose trio has no idle
-engine waits in one first-come-first-served queue and sees its position; when the pool is full,
+engine waits in one queue and sees its position; when the pool is full,
 the idle engine used least recently is evicted to make room. A waiting job can be cancelled.
 
 Jobs are served by priority, then in order of arrival: a Build (0) before a chat step (1)
@@ -155,7 +155,7 @@ def max_engines_from_env() -> int | None:
 class Ticket:
     """A job waiting for an engine."""
     trio: Trio
-    visitor: str = ""
+    visitor: str = ""        # whose job: the queue takes turns between visitors (``_enqueue``)
     engine: Engine | None = None
     build: bool = False
     arrived: float = field(default_factory=time.monotonic)
@@ -210,8 +210,8 @@ class EnginePool:
 
     # ---- lending
     def _grant(self) -> None:
-        """Give engines (or the right to build one) to waiting tickets, first come first
-        served; a ticket never overtakes an earlier one of its own trio. Under the lock."""
+        """Give engines (or the right to build one) to waiting tickets in the queue's order
+        (``_enqueue``); a ticket never overtakes an earlier one of its own trio. Under the lock."""
         blocked: set[Trio] = set()
         for t in list(self.waiting):
             if t.trio in blocked:
@@ -263,10 +263,25 @@ class EnginePool:
                 return 0
 
     def _enqueue(self, ticket: Ticket) -> None:
-        """Behind every waiting ticket as urgent as ``ticket`` or more, ahead of the others.
-        Under the lock."""
-        at = next((i for i, t in enumerate(self.waiting) if t.priority > ticket.priority),
-                  len(self.waiting))
+        """Behind every waiting ticket more urgent than ``ticket``, ahead of the less urgent;
+        among the equally urgent, round robin between visitors (``Ticket.visitor``): a visitor
+        with n tickets of this priority waiting already puts this one in round n, behind every
+        ticket of rounds 0 to n. A visitor with one job waiting is served after at most one
+        job of each other visitor, however many those queue. Under the lock."""
+        mine = sum(t.priority == ticket.priority and t.visitor == ticket.visitor
+                   for t in self.waiting)
+        rounds: dict[str, int] = {}
+        at = len(self.waiting)
+        for i, t in enumerate(self.waiting):
+            if t.priority < ticket.priority:
+                continue
+            if t.priority > ticket.priority:
+                at = i
+                break
+            rounds[t.visitor] = rounds.get(t.visitor, -1) + 1
+            if rounds[t.visitor] > mine:
+                at = i
+                break
         self.waiting.insert(at, ticket)
 
     def _wait(self, ticket: Ticket, progress: Progress | None,

@@ -11,12 +11,17 @@ Served mode applies to agents exactly as to the page: each agent session is a vi
 own (``Access.for_visitor``: references vetted, saves in its own folder under the output root
 within the save quotas), its jobs run under the dispatcher's rules (one heavy job at a time, the
 time budget, the queue), every number is bounded by ``LIMITS`` and every text capped before it
-is parsed. At most ``LIMITS.agent_sessions`` are open at once; one left idle for
-``LIMITS.agent_idle_seconds`` is closed as a page that closes is (its jobs cancelled, its
-anonymous saves removed). Errors are one line (``readable_error``).
+is parsed. At most ``LIMITS.agent_sessions`` are open at once, and
+``LIMITS.agent_sessions_per_client`` per client (``CLIENT``: the caller's address, which the
+app sets for each call; its sessions also share one save quota and one heavy job with that
+address's pages). One left idle for ``LIMITS.agent_idle_seconds`` is closed as a page that
+closes is (its jobs cancelled, its anonymous saves removed): that is also how the session of a
+client that went away ends, since gradio's MCP server is stateless and shows no disconnect.
+Errors are one line (``readable_error``).
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
@@ -35,6 +40,9 @@ from .served import LIMITS, LOCAL, Access, WorkbenchError, capped, readable_erro
 from ..analysis.suggest import delta_story
 from ..evaluation.registry import choices
 
+# the calling client's person (``saves.person``: its address as the Space's proxy reports it, or
+# a signed-in user), set by the app around each tool call; None: unknown (a script, local)
+CLIENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("agent_client", default=None)
 MODEL_KEYS = ("task", "lang", "base")   # a session's models: never taken from a config
 ROLE_NAMES = {"base": "base", "task": "task", "lang": "lang", "merged": "merged"}
 
@@ -63,6 +71,7 @@ class AgentSession:
     used: float = field(default_factory=time.monotonic)
     running: list[Running] = field(default_factory=list)
     last: dict | None = None      # the last finished tool call: {"tool", "outcome", "seconds"}
+    client: str | None = None     # the person who opened it (``CLIENT``)
 
 
 def _json(value: Any) -> str:
@@ -84,10 +93,12 @@ class AgentTools:
                 self.cancel_job, self.close_session]
 
     # ---- sessions
-    def _visitor(self, token: str) -> Access:
+    def _visitor(self, token: str, client: str | None = None) -> Access:
         """The access of the agent session ``token``: a visitor of its own (its namespace: a
-        keyed digest of the id, as a page session's)."""
-        return self.access.for_visitor(saves.visitor_namespace(None, "agent:" + token))
+        keyed digest of the id, as a page session's) whose quotas are its client's when served
+        (locally each session is its own, as each tab is)."""
+        return self.access.for_visitor(saves.visitor_namespace(None, "agent:" + token),
+                                       client if self.access.served else None)
 
     def _models(self, session: str) -> tuple[AgentSession, wb.Session]:
         """The agent session and its workbench ``Session`` (refused when it has no models)."""
@@ -182,9 +193,10 @@ class AgentTools:
             token, access = session.strip(), old.access
         else:
             self.expire()
-            self._room()
+            client = CLIENT.get()
+            self._room(client)
             token = uuid.uuid4().hex
-            access = self._visitor(token)
+            access = self._visitor(token, client)
         opened, report = wb.open_session(base, task, lang, access=access)
         rows = [dict(zip(wb.ModelsReport.HEADERS, row)) for row in report.rows]
         out = {"session": None, "compatible": report.ok, "layers": report.num_layers,
@@ -197,23 +209,34 @@ class AgentTools:
             return _json(out)
         if not session:
             with self._lock:
-                if len(self.sessions) >= LIMITS.agent_sessions:
+                full = self._full(client)
+                if full:
                     wb.close_session(opened)
-                    raise WorkbenchError(self._full())
-                self.sessions[token] = AgentSession(opened, access)
+                    raise WorkbenchError(full)
+                self.sessions[token] = AgentSession(opened, access, client=client)
             out["session"] = token
         out["default_config"] = _plain_config(wb.default_config(opened))
         return _json(out)
 
-    def _room(self) -> None:
+    def _room(self, client: str | None) -> None:
         with self._lock:
-            if len(self.sessions) >= LIMITS.agent_sessions:
-                raise WorkbenchError(self._full())
+            full = self._full(client)
+        if full:
+            raise WorkbenchError(full)
 
-    @staticmethod
-    def _full() -> str:
-        return (f"this server has {LIMITS.agent_sessions} agent sessions open: close one "
-                "(close_session) or try again later")
+    def _full(self, client: str | None) -> str:
+        """Why no session may open now (the server's or this client's sessions at their cap;
+        the client's cap on a served page only), else "". Under the lock."""
+        if len(self.sessions) >= LIMITS.agent_sessions:
+            return (f"this server has {LIMITS.agent_sessions} agent sessions open: close one "
+                    "(close_session) or try again later")
+        mine = sum(e.client == client for e in self.sessions.values())
+        if self.access.served and client and mine >= LIMITS.agent_sessions_per_client:
+            return (f"your address has {mine} agent sessions open, the most this server allows "
+                    "per client (LAYERSWAP_MAX_AGENT_SESSIONS_PER_CLIENT): close one "
+                    f"(close_session), or one left idle closes after "
+                    f"{LIMITS.agent_idle_seconds // 60} min")
+        return ""
 
     def delta_summary(self, session: str) -> str:
         """Where each expert changed the base: one sentence, each expert's data-derived threshold and its share of the change per layer (reads every tensor once; cached).

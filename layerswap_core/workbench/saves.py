@@ -5,10 +5,14 @@ what a visitor's downloads leave in the temporary folder.
   in with Hugging Face (their saves survive sessions), else ``session-<digest>`` of the page
   session (a keyed digest: the folder does not reveal the session id). ``Access.for_visitor``
   then confines their saves, the saves they may pick and the ones listed to
-  ``<output root>/<namespace>``.
+  ``<output root>/<namespace>``. Whose quota: ``person`` (a signed-in user, else the client's
+  address as the Space's proxy reports it, ``client_address``): one anonymous person's tabs and
+  agent sessions share one quota and one heavy job.
 * **How much**: ``reserving`` refuses a save, before anything is written, when it would take the
-  visitor past ``LAYERSWAP_MAX_SAVES_GB_PER_VISITOR`` or everyone past ``LAYERSWAP_MAX_SAVES_GB``
-  (saves being written count too); at the total, the oldest saves of others go first.
+  person past ``LAYERSWAP_MAX_SAVES_GB_PER_VISITOR`` (every namespace of theirs together) or
+  everyone past ``LAYERSWAP_MAX_SAVES_GB`` (saves being written count too). At the total, an
+  anonymous visitor's save is refused (it never evicts anyone's save); a signed-in user's evicts
+  the oldest saves of anonymous visitors, never another signed-in user's.
 * **How long**: saves older than ``LAYERSWAP_SAVES_HOURS`` are removed (``expire``, run before
   every served save); an anonymous visitor's saves go when their session ends (``end_visit``).
 * **Temporary files**: ``temp_folder`` is a visitor's folder for one download, removed when the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import re
 import shutil
@@ -55,6 +60,45 @@ def visitor_namespace(user: str | None = None, session_id: str | None = None) ->
     return f"session-{digest}"
 
 
+def person(user: str | None = None, address: str | None = None) -> str | None:
+    """Whose quotas a visitor uses: ``hf-<user>`` when signed in (every tab of theirs), else
+    ``client-<digest>`` of the client's address (every tab and agent session from it: a keyed
+    digest, the address is not kept); None without either (then each namespace is its own)."""
+    if user:
+        return visitor_namespace(user)
+    if not address:
+        return None
+    digest = hmac.new(_SECRET, b"client:" + str(address).encode(), hashlib.sha256).hexdigest()
+    return f"client-{digest[:24]}"
+
+
+# where a proxy in front of the server connects from: loopback (gradio's MCP loopback, a local
+# proxy), the private ranges (RFC 1918, carrier-grade NAT, IPv6 unique local)
+_PROXIES = tuple(ipaddress.ip_network(n) for n in (
+    "127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+    "fc00::/7"))
+
+
+def _proxy(host: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(host.strip().strip("[]"))
+    except ValueError:
+        return False
+    return any(ip.version == n.version and ip in n for n in _PROXIES)
+
+
+def client_address(host: str | None, forwarded_for: str | None) -> str | None:
+    """The client's address for ``person``: the first hop of ``X-Forwarded-For`` when the
+    connection comes from a proxy (a loopback or private address, ``_PROXIES``: the Space's proxy, or
+    gradio's own loopback for MCP calls, which passes the caller's headers on), else the
+    connection's own address (a client reaching the server directly cannot name itself)."""
+    host = (host or "").strip()
+    first = (forwarded_for or "").split(",")[0].strip()[:64]
+    if first and _proxy(host):
+        return first
+    return host or None
+
+
 def signed_in(namespace: str | None) -> str | None:
     """The Hugging Face user of a signed-in visitor's namespace, else None."""
     return namespace[3:] if namespace and namespace.startswith("hf-") else None
@@ -79,6 +123,7 @@ class Quotas:
 
 _LOCK = threading.Lock()
 _WRITING: dict[Path, tuple[str, int]] = {}       # save folder being written -> (namespace, bytes)
+_OWNER: dict[str, str] = {}      # namespace -> the person whose quota it uses (``Access.person``)
 
 
 def _saves(root: Path) -> list[Path]:
@@ -129,12 +174,17 @@ def reserving(access: Access, out: Path, nbytes: int, quotas: Quotas | None = No
         expire(access, quotas)
         replaced = folder_bytes(out)
         ns = access.namespace or ""
-        mine = (folder_bytes(access.saves_root) + sum(b for n, b in _WRITING.values() if n == ns)
-                - replaced)
+        who = access.person or ns
+        _OWNER[ns] = who
+        theirs = {n for n, p in _OWNER.items() if p == who} | {ns}
+        mine = (sum(folder_bytes(access.output_root / n) for n in theirs if n)
+                + sum(b for n, b in _WRITING.values() if n in theirs) - replaced)
         if quotas.per_visitor is not None and mine + nbytes > quotas.per_visitor:
+            where = ("" if len(theirs) == 1 else
+                     f" (in your {len(theirs)} tabs and agent sessions together)")
             raise WorkbenchError(
-                f"this save needs {hub.gb_text(nbytes)}; your saves use {hub.gb_text(mine)} of the "
-                f"{hub.gb_text(quotas.per_visitor)} each visitor may keep on this server "
+                f"this save needs {hub.gb_text(nbytes)}; your saves use {hub.gb_text(mine)}{where} of "
+                f"the {hub.gb_text(quotas.per_visitor)} each visitor may keep on this server "
                 "(LAYERSWAP_MAX_SAVES_GB_PER_VISITOR): overwrite one of them instead")
         if quotas.total is not None:
             _make_room(access, out, nbytes, replaced, quotas.total)
@@ -147,15 +197,24 @@ def reserving(access: Access, out: Path, nbytes: int, quotas: Quotas | None = No
 
 
 def _make_room(access: Access, out: Path, nbytes: int, replaced: int, total: int) -> None:
+    """Room for ``nbytes`` under the total: a signed-in user's save evicts the oldest saves of
+    anonymous visitors (expired ones are gone already); an anonymous visitor's evicts nothing
+    (refused: it would take unexpired saves of others for its own)."""
     saves = {p: folder_bytes(p) for p in _saves(access.output_root)}
     used = sum(saves.values()) + sum(b for _, b in _WRITING.values()) - replaced
     if nbytes > total:
         raise WorkbenchError(f"this save needs {hub.gb_text(nbytes)}, more than the "
                              f"{hub.gb_text(total)} this server keeps for all saves "
                              "(LAYERSWAP_MAX_SAVES_GB)")
+    if used + nbytes > total and not signed_in(access.namespace):
+        raise WorkbenchError(
+            f"this save needs {hub.gb_text(nbytes)}; the saves on this server already use "
+            f"{hub.gb_text(used)} of {hub.gb_text(total)} (LAYERSWAP_MAX_SAVES_GB), and other "
+            "visitors' saves are kept until they expire: overwrite one of yours, or try again "
+            "later")
     mine = access.saves_root
     used = evict_lru(saves, used, nbytes, total, oldest_first=lambda p: -_age(p),
-                     keep=lambda p: (p == out or p in _WRITING
+                     keep=lambda p: (p == out or p in _WRITING or bool(signed_in(p.parent.name))
                                      or (mine is not None and p.parent == mine)))
     if used + nbytes > total:
         raise WorkbenchError(
@@ -261,3 +320,6 @@ def end_visit(namespace: str | None, access: Access | None = None) -> None:
         if mine.is_dir() and not mine.is_symlink() and not any(
                 p.parent == mine for p in _WRITING):
             shutil.rmtree(mine, ignore_errors=True)
+        with _LOCK:
+            if not mine.exists():
+                _OWNER.pop(namespace, None)

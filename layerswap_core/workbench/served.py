@@ -113,7 +113,8 @@ class Limits:
     queue: int = 16                  # jobs waiting for a live model at once (more are refused)
     session_seconds: int = 6 * 3600  # an open page keeps its models this long (closed: freed soon)
     agent_sessions: int = 32         # agent (MCP) sessions open at once (workbench.agents)
-    agent_idle_seconds: int = 3600   # an agent session left idle this long is closed
+    agent_sessions_per_client: int = 4   # of them from one client address (or signed-in user)
+    agent_idle_seconds: int = 900    # an agent session left idle this long is closed
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -186,11 +187,15 @@ class Access:
     model_roots: tuple[Path, ...] = ()
     trusted: frozenset[str] = frozenset()
     namespace: str | None = None     # served: the visitor's own folder under output_root
+    # served: whose quotas these are (``saves.person``): a signed-in user (``hf-<user>``) in every
+    # tab, else the client's address (``client-<digest>``) in every tab and agent session
+    person: str | None = None
 
-    def for_visitor(self, namespace: str | None) -> Access:
+    def for_visitor(self, namespace: str | None, person: str | None = None) -> Access:
         """The same access for one visitor (``saves.visitor_namespace``): served, their saves
-        live in ``output_root/namespace`` and only they can list, pick or overwrite them."""
-        return replace(self, namespace=namespace)
+        live in ``output_root/namespace`` and only they can list, pick or overwrite them;
+        ``person`` (default: the namespace) is whose save quota and heavy job they use."""
+        return replace(self, namespace=namespace, person=person or namespace)
 
     @property
     def saves_root(self) -> Path | None:

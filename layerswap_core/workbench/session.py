@@ -243,10 +243,11 @@ class Session:
             raise WorkbenchError("these models cannot be merged: " + "; ".join(report.problems))
         # the visitor's page for the dispatcher (``visitor``: the page session, so that closing
         # the page stops its jobs; without one, this session alone); the person behind it (the
-        # access's namespace: a signed-in user in every tab) has one heavy job at a time
+        # access's person: a signed-in user, else one client address, in every tab and agent
+        # session) has one heavy job at a time
         self.id = visitor or uuid.uuid4().hex
         self.planned = None   # the merge config the Configure tab's diagram shows (last valid)
-        self.person = report.access.namespace or self.id
+        self.person = report.access.person or report.access.namespace or self.id
         self.refs = dict(report.refs)
         self.names = dict(report.names or report.refs)
         # how recipes (layerswap.yaml, card, mergekit.yaml, configs) name the models: served,
