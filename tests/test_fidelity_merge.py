@@ -287,11 +287,11 @@ def test_layer_diagram_shows_where_the_non_layer_parameters_come_from(tiny):
     assert (lang.x[0], task.x[0]) == pytest.approx((0.25, 0.75))  # blend 3 : 1
     assert "non-layer" in fig.layout.yaxis.ticktext
     notes = [a.text for a in fig.layout.annotations]
-    assert "non-layer: blend 0.75/0.25 (embeddings, final norm, LM head)" in notes
+    assert "non-layer: blend 0.75/0.25<br>(embeddings, final norm, LM head)" in notes  # 2 lines
     assert "model.embed_tokens" in lang.customdata[0]
     plan = build_plan(MergeConfig(bottom=2, top=1, non_layer="task"), names, arch)
     fig = plots.layer_stack_figure(plan.layer_rows(), non_layer=plan.non_layer_sources())
-    assert "non-layer: task expert (embeddings, final norm, LM head)" in \
+    assert "non-layer: task expert<br>(embeddings, final norm, LM head)" in \
         [a.text for a in fig.layout.annotations]
     plain = plots.layer_stack_figure(plan.layer_rows())  # without: the layers only
     assert list(plain.data[0].y) == list(range(L))

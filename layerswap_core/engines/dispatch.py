@@ -165,7 +165,9 @@ class Dispatcher:
 
     # ---- estimates
     def estimate(self, job: J.Job) -> float:
-        return J.estimate_seconds(job, self.speeds.get(job.trio), self.item_seconds.get(job.trio))
+        loaded = self.placement == "local" and any(e.trio == job.trio for e in self.pool.engines)
+        return J.estimate_seconds(job, self.speeds.get(job.trio), self.item_seconds.get(job.trio),
+                                  loaded=loaded)
 
     def _admit(self, job: J.Job) -> float:
         """The job's deadline (monotonic); TooLong when its estimate is over the budget."""

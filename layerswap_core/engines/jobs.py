@@ -85,12 +85,14 @@ class Job:
 
 
 def estimate_seconds(job: Job, tokens_per_second: float | None = None,
-                     item_seconds: float | None = None) -> float:
-    """Seconds ``job`` should take, plus start-up: a job that only scores (gold NLL), its items
-    at the seconds per item measured on the engine (the model shown included: a sweep's
-    configurations); else its tokens at the engine's measured speed."""
+                     item_seconds: float | None = None, loaded: bool = False) -> float:
+    """Seconds ``job`` should take: a job that only scores (gold NLL), its items at the seconds
+    per item measured on the engine (the model shown included: a sweep's configurations), with
+    no start-up when its engine is ``loaded``; else its tokens at the engine's measured speed
+    plus start-up."""
     if job.scores_only:
-        return STARTUP_SECONDS + job.scored_items * (item_seconds or DEFAULT_ITEM_SECONDS)
+        startup = 0.0 if loaded else STARTUP_SECONDS
+        return startup + job.scored_items * (item_seconds or DEFAULT_ITEM_SECONDS)
     rate = tokens_per_second or DEFAULT_TOKENS_PER_SECOND
     return STARTUP_SECONDS + job.generated_tokens / rate
 
