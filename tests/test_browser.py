@@ -179,6 +179,19 @@ def _tab(page, name):
     page.get_by_role("tab", name=name).click()
 
 
+def fill_until(page, box, text, shown, says, tries=10):
+    """Set ``box`` to ``text`` until ``shown`` contains ``says`` (a first-shown tab may put
+    its own value back just after the fill, so the move is repeated, never assumed)."""
+    for _ in range(tries):
+        box.fill(text)
+        try:
+            expect(shown).to_contain_text(says, timeout=5_000)
+            return
+        except AssertionError:
+            continue
+    expect(shown).to_contain_text(says, timeout=5_000)
+
+
 def fill_kept(page, box, text):
     """Type ``text`` into ``box`` until it stays: a tab shown for the first time may apply the
     session's own value (e.g. the sweep grid of the model's depth) just after it appears."""
@@ -324,8 +337,10 @@ def _built_is_saved(page, url, b, u, out):
     expect(saves).not_to_contain_text("changed since build")
 
     _tab(page, "Configure")
-    page.locator("#top input[type=range]").fill(str(u - 1))
-    expect(page.locator("#config-status")).to_contain_text("Changed since build", timeout=30_000)
+    # the Configure tab, shown for the first time, may apply the session's own sliders just
+    # after it appears (CI once lost the move that way): move until the tab says it changed
+    fill_until(page, page.locator("#top input[type=range]"), str(u - 1),
+               page.locator("#config-status"), "Changed since build")
 
     changed = "changed since build — rebuild or save the built one"
     _tab(page, "Build")
