@@ -450,3 +450,128 @@ def test_no_private_name_crosses_a_module():
                     and node.value.id in modules and re.fullmatch(r"_[A-Za-z]\w*", node.attr):
                 found.append(f"{path.name}: {node.value.id}.{node.attr}")
     assert not found, found
+
+
+# The page's modules that are no tab: the shared part every tab is given (``common``), the
+# agent endpoints, the package's docstring.
+NOT_TABS = {"__init__", "common", "agents"}
+
+
+def _dataclass_fields(tree) -> set[str]:
+    """The fields of the handles records (dataclasses) a module declares: what its tab
+    publishes for the others."""
+    names = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        if any("dataclass" in ast.unparse(d) for d in cls.decorator_list):
+            names |= {s.target.id for s in cls.body
+                      if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    return names
+
+
+def _defined_on_tabs(tree) -> set[str]:
+    """What a tab module defines on its tab objects: its classes' methods and class attributes,
+    and every ``self.X = ...`` (or ``setattr(self, "X", ...)``)."""
+    names = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        if any("dataclass" in ast.unparse(d) for d in cls.decorator_list):
+            continue
+        for stmt in cls.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names.add(stmt.name)
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        for node in ast.walk(cls):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                       else [i.context_expr for i in node.items] if isinstance(node, ast.With)
+                       else [])
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
+                            and sub.value.id == "self":
+                        names.add(sub.attr)
+            for item in (node.items if isinstance(node, ast.With) else []):
+                var = item.optional_vars
+                if isinstance(var, ast.Attribute) and isinstance(var.value, ast.Name) \
+                        and var.value.id == "self":
+                    names.add(var.attr)
+    return names
+
+
+def _reads(tree) -> list[tuple[int, str, str]]:
+    """(line, name, how) of every attribute a module reads by name: ``x.name`` (``x`` anything
+    but a module it imports), ``getattr(x, "name")``, a name in a class's declarations (an
+    outputs tuple) or given to a decorator (``guarded("name")``); and (line, "?", how) for a
+    ``getattr``/``setattr`` on ``self`` whose name is computed, which no reader can follow."""
+    modules = {a.asname or a.name.split(".")[0] for n in ast.walk(tree)
+               if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    named = []   # the strings that name attributes
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            named += [s for stmt in node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+                      for s in ast.walk(stmt.value) if stmt.value is not None]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            named += [s for d in node.decorator_list for s in ast.walk(d)]
+    found = [(s.lineno, s.value, repr(s.value)) for s in named
+             if isinstance(s, ast.Constant) and isinstance(s.value, str)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name)
+                                                    and node.value.id in modules):
+            found.append((node.lineno, node.attr, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "setattr", "hasattr") and len(node.args) > 1:
+            name = node.args[1]
+            if isinstance(name, ast.Constant):
+                found.append((node.lineno, str(name.value), ast.unparse(node)))
+            elif isinstance(node.args[0], ast.Name) and node.args[0].id == "self":
+                found.append((node.lineno, "?", ast.unparse(node)))
+    return found
+
+
+def cross_tab_reads(root: Path = ROOT) -> list[str]:
+    """"module:line how" of every read, in a module of app_tabs/, of an attribute another tab
+    defines on its own objects (a component, a callback, a method) and does not publish in its
+    handles record; and of every computed ``getattr(self, ...)`` in a tab (``common`` may
+    compute names: it resolves a tab's declared outputs)."""
+    trees = {p.stem: ast.parse(p.read_text(encoding="utf-8"))
+             for p in sorted((root / TABS_PACKAGE).glob("*.py"))}
+    published = set().union(*(_dataclass_fields(t) for t in trees.values()))
+    shared = _defined_on_tabs(trees["common"]) if "common" in trees else set()
+    defined = {m: _defined_on_tabs(t) for m, t in trees.items() if m not in NOT_TABS}
+    found = []
+    for module, tree in trees.items():
+        own = defined.get(module, set()) | shared | published
+        others = set().union(*(names for m, names in defined.items() if m != module)) - own
+        for line, name, how in _reads(tree):
+            if name in others or (name == "?" and module not in NOT_TABS):
+                found.append(f"{module}:{line} {how}")
+    return found
+
+
+def test_no_tab_reads_another_tabs_attributes():
+    """Each tab of the page is its own object: what it needs of another tab (a component, a
+    callback) reaches it explicitly, as a field of that tab's handles record or an argument
+    of its wiring, never by reading the other tab's attributes (through ``self``, a
+    ``getattr``, a name in an outputs tuple or otherwise)."""
+    found = cross_tab_reads()
+    assert found == [], "pass it in the other tab's handles record instead: " + "; ".join(found)
+
+
+def test_the_tab_rule_catches_a_planted_read(tmp_path):
+    """The rule on a copy of app_tabs/ where the Build tab reads the Configure tab's own
+    method through ``self``, and where the Chat tab names an attribute by a computed name."""
+    import shutil
+
+    shutil.copytree(ROOT / TABS_PACKAGE, tmp_path / TABS_PACKAGE,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    build = tmp_path / TABS_PACKAGE / "build.py"
+    build.write_text(build.read_text(encoding="utf-8")
+                     + "\n\ndef _late(self):\n    return self.update_plan\n", encoding="utf-8")
+    chat = tmp_path / TABS_PACKAGE / "chat.py"
+    chat.write_text(chat.read_text(encoding="utf-8")
+                    + "\n\ndef _late(self, name):\n    return getattr(self, name)\n",
+                    encoding="utf-8")
+    found = cross_tab_reads(tmp_path)
+    assert [f.split(":")[0] for f in found] == ["build", "chat"], found
+    assert "self.update_plan" in found[0] and "getattr(self, name)" in found[1]
