@@ -1,7 +1,8 @@
 """layerswap in the browser: explore, configure, build, evaluate and chat.
 
-Composition only: the page's tabs live in ``app_tabs`` (one module each: its layout, callbacks,
-outputs and wiring); every callback calls plain functions of ``layerswap_core.workbench`` (all
+Composition only: the page's tabs live in ``app_tabs`` (one module each, its own object: its
+layout, callbacks, outputs and wiring); a tab's layout returns the handles the others may use,
+and ``compose`` passes them to the tabs that need them when it wires each; every callback calls plain functions of ``layerswap_core.workbench`` (all
 tested without a browser), returns ``{component: value}`` for what it changes and turns its
 errors into a readable status line. The top line and every view are derived from the visitor's
 session, so none of them shows a leftover of earlier models or jobs.
@@ -19,10 +20,10 @@ import os
 import gradio as gr
 
 from app_tabs.agents import add_agent_tools, agent_tools_only
-from app_tabs.budget import BudgetMixin
+from app_tabs.budget import Budget
 from app_tabs.build import BuildTab
 from app_tabs.chat import ChatTab
-from app_tabs.common import LABELS
+from app_tabs.common import LABELS, PageBase
 from app_tabs.configure import ConfigureTab
 from app_tabs.deltas import DeltasTab
 from app_tabs.demo import DemoSection
@@ -44,59 +45,47 @@ CSS = (".status p { margin: 0; } footer { display: none !important; } "
        # what a job does now, centred over its bar, wraps before the elapsed time on its right
        ".progress-level-inner { max-width: calc(100% - 12em); text-align: center; }")
 
-# the tabs, in the page's order (the demo result sits at the foot of the Evaluate tab)
+# the tabs, in the page's order (the demo result sits at the foot of the Evaluate tab): their
+# views, in this order, are what a new (or no) session empties
 TABS = (ModelsTab, DeltasTab, ConfigureTab, BuildTab, EvaluateTab, DemoSection, SweepTab, ChatTab)
-# what a new (or no) session empties: every view that shows results of earlier models
-SESSION_VIEWS = (*DeltasTab.VIEWS, *ConfigureTab.VIEWS, *BuildTab.VIEWS, *LABELS,
-                 *EvaluateTab.VIEWS, *DemoSection.VIEWS, *SweepTab.VIEWS, *ChatTab.VIEWS)
-# each event's outputs (Page attributes): the API returns them in this order, the state left out
+SESSION_VIEWS = (*(name for tab in TABS for name in tab.VIEWS), *LABELS)
+# each event's outputs (by name): the API returns them in this order, the state left out
 OUTPUTS = {event: names for tab in TABS for event, names in tab.OUTPUTS.items()}
 OUTPUTS["pick_models"] = (*OUTPUTS["pick_models"], *SESSION_VIEWS)
 # outputs the API does not return: the session state and the buttons (Gradio skips them)
 NOT_IN_API = ("session", "download_btn")
 
 
-class Page(*TABS, BudgetMixin):
-    """The page: the tabs' components, callbacks and wiring on one object (a visitor's events
-    read and write components of several tabs), and the state they share."""
-    TABS, OUTPUTS, SESSION_VIEWS = TABS, OUTPUTS, SESSION_VIEWS
+def compose(page: PageBase, demo: gr.Blocks) -> None:
+    """The page: its shared part, each tab laid out (in ``TABS``' order, the demo result at
+    the Evaluate tab's foot), then each wired with the handles of the tabs it needs. Inputs are
+    sets (a callback reads ``v[component]``; the API takes them in the order the components
+    were made); callbacks return ``{component: value}``."""
+    page.layout(f"# {TITLE}\n{INTRO}")
+    tabs = [tab(page) for tab in TABS]
+    models, deltas, configure, build, evaluate, demo_section, sweep, chat = tabs
+    h_models = models.layout()
+    h_deltas = deltas.layout()
+    h_configure = configure.layout()
+    build.layout()
+    h_evaluate = evaluate.layout(foot=demo_section.layout)
+    h_sweep = sweep.layout()
+    h_chat = chat.layout()
+    for tab in tabs:   # what a new session empties, in TABS' order
+        page.register_views(tab)
 
-    def layout(self):
-        gr.Markdown(f"# {TITLE}\n{INTRO}")
-        gr.Markdown(self.access.describe() + " " + self.engines, elem_id="mode",
-                    elem_classes="status")
-        if self.oauth:  # served on a Space with hf_oauth: saves and pushes under your account
-            gr.LoginButton()
-        self.status = gr.Markdown("Loading the models (progress on the Models tab)...",
-                                  elem_id="status",
-                                  elem_classes="status")
-        # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
-        self.session = gr.State(None, time_to_live=LIMITS.session_seconds,
-                                delete_callback=wb.close_session)
-        # what a reload keeps: the models named and the Configure tab (not the build: a reload
-        # is a new session, and the tabs say nothing is built)
-        self.kept = gr.BrowserState(None)
-        self.reloaded = gr.State(None)   # the Configure settings kept, until they are restored
-        # (the demo result is laid out by the Evaluate tab, at its foot)
-        for layout in (self.layout_models, self.layout_deltas, self.layout_configure,
-                       self.layout_build, self.layout_evaluate, self.layout_sweep,
-                       self.layout_chat):
-            layout()
-
-    def wire(self, demo: gr.Blocks):
-        """Inputs are sets (a callback reads ``v[component]``; the API takes them in the order
-        the components were made); callbacks return ``{component: value}``."""
-        picked = self.wire_models(demo)
-        self.wire_configure(demo)
-        self.wire_deltas(demo)
-        self.wire_build(demo)
-        evaluated = self.wire_evaluate(demo)
-        swept = self.wire_sweep(demo)
-        reproduced = self.wire_demo(demo)
-        self.wire_chat(demo)
-        # the Evaluate and Sweep maxima follow the speed measured on the models picked (and
-        # after every job, which measures it again)
-        self.wire_budget((*picked, evaluated, swept, reproduced))
+    picked = models.wire(demo, h_configure, h_sweep)
+    configure.wire(demo, plan_overlay=h_deltas.plan_overlay)
+    deltas.wire(demo, h_configure)
+    build.wire(demo, h_configure, h_models, h_evaluate, h_chat)
+    evaluated = evaluate.wire(demo, h_models)
+    swept = sweep.wire(demo, h_configure)
+    chat.wire(demo, picked)   # the examples follow the language expert in use
+    # the words and defaults of the demo trio in use follow the models picked
+    reproduced = demo_section.wire(demo, picked, h_evaluate, h_chat, h_sweep)
+    # the Evaluate and Sweep maxima follow the speed measured on the models picked (and
+    # after every job, which measures it again)
+    Budget(page.session, h_evaluate, h_sweep).wire((*picked, evaluated, swept, reproduced))
 
 
 def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -> gr.Blocks:
@@ -106,10 +95,9 @@ def build_demo(refs: dict[str, str] | None = None, served: bool | None = None) -
     refs = {**wb.DEMO_REFS, **(refs or {})}
     if served is None:
         served = served_mode(os.environ.get("GRADIO_SERVER_NAME"))
-    page = Page(refs, Access.from_env(served, trusted=refs.values()))
+    page = PageBase(refs, Access.from_env(served, trusted=refs.values()))
     with gr.Blocks(title="layerswap", delete_cache=(3600, 3600), analytics_enabled=False) as demo:
-        page.layout()
-        page.wire(demo)
+        compose(page, demo)
         add_agent_tools(demo, page.access)
     agent_tools_only(demo)   # once the block is closed: gradio adds load events when it closes
     return demo

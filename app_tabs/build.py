@@ -13,7 +13,11 @@ from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.served import LIMITS
 
-from .common import LABELS, PageBase, gr_progress, guarded, heavy_slots, light_slots, ok, warn
+from .common import LABELS, Tab, gr_progress, guarded, heavy_slots, light_slots, ok, warn
+from .chat import ChatHandles
+from .configure import ConfigureHandles
+from .evaluate import EvaluateHandles
+from .models import ModelsHandles
 
 
 def web_server_copy(path: Path) -> Path | None:
@@ -29,7 +33,7 @@ def web_server_copy(path: Path) -> Path | None:
     return None
 
 
-class BuildTab(PageBase):
+class BuildTab(Tab):
     VIEWS = {"build_md": "", "config_yaml": "", "zip_file": None}
     OUTPUTS = {
         "build": ("build_md", "config_yaml", "status", "eval_md", "chat_md", *LABELS),
@@ -40,22 +44,23 @@ class BuildTab(PageBase):
 
     @guarded("build_md")
     def build(self, v, progress=gr.Progress()):
-        session = wb.require(v[self.session])
-        config = self.config(v, session)
+        session = wb.require(v[self.page.session])
+        config = self.configure.config(v, session)
         result = wb.build(session, config, gr_progress(progress))
+        # the other tabs' "build first" lines go
         return {self.build_md: ok(result.markdown()), self.config_yaml: config.to_yaml(),
-                **self.banner(session), self.eval_md: "", self.chat_md: "",
-                **self.labels(session, config)}
+                **self.page.banner(session), self.evaluate.eval_md: "", self.chat.chat_md: "",
+                **self.page.labels(session, config)}
 
     @guarded("build_md")
     def save(self, v, request: gr.Request, profile: gr.OAuthProfile | None,
              progress=gr.Progress()):
-        session = wb.require(v[self.session])
+        session = wb.require(v[self.page.session])
         config = session.built()   # what the page shows built, whatever Configure shows now
         out = wb.save(session, config, v[self.folder], v[self.overwrite],
-                      gr_progress(progress), access=self.visitor(request, profile))
+                      gr_progress(progress), access=self.page.visitor(request, profile))
         # served: by its name (the server's folders are not the visitor's business)
-        where = f"as `{out.name}`" if self.access.served else f"to `{out}`"
+        where = f"as `{out.name}`" if self.page.access.served else f"to `{out}`"
         return {self.build_md: ok(f"Saved {where}: the built merge "
                                   f"({config.describe(session.num_layers)}).")}
 
@@ -63,8 +68,8 @@ class BuildTab(PageBase):
         """The zip from a temporary folder of the visitor's, removed once it was handed over
         (the web server keeps its own copy until the page closes)."""
         try:
-            session = wb.require(v[self.session])
-            namespace = self.visitor(request).namespace
+            session = wb.require(v[self.page.session])
+            namespace = self.page.visitor(request).namespace
             config = session.built()
             with saves.temp_folder(namespace) as tmp:
                 path = wb.export_zip(session, config, tmp)
@@ -82,7 +87,7 @@ class BuildTab(PageBase):
     @guarded("build_md")
     def push(self, v, token: gr.OAuthToken | None, profile: gr.OAuthProfile | None,
              progress=gr.Progress()):
-        session = wb.require(v[self.session])
+        session = wb.require(v[self.page.session])
         config = session.built()
         url = wb.push_to_hub(session, config, v[self.repo_id], v[self.private],
                              gr_progress(progress),
@@ -92,12 +97,13 @@ class BuildTab(PageBase):
                                   f"({config.describe(session.num_layers)}) to {url}")}
 
     # ---- layout
-    def layout_build(self):
-        if self.access.served:
+    def layout(self) -> None:
+        access = self.page.access
+        if access.served:
             where = dict(label="Save as (a folder name, kept in this server's output folder)",
                          placeholder="my-merge", max_length=LIMITS.name_chars)
         else:
-            where = dict(label=f"Save to folder (a name is saved in {self.access.output_root}; "
+            where = dict(label=f"Save to folder (a name is saved in {access.output_root}; "
                                "or an absolute path)",
                          placeholder="my-merge", max_length=LIMITS.ref_chars)
         with gr.Tab("Build", id="build"):
@@ -117,30 +123,37 @@ class BuildTab(PageBase):
             with gr.Row():
                 self.zip_btn = gr.Button("Zip config + model card")
                 self.zip_file = gr.File(label="Download")
-            # only with a token and the network, and never with the server's token for visitors
-            # (served: with the signed-in visitor's own token, into their own namespace)
-            self.can_push = self.oauth or (wb.hub_token() is not None and not self.access.served)
-            if not self.can_push:
+            # only with a token and the network (``PageBase.can_push``)
+            if not self.page.can_push:
                 gr.Markdown("Push to the Hub: set `HF_TOKEN` and run locally, or sign in on a "
                             "Space (visitors never push with the server's token).")
-            with gr.Row(visible=self.can_push):
+            with gr.Row(visible=self.page.can_push):
                 self.repo_id = gr.Textbox(label="Push to the Hub as",
                                           placeholder="your-name/merged-model",
                                           max_length=LIMITS.ref_chars)
                 self.private = gr.Checkbox(True, label="Private")
                 self.push_btn = gr.Button("Push")
+        self.page.label_lines.update(build_label=self.build_label, saves_label=self.saves_label)
 
     # ---- wiring
-    def wire_build(self, demo: gr.Blocks):
-        self.wire_run(self.build_btn, self.build_md, self.cancel_btn)
-        self.build_btn.click(self.build, self.config_inputs(), self.outputs("build"),
+    def wire(self, demo: gr.Blocks, configure: ConfigureHandles, models: ModelsHandles,
+             evaluate: EvaluateHandles, chat: ChatHandles):
+        """``configure``: the merge configured (what Build builds); ``models``: the model
+        lists (served: a save joins them); ``evaluate``, ``chat``: their status lines, which a
+        build empties (their "build first")."""
+        self.configure, self.evaluate, self.chat = configure, evaluate, chat
+        self.given = (configure, evaluate, chat)
+        page = self.page
+        page.wire_run(self.build_btn, self.build_md, self.cancel_btn)
+        self.build_btn.click(self.build, set(configure.inputs),
+                             self.outputs("build"),
                              api_name="build", **light_slots())
-        saved = self.save_btn.click(self.save, {self.session, self.folder, self.overwrite},
+        saved = self.save_btn.click(self.save, {page.session, self.folder, self.overwrite},
                                     self.outputs("save"), api_name="save", **heavy_slots())
-        if self.access.served:   # the new save in the visitor's model lists
-            saved.then(self.own_saves, None, [self.base, self.task, self.lang],
+        if page.access.served:   # the new save in the visitor's model lists
+            saved.then(models.own_saves, None, [models.base, models.task, models.lang],
                        api_visibility="private")
-        self.push_btn.click(self.push, {self.session, self.repo_id, self.private},
+        self.push_btn.click(self.push, {page.session, self.repo_id, self.private},
                             self.outputs("push"), api_name="push", **heavy_slots())
-        self.zip_btn.click(self.download, {self.session}, self.outputs("download"),
+        self.zip_btn.click(self.download, {page.session}, self.outputs("download"),
                            api_name="download")

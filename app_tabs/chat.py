@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -12,7 +13,8 @@ from layerswap_core.workbench.chat import (chat_examples, chat_turn, check_chat_
 from layerswap_core.workbench.demo import trio_in_use
 from layerswap_core.workbench.served import LIMITS, limits_for, Cancelled
 
-from .common import PageBase, chat_slots, ok, warn
+from .common import Tab, chat_slots, ok, warn
+
 
 def run_chats(session, message, merged_history, other_history, other, settings, deadline):
     """The merged model's answer, then the other model's: (role, ChatReply) as they grow."""
@@ -21,7 +23,15 @@ def run_chats(session, message, merged_history, other_history, other, settings, 
             yield role, reply
 
 
-class ChatTab(PageBase):
+@dataclass(frozen=True)
+class ChatHandles:
+    """What the Chat tab gives the others: its status line (a build empties it) and what the
+    demo trio in use says to expect."""
+    chat_md: gr.Markdown
+    chat_expectations: gr.Markdown
+
+
+class ChatTab(Tab):
     VIEWS = {"chat_md": "", "chat_merged": lambda: [], "chat_other": lambda: []}
     OUTPUTS = {"chat": ("chat_md", "message", "chat_merged", "chat_other")}
 
@@ -31,7 +41,7 @@ class ChatTab(PageBase):
         deadline = time.monotonic() + LIMITS.request_seconds
         shown, notes = {}, {}
         try:
-            session = wb.require(v[self.session])
+            session = wb.require(v[self.page.session])
             text = check_chat_message(v[self.message], v[self.chat_merged])
             plain_history(v[self.chat_other])  # both panes checked before anything runs
             label = v[self.other_role]
@@ -53,26 +63,26 @@ class ChatTab(PageBase):
 
     # ---- layout
     def example_views(self) -> list:
-        return [self.message, *(getattr(self, f"chat_examples_{c}") for c in example_languages())]
+        return [self.message, *self.examples.values()]
 
     def show_examples(self, v) -> dict:
         """The example set of the session's language expert visible, the others hidden; the
         message box asks in that language (nothing changes without a session)."""
-        session = v[self.session]
+        session = v[self.page.session]
         if session is None:
             return gr.skip()
         code = examples_code(session.names.get("lang") or session.refs["lang"])
-        return {**{getattr(self, f"chat_examples_{c}"): gr.update(visible=c == code)
-                   for c in example_languages()},
+        return {**{column: gr.update(visible=c == code) for c, column in self.examples.items()},
                 self.message: gr.update(placeholder=f"Ask a math question in "
                                                     f"{LANGUAGES[code].name}...")}
 
-    def layout_chat(self):
-        language, _ = chat_examples(self.refs["lang"])
+    def layout(self) -> ChatHandles:
+        refs = self.page.refs
+        language, _ = chat_examples(refs["lang"])
         with gr.Tab("Chat", id="chat"):
             # the demo trio in use's words (``demos.trios``; ``DemoSection.show_trio`` follows
             # the models picked)
-            self.chat_expectations = gr.Markdown(trio_in_use(self.refs).chat_expectations,
+            self.chat_expectations = gr.Markdown(trio_in_use(refs).chat_expectations,
                                                  elem_id="chat-expectations")
             self.chat_label = gr.Markdown(elem_id="chat-acts-on")
             # made before the panes (the API's parameter order), shown below them
@@ -89,8 +99,9 @@ class ChatTab(PageBase):
                 self.clear = gr.Button("Clear", scale=1)
             self.chat_md = gr.Markdown(elem_id="chat-status")
             # one example set per language that has them; the one of the language expert in
-            # use shows (``ModelsTab.pick_models`` switches them with the models)
-            shown = examples_code(self.refs["lang"])
+            # use shows (``show_examples`` switches them with the models)
+            shown = examples_code(refs["lang"])
+            self.examples = {}   # language code -> its column of examples
             for code in example_languages():
                 name = LANGUAGES[code].name
                 with gr.Column(visible=code == shown, elem_id=f"chat-examples-{code}") as col:
@@ -101,21 +112,28 @@ class ChatTab(PageBase):
                                     inputs=[self.message],
                                     label="The same problems in English (the control: the math "
                                           "expert learned these in English)")
-                setattr(self, f"chat_examples_{code}", col)
+                self.examples[code] = col
             with gr.Row():
                 self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                               value="task expert", label="Compare with")
-                self.chat_tokens = gr.Slider(16, limits_for(self.access).new_tokens, value=96, step=16,
+                self.chat_tokens = gr.Slider(16, limits_for(self.page.access).new_tokens, value=96, step=16,
                                              label="Max new tokens", elem_id="chat-tokens")
                 self.chat_temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                                   label="Temperature (0 = greedy)")
                 self.chat_penalty = gr.Slider(1.0, 2.0, value=1.0, step=0.05,
                                               label="Repetition penalty")
+        self.page.label_lines["chat_label"] = self.chat_label
+        return ChatHandles(self.chat_md, self.chat_expectations)
 
     # ---- wiring
-    def wire_chat(self, demo: gr.Blocks):
-        self.wire_run(self.send, self.chat_md, self.chat_stop)   # Stop: the answers so far stay
-        chat_inputs = {self.session, self.message, self.chat_merged, self.chat_other,
+    def wire(self, demo: gr.Blocks, picked: list):
+        """After each event in ``picked`` (new models), the examples of the language expert in
+        use (``show_examples``)."""
+        self.page.wire_run(self.send, self.chat_md, self.chat_stop)   # Stop: the answers stay
+        for event in picked:
+            event.then(self.show_examples, {self.page.session}, self.example_views(),
+                       api_visibility="private", queue=False)
+        chat_inputs = {self.page.session, self.message, self.chat_merged, self.chat_other,
                        self.other_role, self.chat_tokens, self.chat_temperature, self.chat_penalty}
         self.send.click(self.chat, chat_inputs, self.outputs("chat"), api_name="chat",
                         **chat_slots())

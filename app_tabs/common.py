@@ -18,7 +18,8 @@ from layerswap_core.workbench.controls import acts_on
 from layerswap_core.workbench.served import LIMITS, Access, as_text, readable_error
 
 LANGS = languages.choices()   # the one table of languages (evaluation.languages)
-# the line on each tab naming the merge its buttons act on (Page attribute -> who)
+# the line on each tab naming the merge its buttons act on (its name -> who); each tab that
+# has one gives it to the page (``PageBase.label_lines``)
 LABELS = {"build_label": "Build makes", "saves_label": "Save, Zip and Push write",
           "eval_label": "The merged model evaluated", "chat_label": "The merged model here"}
 CANCELLING = "■ Cancelling after the current step..."
@@ -36,7 +37,7 @@ def warn(exc: BaseException) -> str:
 
 
 def guarded(line: str):
-    """Callback decorator: on error the Page's component ``line`` shows one readable line (and
+    """Callback decorator: on error the tab's own component ``line`` shows one readable line (and
     a toast); every other output keeps its value."""
     def deco(fn):
         @functools.wraps(fn)
@@ -91,12 +92,18 @@ def client_address(request) -> str | None:
     return saves.client_address(getattr(client, "host", None), forwarded)
 
 
+def components(*owners) -> dict:
+    """name -> component of each owner (a tab, a handles record; a later owner wins): how
+    a tab's declared outputs (``OUTPUTS``, by name) become the components it returns."""
+    return {name: c for o in owners for name, c in vars(o).items()
+            if isinstance(c, gr.blocks.Block)}
+
+
 class PageBase:
-    """The page's shared part; ``app.Page`` adds the tabs (``TABS``), the outputs of every
-    event (``OUTPUTS``) and what a new session empties (``SESSION_VIEWS``)."""
-    TABS: tuple[type, ...] = ()
-    OUTPUTS: dict[str, tuple[str, ...]] = {}
-    SESSION_VIEWS: tuple[str, ...] = ()
+    """The page's shared part, one object that every tab is given (``Tab.page``): the page's
+    access and refs, the components every tab reads and writes (the top line, the session
+    state, what a reload keeps), the views of earlier results each tab registers (a new
+    session empties them), the lines naming the merge, one-line errors and Cancel."""
 
     def __init__(self, refs: dict[str, str], access: Access):
         self.refs, self.access = refs, access
@@ -104,9 +111,45 @@ class PageBase:
         # "Sign in with Hugging Face" on a Space with hf_oauth: true (needs gradio[oauth])
         self.oauth = (access.served and bool(os.environ.get("OAUTH_CLIENT_ID"))
                       and importlib.util.find_spec("itsdangerous") is not None)
+        # only with a token and the network, and never with the server's token for visitors
+        # (served: with the signed-in visitor's own token, into their own namespace)
+        self.can_push = self.oauth or (wb.hub_token() is not None and not access.served)
+        self.views: dict[str, tuple] = {}   # name -> (component, its empty value)
+        self.label_lines: dict[str, gr.Markdown] = {}   # LABELS' name -> its line
 
-    def outputs(self, event: str) -> list:
-        return [getattr(self, name) for name in self.OUTPUTS[event]]
+    def layout(self, header: str) -> None:
+        """The top of the page: its title, the mode, the top line and the state the tabs
+        share."""
+        gr.Markdown(header)
+        gr.Markdown(self.access.describe() + " " + self.engines, elem_id="mode",
+                    elem_classes="status")
+        if self.oauth:  # served on a Space with hf_oauth: saves and pushes under your account
+            gr.LoginButton()
+        self.status = gr.Markdown("Loading the models (progress on the Models tab)...",
+                                  elem_id="status", elem_classes="status")
+        # per visitor; freed soon after the page closes, or LIMITS.session_seconds after picking
+        self.session = gr.State(None, time_to_live=LIMITS.session_seconds,
+                                delete_callback=wb.close_session)
+        # what a reload keeps: the models named and the Configure tab (not the build: a reload
+        # is a new session, and the tabs say nothing is built)
+        self.kept = gr.BrowserState(None)
+        self.reloaded = gr.State(None)   # the Configure settings kept, until they are restored
+
+    def register_views(self, tab) -> None:
+        """A tab's views of earlier results (its ``VIEWS``: name -> empty value), emptied by a
+        new session; in the order of the page's tabs."""
+        own = components(tab)
+        self.views.update({name: (own[name], empty) for name, empty in tab.VIEWS.items()})
+
+    @property
+    def session_views(self) -> tuple[str, ...]:
+        """What a new (or no) session empties, by name: every tab's views, then the lines."""
+        return (*self.views, *LABELS)
+
+    def named(self) -> dict:
+        """The shared components, the registered views and the lines, by name."""
+        return {**components(self), **{n: c for n, (c, _) in self.views.items()},
+                **self.label_lines}
 
     # ---- the visitor
     def visitor(self, request: gr.Request | None, profile=None) -> Access:
@@ -140,20 +183,21 @@ class PageBase:
     # ---- derived views
     def cleared(self) -> dict:
         """Every view of earlier results, empty (a new session has none): each tab's VIEWS."""
-        return {**{getattr(self, name): empty() if callable(empty) else empty
-                   for tab in self.TABS for name, empty in getattr(tab, "VIEWS", {}).items()},
+        return {**{comp: empty() if callable(empty) else empty
+                   for comp, empty in self.views.values()},
                 **self.labels(None, None)}
 
     def labels(self, session, config) -> dict:
         """The line on each tab naming the merge its buttons act on: Build the Configure tab's
         ``config`` (None: not valid now), the others the session's build."""
         if session is None:
-            return {getattr(self, name): "" for name in LABELS}
+            return {line: "" for line in self.label_lines.values()}
         labels = dict(LABELS)
-        if not getattr(self, "can_push", True):   # no Push control on this page
+        if not self.can_push:   # no Push control on this page
             labels["saves_label"] = "Save and Zip write"
-        return {getattr(self, name): acts_on(who, session.built_config, config,
-                                             session.num_layers, builds=name == "build_label")
+        return {self.label_lines[name]: acts_on(who, session.built_config, config,
+                                                session.num_layers,
+                                                builds=name == "build_label")
                 for name, who in labels.items()}
 
     def banner(self, session) -> dict:
@@ -195,3 +239,23 @@ class PageBase:
         note, cancel = self.cancel_into(line)
         button.click(note, {self.session}, [line], api_visibility="private").then(
             cancel, {self.session, line}, [line], api_visibility="private")
+
+
+class Tab:
+    """A tab of the page, its own object: its components (``self.<name>``), callbacks and
+    wiring; the page's shared part is ``self.page``. What it needs of another tab comes as
+    that tab's handles record (or a component, a callback) passed to its ``wire``; ``OUTPUTS``
+    names each event's outputs (the API returns them in that order), ``VIEWS`` its views of
+    earlier results with their empty values (a new session empties them)."""
+    OUTPUTS: dict[str, tuple[str, ...]] = {}
+    VIEWS: dict = {}
+
+    def __init__(self, page: PageBase):
+        self.page = page
+        self.given: tuple = ()   # the handles records this tab's outputs may name
+
+    def outputs(self, event: str, *more: str) -> list:
+        """The components of an event's declared outputs (and ``more`` names): this tab's,
+        the page's shared ones and those of the handles records it was given."""
+        found = {**components(*self.given), **self.page.named(), **components(self)}
+        return [found[name] for name in (*self.OUTPUTS[event], *more)]

@@ -2,17 +2,26 @@
 configuration put on the Configure tab (``/apply_suggestion``)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gradio as gr
 
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.controls import outside_validated
 from layerswap_core.workbench.deltas import delta_views, slider_taus, slider_value, suggest
 
-from .common import PageBase, gr_progress, guarded, heavy_slots, ok
-from .configure import SLIDERS
+from .common import Tab, gr_progress, guarded, heavy_slots, ok
+from .configure import SLIDERS, ConfigureHandles
 
 
-class DeltasTab(PageBase):
+@dataclass(frozen=True)
+class DeltasHandles:
+    """What the Deltas tab gives the others: its plan over the language expert's changes,
+    which the Configure tab's plan redraws."""
+    plan_overlay: gr.Plot
+
+
+class DeltasTab(Tab):
     VIEWS = {"deltas_md": "", "heatmaps": None, "overlap": None, "profile": None,
              "suggestion": "", "plan_overlay": None}
     OUTPUTS = {
@@ -25,7 +34,8 @@ class DeltasTab(PageBase):
 
     def delta_outputs(self, session, views, v, msg: str) -> dict:
         try:
-            overlay = wb.plan_cells_figure(session, self.config(v, session), over="lang")
+            overlay = wb.plan_cells_figure(session, self.configure.config(v, session),
+                                           over="lang")
         except ValueError:  # the configuration is invalid: the Configure tab says why
             overlay = None
         return {self.deltas_md: ok(msg), self.heatmaps: views.heatmaps,
@@ -36,8 +46,8 @@ class DeltasTab(PageBase):
     def analyze(self, v, progress=gr.Progress()):
         """Statistics (cached) and figures at the data-derived threshold, with the current plan
         drawn over the language expert's changes."""
-        session = wb.require(v[self.session])
-        views = delta_views(session, None, v[self.metric], v[self.log_scale],
+        session = wb.require(v[self.page.session])
+        views = delta_views(session, None, v[self.colour_by], v[self.log_scale],
                             gr_progress(progress), matrices_only=v[self.matrices_only])
         tau_task, tau_lang = views.thresholds
         return {**self.delta_outputs(session, views, v, "Delta statistics ready (each expert's "
@@ -49,11 +59,11 @@ class DeltasTab(PageBase):
     @guarded("deltas_md")
     def rethreshold(self, v):
         """Threshold moved: new figures from the stored statistics (no tensor reads)."""
-        session = wb.require(v[self.session])
+        session = wb.require(v[self.page.session])
         if "task" not in session.stats:
             return gr.skip()
         taus = slider_taus(session, (v[self.threshold], v[self.threshold_lang]))
-        views = delta_views(session, taus, v[self.metric], v[self.log_scale],
+        views = delta_views(session, taus, v[self.colour_by], v[self.log_scale],
                             matrices_only=v[self.matrices_only])
         return self.delta_outputs(session, views, v,
                                   f"tau = {taus[0]:.2e} (task expert), {taus[1]:.2e} (language "
@@ -61,7 +71,7 @@ class DeltasTab(PageBase):
 
     @guarded("deltas_md")
     def apply_suggestion(self, v):
-        session = wb.require(v[self.session])
+        session = wb.require(v[self.page.session])
         s = suggest(session)
         counts = (s.bottom, s.top, s.transition_bottom, s.transition_top)
         outside = outside_validated(dict(zip(SLIDERS, counts)), session.num_layers)
@@ -69,11 +79,11 @@ class DeltasTab(PageBase):
             " ⚠ Outside the paper's validated ranges: " + "; ".join(outside) + "."
             if outside else "")
         return {self.deltas_md: msg,
-                **{getattr(self, n): gr.update(value=c) for n, c in zip(SLIDERS, counts)},
-                self.partition: gr.update(value=s.partition or wb.PARTITION_CHOICES[0])}
+                **{self.configure.sliders[n]: gr.update(value=c) for n, c in zip(SLIDERS, counts)},
+                self.configure.partition: gr.update(value=s.partition or wb.PARTITION_CHOICES[0])}
 
     # ---- layout
-    def layout_deltas(self):
+    def layout(self) -> DeltasHandles:
         with gr.Tab("Deltas", id="deltas"):
             with gr.Row():
                 self.threshold = gr.Slider(
@@ -81,7 +91,7 @@ class DeltasTab(PageBase):
                     elem_id="threshold", buttons=[],   # its ↺ went to -3: "Automatic taus"
                     info="rows with mean |delta| above tau count as changed; Analyze sets it "
                          "from this expert's own deltas")
-                self.metric = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
+                self.colour_by = gr.Radio(["fraction", "mav"], value="fraction", label="Colour by",
                                        info="fraction of rows above tau, or mean row MAV")
                 self.log_scale = gr.Checkbox(True, label="Log colour scale (MAV)")
                 self.matrices_only = gr.Checkbox(
@@ -104,20 +114,25 @@ class DeltasTab(PageBase):
             self.apply_btn = gr.Button("Apply the suggested configuration")
             self.plan_overlay = gr.Plot(label="Current plan (Configure tab) over the language "
                                               "expert's changes", elem_id="plan-overlay")
+        return DeltasHandles(self.plan_overlay)
 
     # ---- wiring
-    def wire_deltas(self, demo: gr.Blocks):
-        config = self.config_inputs()
-        views = {self.metric, self.log_scale, self.matrices_only}
+    def wire(self, demo: gr.Blocks, configure: ConfigureHandles):
+        """``configure``: the merge configured (the plan drawn over the deltas) and the
+        controls a suggestion sets."""
+        self.configure = configure
+        self.given = (configure,)
+        config = set(configure.inputs)
+        views = {self.colour_by, self.log_scale, self.matrices_only}
         self.analyze_btn.click(self.analyze, config | views, self.outputs("analyze"),
                                api_name="analyze", **heavy_slots())
         self.auto_tau_btn.click(self.analyze, config | views, self.outputs("analyze"),
                                 api_visibility="private", **heavy_slots())
         # release: the handle let go; input: a value typed into the box (Enter) or dragged
         gr.on([self.threshold.release, self.threshold_lang.release, self.threshold.input,
-               self.threshold_lang.input, self.metric.change,
+               self.threshold_lang.input, self.colour_by.change,
                self.log_scale.change, self.matrices_only.change],
               self.rethreshold, config | views | {self.threshold, self.threshold_lang},
               self.outputs("rethreshold"), api_visibility="private", trigger_mode="always_last")
-        self.apply_btn.click(self.apply_suggestion, {self.session},
+        self.apply_btn.click(self.apply_suggestion, {self.page.session},
                              self.outputs("apply_suggestion"), api_name="apply_suggestion")

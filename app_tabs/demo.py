@@ -11,7 +11,10 @@ from layerswap_core.workbench.demo import (demo_story, measured_chart, measured_
                                             template_chart, trio_in_use)
 from layerswap_core.workbench.served import limits_for, Cancelled
 
-from .common import PageBase, gr_progress, guarded, heavy_slots, ok
+from .chat import ChatHandles
+from .common import Tab, gr_progress, guarded, heavy_slots, ok
+from .evaluate import EvaluateHandles
+from .sweep import SweepHandles
 
 
 def run_demo_result(session, n: int, progress) -> dict:
@@ -42,7 +45,7 @@ def slider_label(trio) -> str:
             f"question, {trio.language_name} and English)")
 
 
-class DemoSection(PageBase):
+class DemoSection(Tab):
     # another trio (or other models) picked: the last rerun's result and its line go
     VIEWS = {"demo_md": "", "demo_plot": None}
     OUTPUTS = {"demo_result": ("demo_md", "demo_plot", "demo_templates")}
@@ -52,7 +55,7 @@ class DemoSection(PageBase):
         """The demo's measure on a sample of the held-out variants, for the models picked (the
         embedded demo by default), labelled with its item counts."""
         n = int(v[self.demo_n])
-        session = wb.require(v[self.session])
+        session = wb.require(v[self.page.session])
         try:
             res = run_demo_result(session, n, gr_progress(progress))
         except Cancelled:
@@ -68,15 +71,14 @@ class DemoSection(PageBase):
     # ---- the trio in use: its words and defaults on every tab
     def trio_views(self) -> list:
         return [self.demo_accordion, self.demo_story, self.demo_chart, self.demo_templates,
-                self.demo_measured,
-                self.demo_n, self.chat_expectations, self.eval_expectations, self.eval_lang,
-                self.sweep_lang]
+                self.demo_measured, self.demo_n, self.chat.chat_expectations,
+                self.evaluate.eval_expectations, self.evaluate.eval_lang, self.sweep.sweep_lang]
 
     def show_trio(self, v) -> dict:
         """What the page says and defaults to for the demo trio in use (``demos.trios``): the
         Reproduce story, chart and tables, Chat's and Evaluate's notes, and the Evaluate and
         Sweep languages (nothing changes without a session)."""
-        session = v[self.session]
+        session = v[self.page.session]
         if session is None:
             return gr.skip()
         trio = trio_in_use(session_refs(session))
@@ -85,14 +87,14 @@ class DemoSection(PageBase):
                 self.demo_templates: measured_template_chart(trio),
                 self.demo_measured: measured_markdown(trio),
                 self.demo_n: gr.update(label=slider_label(trio)),
-                self.chat_expectations: trio.chat_expectations,
-                self.eval_expectations: trio.eval_note,
-                self.eval_lang: trio.defaults["eval_lang"],
-                self.sweep_lang: trio.defaults["sweep_lang"]}
+                self.chat.chat_expectations: trio.chat_expectations,
+                self.evaluate.eval_expectations: trio.eval_note,
+                self.evaluate.eval_lang: trio.defaults["eval_lang"],
+                self.sweep.sweep_lang: trio.defaults["sweep_lang"]}
 
     # ---- layout (inside the Evaluate tab)
-    def layout_demo(self):
-        trio = trio_in_use(self.refs)
+    def layout(self) -> None:
+        trio = trio_in_use(self.page.refs)
         with gr.Accordion(accordion_label(trio), open=True) as self.demo_accordion:
             self.demo_story = gr.Markdown(demo_story(trio), elem_id="demo-story")
             self.demo_chart = gr.Plot(measured_chart(trio), elem_id="demo-chart",
@@ -103,7 +105,7 @@ class DemoSection(PageBase):
             with gr.Accordion("The measured tables", open=False):
                 self.demo_measured = gr.Markdown(measured_markdown(trio), elem_id="demo-measured")
             with gr.Row():
-                self.demo_n = gr.Slider(2, limits_for(self.access).eval_questions, value=8, step=1,
+                self.demo_n = gr.Slider(2, limits_for(self.page.access).eval_questions, value=8, step=1,
                                         label=slider_label(trio), elem_id="demo-n")
                 self.demo_btn = gr.Button("Reproduce the demo result", elem_id="demo-btn")
                 self.demo_cancel = gr.Button("Cancel", variant="stop", elem_id="demo-cancel")
@@ -111,11 +113,19 @@ class DemoSection(PageBase):
             self.demo_md = gr.Markdown(elem_id="demo-result")
 
     # ---- wiring
-    def wire_demo(self, demo: gr.Blocks):
-        """Returns the rerun's event (the maxima follow it: ``wire_budget``)."""
-        self.wire_run(self.demo_btn, self.demo_md, self.demo_cancel)
+    def wire(self, demo: gr.Blocks, picked: list, evaluate: EvaluateHandles, chat: ChatHandles,
+             sweep: SweepHandles):
+        """Returns the rerun's event (the maxima follow it: ``Budget.wire``). After each event
+        in ``picked`` (new models), the words and defaults of the demo trio in use on the
+        Evaluate, Chat and Sweep tabs (``show_trio``)."""
+        self.evaluate, self.chat, self.sweep = evaluate, chat, sweep
+        self.page.wire_run(self.demo_btn, self.demo_md, self.demo_cancel)
         self.demo_btn.click(lambda: None, None, [self.demo_plot], queue=False,
                             api_visibility="private")
-        return self.demo_btn.click(self.demo_result, {self.session, self.demo_n},
+        for event in picked:
+            event.then(self.show_trio, {self.page.session}, self.trio_views(),
+                       api_visibility="private", queue=False)
+        return self.demo_btn.click(self.demo_result, {self.page.session, self.demo_n},
                                    self.outputs("demo_result"), api_name="demo_result",
-                                   **heavy_slots())
+                                   # one bar, on the result's line (not also over the plots)
+                                   show_progress_on=[self.demo_md], **heavy_slots())

@@ -3,6 +3,8 @@ visitor's Hub downloads (served), and what a page reload keeps (this browser's l
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -11,16 +13,29 @@ from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.preflight import download_line, preflight_gate, preflight_markdown
 from layerswap_core.workbench.served import LIMITS, offered_models
 
-from .common import PageBase, gr_progress, guarded, ok, warn
-from .configure import KEPT_CONTROLS, SLIDERS
+from .common import Tab, gr_progress, guarded, ok, warn
+from .configure import KEPT_CONTROLS, SLIDERS, ConfigureHandles
+from .sweep import SweepHandles
 
 # the demo trios' experts (``demos.trios``: one record per trio)
 EXPERT_CHOICES = wb.demo_experts()
 
 
-class ModelsTab(PageBase):
+@dataclass(frozen=True)
+class ModelsHandles:
+    """What the Models tab gives the others: the three model lists, its button (a new check
+    empties what showed the old models), and the lists refreshed with the visitor's saves
+    (served: ``own_saves``)."""
+    base: gr.Dropdown
+    task: gr.Dropdown
+    lang: gr.Dropdown
+    pick_btn: gr.Button
+    own_saves: Callable
+
+
+class ModelsTab(Tab):
     VIEWS: dict = {}   # the tab's table and line show the check just made
-    # then every view of earlier results, emptied (``app.Page.SESSION_VIEWS``)
+    # then every view of earlier results, emptied (``PageBase.session_views``)
     OUTPUTS = {"pick_models": ("status", "models_md", "models_table", "session", *SLIDERS, "xs",
                                "ys", "download_btn")}
 
@@ -39,12 +54,12 @@ class ModelsTab(PageBase):
 
     def _pick(self, v, request, profile, progress, download: bool):
         refs = (v[self.base], v[self.task], v[self.lang])
-        old = v[self.session]
+        old = v[self.page.session]
         # a failed check keeps the session in use (its models, its build); none: none
-        kept = self.no_session() if old is None else {}
+        kept = self.page.no_session() if old is None else {}
         still = ("" if old is None else "\n\nStill in use, unchanged: the models and merge on "
                  "the top line.")
-        access = self.visitor(request, profile)
+        access = self.page.visitor(request, profile)
         gate = None if download else preflight_gate(*refs, access, gr_progress(progress))
         if gate is not None:   # Hub models to download: their metadata first, nothing large
             pf, missing = gate
@@ -59,7 +74,7 @@ class ModelsTab(PageBase):
         hidden = {self.download_btn: gr.update(visible=False)}
         try:
             session, report = wb.open_session(*refs, gr_progress(progress), access,
-                                              visitor=self.page_id(request))
+                                              visitor=self.page.page_id(request))
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
             return {**kept, **hidden, self.models_md: warn(e) + still,
                     self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
@@ -69,72 +84,74 @@ class ModelsTab(PageBase):
                     self.models_table: report.rows}
         wb.close_session(old)  # nothing runs on models no longer selected
         wb.warm_up(session)  # load the models in the background while the visitor looks around
-        config = wb.default_config(session)
-        fig, text = wb.plan_view(session, config)
-        return {**self.cleared(), **hidden, self.session: session, **self.banner(session),
-                self.models_md: ok(report.markdown()), self.models_table: report.rows,
-                **self.slider_updates(session),
-                self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
-                self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config),
-                **self.labels(session, config)}
+        return {**self.page.cleared(), **hidden, self.page.session: session,
+                **self.page.banner(session), self.models_md: ok(report.markdown()),
+                self.models_table: report.rows, **self.configure.show_models(session),
+                **self.sweep.show_models(session)}
 
     def demo_trio(self, lang: str) -> dict:
-        """The three dropdowns set to a demo trio (the check follows: one click)."""
+        """The three dropdowns set to a demo trio (the check follows: one click), and the last
+        check's line gone (the conversion's bar shows alone: issue #61)."""
         trio = wb.demo_trio_refs(lang)
-        return {self.base: trio["base"], self.task: trio["task"], self.lang: trio["lang"]}
+        return {self.base: trio["base"], self.task: trio["task"], self.lang: trio["lang"],
+                self.models_md: ""}
 
     # ---- what a page reload keeps (this browser's localStorage)
     def remember(self, v) -> dict:
         """The models in use (as the visitor named them) and the Configure tab's controls."""
-        session, before = v[self.session], v[self.kept] or {}
+        session, before = v[self.page.session], v[self.page.kept] or {}
         refs = dict(session.names) if session is not None else before.get("refs", {})
-        return {self.kept: {"refs": refs,
-                            "config": {name: v[getattr(self, name)] for name in KEPT_CONTROLS}}}
+        controls = self.configure.controls
+        return {self.page.kept: {"refs": refs,
+                                 "config": {name: v[controls[name]] for name in KEPT_CONTROLS}}}
 
     def restore_models(self, v) -> dict:
         """The models this browser last used on the Models tab; its Configure settings held
         for ``restore_config`` (the check's new sliders are remembered meanwhile)."""
-        kept = v[self.kept] or {}
+        kept = v[self.page.kept] or {}
         refs = kept.get("refs") or {}
-        return {**{getattr(self, role): refs[role] for role in wb.ROLES if refs.get(role)},
-                self.reloaded: kept.get("config") or {}}
+        lists = {"base": self.base, "task": self.task, "lang": self.lang}
+        return {**{lists[role]: refs[role] for role in wb.ROLES if refs.get(role)},
+                self.page.reloaded: kept.get("config") or {}}
 
     def restore_config(self, v) -> dict:
         """The Configure tab as this browser left it, once its models are checked again (the
         sliders are bounded by their depth: a value they refuse leaves the defaults)."""
-        saved = v[self.reloaded] or {}
-        session = v[self.session]
+        saved = v[self.page.reloaded] or {}
+        session = v[self.page.session]
         if session is None or not saved:
             return gr.skip()
         if any(not 0 <= int(saved.get(s) or 0) <= session.num_layers for s in SLIDERS):
             return gr.skip()
-        return {getattr(self, name): saved[name] for name in KEPT_CONTROLS if name in saved}
+        controls = self.configure.controls
+        return {controls[name]: saved[name] for name in KEPT_CONTROLS if name in saved}
 
     # ---- served: the visitor's own saves and Hub downloads
     def own_saves(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The model lists with the visitor's own saves (served: nobody else's)."""
         # by their names: a visitor picks their own save by name (no server path on the page)
-        mine = [os.path.basename(p) for p in saves.own_saves(self.visitor(request, profile))]
-        offered = offered_models(self.access)
+        mine = [os.path.basename(p) for p in saves.own_saves(self.page.visitor(request, profile))]
+        offered = offered_models(self.page.access)
         return [gr.update(choices=[*first, *mine, *offered]) for first in
                 (list(wb.EMBEDDED_BASES), EXPERT_CHOICES, EXPERT_CHOICES)]
 
     def hub_status(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The visitor's Hub downloads in words (nothing changes when there are none)."""
-        jobs = saves.downloads(self.visitor(request, profile))
+        jobs = saves.downloads(self.page.visitor(request, profile))
         if not jobs:
             return gr.skip()
         return "; ".join(("⏳ " if j.running else "⚠ " if j.error else "✔ ") + j.line()
                          for j in jobs)
 
     def cancel_download(self, request: gr.Request, profile: gr.OAuthProfile | None):
-        names = saves.cancel_downloads(self.visitor(request, profile))
+        names = saves.cancel_downloads(self.page.visitor(request, profile))
         return ("■ Cancelled: " + ", ".join(names)) if names else "Nothing is downloading."
 
     # ---- layout
-    def layout_models(self):
-        offered = offered_models(self.access)
-        where = ("a folder under the model folders above" if self.access.served
+    def layout(self) -> ModelsHandles:
+        access, refs = self.page.access, self.page.refs
+        offered = offered_models(access)
+        where = ("a folder under the model folders above" if access.served
                  else "a local folder")
         with gr.Tab("Models", id="models"):
             gr.Markdown(f"Each model is `embedded:NAME`, {where}, or a Hub id (`owner/name`, "
@@ -145,13 +162,13 @@ class ModelsTab(PageBase):
                 self.trio_btns = {lang: gr.Button(label, size="sm", elem_id=f"trio-{lang}")
                                   for lang, label in wb.demo_trio_choices().items()}
             with gr.Row():
-                self.base = gr.Dropdown([*wb.EMBEDDED_BASES, *offered], value=self.refs["base"],
+                self.base = gr.Dropdown([*wb.EMBEDDED_BASES, *offered], value=refs["base"],
                                         allow_custom_value=True, label="Base model",
                                         elem_id="base-ref")
-                self.task = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["task"],
+                self.task = gr.Dropdown([*EXPERT_CHOICES, *offered], value=refs["task"],
                                         allow_custom_value=True, label="Task expert (math)",
                                         elem_id="task-ref")
-                self.lang = gr.Dropdown([*EXPERT_CHOICES, *offered], value=self.refs["lang"],
+                self.lang = gr.Dropdown([*EXPERT_CHOICES, *offered], value=refs["lang"],
                                         allow_custom_value=True, label="Language expert",
                                         elem_id="lang-ref")
             self.pick_btn = gr.Button("Check and use these models", variant="primary",
@@ -160,61 +177,67 @@ class ModelsTab(PageBase):
             self.download_btn = gr.Button("Download and use", visible=False, elem_id="download")
             self.models_md = gr.Markdown(elem_id="models-status")
             # served: Hub downloads run in the background; their progress shows above
-            self.hub_cancel = gr.Button("Cancel download", size="sm", visible=self.access.served)
-            self.hub_timer = gr.Timer(3, active=self.access.served)
+            self.hub_cancel = gr.Button("Cancel download", size="sm", visible=access.served)
+            self.hub_timer = gr.Timer(3, active=access.served)
             self.models_table = gr.Dataframe(headers=list(wb.ModelsReport.HEADERS),
                                              interactive=False, elem_id="models-table",
                                              label="Models (read from headers, no weights loaded)")
+        return ModelsHandles(self.base, self.task, self.lang, self.pick_btn, self.own_saves)
 
     # ---- wiring
-    def wire_models(self, demo: gr.Blocks) -> list:
-        """The check's events (the button's, and a reload's): the Evaluate and Sweep maxima
-        follow each (``BudgetMixin.wire_budget``)."""
-        models = {self.base, self.task, self.lang, self.session}
-        # the bar (a first use converts the embedded models) on the Models tab's empty status,
-        # never over the top line's text
-        kept = [getattr(self, name) for name in KEPT_CONTROLS]
-        picked = [self.pick_btn.click(self.pick_models, models, self.outputs("pick_models"),
+    def wire(self, demo: gr.Blocks, configure: ConfigureHandles, sweep: SweepHandles) -> list:
+        """The check's events (the button's, a reload's, a demo trio's), returned: what shows
+        the models in use follows them (``app.py``). ``configure``: the Configure tab (a pick
+        bounds its sliders and draws its plan; a reload keeps its controls); ``sweep``: the
+        Sweep tab (its default grid follows the models' depth)."""
+        self.configure, self.sweep = configure, sweep
+        self.given = (configure, sweep)
+        page = self.page
+        outputs = self.outputs("pick_models", *page.session_views)
+        models = {self.base, self.task, self.lang, page.session}
+        lists = [self.base, self.task, self.lang]
+        kept = [configure.controls[name] for name in KEPT_CONTROLS]
+        remember = (self.remember, set(configure.inputs) | {page.kept}, [page.kept])
+        # the bar (a first use converts the embedded models) on the Models tab's status, never
+        # over the top line's text; that status emptied first, so that the bar is drawn alone,
+        # not over the last check's "Compatible" (#61)
+        for button in (self.pick_btn, self.download_btn):
+            button.click(lambda: "", None, [self.models_md], queue=False,
+                         api_visibility="private")
+        picked = [self.pick_btn.click(self.pick_models, models, outputs,
                                       api_name="pick_models", concurrency_limit=LIMITS.jobs,
                                       show_progress_on=[self.models_md])]
-        picked[0].then(self.remember, self.config_inputs() | {self.kept}, [self.kept],
-                       api_visibility="private")
+        picked[0].then(*remember, api_visibility="private")
         # a reload: the models and Configure settings this browser last used, then the check
-        picked.append(demo.load(self.restore_models, {self.kept},
-                                [self.base, self.task, self.lang, self.reloaded],
+        picked.append(demo.load(self.restore_models, {page.kept}, [*lists, page.reloaded],
                                 api_visibility="private", queue=False).then(
-            self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
+            self.pick_models, models, outputs, api_visibility="private",
             show_progress_on=[self.models_md]))
-        picked[1].then(self.restore_config, {self.session, self.reloaded}, kept,
+        picked[1].then(self.restore_config, {page.session, page.reloaded}, kept,
                        api_visibility="private")
         # "Download and use" (Hub models not here yet, their pre-flight passed)
         picked.append(self.download_btn.click(
-            self.download_models, models, self.outputs("pick_models"), api_name="download_models",
+            self.download_models, models, outputs, api_name="download_models",
             concurrency_limit=LIMITS.jobs, show_progress_on=[self.models_md]))
-        picked[-1].then(self.remember, self.config_inputs() | {self.kept}, [self.kept],
-                        api_visibility="private")
+        picked[-1].then(*remember, api_visibility="private")
         for lang, btn in self.trio_btns.items():   # a demo trio: the dropdowns, then the check
             trio = btn.click(lambda lang=lang: self.demo_trio(lang), None,
-                                    [self.base, self.task, self.lang], api_visibility="private",
-                                    queue=False).then(
-                self.pick_models, models, self.outputs("pick_models"), api_visibility="private",
+                             [*lists, self.models_md],
+                             api_visibility="private", queue=False).then(
+                self.pick_models, models, outputs, api_visibility="private",
                 concurrency_limit=LIMITS.jobs, show_progress_on=[self.models_md])
-            trio.then(self.remember, self.config_inputs() | {self.kept}, [self.kept],
-                      api_visibility="private")
+            trio.then(*remember, api_visibility="private")
             picked.append(trio)
+        # what a reload keeps follows the Configure tab's controls too
+        gr.on([c.change for c in configure.inputs - {page.session}], *remember,
+              api_visibility="private", show_progress="hidden", trigger_mode="always_last",
+              queue=False)
         # served: the visitor's own saves in the model lists; downloads' progress; cleanup
-        if self.access.served:
-            demo.load(self.own_saves, None, [self.base, self.task, self.lang],
-                      api_visibility="private")
+        if page.access.served:
+            demo.load(self.own_saves, None, lists, api_visibility="private")
             self.hub_timer.tick(self.hub_status, None, [self.models_md], show_progress="hidden",
                                 api_visibility="private", concurrency_limit=None)
             self.hub_cancel.click(self.cancel_download, None, [self.models_md],
                                   api_name="cancel_download")
-        for event in picked:   # the Chat tab's examples follow the language expert in use,
-            event.then(self.show_examples, {self.session}, self.example_views(),
-                       api_visibility="private", queue=False)
-            # and the page's words and defaults the demo trio in use (``DemoSection.show_trio``)
-            event.then(self.show_trio, {self.session}, self.trio_views(),
-                       api_visibility="private", queue=False)
-        demo.unload(self.end_visit)
+        demo.unload(page.end_visit)
         return picked

@@ -2,22 +2,41 @@
 its table loads that configuration on the Configure tab."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import gradio as gr
 import pandas as pd
 
 from layerswap_core.evaluation import registry
+from layerswap_core.merge.config import validated_ranges
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.evaluate import data_default
 from layerswap_core.workbench.served import LIMITS, limits_for, as_text
 from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
 
-from .common import LANGS, PageBase, gr_progress, guarded, heavy_slots, ok
-from .configure import SLIDERS, SWAP_LABEL
+from .common import LANGS, Tab, gr_progress, guarded, heavy_slots, ok
+from .configure import SLIDERS, SWAP_LABEL, ConfigureHandles
 
 TABLE_HEADERS = ["bottom", "top", "score"]
 
 
-class SweepTab(PageBase):
+@dataclass(frozen=True)
+class SweepHandles:
+    """What the Sweep tab gives the others: the grid's value boxes (a pick sets them), the
+    controls its estimate and maxima read, its language (the demo trio's default), its
+    estimate line, and the default grid for models just picked."""
+    axes: gr.Radio
+    xs: gr.Textbox
+    ys: gr.Textbox
+    sweep_lang: gr.Dropdown
+    sweep_n: gr.Slider
+    sweep_metric: gr.Radio
+    sweep_estimate: gr.Markdown
+    show_models: Callable    # session -> the default grid's updates
+
+
+class SweepTab(Tab):
     VIEWS = {"sweep_md": "", "sweep_plot": None,
              "sweep_table": lambda: pd.DataFrame(columns=TABLE_HEADERS)}
     OUTPUTS = {"sweep": ("sweep_md", "sweep_plot", "sweep_table", "status"),
@@ -25,8 +44,8 @@ class SweepTab(PageBase):
 
     @guarded("sweep_md")
     def sweep(self, v, progress=gr.Progress()):
-        session = wb.require(v[self.session])
-        config = self.config(v, session)
+        session = wb.require(v[self.page.session])
+        config = self.configure.config(v, session)
         res = sweep_grid(session, config, v[self.axes], v[self.xs], v[self.ys],
                          v[self.sweep_source], v[self.sweep_lang], v[self.sweep_n],
                          v[self.sweep_shots], v[self.sweep_metric], gr_progress(progress))
@@ -42,7 +61,7 @@ class SweepTab(PageBase):
                     f"({'gold NLL' if res.metric == 'nll' else 'accuracy'}). Click a row to load it.")
         return {self.sweep_md: ok(msg), self.sweep_plot: res.figure,
                 self.sweep_table: pd.DataFrame(res.rows, columns=res.columns),
-                **self.banner(session)}
+                **self.page.banner(session)}
 
     def load_sweep_row(self, v, evt: gr.SelectData):
         """Clicking a sweep table row puts that configuration on the sliders (a plain layer swap)."""
@@ -53,12 +72,19 @@ class SweepTab(PageBase):
         x, y = int(values[0]), int(values[1])
         return {self.sweep_md: ok(f"Loaded {fx} = {x}, {fy} = {y} on the Configure tab; build it "
                                   "on the Build tab."),
-                getattr(self, fx): gr.update(value=x), getattr(self, fy): gr.update(value=y),
-                self.method: gr.update(value=SWAP_LABEL),
-                self.partition: gr.update(value=wb.PARTITION_CHOICES[0])}
+                self.configure.sliders[fx]: gr.update(value=x),
+                self.configure.sliders[fy]: gr.update(value=y),
+                self.configure.method: gr.update(value=SWAP_LABEL),
+                self.configure.partition: gr.update(value=wb.PARTITION_CHOICES[0])}
+
+    def show_models(self, session) -> dict:
+        """Models just picked: the default grid is the paper's validated range at their
+        depth."""
+        r = validated_ranges(session.num_layers)
+        return {self.xs: ",".join(map(str, r.bottom)), self.ys: ",".join(map(str, r.top))}
 
     # ---- layout
-    def layout_sweep(self):
+    def layout(self) -> SweepHandles:
         with gr.Tab("Sweep", id="sweep"):
             gr.Markdown("Score a grid of configurations on a few fixed items, recomposing the merged "
                         "model in memory for each cell (graded signal: mean gold-solution NLL, "
@@ -76,7 +102,7 @@ class SweepTab(PageBase):
                 self.sweep_source = gr.Radio(registry.source_choices("sweep", first="gsm-symbolic"),
                                              value="gsm-symbolic", label="Data")
                 self.sweep_lang = gr.Dropdown(LANGS, value="sw", label="Language")
-                self.sweep_n = gr.Slider(1, limits_for(self.access).sweep_items, value=4, step=1, label="Items",
+                self.sweep_n = gr.Slider(1, limits_for(self.page.access).sweep_items, value=4, step=1, label="Items",
                                          elem_id="sweep-n")
                 self.sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
                                              value="nll", label="Score")
@@ -92,16 +118,21 @@ class SweepTab(PageBase):
             self.sweep_plot = gr.Plot(label="Score per configuration")
             self.sweep_table = gr.Dataframe(headers=TABLE_HEADERS, interactive=False,
                                             label="Configurations, best first (click to load)")
+        return SweepHandles(self.axes, self.xs, self.ys, self.sweep_lang, self.sweep_n,
+                            self.sweep_metric, self.sweep_estimate, self.show_models)
 
     # ---- wiring
-    def wire_sweep(self, demo: gr.Blocks):
-        """Returns the sweep's event (the maxima follow it: ``wire_budget``)."""
-        self.wire_run(self.sweep_btn, self.sweep_md, self.sweep_cancel)
+    def wire(self, demo: gr.Blocks, configure: ConfigureHandles):
+        """Returns the sweep's event (the maxima follow it: ``Budget.wire``). ``configure``:
+        the merge configured (the sweep's other settings) and the controls a row sets."""
+        self.configure = configure
+        self.given = (configure,)
+        self.page.wire_run(self.sweep_btn, self.sweep_md, self.sweep_cancel)
         # a run cancelled or failed leaves no table of an earlier one
         self.sweep_btn.click(lambda: (None, pd.DataFrame(columns=TABLE_HEADERS)),
                              None, [self.sweep_plot, self.sweep_table], queue=False,
                              api_visibility="private")
-        swept = self.sweep_btn.click(self.sweep, self.config_inputs() | {
+        swept = self.sweep_btn.click(self.sweep, set(configure.inputs) | {
             self.axes, self.xs, self.ys, self.sweep_source, self.sweep_lang, self.sweep_n,
             self.sweep_metric, self.sweep_shots}, self.outputs("sweep"), api_name="sweep",
             **heavy_slots())

@@ -348,12 +348,11 @@ def test_cancel_writes_its_note_before_it_asks_the_job_to_stop(tiny):
     has ended, a note left on screen is replaced."""
     import time
 
-    import app
-    from app_tabs.common import CANCELLING
+    from app_tabs.common import CANCELLING, PageBase
     from layerswap_core.progress import Cancelled
     from layerswap_core.workbench import session as wb
 
-    page = object.__new__(app.Page)   # the callbacks only read the page's component keys
+    page = object.__new__(PageBase)   # the callbacks only read the page's component keys
     page.session = "session"
     note, cancel = page.cancel_into("line")
     assert note({"session": None}).get("__type__") == "update"   # nothing runs: no note
@@ -380,3 +379,24 @@ def test_each_tab_declares_its_outputs_and_views_once():
     views = [name for tab in app.TABS for name in tab.VIEWS]
     assert sorted(app.SESSION_VIEWS) == sorted([*views, *LABELS])
     assert app.OUTPUTS["pick_models"][-len(app.SESSION_VIEWS):] == app.SESSION_VIEWS
+
+
+def test_the_page_empties_the_views_the_tabs_declare():
+    """The page built from the tabs (each its own object, wired with the others' handles)
+    registers every declared view, in the order of ``app.TABS``, and every line naming the
+    merge: what a new session empties is what the API's ``pick_models`` names."""
+    import gradio as gr
+
+    import app
+    from app_tabs.common import LABELS, PageBase
+    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench.served import Access
+
+    page = PageBase(dict(wb.DEMO_REFS), Access.from_env(False))
+    with gr.Blocks() as demo:
+        app.compose(page, demo)
+    assert page.session_views == app.SESSION_VIEWS
+    assert set(page.label_lines) == set(LABELS)
+    cleared = page.cleared()
+    assert len(cleared) == len(app.SESSION_VIEWS)   # one empty value per view and line
+    assert all(isinstance(c, gr.blocks.Block) for c in cleared)

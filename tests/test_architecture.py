@@ -510,7 +510,7 @@ def _reads(tree) -> list[tuple[int, str, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             named += [s for stmt in node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
-                      for s in ast.walk(stmt.value) if stmt.value is not None]
+                      and stmt.value is not None for s in ast.walk(stmt.value)]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             named += [s for d in node.decorator_list for s in ast.walk(d)]
     found = [(s.lineno, s.value, repr(s.value)) for s in named
