@@ -121,7 +121,7 @@ class DemoSection(Tab):
         self.evaluate, self.chat, self.sweep = evaluate, chat, sweep
         self.page.wire_run(self.demo_btn, self.demo_md, self.demo_cancel)
         self.demo_btn.click(lambda: None, None, [self.demo_plot], queue=False,
-                            api_visibility="private")
+                            show_progress="hidden", api_visibility="private")
         for event in picked:
             event.then(self.show_trio, {self.page.session}, self.trio_views(),
                        api_visibility="private", queue=False)

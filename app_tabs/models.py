@@ -201,12 +201,14 @@ class ModelsTab(Tab):
         # the bar (a first use converts the embedded models) on the Models tab's status, never
         # over the top line's text; that status emptied first, so that the bar is drawn alone,
         # not over the last check's "Compatible" (#61)
-        for button in (self.pick_btn, self.download_btn):
-            button.click(lambda: "", None, [self.models_md], queue=False,
-                         api_visibility="private")
-        picked = [self.pick_btn.click(self.pick_models, models, outputs,
-                                      api_name="pick_models", concurrency_limit=LIMITS.jobs,
-                                      show_progress_on=[self.models_md])]
+        def emptied(button):   # the status emptied, then the check
+            return button.click(lambda: "", None, [self.models_md], queue=False,
+                                show_progress="hidden", api_visibility="private")
+
+        picked = [emptied(self.pick_btn).then(self.pick_models, models, outputs,
+                                              api_name="pick_models",
+                                              concurrency_limit=LIMITS.jobs,
+                                              show_progress_on=[self.models_md])]
         picked[0].then(*remember, api_visibility="private")
         # a reload: the models and Configure settings this browser last used, then the check
         picked.append(demo.load(self.restore_models, {page.kept}, [*lists, page.reloaded],
@@ -216,7 +218,7 @@ class ModelsTab(Tab):
         picked[1].then(self.restore_config, {page.session, page.reloaded}, kept,
                        api_visibility="private")
         # "Download and use" (Hub models not here yet, their pre-flight passed)
-        picked.append(self.download_btn.click(
+        picked.append(emptied(self.download_btn).then(
             self.download_models, models, outputs, api_name="download_models",
             concurrency_limit=LIMITS.jobs, show_progress_on=[self.models_md]))
         picked[-1].then(*remember, api_visibility="private")
