@@ -132,7 +132,7 @@ class ChatTab(Tab):
         self.page.wire_run(self.send, self.chat_md, self.chat_stop)   # Stop: the answers stay
         for event in picked:
             event.then(self.show_examples, {self.page.session}, self.example_views(),
-                       api_visibility="private", queue=False)
+                       api_visibility="private", queue=False, show_progress="hidden")
         chat_inputs = {self.page.session, self.message, self.chat_merged, self.chat_other,
                        self.other_role, self.chat_tokens, self.chat_temperature, self.chat_penalty}
         self.send.click(self.chat, chat_inputs, self.outputs("chat"), api_name="chat",

@@ -124,7 +124,7 @@ class DemoSection(Tab):
                             show_progress="hidden", api_visibility="private")
         for event in picked:
             event.then(self.show_trio, {self.page.session}, self.trio_views(),
-                       api_visibility="private", queue=False)
+                       api_visibility="private", queue=False, show_progress="hidden")
         return self.demo_btn.click(self.demo_result, {self.page.session, self.demo_n},
                                    self.outputs("demo_result"), api_name="demo_result",
                                    # one bar, on the result's line (not also over the plots)
