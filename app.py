@@ -2,10 +2,11 @@
 
 Composition only: the page's tabs live in ``app_tabs`` (one module each, its own object: its
 layout, callbacks, outputs and wiring); a tab's layout returns the handles the others may use,
-and ``compose`` passes them to the tabs that need them when it wires each; every callback calls plain functions of ``layerswap_core.workbench`` (all
-tested without a browser), returns ``{component: value}`` for what it changes and turns its
-errors into a readable status line. The top line and every view are derived from the visitor's
-session, so none of them shows a leftover of earlier models or jobs.
+and ``compose`` passes them to the tabs that need them when it wires each. Every callback calls
+plain functions of ``layerswap_core.workbench`` (all tested without a browser), returns
+``{component: value}`` for what it changes and turns its errors into a readable status line.
+The top line and every view are derived from the visitor's session, so none of them shows a
+leftover of earlier models or jobs.
 
     python app.py [--host 127.0.0.1] [--port 7860]     (or GRADIO_SERVER_NAME / GRADIO_SERVER_PORT)
 

@@ -116,7 +116,8 @@ class ChatTab(Tab):
             with gr.Row():
                 self.other_role = gr.Dropdown(["task expert", "language expert", "base"],
                                               value="task expert", label="Compare with")
-                self.chat_tokens = gr.Slider(16, limits_for(self.page.access).new_tokens, value=96, step=16,
+                self.chat_tokens = gr.Slider(16, limits_for(self.page.access).new_tokens,
+                                             value=96, step=16,
                                              label="Max new tokens", elem_id="chat-tokens")
                 self.chat_temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                                   label="Temperature (0 = greedy)")

@@ -105,7 +105,8 @@ class DemoSection(Tab):
             with gr.Accordion("The measured tables", open=False):
                 self.demo_measured = gr.Markdown(measured_markdown(trio), elem_id="demo-measured")
             with gr.Row():
-                self.demo_n = gr.Slider(2, limits_for(self.page.access).eval_questions, value=8, step=1,
+                self.demo_n = gr.Slider(2, limits_for(self.page.access).eval_questions,
+                                        value=8, step=1,
                                         label=slider_label(trio), elem_id="demo-n")
                 self.demo_btn = gr.Button("Reproduce the demo result", elem_id="demo-btn")
                 self.demo_cancel = gr.Button("Cancel", variant="stop", elem_id="demo-cancel")

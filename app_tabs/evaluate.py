@@ -136,9 +136,9 @@ class EvaluateTab(Tab):
         self.eval_btn.click(lambda: (pd.DataFrame(columns=SUMMARY_HEADERS), None, pd.DataFrame()),
                             None, [self.summary, self.bars, self.items_table], queue=False,
                             api_visibility="private")
-        evaluated = self.eval_btn.click(self.evaluate, {self.page.session, self.source, self.eval_lang,
-                                                        self.n_items, self.shots, self.cot,
-                                                        self.roles, self.eval_tokens,
+        evaluated = self.eval_btn.click(self.evaluate, {self.page.session, self.source,
+                                                        self.eval_lang, self.n_items, self.shots,
+                                                        self.cot, self.roles, self.eval_tokens,
                                                         self.chat_template},
                                         self.outputs("evaluate"), api_name="evaluate",
                                         **heavy_slots())

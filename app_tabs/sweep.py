@@ -102,8 +102,8 @@ class SweepTab(Tab):
                 self.sweep_source = gr.Radio(registry.source_choices("sweep", first="gsm-symbolic"),
                                              value="gsm-symbolic", label="Data")
                 self.sweep_lang = gr.Dropdown(LANGS, value="sw", label="Language")
-                self.sweep_n = gr.Slider(1, limits_for(self.page.access).sweep_items, value=4, step=1, label="Items",
-                                         elem_id="sweep-n")
+                self.sweep_n = gr.Slider(1, limits_for(self.page.access).sweep_items, value=4,
+                                         step=1, label="Items", elem_id="sweep-n")
                 self.sweep_metric = gr.Radio([("gold NLL", "nll"), ("accuracy", "accuracy")],
                                              value="nll", label="Score")
                 self.sweep_shots = gr.Slider(0, LIMITS.shots, value=0, step=1, label="Shots",
