@@ -33,6 +33,8 @@ LAYERS = [
     ("checkpoints.adapters",),                    # PEFT adapters: the reader, the applier
     ("checkpoints.embedded",),                    # the embedded models' registry (data rows)
     ("merge.partition", "merge.registry", "merge.config",   # partitions, the methods registry,
+     "merge.mergekit_parts", "merge.method_layer_swap", "merge.method_soup",   # the methods, one
+     "merge.method_task_arithmetic", "merge.method_ties",   # file each, and their mergekit parts;
      "merge.plan", "merge.apply"),                # the config, the pure merge plan, Source -> tensor
     ("checkpoints.references",),                  # model references resolved to folders
     ("checkpoints.loading", "checkpoints.compatibility",   # loading (adapters as dense models);
