@@ -27,12 +27,17 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-# the built-in merge methods, one file each: importing them declares them (registry.merge_method)
-from . import method_layer_swap, method_soup, method_task_arithmetic, method_ties  # noqa: F401
+from . import method_layer_swap, method_soup, method_task_arithmetic, method_ties
 from .errors import ConfigError
 from .partition import MODELS, REFERENCE_LAYERS, Partition, scale_layers, value_text
-from .registry import KNOBS, MERGE_METHODS, Knob, get_method
+from .registry import KNOBS, MERGE_METHODS, Knob, get_method, register_method
 from .. import __version__
+
+# The built-in merge methods, one file each (its ``DECLARED``), registered here in this order:
+# the CLI's --method choices, the app's radio and ``FIELDS`` follow it.
+for _declared in (*method_layer_swap.DECLARED, *method_soup.DECLARED,
+                  *method_task_arithmetic.DECLARED, *method_ties.DECLARED):
+    register_method(*_declared)
 
 DTYPES = ("bfloat16", "float16", "float32")
 

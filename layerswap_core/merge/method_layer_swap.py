@@ -22,7 +22,7 @@ from dataclasses import replace
 from .errors import ConfigError
 from .mergekit_parts import blend_sources, model_of, number, params, refuse
 from .partition import check_partition_spec, value_text
-from .registry import BLEND_KNOBS, Knob, Source, merge_method, weights_text
+from .registry import BLEND_KNOBS, Knob, Source, declare_method, weights_text
 
 # Where the non-layer parameters come from under layer swapping (see ``plan.py``).
 NON_LAYER_SOURCES = ("blend", "task", "lang")
@@ -283,10 +283,10 @@ def _from_slices(slices, method, task, glob, num_layers) -> dict:
 
 
 
-merge_method(
+DECLARED = (declare_method(
     "layer_swap", "layer swap",
     knobs=(BOTTOM, TOP, TRANSITION_BOTTOM, TRANSITION_TOP, *BLEND_KNOBS, NON_LAYER, PARTITION,
            SCALE_PARTITION),
     sources=_swap_sources, describe=_swap_describe, linear=True, blends=_swap_blends,
     check=_swap_check, concrete=_swap_concrete, to_mergekit=_to_mergekit,
-    from_mergekit=_from_mergekit, mergekit_reads="passthrough/linear slices")
+    from_mergekit=_from_mergekit, mergekit_reads="passthrough/linear slices"),)

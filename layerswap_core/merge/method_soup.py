@@ -5,7 +5,7 @@ counterpart)."""
 from __future__ import annotations
 
 from .mergekit_parts import blend_sources, number, params, refuse, two_models
-from .registry import BLEND_KNOBS, Source, merge_method, weights_text
+from .registry import BLEND_KNOBS, Source, declare_method, weights_text
 
 
 def _soup_sources(config, names, arch, blend):
@@ -34,12 +34,15 @@ def _from_mergekit(doc: dict, num_layers) -> dict | None:
                 w_lang=number(p[1], "weight", lang), task=task, lang=lang)
 
 
-merge_method(
-    "soup", "model soup", knobs=BLEND_KNOBS, sources=_soup_sources,
-    describe=lambda config, num_layers: "model soup, " + weights_text(config),
-    linear=True, blends=lambda config: True, to_mergekit=_to_mergekit,
-    from_mergekit=_from_mergekit, mergekit_reads="linear")
-merge_method(
-    "magnitude_soup", "magnitude soup", sources=_soup_sources,
-    describe=lambda config, num_layers: "magnitude-weighted soup",
-    needs_base=True, blends=lambda config: True, magnitude=True)
+# the soup, then the magnitude soup (registered in this order by config.py)
+DECLARED = (
+    declare_method(
+        "soup", "model soup", knobs=BLEND_KNOBS, sources=_soup_sources,
+        describe=lambda config, num_layers: "model soup, " + weights_text(config),
+        linear=True, blends=lambda config: True, to_mergekit=_to_mergekit,
+        from_mergekit=_from_mergekit, mergekit_reads="linear"),
+    declare_method(
+        "magnitude_soup", "magnitude soup", sources=_soup_sources,
+        describe=lambda config, num_layers: "magnitude-weighted soup",
+        needs_base=True, blends=lambda config: True, magnitude=True),
+)

@@ -1,11 +1,29 @@
 """Task arithmetic (https://arxiv.org/abs/2212.04089), declared once: base + lambda_task *
-(task - base) + lambda_lang * (lang - base) for every tensor (``methods.task_arithmetic``, the
+(task - base) + lambda_lang * (lang - base) for every tensor (``task_arithmetic`` below, the
 scaled deltas summed first, as mergekit does); mergekit's ``task_arithmetic`` out and in."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
+
 from . import methods
 from .mergekit_parts import number, refuse, task_vectors
-from .registry import Source, lambda_knob, merge_method
+from .registry import Source, lambda_knob, declare_method
+
+if TYPE_CHECKING:   # annotations only: torch is imported where it is used (start-up)
+    import torch
+
+
+def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    import torch
+    base, experts = tensors[0].float(), tensors[1:]
+    # the scaled deltas summed first, then added to the base: mergekit's order of additions,
+    # so a merge written as a mergekit YAML (merge/mergekit_yaml.py) gives the same bits
+    total = None
+    for t, lam in zip(experts, weights):
+        d = t.to(torch.float32, copy=True).sub_(base).mul_(float(lam))   # lam * (t - base)
+        total = d if total is None else total.add_(d)
+    return base.clone() if total is None else total.add_(base)
 
 
 def _to_mergekit(config, plan, paths, notes) -> dict:
@@ -30,14 +48,14 @@ def _from_mergekit(doc: dict, num_layers) -> dict | None:
                 task=task, lang=lang, base=base)
 
 
-merge_method(
+DECLARED = (declare_method(
     "task_arithmetic", "task arithmetic",
     knobs=(lambda_knob("lambda_task", "task arithmetic scale of the task delta (-100..100)",
                        "task arithmetic: lambda task", "lambda task"),
            lambda_knob("lambda_lang", "task arithmetic scale of the language delta (-100..100)",
                        "lambda lang", "lambda lang")),
     arithmetic=(methods.tensor_method(
-        "task_arithmetic", methods.task_arithmetic, "https://arxiv.org/abs/2212.04089",
+        "task_arithmetic", task_arithmetic, "https://arxiv.org/abs/2212.04089",
         "base + sum(lambda_i * (t_i - base)) (the scaled deltas summed first, as mergekit does)",
         row_wise=True,
         label=lambda source: "task arithmetic " + "/".join(f"{w:g}"
@@ -49,4 +67,4 @@ merge_method(
     describe=lambda config, num_layers: f"task arithmetic: lambda task {config.lambda_task:g}, "
                                         f"lang {config.lambda_lang:g}",
     needs_base=True, linear=True, to_mergekit=_to_mergekit, from_mergekit=_from_mergekit,
-    mergekit_reads="task_arithmetic")
+    mergekit_reads="task_arithmetic"),)

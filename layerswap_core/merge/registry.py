@@ -1,7 +1,9 @@
-"""The merge-method machinery: ``merge_method(...)`` declares a method once, in its own file
-(``method_<id>.py``, mergekit's ``merge_methods/<name>.py``: the one place to add a method).
+"""The merge-method machinery: ``declare_method(...)`` declares a method once, in its own file
+(``method_<id>.py``, mergekit's ``merge_methods/<name>.py``: the one place to add a method), and
+``register_method`` registers it (``config.py`` the built-ins, in their order; a plugin or a
+test both at once: ``merge_method(...)``).
 
-A method is one ``merge_method(...)`` declaration: its id (``MergeConfig.method``), its label
+A method is one declaration: its id (``MergeConfig.method``), its label
 and its knobs with their controls (``Knob``: kind, default, bounds, CLI help, the app control's
 widget, label and short name), its own per-tensor arithmetic (``arithmetic``:
 ``methods.tensor_method`` records), whether it needs the base model, whether it is linear in the
@@ -16,8 +18,7 @@ Everything else reads this registry when it is used: ``MergeConfig``'s fields an
 A knob is declared once, by the first method that lists it as a ``Knob``; other methods may
 list it again (the same ``Knob``, or its name). A method declared later (a plugin, a test) works
 the same way: its knobs are ``MergeConfig`` fields from then on, and ``unregister_method`` takes
-the method, its arithmetic and the knobs only it used away again. The built-in methods are
-imported by ``config.py``.
+the method, its arithmetic and the knobs only it used away again.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import methods
 from .errors import ConfigError
@@ -238,41 +239,57 @@ MERGE_METHODS: dict[str, MergeMethod] = {}
 _BROUGHT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # id -> (knobs, arithmetic)
 
 
-def merge_method(id: str, label: str, *, knobs: Sequence[Knob | str] = (),
-                 sources: Callable[..., dict], describe: Callable[..., str],
-                 arithmetic: Sequence[methods.Method] = (), **hooks) -> MergeMethod:
-    """Declare a merge method in one place: its id and label, its knobs (a ``Knob`` declares one;
-    a name lists one another method declared), the per-tensor ``arithmetic`` it brings
+class Declared(NamedTuple):
+    """A merge method as declared, not registered yet: its record, the ``Knob``s it declares and
+    the per-tensor methods it brings (``register_method``'s arguments)."""
+    method: MergeMethod
+    knobs: dict[str, Knob]
+    arithmetic: dict[str, methods.Method]
+
+
+def declare_method(id: str, label: str, *, knobs: Sequence[Knob | str] = (),
+                   sources: Callable[..., dict], describe: Callable[..., str],
+                   arithmetic: Sequence[methods.Method] = (), **hooks) -> Declared:
+    """A merge method in one place: its id and label, its knobs (a ``Knob`` declares one; a name
+    lists one another method declared), the per-tensor ``arithmetic`` it brings
     (``methods.tensor_method`` records), ``sources``, ``describe`` and the other ``MergeMethod``
     fields (``needs_base``, ``linear``, ``blends``, ``magnitude``, ``check``, ``concrete``,
-    ``to_mergekit``, ``from_mergekit``, ``mergekit_reads``). ValueError for a knob or arithmetic declared twice differently."""
-    if id in MERGE_METHODS:
-        raise ValueError(f"method {id!r} is registered twice")
-    for k in knobs:
-        if isinstance(k, Knob) and KNOBS.get(k.name, k) != k:
-            raise ValueError(f"method {id}: knob {k.name!r} is declared twice, differently")
-    for a in arithmetic:
-        if methods.METHODS.get(a.name, a) != a:
-            raise ValueError(f"method {id}: per-tensor method {a.name!r} is already registered")
+    ``to_mergekit``, ``from_mergekit``, ``mergekit_reads``). Registered by ``register_method``:
+    a built-in's file declares it and ``config.py`` registers the built-ins in their order, so
+    the order (the CLI's choices, the app's radio, ``FIELDS``) never depends on which module was
+    imported first."""
     names = tuple(k.name if isinstance(k, Knob) else k for k in knobs)
-    new = {k.name: k for k in knobs if isinstance(k, Knob) and k.name not in KNOBS}
-    return register_method(
-        MergeMethod(id, label, names, sources, describe,
-                    arithmetic=tuple(a.name for a in arithmetic), **hooks),
-        new, {a.name: a for a in arithmetic})
+    return Declared(MergeMethod(id, label, names, sources, describe,
+                                arithmetic=tuple(a.name for a in arithmetic), **hooks),
+                    {k.name: k for k in knobs if isinstance(k, Knob)},
+                    {a.name: a for a in arithmetic})
+
+
+def merge_method(id: str, label: str, **declaration) -> MergeMethod:
+    """Declare and register a merge method at once (a plugin, a test): ``declare_method``'s
+    arguments."""
+    return register_method(*declare_method(id, label, **declaration))
 
 
 def register_method(method: MergeMethod, knobs: Mapping[str, Knob] | None = None,
                     arithmetic: Mapping[str, methods.Method] | None = None) -> MergeMethod:
-    """Register ``method`` with the knobs and per-tensor methods it declares (``merge_method``
-    is the one way to write a declaration)."""
+    """Register ``method`` with the knobs and per-tensor methods it declares (a ``Declared``).
+    ValueError for a method registered twice, a knob or per-tensor method declared twice
+    differently, or a knob or per-tensor method it names that nothing declares."""
     knobs, arithmetic = dict(knobs or {}), dict(arithmetic or {})
     if method.id in MERGE_METHODS:
         raise ValueError(f"method {method.id!r} is registered twice")
+    for name, k in knobs.items():
+        if KNOBS.get(name, k) != k:
+            raise ValueError(f"method {method.id}: knob {name!r} is declared twice, differently")
+    for name, a in arithmetic.items():
+        if methods.METHODS.get(name, a) != a:
+            raise ValueError(f"method {method.id}: per-tensor method {name!r} is already "
+                             "registered")
     unknown = [k for k in method.knobs if k not in KNOBS and k not in knobs]
     if unknown:
         raise ValueError(f"method {method.id}: undeclared knob(s) {unknown} (declare each as a "
-                         "Knob in its method's merge_method(...))")
+                         "Knob in its method's declaration)")
     missing = [a for a in method.arithmetic if a not in methods.METHODS and a not in arithmetic]
     if missing:
         raise ValueError(f"method {method.id}: unknown per-tensor method(s) {missing}")
