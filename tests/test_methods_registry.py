@@ -219,8 +219,10 @@ def test_a_toy_method_declared_here_merges_round_trips_and_shows_on_the_cli(tiny
                  "models:\n- {model: b, parameters: {weight: 0.7}}\n")
     with pytest.raises(ConfigError, match="exactly two models"):   # no toy yet: refused
         from_mergekit(one_model)
+    the_class = dict(vars(MergeConfig))
     _declare_toy()
     try:
+        assert dict(vars(MergeConfig)) == the_class   # nothing of the class is remade
         # the config: its fields, checks and needs, and its own YAML both ways
         cfg = MergeConfig(method="toy", toy_alpha=0.75, **refs)
         assert cfg.validate(8, has_base=True) is cfg
@@ -330,6 +332,21 @@ def test_a_method_declared_in_one_place_reaches_config_plan_cli_controls_and_lor
         MergeConfig(toy_alpha=1.0)
     assert "toy_alpha" not in MergeConfig().to_dict()
     assert MergeConfig() == MergeConfig.from_dict(MergeConfig().to_dict())
+
+
+def test_the_built_in_order_does_not_depend_on_the_import_order():
+    """The built-ins register in config.py's one order, whichever method file is imported
+    first (the CLI's choices, the app's radio and FIELDS follow it)."""
+    import subprocess
+    import sys
+    code = ("import layerswap_core.merge.method_ties, layerswap_core.merge.method_soup\n"
+            "from layerswap_core.merge.registry import MERGE_METHODS\n"
+            "assert not MERGE_METHODS\n"
+            "from layerswap_core.merge.config import FIELDS\n"
+            "print(*MERGE_METHODS, list(FIELDS)[1])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["layer_swap", "soup", "magnitude_soup", "task_arithmetic",
+                                  "ties", "bottom"]
 
 
 def test_a_knob_or_arithmetic_is_declared_once():
