@@ -7,8 +7,9 @@ layer counts, weights, partition, lambdas, ...; a knob not given reads its defau
 attribute: ``config.bottom``) and the output/model fields below (dtype, tokenizer source, the
 three model references). ``FIELDS`` lists them all, read from the registry when it is used, so a
 method registered later (a plugin, a test) has its knobs as fields at once and nothing is
-remade. Each field's kind and bounds are declared on its ``Knob``, which also checks them (``Knob.refuses``, strict: no text read as a number, no bool as a number); a
-refused value becomes a one-line ``ConfigError`` naming the field. (A pydantic model built from
+remade. Each field's kind and bounds are declared on its ``Knob``, which also checks them
+(``Knob.refuses``, strict: no text read as a number, no bool as a number); a refused value
+becomes a one-line ``ConfigError`` naming the field. (A pydantic model built from
 the knobs did this check until 2026-11-27: importing it took about 0.15 s of a 1.2 s
 ``layerswap merge``, for nothing the knobs did not already declare.) A config is checked when
 it is loaded (``from_dict``/YAML), validated (``validate``), and planned; constructing one
@@ -170,9 +171,6 @@ OUTPUT_FIELDS = (
     _model("task", "task (e.g. math) expert: folder, owner/name or embedded:NAME"),
     _model("lang", "language expert"),
     _model("base", "common base model (magnitude weights, task arithmetic, TIES)"))
-OUTPUT_NAMES = tuple(k.name for k in OUTPUT_FIELDS)
-
-
 class _Fields(Mapping):
     """Field name -> its ``Knob``: the method, the registered methods' knobs (``registry.KNOBS``,
     in declaration order), the output and model fields; read from the registry on every use."""
