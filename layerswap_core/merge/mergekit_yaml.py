@@ -42,6 +42,7 @@ from .registry import MERGE_METHODS, concrete, get_method
 
 __all__ = ["to_mergekit", "from_mergekit", "mergekit_file", "read_mergekit", "Opened"]
 
+
 class Opened(NamedTuple):
     """What the YAML needs of the models, already opened (headers): the references as given,
     their folders, the task expert's architecture, tensor names and dtypes (safetensors names)."""
