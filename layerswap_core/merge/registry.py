@@ -45,8 +45,8 @@ MAX_LAMBDA = 100.0
 class Source:
     """Where one output tensor comes from.
 
-    ``method`` is a per-tensor function of ``methods.py`` ("copy", "linear", "task_arithmetic",
-    "ties"); ``models`` its inputs in order; ``weights`` the per-model weights (None: magnitude-
+    ``method`` is a per-tensor method of ``methods.METHODS`` ("copy", "linear", and those a merge
+    method brings, e.g. "task_arithmetic", "ties"); ``models`` its inputs in order; ``weights`` the per-model weights (None: magnitude-
     adjusted weights not computed yet); ``args`` extra keyword arguments as sorted pairs.
     """
     method: str
