@@ -512,6 +512,15 @@ def test_resume_refuses_a_state_of_other_options(tiny, data, tmp_path):
     # a changed thread count is allowed (it changes where the run runs, not what it computes)
     again = T.Trainer(TrainConfig(**{**cfg.__dict__, "threads": 1}), resume=True)
     assert again.start_step == 1
+    # the same path with other bytes is other data
+    changed = _write(tmp_path / "changed.jsonl", read_jsonl(data["task"])[:4])
+    state = T.find_resume_state(cfg.output)
+    moved = TrainConfig(**{**cfg.__dict__, "data": str(changed)})
+    saved = torch.load(state, weights_only=False)
+    saved["config"]["data"] = str(changed)
+    torch.save(saved, state)
+    with pytest.raises(TrainError, match="other data"):
+        T.Trainer(moved, resume=True)
 
 
 @pytest.mark.parametrize("expert", ["smollm2-math-en", "smollm2-swahili", "gemma3-bengali"])

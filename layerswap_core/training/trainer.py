@@ -35,6 +35,7 @@ run as if it had not stopped (``find_resume_state``: the last complete one).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -349,7 +350,7 @@ class Trainer:
         def batches(b):
             return None if b is None else {"rng": b.rng.getstate(), "order": list(b.order),
                                            "passes": b.passes, "served": b.served}
-        return {"step": step, "config": asdict(self.cfg),
+        return {"step": step, "config": asdict(self.cfg), "data_digest": self._data_digest(),
                 "params": {n: p.detach().clone() for n, p in self._trainable().items()},
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
@@ -358,6 +359,14 @@ class Trainer:
                 "data": batches(self.data), "lang_data": batches(self.lang_data),
                 "history": self.history[:step], "evals": list(self.evals),
                 "seconds": time.time() - self.t0}
+
+    def _data_digest(self) -> str:
+        """A digest of the data files' bytes: a resumed run must read the same examples."""
+        h = hashlib.sha256()
+        for f in ("data", "lang_data", "eval_data"):
+            path = getattr(self.cfg, f)
+            h.update(f.encode() + (Path(path).read_bytes() if path else b""))
+        return h.hexdigest()
 
     def save_state(self, folder: Path, step: int) -> Path:
         path = folder / STATE_FILE
@@ -376,6 +385,9 @@ class Trainer:
         if differ:
             raise TrainError(f"{path}: saved by a run with other options ({', '.join(differ)}); "
                              "resume with the same options or write to another --out")
+        if state.get("data_digest") != self._data_digest():
+            raise TrainError(f"{path}: saved by a run on other data (the files' bytes differ); "
+                             "resume on the same files or write to another --out")
         params = self._trainable()
         if set(params) != set(state["params"]):
             raise TrainError(f"{path}: its trainable parameters are not this run's")
