@@ -484,11 +484,17 @@ def test_a_resumed_run_equals_the_uninterrupted_run_bit_for_bit(tiny, data, tmp_
         cut.train()
     out = tmp_path / "cut" / "out"
     assert T.find_resume_state(out) == out / "checkpoint-2" / T.STATE_FILE
+    assert list(out.glob(f"*/{T.STATE_FILE}")) == [out / "checkpoint-2" / T.STATE_FILE]
+    at_2 = torch.load(out / "checkpoint-2" / T.STATE_FILE, weights_only=False)["params"]
     resumed = T.Trainer(_cfg(tiny, data, tmp_path / "cut", **common), resume=True)
     assert resumed.start_step == 2
     resumed.train()
 
     assert resumed.history == whole.history and len(whole.history) == 6
+    # one state kept, the last checkpoint's; every checkpoint keeps its model or adapter
+    assert list(out.glob(f"*/{T.STATE_FILE}")) == [out / "checkpoint-4" / T.STATE_FILE]
+    assert {p.parent.name for p in out.glob("checkpoint-*/*.safetensors")} == \
+        {"checkpoint-2", "checkpoint-4"}
     assert resumed.evals == whole.evals and [e["step"] for e in whole.evals] == [0, 2, 4, 6]
     got, want = resumed._trainable(), whole._trainable()
     assert set(got) == set(want) and got
@@ -498,8 +504,7 @@ def test_a_resumed_run_equals_the_uninterrupted_run_bit_for_bit(tiny, data, tmp_
     fresh = T.Trainer(_cfg(tiny, data, tmp_path / "fresh", **common))
     with torch.no_grad():
         for n, p in fresh._trainable().items():
-            p.copy_(torch.load(out / "checkpoint-2" / T.STATE_FILE,
-                               weights_only=False)["params"][n])
+            p.copy_(at_2[n])
     fresh.step(2)
     assert fresh.history[-1]["loss"] != whole.history[2]["loss"]
 

@@ -28,8 +28,8 @@ Partitions are the merge engine's (``plan.Partition``: presets "A", "B", "C" or 
 Defaults: learning rate per mode (``DEFAULT_LR``: 1e-5 for full-parameter SFT, 2e-4 for LoRA),
 rank-stabilised LoRA (scale alpha / sqrt(r)), a linear schedule; schedules are transformers'
 (constant, linear, cosine, warmup-stable-decay). ``save_every`` N writes ``checkpoint-<step>``
-folders (each a loadable model or adapter) every N steps so an expert can be picked later; each
-also holds ``trainer_state.pt`` (the trainable weights in the training dtype, the optimizer, the
+folders (each a loadable model or adapter) every N steps so an expert can be picked later; the
+last one also holds ``trainer_state.pt`` (the trainable weights in the training dtype, the optimizer, the
 schedule, the random states, the data order, the losses), from which ``resume`` continues the
 run as if it had not stopped (``find_resume_state``: the last complete one).
 """
@@ -373,6 +373,11 @@ class Trainer:
         tmp = folder / (STATE_FILE + ".tmp")
         torch.save(self.state_dict(step), tmp)
         tmp.replace(path)
+        # only the last state is needed to resume (a LoRA run's is about 3x its adapter in
+        # float32: weights and AdamW's two moments); the earlier checkpoints keep their models
+        for old in Path(self.cfg.output).glob(f"checkpoint-*/{STATE_FILE}"):
+            if old != path:
+                old.unlink(missing_ok=True)
         return path
 
     def load_state(self, path: Path) -> None:
