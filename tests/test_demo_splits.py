@@ -134,3 +134,17 @@ def test_swahili_numerals():
         q, a = r["messages"][0]["content"], r["messages"][1]["content"]
         n, w = (a, q.split(": ", 1)[1]) if a.isdigit() else (q.split(": ", 1)[1], a)
         assert R.swahili_number(int(n)) == w
+
+
+def test_fold_2s_shipped_variants_are_what_the_engine_draws():
+    """``demos/fold2_variants.json.gz`` is a cache of the package engine's draws with the
+    variants' own seeds and counts: one template of each split, drawn again, is the same."""
+    from layerswap_core.demos import folds as F
+
+    shipped = F._fold2_file()
+    assert shipped, "fold 2's variants file is missing or stale (run folds.write_fold_file)"
+    assert set(shipped) == {V.row_key(lang, t, s) for lang, s, t in F._fold2_jobs()}
+    two = FOLDS[2]
+    for split in V.SPLITS:
+        t = two.split_templates(split)[3]
+        assert shipped[V.row_key("sw", t, split)] == V.draw("sw", t, split), (split, t)
