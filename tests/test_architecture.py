@@ -57,6 +57,7 @@ LAYERS = [
     ("training.config", "training.sft_data", "training.trainer",   # training: config, SFT data,
      "training.recipes"),                         # trainer; the demo experts' data recipes
     ("demos.trios",),                             # the demo: one record per demo trio
+    ("demos.folds",),                             # the cross-fitting's halves and trainings
     ("demos.measure", "demos.heldout"),           # its measure and statistics; experts' NLL
     ("demos.reproduce",),                         # the demo result reproduced
     ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs
