@@ -3,7 +3,7 @@
     python bench/app_hostile.py [--attacks headers,templates,alias] [--settle 5] [--json OUT.json]
 
 Launches ``app.py`` (served mode, the embedded demo) in its own process, pointed at a fake Hub on
-loopback (``tests/fake_hub.CountingHub``) that serves the hostile repositories of issue 64's
+loopback (``tests/fake_hub.FakeHub``) that serves the hostile repositories of issue 64's
 tests beside copies of the demo's experts, and drives it over HTTP with ``gradio_client`` (the
 machinery of ``bench/app_visitors.py``: each visitor its own page session and client address).
 The victim picks the demo models (Check), builds the default swap (Build) and saves it (Save);
@@ -126,9 +126,9 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, default=7891)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
-    from fake_hub import CountingHub
+    from fake_hub import FakeHub
 
-    hub = CountingHub(hostile_repos())
+    hub = FakeHub(hostile_repos())
     addresses = (f"198.19.0.{n}" for n in itertools.count(1))
     server = start_server(ROOT, a.port, {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url})
     url = f"http://127.0.0.1:{a.port}/"
