@@ -18,7 +18,9 @@ is parsed. At most ``LIMITS.agent_sessions`` are open at once, and
 app sets for each call; its sessions also share one save quota and one heavy job with that
 address's pages). One left idle for ``LIMITS.agent_idle_seconds`` is closed as a page that
 closes is (its jobs cancelled, its anonymous saves removed): that is also how the session of a
-client that went away ends, since gradio's MCP server is stateless and shows no disconnect.
+client that went away ends, since gradio's MCP server is stateless. A call whose client goes
+while it runs is cancelled (the app wraps the MCP server's tool-call handler:
+``app_tabs.agents.cancel_on_disconnect``).
 Errors are one line (``readable_error``).
 """
 from __future__ import annotations
