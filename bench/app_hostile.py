@@ -81,12 +81,13 @@ def hostile_repos() -> dict[str, dict[str, bytes]]:
     }
 
 
-def attack(name: str, url: str, address: str, stop: threading.Event, said: list) -> None:
+def attack(name: str, url: str, address: str, stop: threading.Event, said: list,
+           tab: int = 0) -> None:
     """One hostile tab: its attack again and again until ``stop`` (each answer's first line
     kept in ``said``)."""
     client = connect(url, address=address)
     if name == "render":
-        return render_attack(client, int(address.rsplit(".", 1)[1]), stop, said)
+        return render_attack(client, tab, stop, said)
     if name == "alias":
         from test_agents import alias_bomb
         opened = json.loads(client.predict("", "embedded:smollm2-math-en",
@@ -111,8 +112,8 @@ def attack(name: str, url: str, address: str, stop: threading.Event, said: list)
 
 
 def render_attack(client, n: int, stop: threading.Event, said: list) -> None:
-    """One hostile tab of the render attack: an expert with a ``RENDER`` template (starting at
-    the ``n``-th), downloaded, built, chatted with ``CHATS_PER_TEMPLATE`` times, then the next
+    """One hostile tab of the render attack: an expert with a ``RENDER`` template (the first tab
+    starting at the nested loops, the second at the next one), downloaded, built, chatted with ``CHATS_PER_TEMPLATE`` times, then the next
     template's (each answer's first line kept in ``said``)."""
     for i in itertools.count(n):
         if stop.is_set():
@@ -121,8 +122,12 @@ def render_attack(client, n: int, stop: threading.Event, said: list) -> None:
                   "Language expert": "fake/lang"}
         try:
             client.predict(*_args(client, "/pick_models", picked), api_name="/pick_models")
-            client.predict(*_args(client, "/download_models", picked),
-                           api_name="/download_models")
+            for _ in range(300):   # "Download and use" again until the download is in
+                out = client.predict(*_args(client, "/download_models", picked),
+                                     api_name="/download_models")
+                if _value(out[1]).startswith("✔") or stop.is_set():
+                    break
+                time.sleep(2)
             client.predict(*_args(client, "/build", {}), api_name="/build")
         except Exception as e:  # noqa: BLE001 - a refusal over the API is an exception
             said.append(f"setup: {e}"[:160])
@@ -137,6 +142,12 @@ def render_attack(client, n: int, stop: threading.Event, said: list) -> None:
             except Exception as e:  # noqa: BLE001 - a refusal over the API is an exception
                 out = f"error: {e}"
             said.append(first_line(out))
+
+
+def _value(x) -> str:
+    """An output's text (a plain value, or an update carrying one)."""
+    x = x.get("value") if isinstance(x, dict) else x
+    return x.strip() if isinstance(x, str) else ""
 
 
 def first_line(out) -> str:
@@ -190,8 +201,8 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
         for name in (x.strip() for x in a.attacks.split(",") if x.strip()):
             stop, said = threading.Event(), []
-            tabs = [threading.Thread(target=attack, args=(name, url, next(addresses), stop, said),
-                                     daemon=True) for _ in range(2)]
+            tabs = [threading.Thread(target=attack, args=(name, url, next(addresses), stop, said,
+                                                          k), daemon=True) for k in range(2)]
             for tab in tabs:
                 tab.start()
             t = time.monotonic()   # the first answer in (render: after the setup), then settle
