@@ -20,7 +20,7 @@ import os
 
 import gradio as gr
 
-from app_tabs.agents import add_agent_tools, agent_tools_only
+from app_tabs.agents import add_agent_tools, agent_tools_only, cancel_on_disconnect
 from app_tabs.budget import Budget
 from app_tabs.build import BuildTab
 from app_tabs.chat import ChatTab
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None):
                       served=served_mode(args.host, args.share))
     demo.queue(default_concurrency_limit=1, max_size=4 * LIMITS.queue).launch(
         server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-        mcp_server=True)
+        mcp_server=True, app_kwargs={"lifespan": cancel_on_disconnect(demo)})
 
 
 if __name__ == "__main__":

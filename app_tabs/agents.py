@@ -2,9 +2,13 @@
 ``launch(mcp_server=True)`` serves as MCP tools; the page's own endpoints left off that list."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import inspect
 import warnings
+
+import anyio
 
 import gradio as gr
 
@@ -22,8 +26,8 @@ AGENT_INSTANT = (*AGENT_STATUS, "layer_plan")
 
 def add_agent_tools(demo: gr.Blocks, access: Access) -> AgentTools:
     """The agent tools as API endpoints: the instant ones outside the queue, the others in the
-    page's heavy slots."""
-    tools = AgentTools(access)
+    page's heavy slots (``demo.agent_tools``: the ``AgentTools`` behind them)."""
+    tools = demo.agent_tools = AgentTools(access)
     for tool in tools.tools():
         name = tool.__name__
         slots = ({"queue": False} if name in AGENT_INSTANT
@@ -67,3 +71,54 @@ def one_line_errors(fn):
     tool.__signature__ = sig
     tool.__annotations__ = {**fn.__annotations__, "request": gr.Request}
     return tool
+
+
+def cancel_on_disconnect(demo: gr.Blocks):
+    """A lifespan for ``demo.launch(app_kwargs={"lifespan": ...})``: once gradio has made its MCP
+    server, a tool call whose MCP request ends before its answer (the client disconnected or
+    cancelled it) cancels its session's job (``AgentTools.cancel_job``: Cancel, the downloads).
+
+    Gradio gives its tools no such signal: its ``call_tool`` (``gradio/mcp.py``) runs a queued
+    tool through its own loopback client and waits for ``job.result`` in a thread, so the tool
+    runs on whatever happens to the request. The ``mcp`` package does signal it: its stateless
+    streamable-HTTP transport is terminated when the request ends
+    (``StreamableHTTPSessionManager._handle_stateless_request``), as an SSE connection's end ends
+    its ``Server.run``, and ``Server.run`` then cancels its in-flight handlers (a client's
+    ``notifications/cancelled`` cancels the one request). This wraps the server's handler of
+    ``tools/call`` to pass that cancellation on to the session the call named."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        server = getattr(demo, "mcp_server_obj", None)
+        tools = getattr(demo, "agent_tools", None)
+        if server is not None and tools is not None:
+            watch_calls(server.mcp_server, tools, getattr(server, "tool_prefix", ""))
+        yield
+    return lifespan
+
+
+def watch_calls(mcp_server, tools: AgentTools, prefix: str = "") -> None:
+    """Wrap ``mcp_server``'s ``tools/call`` handler (``cancel_on_disconnect``); once only."""
+    from mcp import types
+
+    handler = mcp_server.request_handlers.get(types.CallToolRequest)
+    if handler is None or getattr(handler, "_cancels_agent_jobs", False):
+        return
+
+    async def call_tool(req):
+        # gradio waits for a queued tool's result in a worker thread (anyio's run_sync, which
+        # defers a cancellation until the thread returns): the call runs as a task of its own,
+        # so that the request's end reaches this wrapper at once
+        call = asyncio.ensure_future(handler(req))
+        call.add_done_callback(lambda t: t.cancelled() or t.exception())   # never unread
+        try:
+            return await asyncio.shield(call)
+        except anyio.get_cancelled_exc_class():
+            name = req.params.name.removeprefix(prefix)
+            session = (req.params.arguments or {}).get("session")
+            if name not in AGENT_INSTANT and isinstance(session, str) and session:
+                with contextlib.suppress(Exception):   # an unknown or closed session: nothing
+                    tools.cancel_job(session)
+            call.cancel()
+            raise
+    call_tool._cancels_agent_jobs = True
+    mcp_server.request_handlers[types.CallToolRequest] = call_tool

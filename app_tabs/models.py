@@ -10,7 +10,8 @@ import gradio as gr
 
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
-from layerswap_core.workbench.preflight import download_line, preflight_gate, preflight_markdown
+from layerswap_core.workbench.preflight import (download_gate, download_line, preflight_gate,
+                                                 preflight_markdown)
 from layerswap_core.workbench.served import LIMITS, offered_models
 
 from .common import Tab, gr_progress, guarded, ok, warn
@@ -60,7 +61,11 @@ class ModelsTab(Tab):
         still = ("" if old is None else "\n\nStill in use, unchanged: the models and merge on "
                  "the top line.")
         access = self.page.visitor(request, profile)
-        gate = None if download else preflight_gate(*refs, access, gr_progress(progress))
+        if download:   # the explicit step (the API's too): only after a compatible pre-flight
+            refused = download_gate(*refs, access, gr_progress(progress))
+            gate = None if refused is None else (refused, [])
+        else:
+            gate = preflight_gate(*refs, access, gr_progress(progress))
         if gate is not None:   # Hub models to download: their metadata first, nothing large
             pf, missing = gate
             md = preflight_markdown(pf, access)

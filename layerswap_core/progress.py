@@ -221,6 +221,14 @@ def pause_hook() -> Callable[[], None] | None:
     return getattr(_pausing, "hook", None)
 
 
+def cancel_check() -> Callable[[], bool] | None:
+    """Whether this thread's work was cancelled (its visitor cancelled or left), as its pause
+    hook knows it (the dispatcher's hook carries it as ``hook.cancelled``): for a step that may
+    stop but must not lend the engine meanwhile (a chat template's render). None: nobody can
+    cancel this work."""
+    return getattr(pause_hook(), "cancelled", None)
+
+
 class pausing:
     """``with pausing(hook):`` the pause points of this thread call ``hook()`` (None: nothing)."""
 

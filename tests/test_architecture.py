@@ -33,6 +33,8 @@ LAYERS = [
     ("checkpoints.adapters",),                    # PEFT adapters: the reader, the applier
     ("checkpoints.embedded",),                    # the embedded models' registry (data rows)
     ("merge.partition", "merge.registry", "merge.config",   # partitions, the methods registry,
+     "merge.mergekit_parts", "merge.method_layer_swap", "merge.method_soup",   # the methods, one
+     "merge.method_task_arithmetic", "merge.method_ties",   # file each, and their mergekit parts;
      "merge.plan", "merge.apply"),                # the config, the pure merge plan, Source -> tensor
     ("checkpoints.references",),                  # model references resolved to folders
     ("checkpoints.loading", "checkpoints.compatibility",   # loading (adapters as dense models);
@@ -55,6 +57,7 @@ LAYERS = [
     ("training.config", "training.sft_data", "training.trainer",   # training: config, SFT data,
      "training.recipes"),                         # trainer; the demo experts' data recipes
     ("demos.trios",),                             # the demo: one record per demo trio
+    ("demos.folds",),                             # the cross-fitting's halves and trainings
     ("demos.measure", "demos.heldout"),           # its measure and statistics; experts' NLL
     ("demos.reproduce",),                         # the demo result reproduced
     ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs

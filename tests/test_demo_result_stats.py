@@ -362,3 +362,64 @@ def test_the_page_shows_the_primary_statistic_per_template():
     assert int((dots < 0).sum()) == p["lower"] and int((dots > 0).sum()) == p["higher"]
     band = fig.layout.shapes[0]
     assert (band.x0, band.x1) == (p["ci_low"], p["ci_high"])
+
+
+# --------------------------------------------------------------------------- the cross-fitted rule
+def _shipped():
+    import json
+    return json.loads((ROOT / "assets" / "experts" / "demo_result.json").read_text())
+
+
+def test_the_pooled_primary_of_one_fold_is_that_folds_primary():
+    """The declared pooled statistic (issue #62) over fold 1's shipped items alone gives the
+    shipped primary: it pools per-item values of each fold's own primary, templates as the
+    unit, and nothing else."""
+    res = _shipped()
+    spec = next(s for s in res["specs"] if s["key"] == "primary")
+    shipped = next(e for e in res["effects"] if e["key"] == "primary")
+    got = D.pooled_primary({1: res["items"]}, {1: spec}, resamples=res["resamples"],
+                           seed=res["seed"])
+    for k in ("mean", "ci_low", "ci_high", "lower", "higher", "sign_p", "n_templates"):
+        assert got[k] == pytest.approx(shipped[k]), k
+    assert got["rule"] == D.RULE_ID and got["folds"] == [1]
+    # two folds: the template means of both, pooled (fold 1's items again under other template
+    # numbers stand in for fold 2's); a template in both folds is refused
+    moved = [{**it, "template": it["template"] + 1000} for it in res["items"]]
+    both = D.pooled_primary({1: res["items"], 2: moved}, {1: spec, 2: spec}, resamples=500)
+    assert both["n_templates"] == 2 * shipped["n_templates"]
+    assert both["mean"] == pytest.approx(shipped["mean"])
+    assert both["lower"] == 2 * shipped["lower"]
+    with pytest.raises(ValueError, match="two folds"):
+        D.pooled_primary({1: res["items"], 2: res["items"]}, {1: spec, 2: spec}, resamples=10)
+
+
+def test_the_declared_rounds_take_the_rth_item_of_every_template():
+    from layerswap_core.demos.folds import FOLDS
+    items = FOLDS[1].variant_items("sw", "eval")
+    rounds = D.rule_items(items)
+    assert len(rounds) == D.RULE_ITEMS_PER_TEMPLATE
+    templates = {int(i.id.split("-")[2]) for i in items}
+    assert [int(i.id.split("-")[2]) for i in rounds[0]] == sorted(templates)
+    for r, rnd in enumerate(rounds):
+        for it in rnd:
+            t = int(it.id.split("-")[2])
+            own = sorted(int(i.id.rsplit("-", 1)[1]) for i in items
+                         if int(i.id.split("-")[2]) == t)
+            assert int(it.id.rsplit("-", 1)[1]) == own[r]
+
+
+@pytest.mark.parametrize("ci, sign_p, words", [
+    ((-0.04, -0.01), 0.01, "established by the declared rule"),
+    ((-0.04, -0.01), 0.08, "the interval excludes zero and the template sign test does not"),
+    ((-0.04, 0.01), 0.01, "the template sign test supports a gain and the interval does not"),
+    ((-0.04, 0.01), 0.3, "no question-specific reading effect"),
+])
+def test_each_outcome_prints_its_declared_sentence(ci, sign_p, words):
+    stats = {"mean": -0.02, "ci_low": ci[0], "ci_high": ci[1], "lower": 40, "higher": 25,
+             "n_templates": 65, "sign_p": sign_p}
+    said = D.cross_fit_verdict(stats)
+    assert words in said and "40/65 templates lower" in said and "run cut" not in said
+    assert (said.startswith("a question-specific reading gain")) == (words ==
+                                                                     "established by the declared rule")
+    assert "run cut: 1 of" in D.cross_fit_verdict(stats, rounds=1)
+    assert D.cross_fit_verdict(stats, folds_measured=1).startswith("not measured as declared")

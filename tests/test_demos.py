@@ -108,3 +108,35 @@ def test_no_per_trio_literal_below_the_demo_room_or_in_the_workbench():
             text = path.read_text(encoding="utf-8")
             found += [f"{path.relative_to(ROOT)}: {word!r}" for word in literals if word in text]
     assert found == []
+
+
+def test_the_cross_fitting_driver_runs_each_training_with_its_shipped_experts_flags(tmp_path,
+                                                                                   capsys):
+    """``bench/demo_folds.py``: every run of ``demos.folds.TRAININGS`` under ``nice -n 15``,
+    one thread and ``--resume``, its command the shipped expert's configuration on the run's
+    files (parsed back by the CLI); no run started (``--dry-run``)."""
+    import argparse
+    import shlex
+    from dataclasses import asdict
+
+    from layerswap_core.cli import train as cli_train
+    from layerswap_core.demos.folds import TRAININGS
+
+    spec = importlib.util.spec_from_file_location("demo_folds", ROOT / "bench" / "demo_folds.py")
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    assert driver.main(["--dry-run", "--runs", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(TRAININGS) and not list(tmp_path.iterdir())
+    parser = argparse.ArgumentParser()
+    cli_train.add_cli(parser.add_subparsers())
+    for t, line in zip(TRAININGS, lines):
+        argv = shlex.split(line)
+        assert argv[:4] == ["nice", "-n", "15", "layerswap"] and argv[-1] == "--resume"
+        cfg = asdict(cli_train.config_from_args(parser.parse_args(argv[4:-1])).validate())
+        folder = tmp_path / t.name
+        want = {**t.config(), "data": str(folder / "train.jsonl"),
+                "eval_data": str(folder / "eval.jsonl"), "output": str(folder / "out"),
+                "threads": 1}
+        assert cfg == want, t.name
+    assert {t.fold for t in TRAININGS} == {1, 2}

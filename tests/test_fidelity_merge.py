@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerswap_core.merge import methods
+from layerswap_core.merge import method_ties
 from layerswap_core.workbench import figures as plots
 from layerswap_core.checkpoints.architectures import get_architecture
 from layerswap_core.cli import main
@@ -130,11 +130,11 @@ def test_ties_exact_tie_of_summed_signs_counts_as_positive():
     lang = base + torch.tensor([-2.0, 0.5, 0.0, -1.0, -1.0])
     #          sums:               0     0    0     2    -2
     #        elected:              +     +    +     +    -
-    out = methods.ties([base, task, lang], [1.0, 1.0], density=1.0, lam=0.5)
+    out = method_ties.ties([base, task, lang], [1.0, 1.0], density=1.0, lam=0.5)
     expect = base + 0.5 * torch.tensor([2.0, 0.5, 0.0, 3.0, -1.0])
     assert torch.equal(out, expect)
     # with trimming (per tensor): density 0.4 keeps 2 of 5 entries of each delta
-    out = methods.ties([base, task, lang], [1.0, 1.0], density=0.4, lam=1.0)
+    out = method_ties.ties([base, task, lang], [1.0, 1.0], density=0.4, lam=1.0)
     # task keeps 3.0, 2.0; lang keeps -2.0, -1.0 (|-1| ties with |-1| at index 4 -> kept too)
     trimmed_t = torch.tensor([2.0, 0.0, 0.0, 3.0, 0.0])
     trimmed_l = torch.tensor([-2.0, 0.0, 0.0, -1.0, -1.0])
@@ -151,7 +151,7 @@ def test_ties_exact_tie_of_summed_signs_counts_as_positive():
 def test_ties_refuses_bad_density_and_lambda(kw, msg):
     t = torch.ones(3)
     with pytest.raises(ValueError, match=msg):
-        methods.ties([t, t, t], [1.0, 1.0], **{"density": 0.5, "lam": 1.0, **kw})
+        method_ties.ties([t, t, t], [1.0, 1.0], **{"density": 0.5, "lam": 1.0, **kw})
 
 
 def _tie_trio(tiny, root: Path) -> dict[str, Path]:

@@ -18,8 +18,7 @@ CONFIGS = {
     "transitions": MergeConfig(bottom=2, top=1, transition_bottom=1, transition_top=1,
                                w_task=0.7, w_lang=0.3),
     "magnitude blend": MergeConfig(bottom=1, top=1, transition_bottom=2, magnitude_weights=True),
-    "partition A": MergeConfig(partition="A", scale_partition=True)
-    if "scale_partition" in MergeConfig.__dataclass_fields__ else MergeConfig(partition="A"),
+    "partition A": MergeConfig(partition="A", scale_partition=True),
     "soup": MergeConfig(method="soup"),
     "magnitude soup": MergeConfig(method="magnitude_soup"),
     "task arithmetic": MergeConfig(method="task_arithmetic", lambda_task=0.8, lambda_lang=0.6),

@@ -2,14 +2,19 @@
 the CLI, the workbench and the LoRA path; MergeConfig's fields declared by the knobs."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from layerswap_core.cli import build_parser
+from layerswap_core.checkpoints.reading import CheckpointReader
+from layerswap_core.cli import build_parser, main
 from layerswap_core.cli.merge import config_from_args
-from layerswap_core.merge import methods, registry
+from layerswap_core.merge import mergekit_parts, methods, registry
 from layerswap_core.merge.config import FIELDS, MergeConfig
 from layerswap_core.merge.errors import ConfigError
+from layerswap_core.merge.executor import merge_to_folder
+from layerswap_core.merge.mergekit_yaml import from_mergekit, to_mergekit
 from layerswap_core.merge.plan import build_plan
 from layerswap_core.merge.registry import MergeMethod, Source
 from layerswap_core.workbench import session as wb
@@ -149,14 +154,41 @@ def test_knob_checks_are_strict_and_follow_the_declared_bounds():
         k["partition"].refuses(5)
 
 
+# --------------------------------------------------------------------------- the toy method
+# Its whole definition, mergekit YAML out and in included, is this block: adding it touched no
+# other file (test_a_toy_method_declared_here_merges_round_trips_and_shows_on_the_cli).
 def _toy_scale(tensors, weights):
     base, lang = (t.float() for t in tensors)
     return base + float(weights[0]) * (lang - base)
 
 
+def _toy_to_mergekit(config, plan, paths, notes) -> dict:
+    """mergekit's task_arithmetic of the language expert alone: base + alpha * (lang - base)."""
+    if config.toy_flag:
+        raise ConfigError("mergekit has no toy flag")
+    notes.append("toy: mergekit's YAML names no task expert (give --task to layerswap)")
+    return dict(merge_method="task_arithmetic", base_model=paths["base"],
+                parameters={"normalize": False},
+                models=[{"model": paths["lang"], "parameters": {"weight": config.toy_alpha}}])
+
+
+def _toy_from_mergekit(doc, num_layers):
+    """A task_arithmetic of one model (the built-in reads two) is the toy's."""
+    models = doc.get("models")
+    if doc.get("merge_method") != "task_arithmetic" or not isinstance(models, list) \
+            or len(models) != 1:
+        return None
+    lang = mergekit_parts.model_of(models[0], "models")
+    p = mergekit_parts.params(models[0].get("parameters"), doc.get("parameters"))
+    if p.get("normalize"):
+        mergekit_parts.refuse("toy: normalize has no toy counterpart")
+    return dict(method="toy", toy_alpha=mergekit_parts.number(p, "weight", "toy"), lang=lang,
+                base=doc.get("base_model"))
+
+
 def _declare_toy():
-    """A method with new knobs (a number box and a checkbox) and its own per-tensor
-    arithmetic, all in one declaration."""
+    """A method with new knobs (a number box and a checkbox), its own per-tensor arithmetic and
+    its mergekit YAML writer and reader, all in one declaration."""
     return registry.merge_method(
         "toy", "toy scale",
         knobs=(registry.Knob("toy_alpha", "number", 0.5, lo=0.0, hi=2.0, step=0.1,
@@ -171,7 +203,74 @@ def _declare_toy():
             names, Source("toy_scale", ("base", "lang"), (float(config.toy_alpha),))),
         describe=lambda config, num_layers: f"toy: alpha {config.toy_alpha:g}"
                                             f"{' (flag)' if config.toy_flag else ''}",
-        needs_base=True, linear=True)
+        needs_base=True, linear=True, to_mergekit=_toy_to_mergekit,
+        from_mergekit=_toy_from_mergekit, mergekit_reads="task_arithmetic of one model (toy)")
+# --------------------------------------------------------------------------- (end of the toy)
+
+
+def test_a_toy_method_declared_here_merges_round_trips_and_shows_on_the_cli(tiny, tmp_path,
+                                                                           capsys):
+    """The toy above, declared in this file alone, through everything a built-in goes through:
+    the config's checks, the plan, a disk merge (each tensor the toy's formula), the config's
+    YAML and mergekit's YAML both ways, and the CLI (its flags in `layerswap merge --help`, a
+    merge and --emit-mergekit from the command line). Unregistered, it is gone again."""
+    refs = {r: str(tiny[r]) for r in ("task", "lang", "base")}
+    one_model = ("merge_method: task_arithmetic\nbase_model: z\n"
+                 "models:\n- {model: b, parameters: {weight: 0.7}}\n")
+    with pytest.raises(ConfigError, match="exactly two models"):   # no toy yet: refused
+        from_mergekit(one_model)
+    the_class = dict(vars(MergeConfig))
+    _declare_toy()
+    try:
+        assert dict(vars(MergeConfig)) == the_class   # nothing of the class is remade
+        # the config: its fields, checks and needs, and its own YAML both ways
+        cfg = MergeConfig(method="toy", toy_alpha=0.75, **refs)
+        assert cfg.validate(8, has_base=True) is cfg
+        with pytest.raises(ConfigError, match="method toy need"):
+            MergeConfig(method="toy").validate(8, has_base=False)
+        with pytest.raises(ConfigError, match="^toy_alpha: must be a number from 0 to 2"):
+            MergeConfig(method="toy", toy_alpha=2.5).check_fields()
+        assert "toy_alpha: 0.75\n" in cfg.to_yaml()
+        assert MergeConfig.from_yaml(cfg.to_yaml()) == cfg
+        assert MergeConfig.from_yaml(cfg.to_yaml()) != replace(cfg, toy_alpha=0.5)
+        # a disk merge: every tensor base + alpha * (lang - base), written in float32
+        out = merge_to_folder(cfg, out=tmp_path / "toy", **refs)
+        merged, base, lang = (CheckpointReader(f) for f in (out, tiny["base"], tiny["lang"]))
+        assert merged.names() == base.names()
+        for n in merged.names():
+            assert torch.equal(merged.get(n).float(), _toy_scale([base.get(n), lang.get(n)],
+                                                                 [0.75])), n
+        n = "model.layers.0.mlp.up_proj.weight"
+        assert not torch.equal(merged.get(n), base.get(n))   # the planted experts differ
+        # mergekit's YAML out and in (it names no task expert)
+        text, notes = to_mergekit(cfg)
+        assert "merge_method: task_arithmetic" in text and any("toy" in x for x in notes)
+        assert from_mergekit(text) == replace(cfg, task=None, dtype="float32")
+        assert from_mergekit(one_model) == MergeConfig(method="toy", toy_alpha=0.7, lang="b",
+                                                       base="z")
+        with pytest.raises(ConfigError, match="no toy flag"):
+            to_mergekit(replace(cfg, toy_flag=True))
+        # the CLI: its flags in the help, a merge and the mergekit YAML from the command line
+        with pytest.raises(SystemExit):
+            main(["merge", "--help"])
+        shown = " ".join(capsys.readouterr().out.split())
+        assert "--toy-alpha TOY_ALPHA scale of the lang delta" in shown
+        assert "--toy-flag a flag" in shown and "toy" in shown.split("--method")[1][:200]
+        args = ["merge", "--method", "toy", "--toy-alpha", "0.75", *(x for r, v in refs.items()
+                                                                      for x in (f"--{r}", v))]
+        assert main([*args, "--out", str(tmp_path / "cli")]) == 0
+        assert CheckpointReader(tmp_path / "cli").get(n).equal(merged.get(n))
+        assert main([*args, "--emit-mergekit", str(tmp_path / "toy.yaml")]) == 0
+        assert from_mergekit((tmp_path / "toy.yaml").read_text()) == replace(
+            cfg, task=None, dtype="float32")
+    finally:
+        registry.unregister_method("toy")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["merge", "--method", "toy", "--out", str(tmp_path / "gone")])
+    assert "invalid choice: 'toy'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="exactly two models"):
+        from_mergekit(one_model)
 
 
 def test_a_method_declared_in_one_place_reaches_config_plan_cli_controls_and_lora():
@@ -233,6 +332,21 @@ def test_a_method_declared_in_one_place_reaches_config_plan_cli_controls_and_lor
         MergeConfig(toy_alpha=1.0)
     assert "toy_alpha" not in MergeConfig().to_dict()
     assert MergeConfig() == MergeConfig.from_dict(MergeConfig().to_dict())
+
+
+def test_the_built_in_order_does_not_depend_on_the_import_order():
+    """The built-ins register in config.py's one order, whichever method file is imported
+    first (the CLI's choices, the app's radio and FIELDS follow it)."""
+    import subprocess
+    import sys
+    code = ("import layerswap_core.merge.method_ties, layerswap_core.merge.method_soup\n"
+            "from layerswap_core.merge.registry import MERGE_METHODS\n"
+            "assert not MERGE_METHODS\n"
+            "from layerswap_core.merge.config import FIELDS\n"
+            "print(*MERGE_METHODS, list(FIELDS)[1])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["layer_swap", "soup", "magnitude_soup", "task_arithmetic",
+                                  "ties", "bottom"]
 
 
 def test_a_knob_or_arithmetic_is_declared_once():

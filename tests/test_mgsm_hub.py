@@ -130,17 +130,16 @@ def test_fresh_offline_machine_defaults_to_gsm_symbolic_and_says_how_to_get_mgsm
 
 @pytest.fixture
 def hub_listening(monkeypatch):
-    """HF_ENDPOINT on a port of this machine that accepts connections: a Hub that answers."""
-    import socket
+    """HF_ENDPOINT on the suite's fake Hub (``fake_hub.FakeHub``, no repositories): a Hub that
+    answers."""
+    from fake_hub import FakeHub
 
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    fh = FakeHub({})
+    monkeypatch.setenv("HF_ENDPOINT", fh.url)
     monkeypatch.delenv("HTTPS_PROXY", raising=False)
     monkeypatch.delenv("https_proxy", raising=False)
     yield
-    server.close()
+    fh.close()
 
 
 @pytest.fixture

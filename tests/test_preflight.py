@@ -1,5 +1,5 @@
 """Pre-flight from metadata alone, against a fake Hub on loopback that counts what it sends
-(``fake_hub.CountingHub``). Its repositories are folders of the tiny family: ``fake/task``,
+(``fake_hub.FakeHub``). Its repositories are folders of the tiny family: ``fake/task``,
 ``fake/lang``, ``fake/base`` (the tiny trio), ``fake/other-vocab`` (the task expert cut to a
 32,000-token vocabulary) and ``fake/other-tokenizer`` (the task expert with two tokens' ids
 swapped in its tokenizer.json).
@@ -14,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from huggingface_hub.utils.sha import git_hash
 
 from layerswap_core.checkpoints import hub
 from layerswap_core.checkpoints.preflight import check, hub_id, preflight
 from layerswap_core.checkpoints.reading import CheckpointReader, read_header
 
-from fake_hub import SHA, CountingHub, pointed_at
+from fake_hub import SHA, FakeHub, pointed_at
 
 MB = 10 ** 6
 
@@ -63,7 +62,7 @@ def _other_eos(lang: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def fake_hub(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("preflight-repos")
-    fh = CountingHub({"fake/task": tiny["task"], "fake/lang": tiny["lang"],
+    fh = FakeHub({"fake/task": tiny["task"], "fake/lang": tiny["lang"],
                       "fake/base": tiny["base"], "fake/gated": tiny["lang"],
                       "fake/other-vocab": _other_vocab(tiny["task"], root / "other-vocab"),
                       "fake/other-tokenizer": _other_tokenizer(tiny["task"],
@@ -71,20 +70,6 @@ def fake_hub(tiny, tmp_path_factory):
                       "fake/other-eos": _other_eos(tiny["lang"], root / "other-eos")})
     with pointed_at(fh):
         yield fh
-
-
-def weight_bytes_fetched(fh: CountingHub) -> list[tuple[str, str, str | None]]:
-    """Requests of a weight file that reach past its header (any tensor byte)."""
-    out = []
-    for repo, name, rng in fh.ranges:
-        if not name.endswith(".safetensors"):
-            continue
-        data = fh.repos[repo][name]
-        header_end = 8 + int.from_bytes(data[:8], "little")
-        end = int(rng.removeprefix("bytes=").split("-")[1]) if rng else len(data) - 1
-        if end >= header_end:
-            out.append((repo, name, rng))
-    return out
 
 
 def test_a_trio_with_another_vocabulary_is_refused_from_under_a_megabyte_each(fake_hub):
@@ -102,7 +87,7 @@ def test_a_trio_with_another_vocabulary_is_refused_from_under_a_megabyte_each(fa
         assert sent < 1 * MB, (repo, sent)
         whole = sum(len(b) for b in fake_hub.repos[repo].values())
         assert whole > 10 * MB                        # what a download would have fetched
-    assert weight_bytes_fetched(fake_hub) == []
+    assert fake_hub.weight_bytes_fetched() == []
     assert not any(name.startswith("tokenizer") for _, name, _ in fake_hub.ranges)
     assert pf.lines()[-1] == f"refused: {pf.refusal}"
 
@@ -112,7 +97,7 @@ def test_a_compatible_trio_shows_sizes_and_memory_before_any_weight_byte(fake_hu
     pf = check("fake/base", "fake/task", "fake/lang")
     assert pf.ok, pf.problems
     assert list(pf.models) == ["task", "lang", "base"]
-    assert weight_bytes_fetched(fake_hub) == []
+    assert fake_hub.weight_bytes_fetched() == []
     # the three share one tokenizer (the same blobs): fetched once, copied for the others
     assert [r for r, n, _ in fake_hub.ranges if n == "tokenizer.json"] == ["fake/task"]
     listed = {r: sum(len(b) for b in fake_hub.repos[f"fake/{r}"].values())
@@ -141,13 +126,8 @@ def test_a_compatible_trio_shows_sizes_and_memory_before_any_weight_byte(fake_hu
     assert not bf16.live_float32 and bf16.memory_bytes == 2 * n
 
 
-def _listing_bytes(fh: CountingHub, role: str) -> int:
-    files = fh.repos[f"fake/{role}"]
-    listing = {"id": f"fake/{role}", "modelId": f"fake/{role}", "sha": SHA, "private": False,
-               "gated": False, "cardData": {"license": "apache-2.0"},
-               "siblings": [{"rfilename": n, "size": len(b),
-                             "blobId": git_hash(b)} for n, b in files.items()]}
-    return len(json.dumps(listing).encode())
+def _listing_bytes(fh: FakeHub, role: str) -> int:
+    return len(json.dumps(fh.listing(f"fake/{role}")).encode())
 
 
 def test_a_different_tokenizer_is_refused_with_its_reason(fake_hub):
@@ -156,7 +136,7 @@ def test_a_different_tokenizer_is_refused_with_its_reason(fake_hub):
     assert not pf.ok and len(pf.problems) == 1
     assert pf.refusal.startswith("the tokenizers of lang and task: their tokenizer.json differ: "
                                  "token ")
-    assert weight_bytes_fetched(fake_hub) == []
+    assert fake_hub.weight_bytes_fetched() == []
 
 
 def test_the_skeleton_headers_are_the_files_headers(fake_hub, tiny, tmp_path):
@@ -263,20 +243,20 @@ def test_a_hub_pick_is_preflighted_and_downloads_only_on_download_and_use(fake_h
         assert preflight_markdown(pf, access).startswith(
             "**Not compatible**: different vocabulary sizes")
         assert all(0 < fake_hub.sent[r] < MB for r in missing), fake_hub.sent
-        assert not cache.jobs and not weight_bytes_fetched(fake_hub)
+        assert not cache.jobs and not fake_hub.weight_bytes_fetched()
         fake_hub.reset()
         pf, missing = preflight_gate(base, "fake/task", "fake/lang", access)
         md = preflight_markdown(pf, access)
         assert pf.ok and "- download: 34.6 MB in all" in md and "memory" in md
         assert "**Download and use** fetches fake/task, fake/lang (0.03 GB)" in \
             download_line(pf, missing)
-        assert not cache.jobs and not weight_bytes_fetched(fake_hub)
+        assert not cache.jobs and not fake_hub.weight_bytes_fetched()
         assert not (tmp_path / "served-hub").exists()
         # "Download and use": the pick itself, which downloads them (in the background; these
         # small ones end within the pick's wait), then checks them from their files
         session, report = wb.open_session(base, "fake/task", "fake/lang", access=access)
         assert session is not None and report.ok
-        assert weight_bytes_fetched(fake_hub)
+        assert fake_hub.weight_bytes_fetched()
         assert cache.cached("fake/task") is not None and cache.cached("fake/lang") is not None
         assert awaiting_download([base, "fake/task", "fake/lang"], access) == []
     finally:
@@ -314,7 +294,7 @@ def test_weight_files_of_99_mib_headers_are_refused_from_their_lengths(tiny):
     from bounded import assert_bounded, run_attack
 
     evil = _hostile_header(99 << 20)
-    fh = CountingHub({"evil/headers": {"config.json": (tiny["task"] / "config.json").read_bytes(),
+    fh = FakeHub({"evil/headers": {"config.json": (tiny["task"] / "config.json").read_bytes(),
                                        **{f"model-0000{i}-of-00003.safetensors": evil
                                           for i in (1, 2, 3)}},
                       "fake/lang": tiny["lang"]})
@@ -400,7 +380,7 @@ def test_too_many_weight_files_too_many_tensors_and_a_slow_hub_are_refused(tiny,
                             **{f"w{i:04d}.safetensors": empty for i in range(300)}},
              "evil/tensors": {"config.json": config, "model.safetensors": many},
              "fake/task": tiny["task"]}
-    with pointed_at(CountingHub(repos)) as fh:
+    with pointed_at(FakeHub(repos)) as fh:
         pf = preflight({"task": "evil/files"}, endpoint=fh.url)
         assert pf.problems == ["task evil/files: 300 weight files: a pre-flight reads at most "
                                "256 per model (no model needs more): refused"]

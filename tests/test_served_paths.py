@@ -1,5 +1,5 @@
 """No server paths reach a visitor (issue #64, Low): over a served session against the fake Hub
-(``fake_hub.CountingHub``), every string the visitor is handed (the page's lines, the Zip, the
+(``fake_hub.FakeHub``), every string the visitor is handed (the page's lines, the Zip, the
 saved folder's recipe and card, the agent tools' JSON) names models as the visitor named them
 (``owner/name@commit``, a folder by its name under a model root), never the served cache, the
 output root or the working directory. Also: a pick answers the same whether or not a folder
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_hub import SHA, CountingHub, pointed_at
+from fake_hub import SHA, FakeHub, pointed_at
 from layerswap_core.checkpoints import hub
 from layerswap_core.workbench import agents
 from layerswap_core.workbench import session as wb
@@ -48,7 +48,7 @@ def _index_outside(task: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def fake_hub(tiny):
-    fh = CountingHub({"fake/task": tiny["task"], "fake/lang": tiny["lang"],
+    fh = FakeHub({"fake/task": tiny["task"], "fake/lang": tiny["lang"],
                       "fake/elsewhere": tiny["task"],
                       "fake/badheader": _bad_header(tiny["task"]),
                       "fake/outside": _index_outside(tiny["task"])})
@@ -191,7 +191,7 @@ def test_the_served_hub_reads_do_not_follow_a_redirect_to_another_host(served, f
     """fake/elsewhere's files answer 302 to another fake Hub (another port): the pre-flight's
     range reads and the download refuse in one line, and the other host is never asked."""
     access, cache, _ = served
-    other = CountingHub({"fake/task": tiny["task"]})
+    other = FakeHub({"fake/task": tiny["task"]})
     fake_hub.redirects["fake/elsewhere"] = f"{other.url}/fake/task/resolve/{SHA}"
     try:
         pf = preflight_models("", "fake/elsewhere", "fake/lang", access)

@@ -3,29 +3,20 @@ downloads bounded (size from the listing before any byte, timeouts, cancel, a ca
 least-recently-used eviction), save quotas and expiry, saves that belong to their visitor, push
 with the visitor's own token, temporary files removed.
 
-The fake Hub (``FakeHub``: stdlib http.server in a thread on 127.0.0.1) answers the calls the app
-makes: model info with file sizes (``/api/models/<repo>``), file resolve
-(``/<repo>/resolve/<rev>/<file>``), repo creation, preupload and commit (a push). Its repos:
-``fake/tiny`` and ``fake/tiny2`` (the tiny task expert's files), ``fake/slow`` (the same, sent
-slowly), ``fake/hang`` (every request held open), ``fake/huge`` (listed at 40 GiB) and, with the
-tiny files listed right but their weights sent wrong, ``fake/corrupt`` (one byte changed),
-``fake/short`` (the last kilobyte missing), ``fake/liar`` (listed a byte larger) and
-``fake/flaky`` (connections broken off on demand).
-Resolve answers as the Hub does for ``huggingface_hub``: commit, etag (the real sha256 of an LFS
-file, the git blob id of another), size, ranges. These tests turn the Hub on (the suite runs with
-HF_HUB_OFFLINE=1) for themselves only.
+The fake Hub is the suite's one (``fake_hub.FakeHub``, which answers as the Hub does for
+``huggingface_hub``, pushes included). Its repos here: ``fake/tiny`` and ``fake/tiny2`` (the tiny
+task expert's files), ``fake/slow`` (the same, sent slowly), ``fake/hang`` (every request held
+open), ``fake/huge`` (listed at 40 GiB) and, with the tiny files listed right but their weights
+sent wrong, ``fake/corrupt`` (one byte changed), ``fake/short`` (the last kilobyte missing),
+``fake/liar`` (listed a byte larger) and ``fake/flaky`` (connections broken off on demand).
+These tests turn the Hub on (the suite runs with HF_HUB_OFFLINE=1) for themselves only.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 from dataclasses import replace
 import json
 import os
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,9 +27,9 @@ from layerswap_core.checkpoints import hub
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
 from layerswap_core.workbench.served import REFUSED, Access, WorkbenchError, vet_reference
+from fake_hub import FakeHub, pointed_at
 from served_client import download, launch, pick, visitor
 
-SHA = "0123456789abcdef0123456789abcdef01234567"
 REPOS = ("fake/tiny", "fake/tiny2", "fake/slow", "fake/huge", "fake/corrupt", "fake/short",
          "fake/flaky", "fake/liar")
 VISITOR_TOKEN, SERVER_TOKEN = "hf_visitor_alice_token", "hf_server_secret_token"
@@ -51,200 +42,17 @@ def config(b=2, u=1):
     return ("layer swap", b, u, 0, 0, 1.0, 1.0, False, NO_PARTITION, "", *MORE)
 
 
-# --------------------------------------------------------------------------- the fake Hub
-class FakeHub:
-    def __init__(self, model: Path):
-        self.files = {p.name: p.read_bytes() for p in sorted(model.iterdir()) if p.is_file()}
-        self.requests: list[tuple[str, str, str | None]] = []   # method, path, authorization
-        self.pushed: dict[str, dict] = {}                      # repo -> {path: bytes}
-        self.ranged: list[tuple[str, str, str]] = []           # repo, file, Range asked
-        self.cuts: list[str] = []          # fake/flaky: how its next GETs of the weights break off
-        self.stop = threading.Event()
-        hub_ = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                hub_.handle(self, "GET")
-
-            def do_HEAD(self):
-                hub_.handle(self, "HEAD")
-
-            def do_POST(self):
-                hub_.handle(self, "POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.stop.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-    def resolves(self, repo: str) -> list[str]:
-        return [p for m, p, _ in self.requests if p.startswith(f"/{repo}/resolve/")]
-
-    @staticmethod
-    def lfs(name: str) -> bool:
-        return name.endswith(".safetensors")
-
-    def etag(self, name: str) -> str:
-        """A file's etag as the Hub gives it: the sha256 of an LFS file, else its git blob id."""
-        from huggingface_hub.utils.sha import git_hash
-        data = self.files[name]
-        return hashlib.sha256(data).hexdigest() if self.lfs(name) else git_hash(data)
-
-    def listing(self, repo: str) -> dict:
-        def sibling(n: str, size: int) -> dict:
-            if n not in self.files:
-                return {"rfilename": n, "size": size, "blobId": "0" * 40}
-            if self.lfs(n):
-                return {"rfilename": n, "size": size, "blobId": "1" * 40,
-                        "lfs": {"sha256": self.etag(n), "size": size, "pointerSize": 134}}
-            return {"rfilename": n, "size": size, "blobId": self.etag(n)}
-
-        sizes = {n: len(b) for n, b in self.files.items()}
-        if repo == "fake/huge":
-            sizes = {"config.json": 700, "model.safetensors": 40 * 2 ** 30}
-        if repo == "fake/liar":   # lists one byte more of its weights than it sends
-            sizes["model.safetensors"] += 1
-        return {"id": repo, "modelId": repo, "sha": SHA, "private": False, "gated": False,
-                "siblings": [sibling(n, s) for n, s in sizes.items()]}
-
-    def handle(self, h: BaseHTTPRequestHandler, method: str):
-        path = h.path.split("?")[0]
-        auth = h.headers.get("authorization")
-        self.requests.append((method, path, auth))
-        body = h.rfile.read(int(h.headers.get("content-length") or 0)) if method == "POST" else b""
-        if "/fake/hang" in path:
-            self.stop.wait(60)                    # holds the request open, says nothing
-            return
-        if method == "GET" and path.startswith("/api/models/"):
-            repo = path[len("/api/models/"):].split("/revision/")[0]
-            if repo not in REPOS:
-                return self.send(h, 404, {"error": "Repository not found"})
-            return self.send(h, 200, self.listing(repo))
-        if "/resolve/" in path:
-            repo, _, rest = path[1:].partition("/resolve/")
-            name = rest.split("/", 1)[1]
-            data = self.files.get(name)
-            if data is None or repo == "fake/huge":
-                return self.send(h, 404, {"error": "Entry not found"})
-            return self.send_file(h, method, repo, name)
-        if method == "POST":                     # a push: every call needs the visitor's token
-            if auth != f"Bearer {VISITOR_TOKEN}":
-                return self.send(h, 401, {"error": "Invalid credentials"})
-            if path == "/api/validate-yaml":            # the model card's front matter
-                return self.send(h, 200, {"errors": [], "warnings": []})
-            if path == "/api/repos/create":
-                spec = json.loads(body)
-                repo = f"{spec.get('organization') or 'alice'}/{spec['name']}"
-                self.pushed.setdefault(repo, {})
-                return self.send(h, 200, {"url": f"{self.url}/{repo}", "name": repo})
-            if "/preupload/" in path:
-                files = json.loads(body)["files"]
-                return self.send(h, 200, {"files": [{"path": f["path"], "uploadMode": "regular",
-                                                     "shouldIgnore": False} for f in files]})
-            if "/commit/" in path:
-                repo = path[len("/api/models/"):].split("/commit/")[0]
-                for line in body.decode().splitlines():
-                    op = json.loads(line)
-                    if op["key"] == "file":
-                        self.pushed.setdefault(repo, {})[op["value"]["path"]] = \
-                            base64.b64decode(op["value"]["content"])
-                return self.send(h, 200, {"commitUrl": f"{self.url}/{repo}/commit/{SHA}",
-                                          "commitOid": SHA, "success": True})
-        return self.send(h, 404, {"error": "not here"}, method)
-
-    @staticmethod
-    def send(h, status: int, obj: dict, method: str = "GET"):
-        data = json.dumps(obj).encode()
-        h.send_response(status)
-        h.send_header("content-type", "application/json")
-        h.send_header("content-length", str(len(data)))
-        if status == 404:
-            h.send_header("x-error-code", "RepoNotFound" if "Repository" in obj.get("error", "")
-                          else "EntryNotFound")
-        h.end_headers()
-        if method != "HEAD":
-            h.wfile.write(data)
-
-    def send_file(self, h, method: str, repo: str, name: str):
-        """A file as the Hub's resolve answers it: its commit, etag (X-Linked-* for an LFS file),
-        size; a Range request answered 206. What the test repos do to ``model.safetensors``:
-        fake/slow sends it slowly, fake/corrupt with one byte changed, fake/short without its
-        last kilobyte, fake/flaky breaks off the connection while ``cuts`` says so (after half
-        of what was asked; with "nothing", before its first byte)."""
-        data, etag = self.files[name], self.etag(name)
-        start = 0
-        rng = h.headers.get("range")
-        if rng and method == "GET":
-            start = int(rng.removeprefix("bytes=").split("-")[0])
-            self.ranged.append((repo, name, rng))
-        body = data[start:]
-        if name == "model.safetensors" and method == "GET":
-            if repo == "fake/corrupt":
-                body = body[:100] + bytes([body[100] ^ 1]) + body[101:]
-            if repo == "fake/short":
-                body = body[:-1024]
-        h.send_response(206 if start else 200)
-        h.send_header("content-length", str(len(body)))
-        if start:
-            h.send_header("content-range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        h.send_header("etag", f'"{etag}"')
-        if self.lfs(name):
-            h.send_header("x-linked-etag", f'"{etag}"')
-            h.send_header("x-linked-size", str(len(data)))
-        h.send_header("x-repo-commit", SHA)
-        h.send_header("accept-ranges", "bytes")
-        h.end_headers()
-        if method == "HEAD":
-            return
-        cut = None
-        if repo == "fake/flaky" and name == "model.safetensors" and self.cuts:
-            cut = 0 if self.cuts.pop(0) == "nothing" else len(body) // 2
-        slow = repo == "fake/slow"
-        step = 16384 if slow else len(body)
-        try:
-            if cut is not None:
-                h.wfile.write(body[:cut])
-                h.wfile.flush()
-                h.close_connection = True
-                h.connection.shutdown(socket.SHUT_RDWR)
-                return
-            for i in range(0, len(body), step):
-                if self.stop.is_set():
-                    return
-                h.wfile.write(body[i:i + step])
-                if slow:
-                    time.sleep(0.02)
-        except OSError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def fake_hub(tiny):
-    """The fake Hub, the Hub switched on (for this module only) and pointed at it, and a served
-    download cache with a short timeout. Restored afterwards."""
-    from huggingface_hub import constants
-
-    fh = FakeHub(tiny["task"])
+    """The fake Hub (``fake_hub.FakeHub``: every repo the tiny task expert's files, each doing
+    to them what its name says), the Hub switched on (for this module only) and pointed at it,
+    and a served download cache with a short timeout. Restored afterwards."""
+    fh = FakeHub({repo: tiny["task"] for repo in REPOS}, slow={"fake/slow"},
+                 corrupt={"fake/corrupt"}, short={"fake/short"}, liar={"fake/liar"},
+                 flaky={"fake/flaky"}, huge={"fake/huge"}, hang={"fake/hang"},
+                 push_token=VISITOR_TOKEN)
     cache_root = Path(tiny["task"]).parent.parent / "served-hub"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "0")
-        mp.setattr(constants, "HF_HUB_OFFLINE", False)
-        mp.setattr(constants, "ENDPOINT", fh.url)
-        # the resolve URLs' template is made from HF_ENDPOINT when huggingface_hub is
-        # imported: pointed at the fake Hub too, as HF_ENDPOINT set before would have
-        mp.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                   fh.url + "/{repo_id}/resolve/{revision}/{filename}")
-        mp.setenv("HF_ENDPOINT", fh.url)
+    with pointed_at(fh), pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_TOKEN", SERVER_TOKEN)     # the server's token: never sent for a visitor
         before = hub.set_served_cache(hub.HubCache(cache_root, hub.HubLimits(
             max_download=5 * hub.GB, cache_bytes=None, timeout=TIMEOUT, jobs=2)))
@@ -252,7 +60,6 @@ def fake_hub(tiny):
             yield fh
         finally:
             hub.set_served_cache(before)
-            fh.close()
     assert all(auth != f"Bearer {SERVER_TOKEN}" for _, _, auth in fh.requests)
 
 
@@ -414,18 +221,19 @@ def test_a_corrupted_or_truncated_file_is_refused_and_nothing_is_kept(tmp_path, 
 
 
 def test_an_interrupted_download_resumes_and_a_failed_one_restarts_cleanly(tmp_path, fake_hub):
-    whole = fake_hub.files["model.safetensors"]
+    whole = fake_hub.repos["fake/tiny"]["model.safetensors"]
     limits = hub.HubLimits(None, None, TIMEOUT, 2)
     cache = hub.HubCache(tmp_path / "one", limits, fake_hub.url)
-    fake_hub.ranged.clear()
+    fake_hub.reset()
     fake_hub.cuts[:] = ["half"]                  # the first GET breaks off after half the file
     path = cache.fetch("fake/flaky", "v1", wait=30)
     assert fake_hub.cuts == []
-    [(repo, name, rng)] = fake_hub.ranged        # one more GET, from what had arrived
+    [(repo, name, rng)] = [r for r in fake_hub.ranges if r[2]]   # one more GET, from what
+    # had arrived
     assert (repo, name) == ("fake/flaky", "model.safetensors") and rng.endswith("-")
     assert 0 < int(rng.removeprefix("bytes=")[:-1]) <= len(whole) // 2
     assert (path / "model.safetensors").read_bytes() == whole          # resumed, not restarted
-    assert {p.name for p in path.iterdir()} == set(fake_hub.files)     # no notes, no .incomplete
+    assert {p.name for p in path.iterdir()} == set(fake_hub.repos["fake/tiny"])     # no notes, no .incomplete
     # a connection that breaks off before any byte, again and again: the download fails (after
     # huggingface_hub's retries) and leaves nothing; asked again, it starts afresh
     cache = hub.HubCache(tmp_path / "two", limits, fake_hub.url)
@@ -440,7 +248,7 @@ def test_an_interrupted_download_resumes_and_a_failed_one_restarts_cleanly(tmp_p
 
 def test_the_cache_evicts_the_least_recently_used_model_nobody_holds(tmp_path, fake_hub):
     import fnmatch
-    size = sum(len(b) for n, b in fake_hub.files.items()
+    size = sum(len(b) for n, b in fake_hub.repos["fake/tiny"].items()
                if any(fnmatch.fnmatch(n, p) for p in hub.PATTERNS))
     cache = hub.HubCache(tmp_path / "hub", hub.HubLimits(None, int(size * 1.5), TIMEOUT, 2),
                          fake_hub.url)

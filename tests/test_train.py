@@ -451,3 +451,100 @@ def test_presets_train_the_published_layers_or_scale_only_when_asked(tiny_lm):
     lang_layers = {int(n.split(".")[2]) for n in sides["lang"] if ".layers." in n}
     assert lang_layers == {0, 1, 7}
     assert sides["lang"].isdisjoint(sides["task"])
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kw", [
+    # LoRA with dropout (the torch random state matters) and batches that cross passes
+    {"mode": "partial_lora", "partition": SWAP, "lora_rank": 4, "lora_dropout": 0.1,
+     "batch_size": 4},
+    # two datasets, one optimizer switching sides: both data orders and the side schedule
+    {"mode": "simultaneous", "partition": SWAP, "lang_data": "lang", "lr": 1e-3},
+], ids=["partial_lora", "simultaneous"])
+def test_a_resumed_run_equals_the_uninterrupted_run_bit_for_bit(tiny, data, tmp_path, kw):
+    """Stopped by an error in step 4 (after checkpoint-2), resumed: the same losses, validation
+    losses and final weights, bit for bit, as the run that never stopped."""
+    if kw.get("lang_data"):
+        kw = {**kw, "lang_data": str(data["lang"])}
+    common = dict(steps=6, save_every=2, eval_every=2, eval_data=str(data["task"]),
+                  save_dtype="bfloat16", schedule="linear", warmup_steps=1, **kw)
+    whole = T.Trainer(_cfg(tiny, data, tmp_path / "whole", **common))
+    whole.train()
+
+    cut = T.Trainer(_cfg(tiny, data, tmp_path / "cut", **common))
+
+    def stop(step, _dataset, _indices):
+        if step == 3:
+            raise _Stop
+    cut.batch_hooks.append(stop)
+    with pytest.raises(_Stop):
+        cut.train()
+    out = tmp_path / "cut" / "out"
+    assert T.find_resume_state(out) == out / "checkpoint-2" / T.STATE_FILE
+    assert list(out.glob(f"*/{T.STATE_FILE}")) == [out / "checkpoint-2" / T.STATE_FILE]
+    at_2 = torch.load(out / "checkpoint-2" / T.STATE_FILE, weights_only=False)["params"]
+    resumed = T.Trainer(_cfg(tiny, data, tmp_path / "cut", **common), resume=True)
+    assert resumed.start_step == 2
+    resumed.train()
+
+    assert resumed.history == whole.history and len(whole.history) == 6
+    # one state kept, the last checkpoint's; every checkpoint keeps its model or adapter
+    assert list(out.glob(f"*/{T.STATE_FILE}")) == [out / "checkpoint-4" / T.STATE_FILE]
+    assert {p.parent.name for p in out.glob("checkpoint-*/*.safetensors")} == \
+        {"checkpoint-2", "checkpoint-4"}
+    assert resumed.evals == whole.evals and [e["step"] for e in whole.evals] == [0, 2, 4, 6]
+    got, want = resumed._trainable(), whole._trainable()
+    assert set(got) == set(want) and got
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    # without the state's random states and data order it would differ: a fresh run from the
+    # checkpoint's weights alone is not the same run
+    fresh = T.Trainer(_cfg(tiny, data, tmp_path / "fresh", **common))
+    with torch.no_grad():
+        for n, p in fresh._trainable().items():
+            p.copy_(at_2[n])
+    fresh.step(2)
+    assert fresh.history[-1]["loss"] != whole.history[2]["loss"]
+
+
+def test_resume_refuses_a_state_of_other_options(tiny, data, tmp_path):
+    cfg = _cfg(tiny, data, tmp_path, mode="lora", lora_rank=4, steps=2, save_every=1)
+    T.train(cfg)
+    with pytest.raises(TrainError, match=r"other options \(lr\)"):
+        T.Trainer(TrainConfig(**{**cfg.__dict__, "lr": 5e-3}), resume=True)
+    # a changed thread count is allowed (it changes where the run runs, not what it computes)
+    again = T.Trainer(TrainConfig(**{**cfg.__dict__, "threads": 1}), resume=True)
+    assert again.start_step == 1
+    # the same path with other bytes is other data
+    changed = _write(tmp_path / "changed.jsonl", read_jsonl(data["task"])[:4])
+    state = T.find_resume_state(cfg.output)
+    moved = TrainConfig(**{**cfg.__dict__, "data": str(changed)})
+    saved = torch.load(state, weights_only=False)
+    saved["config"]["data"] = str(changed)
+    torch.save(saved, state)
+    with pytest.raises(TrainError, match="other data"):
+        T.Trainer(moved, resume=True)
+
+
+@pytest.mark.parametrize("expert", ["smollm2-math-en", "smollm2-swahili", "gemma3-bengali"])
+def test_train_command_gives_the_logged_configuration_back(expert, tmp_path):
+    """A shipped expert's logged configuration as a `layerswap train` line (``train_command``,
+    the cross-fitting's runs), parsed by the CLI: the same configuration on other files."""
+    import argparse
+
+    from layerswap_core.checkpoints.embedded import ASSETS
+    from layerswap_core.cli import train as cli_train
+    from layerswap_core.training.config import train_command
+    from dataclasses import asdict
+
+    logged = json.loads((ASSETS / expert / "training_log.json").read_text())["config"]
+    paths = {"data": str(tmp_path / "t.jsonl"), "eval_data": str(tmp_path / "e.jsonl"),
+             "output": str(tmp_path / "out")}
+    argv = train_command(logged, **paths)
+    assert argv[:2] == ["layerswap", "train"]
+    parser = argparse.ArgumentParser()
+    cli_train.add_cli(parser.add_subparsers())
+    cfg = cli_train.config_from_args(parser.parse_args(argv[1:])).validate()
+    assert asdict(cfg) == {**logged, **paths}

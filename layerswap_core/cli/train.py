@@ -89,6 +89,11 @@ def add_cli(subparsers):
                    help="write OUT/checkpoint-<step> (a loadable model or adapter) every N steps, "
                         "to pick an expert among checkpoints; the last step is OUT itself "
                         "(default: 0, none)")
+    s.add_argument("--resume", action="store_true",
+                   help="go on from the last OUT/checkpoint-<step> that --save-every wrote (its "
+                        "weights, optimizer, schedule, random states, data order and losses), "
+                        "as if the run had not stopped; the other options must be the first "
+                        "run's (--threads and --device may change); no checkpoint: start")
     s.set_defaults(func=_train)
 
 
@@ -117,9 +122,10 @@ def _train(args) -> int:
             and cpu_has_bf16() is False:
         print("note: this CPU has no bfloat16 instructions, so bf16 training runs several times "
               "slower here than float32 (leave out --autocast / --dtype bfloat16)")
-    argv = ["layerswap", *args.argv]
+    # the command that makes the expert: a resumed run's is the first run's
+    argv = ["layerswap", *(a for a in args.argv if a != "--resume")]
     with progress_bar() as progress:
-        res = train(cfg, progress, argv)
+        res = train(cfg, progress, argv, resume=args.resume)
     print(f"{res.steps} steps in {res.seconds:.0f} s ({res.seconds_per_step:.2f} s/step), "
           f"{res.trainable_params:,} trainable parameters -> {res.output}")
     if res.eval_losses:

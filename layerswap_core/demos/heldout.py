@@ -30,10 +30,12 @@ from ..merge.config import MergeConfig
 from ..merge.live import LiveModel
 from ..training import recipes as D
 from ..training.sft_data import heldout_nll
+from .folds import FOLDS
+from .measure import template_stats
 from .trios import DEMO_BASE, DEMO_LANG, DEMO_TASK   # the Swahili trio's, which this measures
 
-__all__ = ["DEMO_BASE", "DEMO_LANG", "DEMO_TASK", "DEMO_ROWS", "demo_nll_table", "heldout_sets",
-           "table_markdown"]
+__all__ = ["DEMO_BASE", "DEMO_LANG", "DEMO_TASK", "DEMO_ROWS", "control_check", "demo_nll_table",
+           "heldout_sets", "table_markdown"]
 
 
 # --------------------------------------------------------------------------- held-out measurements
@@ -98,3 +100,53 @@ def table_markdown(table: dict[str, dict[str, float]]) -> str:
     for label, row in table.items():
         lines.append(f"| {label} | " + " | ".join(f"{row[c]:.3f}" for c in cols) + " |")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the control's check
+def control_check(control: str, *, task: str = DEMO_TASK, lang: str = DEMO_LANG, fold: int = 1,
+                  limit: int | None = None, threads: int | None = 1, progress=None) -> dict:
+    """Issue #62's criterion for an outer-layer control expert, before it is scaled to the
+    language expert's norms: its outer layers, swapped into the math expert (the app's default
+    swap), may raise the math expert's English held-out NLL (the English worked solutions of
+    the fold's validation variants: never trained on, never evaluated) by no more than the
+    language expert's outer layers do. Per item, the mean NLL per solution token of the math
+    expert, the swap with ``lang`` and the swap with ``control``; the raises are compared with
+    templates as the unit (``template_stats``). ``passes``: the control's mean raise is at most
+    the language expert's."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    rows = D.math_variant_examples("eval", fold=FOLDS[fold])
+    rows = sorted(rows, key=lambda r: r["source"])[:limit]
+    templates = [int(r["source"].rsplit("-", 2)[-2]) for r in rows]
+
+    def per_item(label, model, tok) -> list[float]:
+        out = []
+        for i, r in enumerate(rows):
+            if progress is not None and i % 10 == 0:
+                progress(f"{label}: item {i + 1}/{len(rows)}")
+            out.append(heldout_nll(model, [r], tokenizer=tok, max_length=512))
+        return out
+
+    model, tok = load_model(task, device="cpu")
+    nll = {"math expert": per_item("math expert", model, tok)}
+    del model
+    swap, layers = None, 0
+    for label, outer in (("language expert's outer layers", lang),
+                         ("control's outer layers", control)):
+        live = LiveModel.from_refs(task, outer, device="cpu", dtype=torch.float32)
+        layers = live.arch.num_layers
+        swap = MergeConfig.default_for(layers)
+        live.show(swap)
+        nll[label] = per_item(label, live.model, live.tokenizer)
+        del live
+    math = nll["math expert"]
+    raise_lang = [a - b for a, b in zip(nll["language expert's outer layers"], math)]
+    raise_ctl = [a - b for a, b in zip(nll["control's outer layers"], math)]
+    stats = {"language expert": template_stats(raise_lang, templates),
+             "control": template_stats(raise_ctl, templates),
+             "control minus language expert": template_stats(
+                 [c - x for c, x in zip(raise_ctl, raise_lang)], templates)}
+    return {"task": task, "lang": lang, "control": control, "fold": fold, "swap": swap.describe(layers), "n_items": len(rows), "nll": nll, "templates": templates,
+            "raise": stats, "passes": stats["control"]["mean"] <= stats["language expert"]["mean"]}

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -521,3 +523,101 @@ def effects_table(rows: Sequence[dict]) -> str:
                      f"{r['lower']}/{r['higher']} of {r['n_templates']} | {_p(r['sign_p'])} | "
                      f"{'(primary)' if r['primary'] else _p(r['p_holm'])} |")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the cross-fitted rule
+# Declared for issue #62 in a commit of its own, before any model of fold 2 (``demos.folds``)
+# is evaluated; the result file records that commit (``rule_commit``). The shipped fold-1
+# result (33 templates, its own rule above) is not this rule's outcome.
+#
+# * Statistic (primary): the question-specific difference of ``effect_specs``' primary (the
+#   swap chosen on each fold's validation variants, pooled over the seeds of that fold's
+#   language expert measured, against that fold's math expert; the whole English solution's
+#   NLL after the Swahili question minus after another item's Swahili question), each item
+#   measured by the trio of the fold that never saw its template, then POOLED over both folds
+#   with templates as the unit: the mean of the template means (65: the 66 usable
+#   templates less 0098, whose variants write every number in words, so none passes fold 2's
+#   numbers check).
+# * Items: per evaluated template of each fold, its first ``RULE_ITEMS_PER_TEMPLATE`` surviving
+#   eval variants (lowest variant index; ``rule_items``), measured in rounds: round r is the
+#   r-th item of every template of both folds.
+# * Test: the cluster-bootstrap 95% interval of that mean (templates resampled, 10,000
+#   resamples, seed 0) and the exact two-sided sign test over the template means. Established
+#   only when the interval excludes 0 AND the sign test gives p < 0.05; the sentence for each
+#   outcome is ``cross_fit_verdict``'s. Each fold's own statistic is reported beside it and
+#   decides nothing.
+# * A cut run: only complete rounds count (a round cut midway is dropped from the primary and
+#   its items reported apart); with at least one complete round the rule applies to those
+#   rounds and the sentence says how many items per template it used. A fold with no complete
+#   round: there is no pooled statistic and no verdict ("not measured as declared").
+RULE_ID = "cross-fit-rule-1 (issue 62)"
+RULE_ITEMS_PER_TEMPLATE = 2
+RULE_ALPHA = 0.05
+
+
+def rule_items(items: Sequence[Item], per_template: int = RULE_ITEMS_PER_TEMPLATE,
+               template_of: Callable[[Item], int] = lambda it: int(it.id.split("-")[2]),
+               ) -> list[list[Item]]:
+    """The declared rounds of one fold's eval items: round r holds the r-th item (by variant
+    index) of every template that has one."""
+    by: dict[int, list[Item]] = {}
+    for it in sorted(items, key=lambda i: (template_of(i), int(i.id.rsplit("-", 1)[1]))):
+        by.setdefault(template_of(it), []).append(it)
+    return [[its[r] for its in by.values() if len(its) > r] for r in range(per_template)]
+
+
+def pooled_primary(folds: Mapping[int, Sequence[dict]], spec_by_fold: Mapping[int, Mapping],
+                   *, resamples: int = 10_000, seed: int = 0) -> dict:
+    """The declared primary: each fold's per-item values of its own primary spec, pooled, with
+    templates as the unit (``template_stats``); ``folds``: fold -> its result's item records
+    (a template is evaluated in one fold only, so the templates do not collide)."""
+    values, templates = [], []
+    for fold, items in folds.items():
+        spec = spec_by_fold[fold]
+        values += item_effects(items, spec["models"], spec["vs"], spec["question"],
+                               spec.get("part", "solution"), spec["specific"])
+        templates += [it["template"] for it in items]
+    seen = [{it["template"] for it in items} for items in folds.values()]
+    if len(seen) > 1 and set.intersection(*seen):
+        raise ValueError("a template is evaluated in two folds")
+    return {"rule": RULE_ID, "folds": sorted(folds), **template_stats(
+        values, templates, resamples=resamples, seed=seed)}
+
+
+def cross_fit_verdict(stats: dict | None, rounds: int = RULE_ITEMS_PER_TEMPLATE,
+                      folds_measured: int = 2) -> str:
+    """The sentence the declared rule prints for each outcome (module section above)."""
+    if stats is None or folds_measured < 2 or rounds < 1:
+        return ("not measured as declared: a fold has no complete round, so there is no pooled "
+                "statistic and no verdict")
+    said = (f"{stats['mean']:+.3f} [{stats['ci_low']:+.3f}, {stats['ci_high']:+.3f}], "
+            f"{stats['lower']}/{stats['n_templates']} templates lower, sign p = "
+            f"{stats['sign_p']:.2g}")
+    cut = "" if rounds >= RULE_ITEMS_PER_TEMPLATE else (
+        f" (run cut: {rounds} of {RULE_ITEMS_PER_TEMPLATE} items per template)")
+    ci = stats["ci_high"] < 0 or stats["ci_low"] > 0
+    sign = stats["sign_p"] < RULE_ALPHA
+    way = "gain" if stats["mean"] < 0 else "loss"
+    if ci and sign:
+        return f"a question-specific reading {way}, established by the declared rule: {said}{cut}"
+    if ci:
+        return (f"not established by the declared rule: the interval excludes zero and the "
+                f"template sign test does not: {said}{cut}")
+    if sign:
+        return (f"not established by the declared rule: the template sign test supports a {way} "
+                f"and the interval does not: {said}{cut}")
+    return f"no question-specific reading effect the declared rule can tell from zero: {said}{cut}"
+
+
+def rule_commit(root: str | None = None) -> str | None:
+    """The first commit whose tree has ``RULE_ID`` (the declaration's), from git; None outside
+    a git checkout. The result file records it."""
+    root = root or str(Path(__file__).resolve().parents[2])
+    try:
+        out = subprocess.run(["git", "-C", root, "log", "--format=%H", "--reverse", "-S", RULE_ID,
+                              "--", "layerswap_core/demos/measure.py"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = out.stdout.split()
+    return found[0] if out.returncode == 0 and found else None

@@ -206,6 +206,7 @@ class Dispatcher:
                 live.apply_plan(plan, label)           # its own model again
             guard(guard.fraction, guard.message)
             since[0] = time.monotonic()
+        hook.cancelled = guard.visitor.cancel.is_set   # read inside a step (progress.cancel_check)
         return hook
 
     # ---- running

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from ..progress import Progress, Tally
+from ..progress import Progress, Tally, pausing
 from .pool import Engine, Trio
 from ..checkpoints.tokenizers import encode_prompt
 from ..inference.chat import chat as generate_chat, chat_prompt
@@ -265,18 +266,22 @@ def _chat_job(engine: Engine, job: Job, progress: Progress | None,
     s = job.settings
     show(engine, job.what, progress)
     model, tok = engine.live.model, engine.live.tokenizer
-    messages, dropped = fit_context(model, tok, list(s.get("turns", [])), s["text"],
-                                    int(s["max_new_tokens"]))
+    # the chat template renders here, between two yields: in this thread, under the job's hook
+    # (a Cancel stops a running render: ``prompts``)
+    with pausing(pause) if pause is not None else nullcontext():
+        messages, dropped = fit_context(model, tok, list(s.get("turns", [])), s["text"],
+                                        int(s["max_new_tokens"]))
     deadline = float(s.get("deadline", time.monotonic() + 120))
     out = {"content": "", "dropped": dropped, "stopped": time.monotonic() >= deadline}
     if out["stopped"]:
         yield dict(out)
         return
     t0, count = time.perf_counter(), 0
-    stream = generate_chat(model, tok, messages, max_new_tokens=int(s["max_new_tokens"]),
-                           stream=True, temperature=float(s.get("temperature", 0.0)),
-                           repetition_penalty=float(s.get("repetition_penalty", 1.0)),
-                           calculator=bool(s.get("calculator", True)), pause=pause)
+    with pausing(pause) if pause is not None else nullcontext():
+        stream = generate_chat(model, tok, messages, max_new_tokens=int(s["max_new_tokens"]),
+                               stream=True, temperature=float(s.get("temperature", 0.0)),
+                               repetition_penalty=float(s.get("repetition_penalty", 1.0)),
+                               calculator=bool(s.get("calculator", True)), pause=pause)
     try:
         for so_far in stream:
             out["content"] = so_far

@@ -292,3 +292,27 @@ def variant_items(lang: str, split: str = "eval", templates_: tuple[int, ...] | 
             out.append(Item(f"variant-{split}-{t:04d}-{k}", "gsm-symbolic-variants",
                             short, question, gold, solution, None))
     return out
+
+
+# what the cross-fitting's second fold (``demos.folds``) draws with the same rules
+def drawn_rows(lang: str, template: int, split: str) -> tuple[tuple[str, str, str], ...]:
+    """(question, solution, gold) of every variant drawn for one template and split, before
+    disjointness: the shipped file's, else the package engine's (seed and count of the split)."""
+    return _rows(symbolic_lang(lang), template, split)
+
+
+def draw(lang: str, template: int, split: str) -> tuple[tuple[str, str, str], ...]:
+    """The package engine's variants of one template and split (its seed and count): minutes
+    for a whole split."""
+    return _generated(symbolic_lang(lang), template, SPLIT_SEEDS[split] + template,
+                      PER_TEMPLATE[split])
+
+
+def row_key(lang: str, template: int, split: str) -> str:
+    """A variants file's key of one template and split."""
+    return _key(symbolic_lang(lang), template, split)
+
+
+def file_stamp() -> dict:
+    """What a variants file depends on (package version, seeds, counts, languages' tables)."""
+    return _file_stamp()

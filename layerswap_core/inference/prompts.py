@@ -16,7 +16,9 @@ step, call, filter and operator (``RENDER_STEPS``, ``RENDER_SECONDS``), and a si
 string, list and dict a step makes and on the output (``RENDER_CHARS``, characters and items):
 two nested ``range(100000)`` loops, ``'a' * 1000000000``, a ``join`` of huge ranges or a macro
 that calls itself are refused within a second instead of holding a slot for hours or taking
-gigabytes. The sizes are checked before the operations that multiply them (``*``, ``**``,
+gigabytes. A render inside a dispatcher job also stops when the job is cancelled (Cancel, the
+visitor leaving: ``progress.cancel_check``), so a prompt rendered many times (a long chat's
+turns fitted to the context, an evaluation's items) never outlasts a Cancel by more than one step. The sizes are checked before the operations that multiply them (``*``, ``**``,
 ``%``, ``format``, ``replace``, ``join``, ``indent``, ``wordwrap``, ``expandtabs``,
 ``translate``) and after every other. ``lipsum`` (never in a chat template) is left out.
 """
@@ -26,6 +28,8 @@ import re
 import time
 from contextvars import ContextVar
 from functools import lru_cache, wraps
+
+from ..progress import Cancelled, cancel_check
 
 __all__ = ["PLAIN_STOP", "RENDER_CHARS", "RENDER_SECONDS", "RENDER_STEPS", "ChatTemplateError",
            "chat_stop", "has_chat_template", "render_chat", "render_template"]
@@ -71,6 +75,7 @@ RENDER_STEPS = 1_000_000    # loop steps, calls, filters and operators of one re
 RENDER_SECONDS = 2.0        # one render (an ordinary template takes well under a millisecond)
 RENDER_CHARS = 1_000_000    # characters and items of any one value made, and of the output
 TEMPLATE_CHARS = 1_000_000  # the template's own text (real ones: a few kB to ~30 kB)
+CANCEL_EVERY = 256          # steps between two looks at the job's Cancel (microseconds apart)
 _WIDTH = re.compile(r"%[-+ #0]*\d*\.?\d{7}|\{[^{}]*:[^{}]*\d{7}")   # a field width of a million+
 
 _BUDGET: ContextVar[_Budget | None] = ContextVar("layerswap_render_budget", default=None)
@@ -85,11 +90,14 @@ class _Refused(Exception):
 
 
 class _Budget:
-    """One render's steps, output and deadline."""
+    """One render's steps, output and deadline, and whether its job was cancelled meanwhile
+    (``progress.cancel_check``: a Cancel or a visitor leaving stops a running render, checked
+    every ``CANCEL_EVERY`` steps)."""
 
     def __init__(self):
         self.steps = self.output = 0
         self.deadline = time.monotonic() + RENDER_SECONDS
+        self.cancelled = cancel_check()
 
     def step(self) -> None:
         self.steps += 1
@@ -97,6 +105,8 @@ class _Budget:
             raise _Refused(f"runs past {RENDER_STEPS:,} loop steps, calls and operators")
         if time.monotonic() > self.deadline:
             raise _Refused(f"runs past {RENDER_SECONDS:g} s")
+        if self.cancelled is not None and not self.steps % CANCEL_EVERY and self.cancelled():
+            raise Cancelled()
 
     def counted(self, iterable):
         for item in iterable:

@@ -1,12 +1,15 @@
 """``MergeConfig``: everything that defines a merge, its fields declared once (as ``Knob``s) and
 checked, read from and written to YAML; the layer-count defaults and the paper's ranges.
 
-The fields are ``method``, the knobs of the registered methods (``registry.KNOBS``: layer counts,
-weights, partition, lambdas, ...) and the output/model fields below (dtype, tokenizer source,
-the three model references); a method registered or unregistered later remakes them
-(``registry.on_change``). Each field's kind and bounds are declared on its ``Knob``, which
-also checks them (``Knob.refuses``, strict: no text read as a number, no bool as a number); a
-refused value becomes a one-line ``ConfigError`` naming the field. (A pydantic model built from
+A config is plain data, its class fixed at import (as mergekit's: a method plus its parameters):
+``method``, ``params`` (the values given of the registered methods' knobs, ``registry.KNOBS``:
+layer counts, weights, partition, lambdas, ...; a knob not given reads its default, as an
+attribute: ``config.bottom``) and the output/model fields below (dtype, tokenizer source, the
+three model references). ``FIELDS`` lists them all, read from the registry when it is used, so a
+method registered later (a plugin, a test) has its knobs as fields at once and nothing is
+remade. Each field's kind and bounds are declared on its ``Knob``, which also checks them
+(``Knob.refuses``, strict: no text read as a number, no bool as a number); a refused value
+becomes a one-line ``ConfigError`` naming the field. (A pydantic model built from
 the knobs did this check until 2026-11-27: importing it took about 0.15 s of a 1.2 s
 ``layerswap merge``, for nothing the knobs did not already declare.) A config is checked when
 it is loaded (``from_dict``/YAML), validated (``validate``), and planned; constructing one
@@ -18,15 +21,24 @@ counts as given, scaled only with ``scale_partition``.
 """
 from __future__ import annotations
 
+import copy
 import os
 import re
-from dataclasses import asdict, dataclass, replace
-from typing import Any  # noqa: F401 - MergeConfig's "value" fields are annotated Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from . import method_layer_swap, method_soup, method_task_arithmetic, method_ties
 from .errors import ConfigError
 from .partition import MODELS, REFERENCE_LAYERS, Partition, scale_layers, value_text
-from .registry import KNOBS, MERGE_METHODS, Knob, get_method, on_change
+from .registry import KNOBS, MERGE_METHODS, Knob, get_method, register_method
 from .. import __version__
+
+# The built-in merge methods, one file each (its ``DECLARED``), registered here in this order:
+# the CLI's --method choices, the app's radio and ``FIELDS`` follow it.
+for _declared in (*method_layer_swap.DECLARED, *method_soup.DECLARED,
+                  *method_task_arithmetic.DECLARED, *method_ties.DECLARED):
+    register_method(*_declared)
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -159,36 +171,34 @@ OUTPUT_FIELDS = (
     _model("task", "task (e.g. math) expert: folder, owner/name or embedded:NAME"),
     _model("lang", "language expert"),
     _model("base", "common base model (magnitude weights, task arithmetic, TIES)"))
-FIELDS: dict[str, Knob] = {}   # kept up to date in place (``_fields_of_knobs``)
-_GENERATED = ("__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
-              "__dataclass_fields__", "__dataclass_params__")
+class _Fields(Mapping):
+    """Field name -> its ``Knob``: the method, the registered methods' knobs (``registry.KNOBS``,
+    in declaration order), the output and model fields; read from the registry on every use."""
+
+    def _now(self) -> dict[str, Knob]:
+        return {k.name: k for k in (METHOD, *KNOBS.values(), *OUTPUT_FIELDS)}
+
+    def __getitem__(self, name: str) -> Knob:
+        return self._now()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
 
 
-def _fields_of_knobs(cls):
-    """Make ``FIELDS`` (the method, ``registry.KNOBS``, the output and model fields) the
-    dataclass fields (name, default) of ``cls``, in that order; again, on the same class, when
-    the registry changes (the dataclass methods are made anew; a config made before keeps its
-    values and reads a new field's default)."""
-    FIELDS.clear()
-    FIELDS.update({k.name: k for k in (METHOD, *KNOBS.values(), *OUTPUT_FIELDS)})
-    hint = {"count": "int", "number": "float", "bool": "bool", "choice": "str", "value": "Any"}
-    for name in _GENERATED:
-        if name in cls.__dict__:
-            delattr(cls, name)
-    for name in set(cls.__dict__.get("__annotations__", {})) - set(FIELDS):
-        delattr(cls, name)   # the default of a knob no longer declared
-    cls.__annotations__ = {k.name: hint[k.kind] + (" | None" if k.optional else "")
-                           for k in FIELDS.values()}
-    for k in FIELDS.values():
-        setattr(cls, k.name, k.default)
-    return dataclass(cls)
+FIELDS: Mapping[str, Knob] = _Fields()
 
 
 # --------------------------------------------------------------------------- config
-@_fields_of_knobs
+@dataclass(init=False, eq=False)
 class MergeConfig:
-    """Everything that defines a merge (the fields: ``FIELDS``, i.e. ``method``, the registered
-    methods' knobs, ``dtype``, ``tokenizer_source``, ``task``, ``lang``, ``base``).
+    """Everything that defines a merge: ``method``, ``params`` (knob name -> value given; the
+    registered methods' knobs, each also an attribute, its default where not given), ``dtype``,
+    ``tokenizer_source``, ``task``, ``lang``, ``base`` (all of them: ``FIELDS``).
+    ``MergeConfig(method="soup", w_task=3.0)`` gives knobs by name; an unknown name is a
+    TypeError, as for any class. Two configs are equal when every field is (``to_dict``).
 
     ``bottom``/``top`` None: the 32-layer defaults (5, 2) scaled to the model's depth. A
     ``partition`` (None | "A" | "B" | "C" | list of rule mappings) replaces bottom/top/
@@ -196,6 +206,39 @@ class MergeConfig:
     None: task (and the vocabularies must agree). Model references are optional here (the
     CLI/API may give them). Field types and bounds are checked by ``check_fields``.
     """
+    method: str = "layer_swap"
+    params: dict[str, Any] = field(default_factory=dict)
+    dtype: str | None = None
+    tokenizer_source: str | None = None
+    task: Any = None
+    lang: Any = None
+    base: Any = None
+
+    def __init__(self, method: str = "layer_swap", *, params: Mapping[str, Any] | None = None,
+                 dtype=None, tokenizer_source=None, task=None, lang=None, base=None, **knobs):
+        given = {**(params or {}), **knobs}
+        unknown = [k for k in given if k not in KNOBS]
+        if unknown:
+            raise TypeError(f"MergeConfig: unknown field(s) {', '.join(map(str, unknown))} "
+                            f"(known: {', '.join(FIELDS)})")
+        self.method, self.params = method, given
+        self.dtype, self.tokenizer_source = dtype, tokenizer_source
+        self.task, self.lang, self.base = task, lang, base
+
+    def __getattr__(self, name: str):
+        """A knob's value (its default when not given); only called for names the instance and
+        its class lack."""
+        knob = KNOBS.get(name)
+        if knob is None or name == "params":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.params.get(name, knob.default)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, MergeConfig):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None   # mutable data, as before
 
     @classmethod
     def default_for(cls, num_layers: int, **kw) -> MergeConfig:
@@ -260,7 +303,8 @@ class MergeConfig:
 
     # ---- serialisation
     def to_dict(self) -> dict:
-        d = asdict(self)
+        """Every field (``FIELDS`` order) with its value: a knob not given, its default."""
+        d = {name: copy.deepcopy(getattr(self, name)) for name in FIELDS}
         if isinstance(d["partition"], tuple):
             d["partition"] = list(d["partition"])
         return d
@@ -309,5 +353,3 @@ class MergeConfig:
         """One line, e.g. 'layer swap: bottom 5, top 2, transitions 0/0, non-layer averaged'."""
         return get_method(self.method).describe(self, num_layers)
 
-
-on_change(lambda: _fields_of_knobs(MergeConfig))

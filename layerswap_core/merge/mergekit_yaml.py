@@ -2,41 +2,31 @@
 mergekit config, ``from_mergekit`` reads a mergekit config into a ``MergeConfig``.
 
 Out. The YAML is written from the plan (which source for every tensor), so it is the merge
-layerswap builds, or a one-line ``ConfigError`` naming what mergekit cannot express:
-
-- layer swap: one slice per run of layers with one source (``passthrough`` when every tensor is a
-  copy, else ``linear``: a copied run is one source of weight 1, a transition run the two experts
-  with w_task / w_lang). mergekit takes the embeddings from the first slice's models and the
-  final norm / LM head from the last slice's; where those are not the non-layer choice, an empty
-  slice (``layer_range: [0, 0]`` first, ``[L, L]`` last) carries it. ``base_model`` is the task
-  expert (mergekit copies config.json and the tokenizer from it; ``from_mergekit`` reads it as the
-  task expert). Partitions whose rules take whole layers are slices too.
-- soup: ``linear`` over the two experts; task arithmetic: ``task_arithmetic`` (normalize false);
-  TIES: ``ties`` (weights 1, normalize true, ``lambda``). Each method's own declaration says
-  which (``registry.MergeMethod.mergekit``: ``SLICES``, ``BLEND`` or its own writer).
-- refused: magnitude-adjusted weights (computed from the deltas at merge time; mergekit has no
-  such weighting) and so the magnitude soup; partition rules that split a layer by module kind
-  (a mergekit slice takes whole layers).
+layerswap builds, or a one-line ``ConfigError`` naming what mergekit cannot express. Each method
+writes its own part (``registry.MergeMethod.to_mergekit``, in its ``method_<id>.py``: a layer
+swap as slices, a soup as ``linear``, task arithmetic as ``task_arithmetic`` (normalize false),
+TIES as ``ties``); this module adds what every method shares: the models' paths, the refusal of
+magnitude-adjusted weights (computed from the deltas at merge time; mergekit has no such
+weighting, so the magnitude soup has no writer), ``dtype``/``out_dtype``, the notes on the
+files mergekit copies, and the header.
 
 Bit for bit: mergekit computes in float32 (``dtype: float32``; ``out_dtype`` the output's dtype),
 copies are copies (a one-source ``linear`` slice of weight 1 only turns -0.0 into +0.0), task
 arithmetic sums as mergekit does. Where the result can differ in the last bits, ``notes`` says so:
 mergekit's ``linear`` fuses each product after the first into the sum (``addcmul``, one
 rounding), layerswap rounds it first, so a blend is bit-identical when one of its weights is 0 or
-a power of two (that expert is listed second) and not otherwise; TIES keeps every entry tied with
-a tensor's trim threshold, mergekit exactly k of them.
+a power of two (that expert is listed second: ``mergekit_parts.blend_sources``) and not
+otherwise; TIES keeps every entry tied with a tensor's trim threshold, mergekit exactly k of them.
 
-In. ``from_mergekit`` maps ``linear`` over two models (soup), ``task_arithmetic``, ``ties`` and
-``passthrough``/``linear`` slices that keep every layer in place in the layer-swap pattern
-(language bottom, blend, task middle, blend, language top) to a config, and refuses anything else
-with the reason. Roles: with ``models``, the first is the task expert and the second the
-language expert (``base_model`` the base for task arithmetic / TIES); with ``slices``,
-``base_model`` is the task expert.
+In. ``from_mergekit`` checks what every YAML shares (its keys, dtype, base_model, models or
+slices) and hands the rest to the methods' readers in declaration order
+(``registry.MergeMethod.from_mergekit``): the first that reads it gives the config, and a YAML no
+method reads is refused with the reason. Roles: with ``models``, the first is the task expert and
+the second the language expert (``base_model`` the base for task arithmetic / TIES); with
+``slices``, ``base_model`` is the task expert.
 """
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -45,13 +35,12 @@ from ..checkpoints.compatibility import open_models
 from ..checkpoints.references import resolve
 from .config import DTYPES, MergeConfig, load_yaml
 from .errors import ConfigError
+from .mergekit_parts import refuse
 from .partition import value_text
 from .plan import build_plan
-from .registry import BLEND, SLICES, Source, concrete, get_method
+from .registry import MERGE_METHODS, concrete, get_method
 
 __all__ = ["to_mergekit", "from_mergekit", "mergekit_file", "read_mergekit", "Opened"]
-
-PRE_KINDS = ("embed",)   # mergekit's pre_weights; final norm and LM head are its post_weights
 
 
 class Opened(NamedTuple):
@@ -113,17 +102,9 @@ def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None,
     out_dtype = config.dtype or _torch_dtype_name(models.task_dtypes)
     doc: dict = {"merge_method": None}
     method = get_method(config.method)
-    if method.mergekit == SLICES:
-        doc.update(_slices(plan, paths, notes))
-    elif method.mergekit == BLEND:
-        doc.update(merge_method="linear", base_model=paths["task"],
-                   models=_blend_sources(Source("linear", ("task", "lang"),
-                                                (config.w_task, config.w_lang)),
-                                         paths, notes, layers=None))
-    elif method.mergekit is not None:
-        doc.update(method.mergekit(config, paths, notes))
-    else:
+    if method.to_mergekit is None:
         raise ConfigError(f"mergekit has no counterpart of method {config.method}")
+    doc.update(method.to_mergekit(config, plan, paths, notes))
     donor = "base" if method.needs_base else "task"   # mergekit's base_model
     if donor == "base":
         notes.append("config.json and the tokenizer: mergekit copies them from base_model (the "
@@ -146,96 +127,6 @@ def _torch_dtype_name(st_dtypes: set[str]) -> str:
         raise ConfigError(f"mergekit YAML: the task expert's tensors are {', '.join(sorted(found))}"
                           " (one output dtype needed): give --dtype")
     return found.pop()
-
-
-def _exact_product(w: float) -> bool:
-    """Whether w * x is exact in float32 for every float32 x (0, or a power of two)."""
-    import numpy as np
-    w32 = float(np.float32(w))
-    return w32 == 0 or math.frexp(abs(w32))[0] == 0.5
-
-
-def _blend_sources(src: Source, paths: dict, notes: list, layers) -> list[dict]:
-    """The sources of a ``linear`` blend, the expert with an exact product second (see the
-    module docstring), a note where neither product is exact."""
-    import numpy as np
-    pairs = list(zip(src.models, src.weights))
-    if len(pairs) == 2 and not _exact_product(pairs[1][1]) and _exact_product(pairs[0][1]):
-        pairs.reverse()
-    note = None
-    if len(pairs) == 2 and not _exact_product(pairs[1][1]):
-        note = (f"blend weights {src.weights[0]:g} : {src.weights[1]:g}: mergekit's linear fuses "
-                "the second product into the sum (one rounding), layerswap rounds it first: "
-                "blended entries can differ in the last bit (bit-identical when a weight is 0 or "
-                "a power of two, e.g. 1:1, 3:1)")
-    elif np.float32(pairs[0][1]) + np.float32(pairs[1][1]) != np.float32(sum(src.weights)):
-        note = (f"blend weights {src.weights[0]:g} : {src.weights[1]:g}: their float32 sum differs "
-                "from the float32 of their sum: blended entries can differ in the last bit")
-    if note and note not in notes:
-        notes.append(note)
-    out = []
-    for model, w in pairs:
-        entry = {"model": paths[model]}
-        if layers is not None:
-            entry["layer_range"] = list(layers)
-        entry["parameters"] = {"weight": float(w)}
-        out.append(entry)
-    return out
-
-
-def _slices(plan, paths: dict, notes: list) -> dict:
-    """A layer swap (or whole-layer partition) plan as mergekit slices."""
-    arch, L = plan.arch, plan.num_layers
-    per_layer: dict[int, dict[Source, list[str]]] = {l: {} for l in range(L)}
-    pre: dict[Source, None] = {}
-    post: dict[Source, None] = {}
-    for name, src in plan.sources.items():
-        info = arch.classify(name)
-        if info.layer is None:
-            (pre if info.kind in PRE_KINDS else post)[src] = None
-        else:
-            per_layer[info.layer].setdefault(src, []).append(info.kind)
-    for l, by_src in per_layer.items():
-        if len(by_src) > 1:
-            parts = "; ".join(f"{s.label}: {', '.join(sorted(set(k)))}" for s, k in by_src.items())
-            raise ConfigError(f"mergekit cannot express a partition that splits layer {l} by module "
-                              f"kind ({parts}): a mergekit slice takes whole layers")
-    for what, found in (("embeddings", pre), ("final norm and LM head", post)):
-        if len(found) > 1:
-            raise ConfigError(f"mergekit cannot express the {what} from different sources "
-                              f"({', '.join(s.label for s in found)})")
-    runs: list[list] = []   # [start, end, source]
-    for l in range(L):
-        (src,) = per_layer[l]
-        if runs and runs[-1][2] == src:
-            runs[-1][1] = l + 1
-        else:
-            runs.append([l, l + 1, src])
-    pre_src = next(iter(pre or post), None)
-    post_src = next(iter(post or pre), None)
-    if pre_src is not None and runs[0][2] != pre_src:
-        runs.insert(0, [0, 0, pre_src])
-    if post_src is not None and runs[-1][2] != post_src:
-        runs.append([L, L, post_src])
-    if len(runs[0][2].models) != len(runs[-1][2].models):
-        # mergekit reads the post weights with as many inputs as the FIRST slice has
-        raise ConfigError("mergekit cannot express the embeddings and the final norm from a "
-                          "different number of models")
-    copies_only = all(s.method == "copy" for _, _, s in runs)
-    slices = []
-    for start, end, src in runs:
-        if src.method == "copy":
-            entry = {"model": paths[src.model], "layer_range": [start, end]}
-            if not copies_only:
-                entry["parameters"] = {"weight": 1.0}
-            sources = [entry]
-        elif src.method == "linear":
-            sources = _blend_sources(src, paths, notes, (start, end))
-        else:
-            raise ConfigError(f"mergekit cannot express per-tensor method {src.method} in slices")
-        slices.append({"sources": sources})
-    return {"merge_method": "passthrough" if copies_only else "linear",
-            "base_model": paths["task"], "slices": slices}
 
 
 def _dump(doc: dict, plan, notes: list[str]) -> str:
@@ -269,187 +160,37 @@ def mergekit_file(config: MergeConfig, models: Opened, folders: bool = True) -> 
 
 
 # --------------------------------------------------------------------------- in
-def _refuse(why: str):
-    raise ConfigError(f"mergekit YAML: {why}")
-
-
-def _scalar(value, what: str):
-    if isinstance(value, (list, dict)):
-        _refuse(f"{what}: per-tensor filters and gradients ({value_text(value)}) have no layerswap "
-                "counterpart")
-    return value
-
-
-def _params(*layers) -> dict:
-    """Parameters with mergekit's precedence (first given wins), each a scalar."""
-    out: dict = {}
-    for layer in layers:
-        if layer is None:
-            continue
-        if not isinstance(layer, dict):
-            _refuse(f"parameters must be a mapping, got {value_text(layer)}")
-        for k, v in layer.items():
-            out.setdefault(k, _scalar(v, f"parameter {k}"))
-    return out
-
-
-def _number(params: dict, key: str, what: str, default=None) -> float:
-    v = params.get(key, default)
-    if v is None:
-        _refuse(f"{what}: no {key} given")
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        _refuse(f"{what}: {key} must be a number, got {value_text(v)}")
-    return float(v)
-
-
-def _model(entry, what: str) -> str:
-    if not isinstance(entry, dict) or not isinstance(entry.get("model"), str):
-        _refuse(f"{what}: each entry needs a model (a folder or Hub id)")
-    return entry["model"]
-
-
 def from_mergekit(text: str, num_layers: int | None = None) -> MergeConfig:
-    """The ``MergeConfig`` of a mergekit YAML (see the module docstring for what maps);
-    ConfigError with the reason for anything else. ``num_layers``: the model's depth, checked
-    against the layers the slices cover."""
+    """The ``MergeConfig`` of a mergekit YAML, read by the first method whose reader takes it
+    (see the module docstring); ConfigError with the reason for anything else.
+    ``num_layers``: the model's depth, checked against the layers the slices cover."""
     doc = load_yaml(text, "mergekit config")
     if not isinstance(doc, dict):
-        _refuse(f"must be a mapping, got {value_text(doc)}")
+        refuse(f"must be a mapping, got {value_text(doc)}")
     known = {"merge_method", "base_model", "dtype", "out_dtype", "parameters", "models", "slices"}
     other = sorted(set(map(str, doc)) - known)
     if other:
-        _refuse(f"{', '.join(other)} not supported (layerswap reads merge_method, base_model, "
-                "dtype, out_dtype, parameters, models, slices)")
+        refuse(f"{', '.join(other)} not supported (layerswap reads merge_method, base_model, "
+               "dtype, out_dtype, parameters, models, slices)")
     dtype = doc.get("out_dtype") or doc.get("dtype")
     if dtype is not None and dtype not in DTYPES:
-        _refuse(f"dtype {value_text(dtype)}: layerswap writes {', '.join(DTYPES)}")
+        refuse(f"dtype {value_text(dtype)}: layerswap writes {', '.join(DTYPES)}")
     method, base = doc.get("merge_method"), doc.get("base_model")
     if base is not None and not isinstance(base, str):
-        _refuse(f"base_model must be a model reference, got {value_text(base)}")
-    glob = doc.get("parameters")
+        refuse(f"base_model must be a model reference, got {value_text(base)}")
     if ("models" in doc) == ("slices" in doc):
-        _refuse("give exactly one of models or slices")
-    if "slices" in doc:
-        return _from_slices(doc["slices"], method, base, glob, dtype, num_layers)
-    models = doc["models"]
-    if not isinstance(models, list) or len(models) != 2:
-        _refuse("layerswap merges exactly two models (the task expert first, the language expert "
-                f"second), got {value_text(models)}")
-    task, lang = (_model(m, "models") for m in models)
-    p = [_params(m.get("parameters"), glob) for m in models]
-    if method == "linear":
-        if base is not None and base not in (task, lang):
-            _refuse("base_model is a third input of a linear merge: layerswap's soup averages two")
-        if not _params(glob).get("normalize", True):
-            _refuse("linear with normalize: false is a plain sum; layerswap's soup is an average")
-        return MergeConfig(method="soup", w_task=_number(p[0], "weight", task),
-                           w_lang=_number(p[1], "weight", lang), dtype=dtype, task=task, lang=lang)
-    if method not in ("task_arithmetic", "ties"):
-        _refuse(f"merge_method {method!r} has no layerswap counterpart (layerswap reads "
-                "linear, task_arithmetic, ties, and passthrough/linear slices)")
-    if base is None:
-        _refuse(f"{method} needs base_model")
-    shared = _params(glob)
-    lam = _number(shared, "lambda", method, 1.0)
-    if shared.get("rescale") or any(k in pp for pp in p for k in ("gamma", "epsilon")):
-        _refuse(f"{method} with rescale/gamma/epsilon has no layerswap counterpart")
-    w = [_number(pp, "weight", m) for pp, m in zip(p, (task, lang))]
-    if method == "task_arithmetic":
-        if any(_number(pp, "density", "task_arithmetic", 1.0) != 1 for pp in p):
-            _refuse("task_arithmetic with density < 1 (sparsified) has no layerswap counterpart")
-        scale = lam / (sum(w) if shared.get("normalize", False) and abs(sum(w)) >= 1e-8 else 1)
-        return MergeConfig(method="task_arithmetic", lambda_task=w[0] * scale,
-                           lambda_lang=w[1] * scale, dtype=dtype, task=task, lang=lang, base=base)
-    d = [_number(pp, "density", "ties", 1.0) for pp in p]
-    if d[0] != d[1] or w[0] != w[1] or w[0] <= 0:
-        _refuse("ties with different weights or densities per model: layerswap's TIES weighs the "
-                "two experts alike")
-    if not shared.get("normalize", True):
-        _refuse("ties with normalize: false has no layerswap counterpart")
-    return MergeConfig(method="ties", ties_density=d[0], ties_lambda=lam, dtype=dtype,
-                       task=task, lang=lang, base=base)
-
-
-def _from_slices(slices, method, task, glob, dtype, num_layers) -> MergeConfig:
-    if method not in ("passthrough", "linear"):
-        _refuse(f"slices with merge_method {method!r}: layerswap reads slices of "
-                "passthrough or linear (a layer swap)")
-    if task is None:
-        _refuse("slices without base_model: set base_model to the task expert (the model whose "
-                "middle layers are kept)")
-    if not isinstance(slices, list) or not slices:
-        _refuse("slices must be a non-empty list")
-    if not _params(glob).get("normalize", True):
-        _refuse("linear with normalize: false is a plain sum; a layer-swap blend is an average")
-    runs = []   # (start, end, {model: weight})
-    at = 0
-    for i, s in enumerate(slices):
-        if not isinstance(s, dict) or not isinstance(s.get("sources"), list) or not s["sources"]:
-            _refuse(f"slice {i}: needs a list of sources")
-        if set(s) - {"sources", "parameters"}:
-            _refuse(f"slice {i}: {', '.join(sorted(set(map(str, s)) - {'sources', 'parameters'}))}"
-                    " not supported")
-        ranges, weights = set(), {}
-        for src in s["sources"]:
-            model = _model(src, f"slice {i}")
-            r = src.get("layer_range")
-            if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and
-                                                                not isinstance(x, bool) for x in r)):
-                _refuse(f"slice {i}: layer_range must be [start, end], got {value_text(r)}")
-            ranges.add(tuple(r))
-            p = _params(src.get("parameters"), s.get("parameters"), glob)
-            if method == "passthrough" and p.get("scale") not in (None, 1, 1.0):
-                _refuse(f"slice {i}: passthrough scale has no layerswap counterpart")
-            if model in weights:
-                _refuse(f"slice {i}: {model} is given twice")
-            weights[model] = _number(p, "weight", f"slice {i}", 1.0 if method == "passthrough"
-                                     else None)
-        if len(ranges) != 1:
-            _refuse(f"slice {i}: its sources take different layer ranges")
-        (start, end), = ranges
-        if start != at or end < start:
-            _refuse(f"slice {i} takes layers [{start}, {end}) at output layer {at}: layer swapping "
-                    "keeps every layer in place (no moved, repeated or dropped layers)")
-        at = end
-        runs.append((start, end, weights))
-    if num_layers is not None and at != num_layers:
-        _refuse(f"the slices cover {at} layers, the model has {num_layers}")
-    models = {m for _, _, w in runs for m in w}
-    if task not in models and models:
-        models.add(task)
-    if len(models) != 2:
-        _refuse(f"a layer swap takes two models (base_model is the task expert), got "
-                f"{len(models)}: {', '.join(sorted(models))}")
-    (lang,) = models - {task}
-
-    def kind(w: dict) -> str:
-        if len(w) == 1:
-            return "task" if task in w else "lang"
-        if any(v < 0 for v in w.values()) or sum(w.values()) <= 0:
-            _refuse(f"blend weights {value_text(w)}: a layer-swap blend is an average")
-        return "blend"
-
-    layers = [(kind(w), w) for s, e, w in runs for _ in range(e - s)]
-    pattern = "".join({"lang": "L", "blend": "B", "task": "T"}[k] for k, _ in layers)
-    m = re.fullmatch(r"(L*)(B*)(T*)(B*)(L*)", pattern)
-    if m is None:
-        _refuse("the slices do not follow the layer-swap pattern (language bottom, blend, task "
-                "middle, blend, language top)")
-    blends = [w for k, w in layers if k == "blend"]
-    # the non-layer choice: the first slice gives the embeddings, the last the norm / LM head
-    pre, post = (kind(runs[0][2]), runs[0][2]), (kind(runs[-1][2]), runs[-1][2])
-    if pre[0] != post[0] or (pre[0] == "blend" and pre[1] != post[1]):
-        _refuse("the embeddings (first slice) and the final norm / LM head (last slice) come from "
-                "different sources: layerswap's non_layer takes one source for all of them")
-    if pre[0] == "blend":
-        blends.append(pre[1])
-    if any(w != blends[0] for w in blends):
-        _refuse("blends with different weights: layerswap blends with one w_task : w_lang")
-    w = blends[0] if blends else {task: 1.0, lang: 1.0}
-    b, tb, _, tu, u = (len(g) for g in m.groups())
-    return MergeConfig(method="layer_swap", bottom=b, top=u, transition_bottom=tb,
-                       transition_top=tu, w_task=w[task], w_lang=w[lang], non_layer=pre[0],
-                       dtype=dtype, task=task, lang=lang)
+        refuse("give exactly one of models or slices")
+    for m in list(MERGE_METHODS.values()):
+        fields = m.from_mergekit(doc, num_layers) if m.from_mergekit is not None else None
+        if fields is not None:
+            return MergeConfig(**fields, dtype=dtype)
+    models = doc.get("models")
+    if "models" in doc and (not isinstance(models, list) or len(models) != 2):
+        refuse("layerswap merges exactly two models (the task expert first, the language expert "
+               f"second), got {value_text(models)}")
+    reads = [m.mergekit_reads for m in MERGE_METHODS.values() if m.mergekit_reads]
+    refuse(f"merge_method {method!r} has no layerswap counterpart (layerswap reads "
+           f"{', '.join(reads)})")
 
 
 def read_mergekit(path, task=None) -> MergeConfig:
@@ -458,7 +199,7 @@ def read_mergekit(path, task=None) -> MergeConfig:
     try:
         text = Path(path).read_text()
         cfg = from_mergekit(text)
-        if cfg.method == "layer_swap":
+        if "slices" in load_yaml(text, "mergekit config"):   # layer ranges: the depth matters
             num_layers = open_models({"task": str(task or cfg.task)}).arch.num_layers
             from_mergekit(text, num_layers)
         return cfg

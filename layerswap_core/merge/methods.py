@@ -14,19 +14,17 @@ whole-tensor statistics (``whole_tensor``, e.g. TIES's trim thresholds) and, whe
 the deltas, each model's coefficient (``coefficients(source)``, read by the LoRA path).
 
 ``copy`` and ``linear`` (the plans' copies and blends, shared by several merge methods) are
-registered here. A merge method's own arithmetic (``task_arithmetic``, ``ties``: the functions
-below) is registered with the rest of that method, in its one ``merge_method(...)`` declaration
-in ``registry.py`` (``arithmetic=(tensor_method(...),)``); nothing lists methods by name
-elsewhere.
+registered here. A merge method's own arithmetic (``task_arithmetic``, ``ties``) is in its file,
+``method_<id>.py``, registered with the rest of that method in its one ``declare_method(...)``
+declaration (``arithmetic=(tensor_method(...),)``); nothing lists methods by name elsewhere.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import math
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 if TYPE_CHECKING:   # annotations only: torch is imported where it is used (start-up)
     import torch
@@ -68,7 +66,7 @@ def tensor_method(name: str, fn: Callable[..., Any], paper: str, description: st
                   shares: Callable[[Any], dict] = lambda source: {}, cell: str = "",
                   arrays: Callable[..., Any] | None = None) -> Method:
     """One per-tensor method as a record (not registered: ``register`` or a merge method's
-    declaration, ``registry.merge_method(arithmetic=...)``, registers it)."""
+    declaration, ``registry.declare_method(arithmetic=...)``, brings it)."""
     return Method(name, fn, paper, description, label, row_wise, whole_tensor, coefficients,
                   shares, cell or name, arrays)
 
@@ -157,106 +155,6 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.T
     for t, w in zip(tensors[1:], weights[1:]):
         out += t.to(torch.float32, copy=True).mul_(float(w))
     return out.div_(total)
-
-
-def task_arithmetic(tensors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
-    import torch
-    base, experts = tensors[0].float(), tensors[1:]
-    # the scaled deltas summed first, then added to the base: mergekit's order of additions,
-    # so a merge written as a mergekit YAML (merge/mergekit_yaml.py) gives the same bits
-    total = None
-    for t, lam in zip(experts, weights):
-        d = t.to(torch.float32, copy=True).sub_(base).mul_(float(lam))   # lam * (t - base)
-        total = d if total is None else total.add_(d)
-    return base.clone() if total is None else total.add_(base)
-
-
-def trim_threshold(delta: torch.Tensor, density: float) -> torch.Tensor | None:
-    """The magnitude ``trim`` keeps ``delta``'s entries at or above: the k-th largest |delta| of
-    the WHOLE tensor, k = int(density * n) (at least 1); None when density >= 1 (nothing trimmed).
-    Computed once per tensor, so that the trim can then be applied to row blocks."""
-    if density >= 1:
-        return None
-    return kth_largest(delta.abs().reshape(-1), density)
-
-
-def kth_largest(mags: torch.Tensor, density: float) -> torch.Tensor:
-    """The k-th largest value of the flat ``mags``, k = int(density * n) (at least 1)."""
-    k = max(1, int(density * mags.numel()))
-    return mags.kthvalue(mags.numel() - k + 1).values
-
-
-def trim(delta: torch.Tensor, density: float, threshold: torch.Tensor | None = None) -> torch.Tensor:
-    """Zero all but the largest-magnitude entries of ONE tensor (trimming is per tensor, as in
-    mergekit): keep |delta| >= the k-th largest |delta|, k = int(density * n) (at least 1).
-    Entries tied with the k-th are all kept (deterministic; mergekit keeps exactly k).
-    ``threshold``: that k-th value when ``delta`` is a row block of the tensor (``trim_threshold``
-    of the whole delta); computed from ``delta`` itself when not given."""
-    if density >= 1:
-        return delta
-    if threshold is None:
-        threshold = trim_threshold(delta, density)
-    return delta * (delta.abs() >= threshold)
-
-
-def check_ties_args(density: float, lam: float):
-    """ValueError unless 0 < density <= 1 and lam is finite."""
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or \
-            not 0 < density <= 1:
-        raise ValueError(f"TIES density must be in (0, 1], got {density!r}")
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
-        raise ValueError(f"TIES lambda must be a finite number, got {lam!r}")
-
-
-def ties(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None, *,
-         density: float = 0.2, lam: float = 1.0,
-         thresholds: Sequence[torch.Tensor | None] | None = None) -> torch.Tensor:
-    """TIES-merging of one tensor, as mergekit's ``ties`` computes it (consensus "sum").
-
-    Each expert's delta from the base is trimmed within this tensor (``trim``), times its weight;
-    the elected sign is that of the summed deltas, with a sum of exactly 0 counting as positive
-    (mergekit: ``(sum >= 0) * 2 - 1``); the merged delta is the weighted mean of the nonzero
-    deltas of the elected sign (divided by the sum of their weights; 0 where none agrees).
-    """
-    import torch
-    check_ties_args(density, lam)
-    base = tensors[0].float()
-    weights = list(weights or [1.0] * (len(tensors) - 1))
-    thresholds = list(thresholds or [None] * (len(tensors) - 1))
-    deltas = torch.stack([float(w) * trim(t.float() - base, density, thr)
-                          for t, w, thr in zip(tensors[1:], weights, thresholds)])
-    elected = torch.where(deltas.sum(dim=0) >= 0, 1.0, -1.0)
-    agree = torch.sign(deltas) == elected  # a zero delta has sign 0: never agrees
-    w = torch.tensor(weights, dtype=torch.float32, device=base.device)
-    w = w.reshape(-1, *[1] * base.dim())
-    divisor = (w * agree).sum(dim=0)
-    divisor[divisor == 0] = 1
-    merged = (deltas * agree).sum(dim=0) / divisor
-    return base + float(lam) * merged
-
-
-def ties_thresholds(blocks: Callable[[], Iterable[Sequence[torch.Tensor]]], numel: int,
-                    experts: int, density: float = 0.2, **_) -> dict:
-    """{"thresholds": each expert's trim threshold over the WHOLE tensor} (``trim_threshold``).
-
-    ``blocks()`` yields the inputs (base first) of each row block of the tensor, in order; the
-    magnitudes |expert - base| of one expert at a time are gathered in one float32 buffer (the
-    size of the tensor), so no other whole-tensor copy is held."""
-    import torch
-    if density >= 1 or numel == 0:
-        return {}
-    thresholds = []
-    for k in range(1, experts + 1):
-        mags, pos = None, 0
-        for part in blocks():
-            d = (part[k].float() - part[0].float()).abs().reshape(-1)
-            if mags is None:
-                mags = torch.empty(numel, dtype=torch.float32, device=d.device)
-            mags[pos:pos + d.numel()] = d
-            pos += d.numel()
-        thresholds.append(kth_largest(mags, density))
-        del mags
-    return {"thresholds": thresholds}
 
 
 def apply(method: str, tensors: Sequence[torch.Tensor], weights, kwargs: dict | None = None) -> torch.Tensor:

@@ -1,20 +1,24 @@
-"""The merge methods a config can name, each declared ONCE (the one place to add a method).
+"""The merge-method machinery: ``declare_method(...)`` declares a method once, in its own file
+(``method_<id>.py``, mergekit's ``merge_methods/<name>.py``: the one place to add a method), and
+``register_method`` registers it (``config.py`` the built-ins, in their order; a plugin or a
+test both at once: ``merge_method(...)``).
 
-A method is one ``merge_method(...)`` declaration below (mergekit's ``@merge_method``): its id
-(``MergeConfig.method``), its label and its knobs with their controls (``Knob``: kind, default,
-bounds, CLI help, the app control's widget, label and short name), its own per-tensor
-arithmetic (``arithmetic``: ``methods.tensor_method`` records of functions in ``methods.py``),
-whether it needs the base model, whether it is linear in the deltas (then LoRA experts merge
-exactly, see ``lora.py``), how it sends every parameter to a ``Source``, how it describes itself
-in one line and how it is written as a mergekit YAML (``mergekit``). Everything else reads this
-registry: ``MergeConfig``'s fields and their checks (``Knob.refuses``; ``config.py``),
-``build_plan`` (``plan.py``), the CLI's flags and ``--method`` choices (``cli/merge.py``), the
-app's method radio and controls (``workbench/controls.py``), the LoRA path and ``to_mergekit``.
+A method is one declaration: its id (``MergeConfig.method``), its label
+and its knobs with their controls (``Knob``: kind, default, bounds, CLI help, the app control's
+widget, label and short name), its own per-tensor arithmetic (``arithmetic``:
+``methods.tensor_method`` records), whether it needs the base model, whether it is linear in the
+deltas (then LoRA experts merge exactly, see ``lora.py``), how it sends every parameter to a
+``Source``, how it describes itself in one line and how it writes and reads itself as a mergekit
+YAML (``to_mergekit``, ``from_mergekit``; the parts they share: ``mergekit_parts.py``).
+Everything else reads this registry when it is used: ``MergeConfig``'s fields and their checks
+(``Knob.refuses``; ``config.py``), ``build_plan`` (``plan.py``), the CLI's flags and
+``--method`` choices (``cli/merge.py``), the app's method radio and controls
+(``workbench/controls.py``), the LoRA path and ``mergekit_yaml.py``.
 
 A knob is declared once, by the first method that lists it as a ``Knob``; other methods may
 list it again (the same ``Knob``, or its name). A method declared later (a plugin, a test) works
-the same way: its knobs become ``MergeConfig`` fields at once (``on_change``), and
-``unregister_method`` takes the method, its arithmetic and the knobs only it used away again.
+the same way: its knobs are ``MergeConfig`` fields from then on, and ``unregister_method`` takes
+the method, its arithmetic and the knobs only it used away again.
 """
 from __future__ import annotations
 
@@ -22,11 +26,11 @@ import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import methods
 from .errors import ConfigError
-from .partition import check_partition_spec, value_text
+from .partition import value_text
 
 # Bounds of the numeric knobs (larger magnitudes are refused, never silently merged):
 # w_task/w_lang only set the ratio of a blend, so 0..1e4 allows any sensible ratio while
@@ -34,8 +38,6 @@ from .partition import check_partition_spec, value_text
 # (published values are around 0.3-2) it only pushes weights out of range (float16 max 65504).
 MAX_WEIGHT = 1e4
 MAX_LAMBDA = 100.0
-# Where the non-layer parameters come from under layer swapping (see ``plan.py``).
-NON_LAYER_SOURCES = ("blend", "task", "lang")
 
 
 # --------------------------------------------------------------------------- sources
@@ -43,8 +45,8 @@ NON_LAYER_SOURCES = ("blend", "task", "lang")
 class Source:
     """Where one output tensor comes from.
 
-    ``method`` is a per-tensor function of ``methods.py`` ("copy", "linear", "task_arithmetic",
-    "ties"); ``models`` its inputs in order; ``weights`` the per-model weights (None: magnitude-
+    ``method`` is a per-tensor method of ``methods.METHODS`` ("copy", "linear", and those a merge
+    method brings, e.g. "task_arithmetic", "ties"); ``models`` its inputs in order; ``weights`` the per-model weights (None: magnitude-
     adjusted weights not computed yet); ``args`` extra keyword arguments as sorted pairs.
     """
     method: str
@@ -186,12 +188,12 @@ class Knob:
 KNOBS: dict[str, Knob] = {}   # the registered methods' knobs, in declaration order
 
 
-def _weight(name: str, help: str) -> Knob:
+def weight_knob(name: str, help: str) -> Knob:
     return Knob(name, "number", 1.0, lo=0.0, hi=MAX_WEIGHT, help=help, label=name,
                 widget="slider", note=" (only the ratio w_task : w_lang matters)")
 
 
-def _lambda(name: str, help: str, label: str, short: str, default: float = 1.0) -> Knob:
+def lambda_knob(name: str, help: str, label: str, short: str, default: float = 1.0) -> Knob:
     return Knob(name, "number", default, lo=-MAX_LAMBDA, hi=MAX_LAMBDA, help=help, label=label,
                 short=short)
 
@@ -207,10 +209,15 @@ class MergeMethod:
     model's depth (raises ConfigError); ``concrete(config, num_layers)`` the config as merged at
     that depth, recorded with the output (e.g. the layer counts a depth-scaled default gives);
     ``arithmetic``: the per-tensor methods it brings (``methods.METHODS`` names, registered and
-    unregistered with it); ``mergekit``: how ``to_mergekit`` writes it: ``SLICES`` (the plan's
-    copies and blends as slices), ``BLEND`` (mergekit's linear over the two experts),
-    ``mergekit(config, paths, notes)`` returning the YAML's method, base model, parameters and
-    models (it may append notes), or None (no mergekit counterpart)."""
+    unregistered with it). mergekit: ``to_mergekit(config, plan, paths, notes)`` returns the
+    YAML's ``merge_method``, ``base_model``, ``parameters`` and ``models`` or ``slices`` for the
+    merge ``plan`` builds (``paths``: role -> model path; it may append notes, and raises
+    ConfigError where mergekit cannot express the config), None: no mergekit counterpart;
+    ``from_mergekit(doc, num_layers)``: the ``MergeConfig`` fields (method, knobs, models) of a
+    mergekit YAML ``doc`` (a mapping, its ``dtype`` already read) this method reads, None for a
+    YAML that is not its kind (another method's, tried in declaration order), ConfigError for
+    its kind that it cannot map; ``mergekit_reads``: what it reads, for the refusal of a YAML
+    no method reads (e.g. "task_arithmetic")."""
     id: str
     label: str
     knobs: tuple[str, ...]
@@ -223,61 +230,66 @@ class MergeMethod:
     check: Callable[[Any, int], None] | None = None
     concrete: Callable[[Any, int], Any] | None = None
     arithmetic: tuple[str, ...] = ()
-    mergekit: str | Callable[..., dict] | None = None
+    to_mergekit: Callable[..., dict] | None = None
+    from_mergekit: Callable[..., dict | None] | None = None
+    mergekit_reads: str = ""
 
 
-SLICES, BLEND = "slices", "blend"   # MergeMethod.mergekit: the writers mergekit_yaml has
 MERGE_METHODS: dict[str, MergeMethod] = {}
 _BROUGHT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # id -> (knobs, arithmetic)
-_listeners: list[Callable[[], None]] = []
 
 
-def on_change(listener: Callable[[], None]):
-    """Call ``listener()`` whenever a method (and so the knobs) is registered or unregistered
-    (``config.py`` remakes ``MergeConfig``'s fields)."""
-    _listeners.append(listener)
+class Declared(NamedTuple):
+    """A merge method as declared, not registered yet: its record, the ``Knob``s it declares and
+    the per-tensor methods it brings (``register_method``'s arguments)."""
+    method: MergeMethod
+    knobs: dict[str, Knob]
+    arithmetic: dict[str, methods.Method]
 
 
-def _changed():
-    for listener in _listeners:
-        listener()
-
-
-def merge_method(id: str, label: str, *, knobs: Sequence[Knob | str] = (),
-                 sources: Callable[..., dict], describe: Callable[..., str],
-                 arithmetic: Sequence[methods.Method] = (), **hooks) -> MergeMethod:
-    """Declare a merge method in one place: its id and label, its knobs (a ``Knob`` declares one;
-    a name lists one another method declared), the per-tensor ``arithmetic`` it brings
+def declare_method(id: str, label: str, *, knobs: Sequence[Knob | str] = (),
+                   sources: Callable[..., dict], describe: Callable[..., str],
+                   arithmetic: Sequence[methods.Method] = (), **hooks) -> Declared:
+    """A merge method in one place: its id and label, its knobs (a ``Knob`` declares one; a name
+    lists one another method declared), the per-tensor ``arithmetic`` it brings
     (``methods.tensor_method`` records), ``sources``, ``describe`` and the other ``MergeMethod``
     fields (``needs_base``, ``linear``, ``blends``, ``magnitude``, ``check``, ``concrete``,
-    ``mergekit``). ValueError for a knob or arithmetic declared twice differently."""
-    if id in MERGE_METHODS:
-        raise ValueError(f"method {id!r} is registered twice")
-    for k in knobs:
-        if isinstance(k, Knob) and KNOBS.get(k.name, k) != k:
-            raise ValueError(f"method {id}: knob {k.name!r} is declared twice, differently")
-    for a in arithmetic:
-        if methods.METHODS.get(a.name, a) != a:
-            raise ValueError(f"method {id}: per-tensor method {a.name!r} is already registered")
+    ``to_mergekit``, ``from_mergekit``, ``mergekit_reads``). Registered by ``register_method``:
+    a built-in's file declares it and ``config.py`` registers the built-ins in their order, so
+    the order (the CLI's choices, the app's radio, ``FIELDS``) never depends on which module was
+    imported first."""
     names = tuple(k.name if isinstance(k, Knob) else k for k in knobs)
-    new = {k.name: k for k in knobs if isinstance(k, Knob) and k.name not in KNOBS}
-    return register_method(
-        MergeMethod(id, label, names, sources, describe,
-                    arithmetic=tuple(a.name for a in arithmetic), **hooks),
-        new, {a.name: a for a in arithmetic})
+    return Declared(MergeMethod(id, label, names, sources, describe,
+                                arithmetic=tuple(a.name for a in arithmetic), **hooks),
+                    {k.name: k for k in knobs if isinstance(k, Knob)},
+                    {a.name: a for a in arithmetic})
+
+
+def merge_method(id: str, label: str, **declaration) -> MergeMethod:
+    """Declare and register a merge method at once (a plugin, a test): ``declare_method``'s
+    arguments."""
+    return register_method(*declare_method(id, label, **declaration))
 
 
 def register_method(method: MergeMethod, knobs: Mapping[str, Knob] | None = None,
                     arithmetic: Mapping[str, methods.Method] | None = None) -> MergeMethod:
-    """Register ``method`` with the knobs and per-tensor methods it declares (``merge_method``
-    is the one way to write a declaration)."""
+    """Register ``method`` with the knobs and per-tensor methods it declares (a ``Declared``).
+    ValueError for a method registered twice, a knob or per-tensor method declared twice
+    differently, or a knob or per-tensor method it names that nothing declares."""
     knobs, arithmetic = dict(knobs or {}), dict(arithmetic or {})
     if method.id in MERGE_METHODS:
         raise ValueError(f"method {method.id!r} is registered twice")
+    for name, k in knobs.items():
+        if KNOBS.get(name, k) != k:
+            raise ValueError(f"method {method.id}: knob {name!r} is declared twice, differently")
+    for name, a in arithmetic.items():
+        if methods.METHODS.get(name, a) != a:
+            raise ValueError(f"method {method.id}: per-tensor method {name!r} is already "
+                             "registered")
     unknown = [k for k in method.knobs if k not in KNOBS and k not in knobs]
     if unknown:
         raise ValueError(f"method {method.id}: undeclared knob(s) {unknown} (declare each as a "
-                         "Knob in its method's merge_method(...))")
+                         "Knob in its method's declaration)")
     missing = [a for a in method.arithmetic if a not in methods.METHODS and a not in arithmetic]
     if missing:
         raise ValueError(f"method {method.id}: unknown per-tensor method(s) {missing}")
@@ -287,7 +299,6 @@ def register_method(method: MergeMethod, knobs: Mapping[str, Knob] | None = None
     methods.METHODS.update(arithmetic)
     MERGE_METHODS[method.id] = method
     _BROUGHT[method.id] = (tuple(knobs), tuple(arithmetic))
-    _changed()
     return method
 
 
@@ -305,7 +316,6 @@ def unregister_method(method_id: str):
     for a in arithmetic:
         if a not in kept:
             methods.METHODS.pop(a, None)
-    _changed()
 
 
 def get_method(method_id: str) -> MergeMethod:
@@ -345,212 +355,21 @@ class _Labels(Mapping):
 METHOD_LABELS: Mapping[str, str] = _Labels()
 
 
-# --------------------------------------------------------------------------- the texts
-def weights_text(config) -> str:
-    if config.magnitude_weights:
-        return "magnitude-adjusted weights"
-    return f"weights task {config.w_task:g} : lang {config.w_lang:g}"
 
 
-def non_layer_text(config, blends: bool = False) -> str:
-    if config.non_layer == "blend":
-        return "non-layer parameters averaged, " + weights_text(config)
-    src = "task expert" if config.non_layer == "task" else "language expert"
-    return f"non-layer parameters from the {src}" + (", " + weights_text(config) if blends
-                                                     else "")
-
-
-# --------------------------------------------------------------------------- layer swap
-BOTTOM = Knob("bottom", "count", None, optional=True, label="Bottom layers b (language)",
-              help="bottom layers from the language expert (default: 5 of 32, scaled to the "
-                   "model)")
-TOP = Knob("top", "count", None, optional=True, label="Top layers u (language)",
-           help="top layers from the language expert (default: 2 of 32, scaled)")
-TRANSITION_BOTTOM = Knob("transition_bottom", "count", 0, label="Transition t_b (blended)",
-                         short="t_b", help="blended layers above the bottom ones")
-TRANSITION_TOP = Knob("transition_top", "count", 0, label="Transition t_u (blended)",
-                      short="t_u", help="blended layers below the top ones")
-W_TASK = _weight("w_task", "blend weight of the task expert (0..1e4)")
-W_LANG = _weight("w_lang", "blend weight of the language expert (0..1e4)")
+# --------------------------------------------------------------------------- the blend
+# The task/lang weighted blend ``build_plan`` hands every method (``sources(..., blend)``) and
+# ``MergeConfig.validate`` checks: its knobs, listed by each method that blends.
+W_TASK = weight_knob("w_task", "blend weight of the task expert (0..1e4)")
+W_LANG = weight_knob("w_lang", "blend weight of the language expert (0..1e4)")
 MAGNITUDE_WEIGHTS = Knob(
     "magnitude_weights", "bool", False, label="Magnitude-adjusted weights (needs base)",
     help="blend weights = inverse mean delta from the base (needs --base; replaces "
          "--w-task/--w-lang)")
-NON_LAYER = Knob(
-    "non_layer", "choice", "blend", choices=NON_LAYER_SOURCES, short="non-layer source",
-    label="Non-layer parameters (embeddings, final norm, LM head)",
-    help="layer swap: where the non-layer parameters (embeddings, final norm, LM head) come "
-         "from: blend (default; Algorithm 1 averages them with the blend weights), task or lang")
-PARTITION = Knob(
-    "partition", "value", None, check=check_partition_spec, widget="partition",
-    label="Partition (parameters to the language expert)",
-    help="A, B, C (the published presets, in absolute layers), or a YAML file with a list of "
-         "rules ({layers: '0-5', kinds: attention}; layers: non-layer addresses the embeddings, "
-         "final norm and LM head)")
-SCALE_PARTITION = Knob(
-    "scale_partition", "bool", False, short="scale presets",
-    label="Scale presets A/B/C to this depth (layerswap's own rule; the paper's presets are "
-          "absolute layers)",
-    help="scale the presets' published layer counts (for 32/36-layer models) to this model's "
-         "depth: the tool's own rule, not the paper's")
 BLEND_KNOBS = (W_TASK, W_LANG, MAGNITUDE_WEIGHTS)
 
 
-def layer_zone(layer: int, num_layers: int, b: int, u: int, tb: int, tu: int) -> str:
-    """"lang" | "blend" | "task" for a layer under Algorithm 1."""
-    L = num_layers
-    if layer < b or layer >= L - u:
-        return "lang"
-    if layer < b + tb or layer >= L - u - tu:
-        return "blend"
-    return "task"
-
-
-def _swap_sources(config, names, arch, blend):
-    L = arch.num_layers
-    non_layer = blend if config.non_layer == "blend" else Source.copy(config.non_layer)
-    sources = {}
-    if config.partition is not None:
-        part = config.partition_for(L)
-        part.check_tied(names, arch)
-        part.check_classified(names, arch)
-        for n in names:
-            to = part.rule_for(n, arch)
-            sources[n] = Source.copy(to) if to is not None else \
-                non_layer if arch.classify(n).layer is None else Source.copy("task")
-        return sources
-    b, u, tb, tu = config.layer_counts(L)
-    zone_source = {"lang": Source.copy("lang"), "task": Source.copy("task"), "blend": blend}
-    for n in names:
-        layer = arch.classify(n).layer
-        sources[n] = non_layer if layer is None else \
-            zone_source[layer_zone(layer, L, b, u, tb, tu)]
-    return sources
-
-
-def _swap_blends(config) -> bool:
-    return config.non_layer == "blend" or (
-        config.partition is None and bool(config.transition_bottom or config.transition_top))
-
-
-def _swap_check(config, num_layers: int):
-    if config.partition is not None:
-        config.partition_for(num_layers)  # raises on bad rules
-        return
-    b, u, tb, tu = config.layer_counts(num_layers)
-    if b + tb + tu + u > num_layers:
-        raise ConfigError(
-            f"bottom + transition_bottom + transition_top + top = {b}+{tb}+{tu}+{u} = "
-            f"{b + tb + tu + u} exceeds the model's {num_layers} layers")
-
-
-def _swap_concrete(config, num_layers: int):
-    """The bottom/top counts actually used (the defaults scale with the depth)."""
-    if config.partition is not None:
-        return config
-    b, u, _, _ = config.layer_counts(num_layers)
-    return replace(config, bottom=b, top=u)
-
-
-def _swap_describe(config, num_layers: int | None) -> str:
-    if config.partition is not None:
-        if num_layers is not None:
-            p = config.partition_for(num_layers).describe()
-        else:
-            p = config.partition if isinstance(config.partition, str) else "custom rules"
-        return f"layer swap with partition {p}, {non_layer_text(config)}"
-    if num_layers is not None:
-        b, u, tb, tu = config.layer_counts(num_layers)
-    else:
-        b, u, tb, tu = (config.bottom, config.top, config.transition_bottom, config.transition_top)
-    return f"layer swap: bottom {b}, top {u}, transitions {tb}/{tu}, " + \
-        non_layer_text(config, bool(tb or tu))
-
-
-merge_method(
-    "layer_swap", "layer swap",
-    knobs=(BOTTOM, TOP, TRANSITION_BOTTOM, TRANSITION_TOP, *BLEND_KNOBS, NON_LAYER, PARTITION,
-           SCALE_PARTITION),
-    sources=_swap_sources, describe=_swap_describe, linear=True, blends=_swap_blends,
-    check=_swap_check, concrete=_swap_concrete, mergekit=SLICES)
-
-
-# --------------------------------------------------------------------------- soups
-def _soup_sources(config, names, arch, blend):
-    return dict.fromkeys(names, blend)
-
-
-merge_method(
-    "soup", "model soup", knobs=BLEND_KNOBS, sources=_soup_sources,
-    describe=lambda config, num_layers: "model soup, " + weights_text(config),
-    linear=True, blends=lambda config: True, mergekit=BLEND)
-merge_method(
-    "magnitude_soup", "magnitude soup", sources=_soup_sources,
-    describe=lambda config, num_layers: "magnitude-weighted soup",
-    needs_base=True, blends=lambda config: True, magnitude=True)
-
-
-# --------------------------------------------------------------------------- task arithmetic
-def _task_arithmetic_mergekit(config, paths, notes) -> dict:
-    return dict(merge_method="task_arithmetic", base_model=paths["base"],
-                parameters={"normalize": False},
-                models=[{"model": paths["task"], "parameters": {"weight": config.lambda_task}},
-                        {"model": paths["lang"], "parameters": {"weight": config.lambda_lang}}])
-
-
-merge_method(
-    "task_arithmetic", "task arithmetic",
-    knobs=(_lambda("lambda_task", "task arithmetic scale of the task delta (-100..100)",
-                   "task arithmetic: lambda task", "lambda task"),
-           _lambda("lambda_lang", "task arithmetic scale of the language delta (-100..100)",
-                   "lambda lang", "lambda lang")),
-    arithmetic=(methods.tensor_method(
-        "task_arithmetic", methods.task_arithmetic, "https://arxiv.org/abs/2212.04089",
-        "base + sum(lambda_i * (t_i - base)) (the scaled deltas summed first, as mergekit does)",
-        row_wise=True,
-        label=lambda source: "task arithmetic " + "/".join(f"{w:g}"
-                                                            for w in source.weights or ()),
-        coefficients=lambda source: dict(zip(source.models[1:], source.weights))),),
-    sources=lambda config, names, arch, blend: dict.fromkeys(names, Source(
-        "task_arithmetic", ("base", "task", "lang"),
-        (float(config.lambda_task), float(config.lambda_lang)))),
-    describe=lambda config, num_layers: f"task arithmetic: lambda task {config.lambda_task:g}, "
-                                        f"lang {config.lambda_lang:g}",
-    needs_base=True, linear=True, mergekit=_task_arithmetic_mergekit)
-
-
-# --------------------------------------------------------------------------- TIES
-def _ties_mergekit(config, paths, notes) -> dict:
-    if config.ties_density < 1:
-        notes.append("TIES: an entry whose |delta| ties with its tensor's trim threshold is "
-                     "kept by layerswap (all tied entries), by mergekit only within exactly k "
-                     "= int(density * n) entries: such entries can differ, all others are "
-                     "bit-identical")
-    return dict(merge_method="ties", base_model=paths["base"],
-                parameters={"normalize": True, "lambda": config.ties_lambda},
-                models=[{"model": paths[r], "parameters": {"weight": 1.0,
-                                                           "density": config.ties_density}}
-                        for r in ("task", "lang")])
-
-
-merge_method(
-    "ties", "TIES",
-    knobs=(Knob("ties_density", "number", 0.2, lo=0.0, hi=1.0, lo_open=True, step=0.05,
-                label="TIES density (0-1]", short="TIES density",
-                note=" (the fraction of each delta kept)",
-                help="TIES: fraction of each delta kept, per tensor (0 < d <= 1)"),
-           _lambda("ties_lambda", "TIES: scale of the merged delta (-100..100)", "TIES lambda",
-                   "TIES lambda")),
-    arithmetic=(methods.tensor_method(
-        "ties", methods.ties, "https://arxiv.org/abs/2306.01708",
-        "TIES: trim each delta to its top-density magnitudes (per tensor), elect the sign of "
-        "the summed deltas (a zero sum counts as positive, as in mergekit), average the deltas "
-        "that agree with it (disjoint mean), base + lam * mean",
-        label=lambda source: f"ties d={dict(source.args).get('density', 0.2)}",
-        row_wise=True, whole_tensor=methods.ties_thresholds),),
-    sources=lambda config, names, arch, blend: dict.fromkeys(names, Source(
-        "ties", ("base", "task", "lang"), (1.0, 1.0),
-        (("density", float(config.ties_density)), ("lam", float(config.ties_lambda))))),
-    describe=lambda config, num_layers: f"TIES: density {config.ties_density:g}, "
-                                        f"lambda {config.ties_lambda:g}",
-    needs_base=True, mergekit=_ties_mergekit)
+def weights_text(config) -> str:
+    if config.magnitude_weights:
+        return "magnitude-adjusted weights"
+    return f"weights task {config.w_task:g} : lang {config.w_lang:g}"

@@ -125,3 +125,42 @@ class TrainConfig:
     @property
     def uses_lora(self) -> bool:
         return self.mode in ("lora", "partial_lora") or (self.mode == "simultaneous" and self.lora)
+
+
+# fields ``train_command`` writes as the paths it is given, not from the configuration
+_PATH_FIELDS = ("data", "output", "eval_data", "lang_data")
+_SWITCHES = ("scale_partition", "lora", "autocast")    # store_true flags of `layerswap train`
+
+
+def train_command(config: dict, **paths: str | None) -> list[str]:
+    """The `layerswap train` command line of a configuration (``asdict(TrainConfig)``, as a
+    ``training_log.json`` stores it) with its paths replaced by ``paths`` (``data``,
+    ``output``, ``eval_data``, ``lang_data``): every option that is not the default, so the
+    same run on other files. A partition of rules (a YAML file on the command line) or an
+    unsaved dtype cannot be written as flags: TrainError."""
+    default = TrainConfig(data="", output="")
+    cfg = {**config, **{k: v for k, v in paths.items()}}
+    unknown = set(paths) - set(_PATH_FIELDS)
+    if unknown:
+        raise TrainError(f"train_command: unknown path field(s) {', '.join(sorted(unknown))}")
+    argv = ["layerswap", "train", "--data", str(cfg["data"]), "--out", str(cfg["output"])]
+    for name in ("eval_data", "lang_data"):
+        if cfg.get(name):
+            argv += [f"--{name.replace('_', '-')}", str(cfg[name])]
+    for name, value in cfg.items():
+        if name in _PATH_FIELDS or (name != "lr" and value == getattr(default, name)):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name in _SWITCHES:
+            argv += [flag] if value else []
+        elif name == "rslora":
+            argv.append("--rslora" if value else "--no-rslora")
+        elif name == "partition" and not isinstance(value, str):
+            raise TrainError("train_command: a partition of rules needs its YAML file")
+        elif name == "target_modules":
+            argv += [flag, ",".join(value)]
+        elif name == "save_dtype" and value is None:
+            raise TrainError("train_command: save_dtype None has no flag")
+        elif value is not None:
+            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    return argv

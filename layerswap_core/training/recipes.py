@@ -45,11 +45,11 @@ import warnings
 from pathlib import Path
 
 from ..evaluation import bengali
+from ..evaluation import variants as fold_1
 from ..evaluation.data import CARD_TEMPLATES_KEY, mgsm_overlap_templates
 from ..evaluation.languages import symbolic_lang
-from ..evaluation.variants import (NOT_VALIDATED, language_templates,
-    original_question, proxy_templates, split_templates, templates, unused_templates,
-    variant_items)
+from ..evaluation.variants import (NOT_VALIDATED, original_question, proxy_templates,
+                                   templates, unused_templates)
 
 # Training templates: 0000-0049 minus the MGSM items among them.
 TRAIN_TEMPLATES = tuple(i for i in range(0, 50) if i not in mgsm_overlap_templates())
@@ -211,20 +211,22 @@ def _dictionary_rows(split: str, rng: random.Random) -> list[dict]:
 # For the next demo experts, measured on held-out variants (evaluation.variants): the math
 # expert sees English worked solutions of the ``train`` variants only; the language expert
 # sees no worked math and no problem statement of an evaluated template.
-def math_variant_examples(split: str = "train", seed: int = SEED) -> list[dict]:
+def math_variant_examples(split: str = "train", seed: int = SEED, fold=fold_1) -> list[dict]:
     """English variant problems (user) with worked solutions (assistant, ending ``#### N``):
-    ``train`` = the variants' train seed set; ``eval`` = their validation set (never trained)."""
-    rows = variant_rows("en", "train" if split == "train" else "validation")
+    ``train`` = the variants' train seed set; ``eval`` = their validation set (never trained).
+    ``fold``: whose halves of the templates (``demos.folds``; default ``evaluation.variants``,
+    fold 1)."""
+    rows = variant_rows("en", "train" if split == "train" else "validation", fold)
     random.Random(seed).shuffle(rows)
     return rows
 
 
-def variant_rows(lang: str, split: str) -> list[dict]:
+def variant_rows(lang: str, split: str, fold=fold_1) -> list[dict]:
     """The variants of a split in ``lang`` as (question -> worked solution ending ``#### N``)
     chats, in the variants' order."""
 
     return [chat_row(i.question, f"{i.solution}\n#### {i.answer}", f"gsm-symbolic-variant {i.id}")
-            for i in variant_items(lang, split)]
+            for i in fold.variant_items(lang, split)]
 
 
 def statement_templates() -> tuple[int, ...]:
@@ -303,39 +305,40 @@ def numeral_rows(count: int = NUMERALS, seed: int = SEED, words=None,
     return rows
 
 
-def reading_templates() -> tuple[int, ...]:
+def reading_templates(fold=fold_1) -> tuple[int, ...]:
     """Templates whose statements the reading recipe trains on: the language-data templates
     (``evaluation.variants.language_templates``) less the proxy's."""
 
-    return tuple(t for t in language_templates() if t not in proxy_templates())
+    return tuple(t for t in fold.language_templates() if t not in fold.proxy_templates())
 
 
 def statement_pairs(templates: tuple[int, ...], splits=("train",), lang: str = "sw",
-                    ) -> list[tuple[str, str, str]]:
+                    fold=fold_1) -> list[tuple[str, str, str]]:
     """(English, ``lang``, source) problem statements of templates: the variants of ``splits``
     where the template has variants, else its original statement."""
 
     code = symbolic_lang(lang)
     out = []
     for split in splits:
-        own = [t for t in templates if t in split_templates(split)]
-        english = {i.id: i.question for i in variant_items("en", split, own)}
-        out += [(english[b.id], b.question, b.id) for b in variant_items(lang, split, own)]
-    varied = set(split_templates("train"))
+        own = [t for t in templates if t in fold.split_templates(split)]
+        english = {i.id: i.question for i in fold.variant_items("en", split, own)}
+        out += [(english[b.id], b.question, b.id) for b in fold.variant_items(lang, split, own)]
+    varied = set(fold.split_templates("train"))
     out += [(original_question("eng", t), original_question(code, t), f"original {t:04d}")
             for t in templates if t not in varied]
     return out
 
 
-def reading_examples(split: str = "train", seed: int = SEED) -> list[dict]:
+def reading_examples(split: str = "train", seed: int = SEED, fold=fold_1) -> list[dict]:
     """``train``: statement translations both ways (questions only, no solution), FreeDict
     exercises and numerals; ``eval``: the reading proxy, Swahili -> English statements of the
     held-out ``proxy_templates()`` (their train and validation variants)."""
     if split != "train":
         return [chat_row(SWH_TO_ENG_PROMPT + sw, en, f"proxy swh->eng {src}")
-                for en, sw, src in statement_pairs(proxy_templates(), ("train", "validation"))]
+                for en, sw, src in statement_pairs(fold.proxy_templates(),
+                                                   ("train", "validation"), fold=fold)]
     rows = []
-    for en, sw, src in statement_pairs(reading_templates()):
+    for en, sw, src in statement_pairs(reading_templates(fold), fold=fold):
         rows.append(chat_row(SWH_TO_ENG_PROMPT + sw, en, f"statement swh->eng {src}"))
         rows.append(chat_row(SWH_TRANSLATE_PROMPT + en, sw, f"statement eng->swh {src}"))
     rng = random.Random(seed)
@@ -379,14 +382,15 @@ def english_number(n: int) -> str:
     return head + (f" {english_number(n % 1000)}" if n % 1000 else "")
 
 
-def english_control_examples(split: str = "train", seed: int = SEED) -> list[dict]:
+def english_control_examples(split: str = "train", seed: int = SEED, fold=fold_1) -> list[dict]:
     """``train``: the reading recipe's rows with English in place of Swahili (module comment
     above); ``eval``: the reading proxy's English statements written out again."""
     if split != "train":
         return [chat_row(ENG_REPEAT_PROMPT + en, en, f"proxy eng->eng {src}")
-                for en, _sw, src in statement_pairs(proxy_templates(), ("train", "validation"))]
+                for en, _sw, src in statement_pairs(fold.proxy_templates(),
+                                                   ("train", "validation"), fold=fold)]
     rows = []
-    for en, _sw, src in statement_pairs(reading_templates()):
+    for en, _sw, src in statement_pairs(reading_templates(fold), fold=fold):
         rows.append(chat_row(ENG_REPEAT_PROMPT + en, en, f"statement eng->eng {src}"))
         rows.append(chat_row(ENG_WRITE_PROMPT, en, f"statement eng {src}"))
     rng = random.Random(seed)
@@ -401,6 +405,58 @@ def english_control_examples(split: str = "train", seed: int = SEED) -> list[dic
     rows += numeral_rows(seed=seed, words=english_number, words_prompt=ENG_NUMERAL_WORDS,
                          digits_prompt=ENG_NUMERAL_DIGITS)
     rng.shuffle(rows)
+    return rows
+
+
+# ``english-prose-control`` (v2, issue #62): v1 above is a near-copy task (statements written
+# out again, words put in order), and the control it made was damaged: its outer layers made the
+# math expert worse under every question, English included (+0.11 to +0.13). v2 trains on
+# English prose instead, with nothing to copy: each statement continued from its first
+# sentences (the rest of the question is the reply), the statements written from a bare
+# request (as v1), and English numerals. No word lists (the dictionary's English side is
+# headwords, not prose).
+# Its proxy: the proxy templates' statements continued. It is trained with the reading expert's
+# command, then checked before any use (``bench/demo_control_check.py``): its outer layers may
+# raise the math expert's English held-out NLL by no more than the Swahili expert's do.
+ENG_CONTINUE_PROMPT = "Continue this text in English:\n\n"
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9])")
+
+
+def continuation(text: str) -> tuple[str, str]:
+    """(head, the rest) of a text: the head its first sentences up to at least 40% of its words
+    (a first sentence alone repeats across templates: "A boy has 13 stickers."), never all of
+    them; a one-sentence text is cut at its middle word."""
+    sentences = _SENTENCE_END.split(text.strip())
+    total = len(text.split())
+    for k in range(1, len(sentences)):
+        head = " ".join(sentences[:k])
+        if len(head.split()) >= 0.4 * total:
+            return head, " ".join(sentences[k:])
+    words = text.split()
+    half = max(1, len(words) // 2)
+    return " ".join(words[:half]), " ".join(words[half:])
+
+
+def english_prose_control_examples(split: str = "train", seed: int = SEED,
+                                   fold=fold_1) -> list[dict]:
+    """``train``: the reading templates' English statements continued from their first
+    sentences and written on request, and English numerals (module comment above); ``eval``:
+    the proxy templates' English statements continued."""
+    def continued(en: str, src: str, kind: str) -> dict:
+        head, rest = continuation(en)
+        return chat_row(ENG_CONTINUE_PROMPT + head, rest, f"{kind} {src}")
+
+    if split != "train":
+        return [continued(en, src, "proxy continue")
+                for en, _sw, src in statement_pairs(fold.proxy_templates(),
+                                                   ("train", "validation"), fold=fold)]
+    rows = []
+    for en, _sw, src in statement_pairs(reading_templates(fold), fold=fold):
+        rows.append(continued(en, src, "statement continue"))
+        rows.append(chat_row(ENG_WRITE_PROMPT, en, f"statement eng {src}"))
+    rows += numeral_rows(seed=seed, words=english_number, words_prompt=ENG_NUMERAL_WORDS,
+                         digits_prompt=ENG_NUMERAL_DIGITS)
+    random.Random(seed).shuffle(rows)
     return rows
 
 
@@ -559,6 +615,7 @@ def bengali_reading_examples(split: str = "train", seed: int = SEED) -> list[dic
 RECIPES = {"math": math_examples, "swahili": swahili_examples,   # the first demo experts' data
            "math-variants": math_variant_examples, "swahili-clean": swahili_clean_examples,
            "swahili-reading": reading_examples, "english-control": english_control_examples,
+           "english-prose-control": english_prose_control_examples,
            "bengali-reading": bengali_reading_examples}
 
 

@@ -28,10 +28,14 @@ Partitions are the merge engine's (``plan.Partition``: presets "A", "B", "C" or 
 Defaults: learning rate per mode (``DEFAULT_LR``: 1e-5 for full-parameter SFT, 2e-4 for LoRA),
 rank-stabilised LoRA (scale alpha / sqrt(r)), a linear schedule; schedules are transformers'
 (constant, linear, cosine, warmup-stable-decay). ``save_every`` N writes ``checkpoint-<step>``
-folders (each a loadable model or adapter) every N steps so an expert can be picked later.
+folders (each a loadable model or adapter) every N steps so an expert can be picked later; the
+last one also holds ``trainer_state.pt`` (the trainable weights in the training dtype, the optimizer, the
+schedule, the random states, the data order, the losses), from which ``resume`` continues the
+run as if it had not stopped (``find_resume_state``: the last complete one).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -243,6 +247,23 @@ def seed_everything(seed: int):
     torch.manual_seed(seed)
 
 
+STATE_FILE = "trainer_state.pt"
+# fields a resumed run may change: where and how fast it runs, not what it computes
+RESUME_MAY_DIFFER = ("threads", "device")
+
+
+def find_resume_state(output: str | Path) -> Path | None:
+    """The state file of the last checkpoint under ``output`` that has one (written last, by a
+    rename, so a run killed while saving leaves the previous checkpoint the last complete one);
+    None when there is none."""
+    found = []
+    for d in Path(output).glob("checkpoint-*"):
+        step = d.name.removeprefix("checkpoint-")
+        if step.isdigit() and (d / STATE_FILE).is_file():
+            found.append((int(step), d / STATE_FILE))
+    return max(found)[1] if found else None
+
+
 class Trainer:
     """One training run. ``train()`` trains, ``save()`` writes; the pieces are exposed for tests.
 
@@ -254,7 +275,7 @@ class Trainer:
     transformers' LR schedules, PEFT for LoRA.
     """
 
-    def __init__(self, cfg: TrainConfig, progress: Progress | None = None):
+    def __init__(self, cfg: TrainConfig, progress: Progress | None = None, resume: bool = False):
         from accelerate import Accelerator
 
         self.cfg = cfg.validate()
@@ -295,6 +316,8 @@ class Trainer:
             for n, p in model.named_parameters():
                 p.requires_grad_((n if self.lora else _base_name(n)) in both)
         params = [p for p in model.parameters() if p.requires_grad]
+        # what the optimizer holds (simultaneous mode switches requires_grad step by step)
+        self.trained_names = [n for n, p in model.named_parameters() if p.requires_grad]
         if not params:
             raise TrainError("no trainable parameters")
         self.trainable_params = sum(p.numel() for p in params)
@@ -307,9 +330,89 @@ class Trainer:
         self.evals: list[dict] = []
         self.checkpoints: list[Path] = []
         self.t0, self.seconds = time.time(), 0.0
+        self.start_step = 0          # > 0 when resumed from a checkpoint's state
+        self.resumed_from: Path | None = None
         # called as hook(step, dataset, indices) for every batch drawn; dataset is "data" or
         # "lang_data", indices the examples' positions in that file (tests count coverage)
         self.batch_hooks: list[Callable[[int, str, list[int]], None]] = []
+        if resume:
+            state = find_resume_state(cfg.output)
+            if state is not None:
+                self.load_state(state)
+
+    # ------------------------------------------------------------------ resumable state
+    def _trainable(self) -> dict[str, torch.Tensor]:
+        named = dict(self.model.named_parameters())
+        return {n: named[n] for n in self.trained_names}
+
+    def state_dict(self, step: int) -> dict:
+        """Everything ``train`` needs to go on from ``step`` as if it had not stopped."""
+        def batches(b):
+            return None if b is None else {"rng": b.rng.getstate(), "order": list(b.order),
+                                           "passes": b.passes, "served": b.served}
+        return {"step": step, "config": asdict(self.cfg), "data_digest": self._data_digest(),
+                "params": {n: p.detach().clone() for n, p in self._trainable().items()},
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                "data": batches(self.data), "lang_data": batches(self.lang_data),
+                "history": self.history[:step], "evals": list(self.evals),
+                "seconds": time.time() - self.t0}
+
+    def _data_digest(self) -> str:
+        """A digest of the data files' bytes: a resumed run must read the same examples."""
+        h = hashlib.sha256()
+        for f in ("data", "lang_data", "eval_data"):
+            path = getattr(self.cfg, f)
+            h.update(f.encode() + (Path(path).read_bytes() if path else b""))
+        return h.hexdigest()
+
+    def save_state(self, folder: Path, step: int) -> Path:
+        path = folder / STATE_FILE
+        tmp = folder / (STATE_FILE + ".tmp")
+        torch.save(self.state_dict(step), tmp)
+        tmp.replace(path)
+        # only the last state is needed to resume (a LoRA run's is about 3x its adapter in
+        # float32: weights and AdamW's two moments); the earlier checkpoints keep their models
+        for old in Path(self.cfg.output).glob(f"checkpoint-*/{STATE_FILE}"):
+            if old != path:
+                old.unlink(missing_ok=True)
+        return path
+
+    def load_state(self, path: Path) -> None:
+        """Continue from a checkpoint's state; a state of another configuration is refused in
+        one line (a resumed run must compute what the first one would have)."""
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        now = asdict(self.cfg)
+        differ = [k for k, v in state["config"].items()
+                  if k not in RESUME_MAY_DIFFER and now.get(k) != v]
+        if differ:
+            raise TrainError(f"{path}: saved by a run with other options ({', '.join(differ)}); "
+                             "resume with the same options or write to another --out")
+        if state.get("data_digest") != self._data_digest():
+            raise TrainError(f"{path}: saved by a run on other data (the files' bytes differ); "
+                             "resume on the same files or write to another --out")
+        params = self._trainable()
+        if set(params) != set(state["params"]):
+            raise TrainError(f"{path}: its trainable parameters are not this run's")
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(state["params"][n])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for name in ("data", "lang_data"):
+            b, saved = getattr(self, name), state[name]
+            if b is not None and saved is not None:
+                b.rng.setstate(saved["rng"])
+                b.order, b.passes, b.served = list(saved["order"]), saved["passes"], saved["served"]
+        random.setstate(state["python_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.history, self.evals = list(state["history"]), list(state["evals"])
+        self.start_step, self.resumed_from = int(state["step"]), path
+        self.seconds = float(state["seconds"])
 
     # which side trains at optimizer step ``step`` (simultaneous mode)
     def side_at(self, step: int) -> str:
@@ -395,9 +498,14 @@ class Trainer:
 
     def train(self) -> None:
         cfg = self.cfg
-        self.t0 = time.time()
-        self.evaluate(0)
-        for s in range(self.total_steps):
+        # a resumed run's clock goes on from the time it had spent
+        self.t0 = time.time() - self.seconds
+        if self.start_step == 0:
+            self.evaluate(0)
+        else:
+            _say(self.progress, 0.05 + 0.9 * self.start_step / self.total_steps,
+                 f"resumed at step {self.start_step} from {self.resumed_from}")
+        for s in range(self.start_step, self.total_steps):
             rec = self.step(s)
             _say(self.progress, 0.05 + 0.9 * (s + 1) / self.total_steps,
                  f"step {s + 1}/{self.total_steps} loss {rec['loss']:.4f}")
@@ -416,6 +524,7 @@ class Trainer:
         with self._reverted():
             folder = self._write(Path(self.cfg.output) / f"checkpoint-{step}", step,
                                  time.time() - self.t0)
+        self.save_state(folder, step)   # last: a checkpoint with a state is complete
         self.checkpoints.append(folder)
         _say(self.progress, 0.05 + 0.9 * step / self.total_steps, f"saved {folder}")
         return folder
@@ -509,9 +618,10 @@ def _cast_safetensors(path: Path, dtype):
 
 
 def train(cfg: TrainConfig, progress: Progress | None = None,
-          argv: list[str] | None = None) -> TrainResult:
-    """Train, save to ``cfg.output`` and return losses and timings."""
-    t = Trainer(cfg, progress)
+          argv: list[str] | None = None, resume: bool = False) -> TrainResult:
+    """Train, save to ``cfg.output`` and return losses and timings; ``resume``: go on from the
+    last checkpoint's state under ``cfg.output`` (none there: from the start)."""
+    t = Trainer(cfg, progress, resume=resume)
     t.train()
     out = t.save(argv)
     _say(progress, 1.0, f"saved {out}")

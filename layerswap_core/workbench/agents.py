@@ -1,6 +1,8 @@
 """Tools for agents (the app's MCP server): the workbench's steps as typed, documented functions.
 
-An agent starts with ``check_models``, which returns a ``session`` id; every later tool names
+An agent starts with ``check_models``, which returns a ``session`` id (Hub models not here yet:
+their pre-flight first, the page's gate (``preflight.preflight_gate``), and a download only when
+asked, ``download=true``, after a compatible one); every later tool names
 that session, the agent's own workbench (like a page's ``Session``: its models, its last build).
 The id is a capability, unguessable as the page's session is. ``app.py`` registers each method
 of ``AgentTools.tools()`` as an API endpoint (``gr.api``), which ``launch(mcp_server=True)``
@@ -16,7 +18,9 @@ is parsed. At most ``LIMITS.agent_sessions`` are open at once, and
 app sets for each call; its sessions also share one save quota and one heavy job with that
 address's pages). One left idle for ``LIMITS.agent_idle_seconds`` is closed as a page that
 closes is (its jobs cancelled, its anonymous saves removed): that is also how the session of a
-client that went away ends, since gradio's MCP server is stateless and shows no disconnect.
+client that went away ends, since gradio's MCP server is stateless. A call whose client goes
+while it runs is cancelled (the app wraps the MCP server's tool-call handler:
+``app_tabs.agents.cancel_on_disconnect``).
 Errors are one line (``readable_error``).
 """
 from __future__ import annotations
@@ -30,13 +34,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..checkpoints import hub
 from ..merge.config import FIELDS, MergeConfig, load_yaml
 from . import saves
 from . import session as wb
 from .controls import outside_validated
 from .deltas import analyze_deltas, auto_thresholds, suggest, suggestion_text
 from .evaluate import evaluate_roles, evaluation_note
-from .served import LIMITS, LOCAL, Access, WorkbenchError, capped, readable_error
+from .preflight import preflight_gate
+from .served import HUB_ID, LIMITS, LOCAL, Access, WorkbenchError, capped, readable_error
 from ..analysis.suggest import delta_story
 from ..evaluation.registry import choices
 
@@ -104,8 +110,8 @@ class AgentTools:
         """The agent session and its workbench ``Session`` (refused when it has no models)."""
         entry = self._get(session)
         if entry.session is None:
-            raise WorkbenchError("this session has no compatible models: call check_models "
-                                 "with it")
+            raise WorkbenchError("this session has no compatible models (or they are still "
+                                 "downloading): call check_models with it")
         return entry, entry.session
 
     def _get(self, session: str) -> AgentSession:
@@ -176,17 +182,19 @@ class AgentTools:
 
     # ---- the tools
     def check_models(self, base: str = wb.DEMO_REFS["base"], task: str = wb.DEMO_REFS["task"],
-                     lang: str = wb.DEMO_REFS["lang"], session: str = "") -> str:
-        """Check that a base model and two experts fine-tuned from it can be merged, and open a session on them (headers only: no weights are loaded).
+                     lang: str = wb.DEMO_REFS["lang"], session: str = "",
+                     download: bool = False) -> str:
+        """Check that a base model and two experts fine-tuned from it can be merged, and open a session on them (headers only: no weights are loaded). Hub models not on this server yet are first checked from their metadata alone (the pre-flight: nothing large downloaded); call again with download=true to fetch them.
 
         Args:
             base: the common base model: an embedded:NAME, a Hub id (owner/name) or a folder this server allows; may be empty (then the delta views and base-needing methods are unavailable).
             task: the task expert (e.g. math in English), same forms as base.
             lang: the language expert (e.g. Swahili), same forms as base.
             session: empty: a new session; an id check_models returned: that session's models are replaced (its saves stay, and may be picked as models).
+            download: false: Hub models not here yet get their pre-flight only (no session opens until they are here); true: after a compatible pre-flight, download them (in the background on a shared server: the answer's downloading says how far; call again with its session until the models are here; cancel_job stops the download).
 
         Returns:
-            JSON: session (the id every other tool takes; null when not compatible), compatible, layers, models (one row per model: role, model, architecture, layers, hidden, vocab, dtype, size), problems, default_config.
+            JSON: session (the id every other tool takes; null when not compatible or waiting for download=true), compatible, layers, models (one row per model: role, model, architecture, layers, hidden, vocab, dtype, size), problems, default_config; before a download: preflight (one line each: the models, sizes, the download and memory estimate) and download (the Hub models it would fetch, GB); while downloading: downloading (one line per model).
         """
         if session:
             old = self._get(session)
@@ -197,6 +205,29 @@ class AgentTools:
             self._room(client)
             token = uuid.uuid4().hex
             access = self._visitor(token, client)
+        gate = preflight_gate(base, task, lang, access)
+        if gate is not None:   # Hub models to download: the page's gate, the same words
+            pf, missing = gate
+            if not pf.ok or not download:
+                return _json({"session": session.strip() or None, "compatible": pf.ok,
+                              "layers": None, "models": [],
+                              "problems": [] if pf.ok else [pf.refusal],
+                              "preflight": pf.lines(),
+                              "download": {"models": missing,
+                                           "gb": round(pf.download_bytes / 10 ** 9, 3)}})
+        else:   # a download check_models started: asked again while it runs
+            missing = _downloading((base, task, lang), access)
+        pending = self._download(missing, access) if download or gate is None else []
+        if pending:   # on their way: a session to ask again with (or cancel)
+            if not session:
+                with self._lock:
+                    full = self._full(client)
+                    if full:
+                        saves.cancel_downloads(access)
+                        raise WorkbenchError(full)
+                    self.sessions[token] = AgentSession(None, access, client=client)
+            return _json({"session": token, "compatible": True, "layers": None,
+                          "models": [], "problems": [], "downloading": pending})
         opened, report = wb.open_session(base, task, lang, access=access)
         rows = [dict(zip(wb.ModelsReport.HEADERS, row)) for row in report.rows]
         out = {"session": None, "compatible": report.ok, "layers": report.num_layers,
@@ -217,6 +248,20 @@ class AgentTools:
             out["session"] = token
         out["default_config"] = _plain_config(wb.default_config(opened))
         return _json(out)
+
+    @staticmethod
+    def _download(missing: list[str], access: Access) -> list[str]:
+        """Start (or go on with) the served downloads of ``missing``: one line per model still
+        on its way (none: all here). Locally the check itself downloads them."""
+        if not access.served:
+            return []
+        pending = []
+        for repo in missing:
+            try:
+                hub.served_fetch(repo, access.namespace or "")
+            except hub.Pending as e:
+                pending.append(str(e))
+        return pending
 
     def _room(self, client: str | None) -> None:
         with self._lock:
@@ -385,7 +430,7 @@ class AgentTools:
                       "built": s.built_config.describe(s.num_layers) if built else None})
 
     def cancel_job(self, session: str) -> str:
-        """Ask the session's running job to stop at its next step (its own call then ends with "Cancelled.").
+        """Ask the session's running job to stop at its next step (its own call then ends with "Cancelled."), and its Hub downloads to stop.
 
         Args:
             session: the id check_models returned.
@@ -395,6 +440,7 @@ class AgentTools:
         """
         entry = self._get(session)
         stopped = wb.cancel(entry.session)
+        stopped = bool(saves.cancel_downloads(entry.access)) or stopped   # check_models' download
         return _json({"cancelled": stopped,
                       "message": "Cancelling after the current step." if stopped
                       else "Nothing is running."})
@@ -413,6 +459,16 @@ class AgentTools:
             self.sessions.pop(capped("session", session, 64).strip(), None)
         self._close(entry)
         return _json({"closed": True})
+
+
+def _downloading(refs, access: Access) -> list[str]:
+    """The Hub ids among ``refs`` the served cache is downloading now."""
+    if not access.served:
+        return []
+    jobs = hub.served_cache().jobs
+    return [r for r in dict.fromkeys((x or "").strip() for x in refs)
+            if HUB_ID.fullmatch(r) and r not in access.trusted
+            and jobs.get(r) is not None and jobs[r].running]
 
 
 def _plain_config(cfg: MergeConfig) -> dict:

@@ -101,6 +101,16 @@ def preflight_gate(base: str, task: str, lang: str, access: Access = LOCAL,
     return preflight_models(base, task, lang, access, progress), missing
 
 
+def download_gate(base: str, task: str, lang: str, access: Access = LOCAL,
+                  progress: Progress | None = None) -> Preflight | None:
+    """Before an explicit download ("Download and use", ``/download_models``, an agent's
+    ``check_models(download=true)``): the pre-flight of a trio with Hub models to download when
+    it refuses them (nothing may download then), else None. The same metadata reads as
+    ``preflight_gate``: whoever calls the download step directly meets the same gate."""
+    gate = preflight_gate(base, task, lang, access, progress)
+    return gate[0] if gate is not None and not gate[0].ok else None
+
+
 def download_line(pf: Preflight, missing: list[str]) -> str:
     """What "Download and use" would fetch, in one line."""
     return (f"Nothing large is downloaded yet. **Download and use** fetches {', '.join(missing)} "
