@@ -4,9 +4,12 @@
   27 s" and took 277 s): a gold-NLL sweep is estimated from the seconds per scored item
   measured on the visitor's models (the warm-up's scoring probe, then every sweep), so two
   sizes each come within 2x of their own run, and the estimate grows with the configurations;
-* Cancel while scoring worked solutions ends the job within 5 s: NOT reliably met (an expected
-  failure, not strict): pause points are now between every pass (it was one per batch of 16),
-  but one pass of up to 4,096 tokens took 4-6.4 s on an idle core and 12-23 s at load 6."""
+* Cancel ends the job within 5 s in every phase: loading the model, setting it up, generating,
+  scoring worked solutions, between sweep configurations, Reproduce's validation and its
+  measure. Besides the pause points between steps, Cancel is checked before each decoder layer
+  of a pass (``engines.dispatch.stopping_inside_passes``): one gold-NLL pass of up to 4,096
+  tokens took 4-6.4 s on an idle core and 12-23 s at load 6, one layer of it a 30th of that;
+  the hooks leave the NLLs bit for bit as they were."""
 from __future__ import annotations
 
 import threading
@@ -55,6 +58,21 @@ def test_a_gold_nll_sweeps_estimate_is_within_2x_of_its_run(session, xs, ys, one
     took = time.perf_counter() - t0
     assert sum(v is not None for row in res.scores for v in row) == cells
     assert took / 2 <= estimate <= 2 * took, (estimate, took)
+
+
+def test_the_cancel_hooks_leave_the_nlls_bit_identical_and_go(session, one_thread):
+    """A gold-NLL job (its passes checked for Cancel before each layer) gives the NLLs of the
+    same passes run without the hooks, bit for bit, and leaves no hook on the model."""
+    from layerswap_core.evaluation.registry import default_exemplars
+    from layerswap_core.evaluation.runner import task_nll, task_record
+
+    items = load_items("gsm-symbolic", "sw")[:6]
+    hooked = wb.dispatcher().run(session.job("nll", "task", items, shots=2))["nlls"]
+    task = task_record(items, default_exemplars(items, 2, cot=False))
+    with wb.showing(session, "task") as (model, tok):
+        assert not any(m._forward_pre_hooks for m in model.modules())
+        plain = task_nll(task, model, tok, batch_size=16)
+    assert [repr(x) for x in hooked] == [repr(x) for x in plain]
 
 
 # --------------------------------------------------------------------------- Cancel, per phase
