@@ -36,7 +36,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..progress import Cancelled, Progress, pausing
 from ..progress import say as _say
@@ -234,7 +234,9 @@ class Dispatcher:
         with self.pool.checkout(job.trio, _whose(job), lambda f, m: guard(0.0, m),
                                 v.cancel.is_set,
                                 priority=priority(job)) as engine, \
-                pausing(self._pauser(engine, job, root)):
+                pausing(self._pauser(engine, job, root)), \
+                stopping_inside_passes(getattr(getattr(engine, "live", None), "model", None),
+                                       v.cancel.is_set):
             out = J.run_job(engine, job, guard)
             if engine.tokens_per_second:
                 self.speeds[job.trio] = engine.tokens_per_second
@@ -277,6 +279,42 @@ class Dispatcher:
     def describe(self) -> str:
         where = {"local": "in this process", "zerogpu": "on ZeroGPU"}[self.placement]
         return f"Jobs run {where}: {self.pool.describe()}."
+
+
+def _layers(model) -> list:
+    """The modules a pass runs one after another, each a fraction of it: every decoder layer
+    (the members of the model's ``nn.ModuleList``s) and the output layer."""
+    import torch
+
+    layers = [m for lst in model.modules() if isinstance(lst, torch.nn.ModuleList) for m in lst]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return layers + ([head] if isinstance(head, torch.nn.Module) else [])
+
+
+@contextmanager
+def stopping_inside_passes(model, cancelled: Callable[[], bool]):
+    """Within this block, each pass of ``model`` run by this thread checks ``cancelled()``
+    before each of its layers and raises Cancelled: Cancel lands within one decoder layer of a
+    long prompt pass instead of at the pause point after it (a gold-NLL pass of up to
+    ``inference.prefill.PREFILL_MAX_TOKENS`` tokens takes seconds, many more on a loaded CPU).
+    The hooks only read a flag, so batches and outputs are bit for bit those of an unhooked
+    run; passes run by other threads (a job the engine is lent to at a pause point) are not
+    checked. ``model`` None: nothing is installed."""
+    if model is None:
+        yield
+        return
+    owner = threading.get_ident()
+
+    def check(module, args):
+        if threading.get_ident() == owner and cancelled():
+            raise Cancelled()
+
+    handles = [m.register_forward_pre_hook(check) for m in _layers(model)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class Guard:
