@@ -111,7 +111,7 @@ class EvaluateTab(Tab):
             self.eval_estimate = gr.Markdown(elem_id="eval-estimate")
             with gr.Row():
                 self.eval_btn = gr.Button("Evaluate", variant="primary", elem_id="eval-btn")
-                self.eval_cancel = gr.Button("Cancel", variant="stop")
+                self.eval_cancel = gr.Button("Cancel", variant="stop", elem_id="eval-cancel")
             self.eval_md = gr.Markdown(elem_id="eval-status")
             # the summary gets the page's width: every column readable, none cut
             self.summary = gr.Dataframe(headers=SUMMARY_HEADERS, interactive=False,

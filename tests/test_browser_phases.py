@@ -115,8 +115,7 @@ def test_cancel_while_evaluate_scores_the_worked_solutions_ends_within_5_s(demo_
         status = page.locator("#eval-status")
         page.locator("#eval-btn").click()
         expect(status).to_contain_text("scoring the worked solutions", timeout=300_000)
-        # Evaluate's Cancel has no elem_id: the first Cancel button shown (Reproduce's is below)
-        cancel = page.get_by_role("button", name="Cancel", exact=True).locator("visible=true")
+        cancel = page.locator("#eval-cancel")
         took = press_cancel_and_time(page, cancel.first, status)
         print(f"\nEvaluate: Cancelled on the page {took:.1f} s after Cancel (while scoring)")
         assert took < BOUND, took

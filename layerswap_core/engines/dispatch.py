@@ -36,9 +36,9 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-from ..progress import Cancelled, Progress, pausing
+from ..progress import Cancelled, Progress, cancel_check, pausing
 from ..progress import say as _say
 from ..settings import env_number
 from . import jobs as J
@@ -235,8 +235,7 @@ class Dispatcher:
                                 v.cancel.is_set,
                                 priority=priority(job)) as engine, \
                 pausing(self._pauser(engine, job, root)), \
-                stopping_inside_passes(getattr(getattr(engine, "live", None), "model", None),
-                                       v.cancel.is_set):
+                stopping_inside_passes(getattr(getattr(engine, "live", None), "model", None)):
             out = J.run_job(engine, job, guard)
             if engine.tokens_per_second:
                 self.speeds[job.trio] = engine.tokens_per_second
@@ -292,21 +291,23 @@ def _layers(model) -> list:
 
 
 @contextmanager
-def stopping_inside_passes(model, cancelled: Callable[[], bool]):
-    """Within this block, each pass of ``model`` run by this thread checks ``cancelled()``
-    before each of its layers and raises Cancelled: Cancel lands within one decoder layer of a
-    long prompt pass instead of at the pause point after it (a gold-NLL pass of up to
-    ``inference.prefill.PREFILL_MAX_TOKENS`` tokens takes seconds, many more on a loaded CPU).
-    The hooks only read a flag, so batches and outputs are bit for bit those of an unhooked
-    run; passes run by other threads (a job the engine is lent to at a pause point) are not
-    checked. ``model`` None: nothing is installed."""
+def stopping_inside_passes(model):
+    """Within this block, each pass of ``model`` checks, before each of its layers, whether the
+    work of the thread running it was cancelled (``progress.cancel_check``: its pause hook's
+    ``cancelled``, the one mechanism a chat template's render reads too) and raises Cancelled:
+    Cancel lands within one decoder layer of a long prompt pass instead of at the pause point
+    after it (a gold-NLL pass of up to ``inference.prefill.PREFILL_MAX_TOKENS`` tokens takes
+    seconds, many more on a loaded CPU). The hooks only read a flag, so batches and outputs are
+    bit for bit those of an unhooked run; a pass run by another thread (a job the engine is lent
+    to at a pause point) is checked against that thread's own work. ``model`` None: nothing is
+    installed."""
     if model is None:
         yield
         return
-    owner = threading.get_ident()
 
     def check(module, args):
-        if threading.get_ident() == owner and cancelled():
+        cancelled = cancel_check()
+        if cancelled is not None and cancelled():
             raise Cancelled()
 
     handles = [m.register_forward_pre_hook(check) for m in _layers(model)]
