@@ -193,6 +193,22 @@ def test_gold_nll_matches_direct_computation_and_batching(tiny_lm):
     assert batched[0] == pytest.approx(manual, abs=1e-4)
 
 
+def test_gold_nll_says_how_many_items_are_scored_after_each_pass(tiny_lm):
+    """Issue #61: a scoring bar moves per item (per pass), not once per job; the counts do not
+    change the values."""
+    model, tok = tiny_lm
+    shots = "Swali: Juma ana maembe 3 na 4 zaidi.\nJibu: 3 + 4 = 7.\n\n"
+    prompts = [shots + f"Swali: {a} + {b}?\nJibu:" for a, b in [(1, 2), (30, 4), (5, 6), (7, 80), (9, 1)]]
+    targets = [f" {a} + {b} = {a + b}." for a, b in [(1, 2), (30, 4), (5, 6), (7, 80), (9, 1)]]
+    for share in (True, False):
+        heard = []
+        counted = ev.gold_nll(model, tok, prompts, targets, batch_size=2, share_prefix=share,
+                              scored=heard.append)
+        assert counted == ev.gold_nll(model, tok, prompts, targets, batch_size=2, share_prefix=share)
+        assert heard == sorted(heard) and heard[-1] == len(prompts), heard
+        assert len(heard) >= 3 and heard[0] < len(prompts), heard   # 3 batches of at most 2
+
+
 def test_gold_nll_with_a_shared_few_shot_prefix_matches_direct_computation(tiny_lm):
     model, tok = tiny_lm
     shots = "Swali: Juma ana maembe 3 na ananunua 4 zaidi.\nJibu la Hatua kwa Hatua: 3 + 4 = 7. Jibu ni 7.\n\n"

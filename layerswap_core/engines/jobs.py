@@ -183,7 +183,9 @@ def _nll_job(engine: Engine, job: Job, progress: Progress | None) -> dict:
                                                  f"setting up the model ({f:.0%})"))
     count.say(progress, 0, label, 0, "scoring the worked solutions")
     nlls = task_nll(task, engine.live.model, engine.live.tokenizer,
-                    batch_size=s.get("batch_size", 16))
+                    batch_size=s.get("batch_size", 16),
+                    scored=lambda n: count.say(progress, 0, label, n,
+                                               "scoring the worked solutions"))
     engine.measured_items(len(job.items), time.perf_counter() - t0)
     count.say(progress, 0, label, len(job.items))
     return {"summary": [{"model": label, "n": len(nlls), "mean_gold_nll": mean_nll(nlls)}],

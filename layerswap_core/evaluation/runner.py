@@ -27,7 +27,7 @@ import string
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from . import mgsm_task
 from .data import Item, normalize_number, to_ascii_digits
@@ -175,7 +175,8 @@ def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float
 
 # --------------------------------------------------------------------------- gold NLL
 def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
-             batch_size: int = 8, share_prefix: bool = True) -> list[float]:
+             batch_size: int = 8, share_prefix: bool = True,
+             scored: Callable[[int], None] | None = None) -> list[float]:
     """Teacher-forced mean negative log-likelihood (nats/token) of each target after its prompt.
 
     A graded signal where exact-match accuracy is near zero: a merge that makes the gold
@@ -184,7 +185,8 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     Like ``generate``: prompts that start alike are batched together, the few-shot prefix a
     batch shares is run once, and the rest in groups of similar length (``share_prefix``;
     models without a plain KV cache use one left-padded batch). Only the target positions
-    get logits.
+    get logits. ``scored(n)``, when given, hears how many items are scored so far after each
+    pass (a progress bar that moves per item, not per job).
     """
     import torch
 
@@ -195,6 +197,7 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
     out = [math.nan] * len(pairs)
     share_prefix = share_prefix and plain_cache_ok(model)
     order = batch_order([p + t for p, t in pairs])
+    done = [0]
 
     def score(idx, logits, keep):
         """Mean NLL of each row's target, the last tokens of its right-aligned logits rows."""
@@ -203,6 +206,9 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
             if t:
                 pred = logits[row, keep - 1 - len(t):keep - 1]
                 out[i] = float(token_nll(pred, torch.tensor(t, device=pred.device)) / len(t))
+            done[0] += 1
+        if scored is not None:
+            scored(done[0])
 
     with torch.inference_mode(), without_cudnn_attention(device):
         for start in range(0, len(order), batch_size):
@@ -247,17 +253,18 @@ def gold_nll(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], *
 
 def task_nll(task: Task, model, tokenizer, *, batch_size: int = 16,
              prompts: Sequence[str] | None = None,
-             progress: Progress | None = None) -> list[float]:
+             progress: Progress | None = None,
+             scored: Callable[[int], None] | None = None) -> list[float]:
     """The gold NLL (nats/token, ``gold_nll``) of ``task.target(item)`` after each item's prompt,
     without generating: one forward pass per batch of ``batch_size // 2`` rows (the batches of
     ``run_side_by_side``'s NLL pass: the same floats it reports as "gold_nll"). ``prompts``:
-    the task's prompts for this tokenizer when already built."""
+    the task's prompts for this tokenizer when already built; ``scored``: ``gold_nll``'s."""
     if task.target is None:
         raise ValueError(f"{task.name}: gold NLL needs worked solutions (GSM-Symbolic)")
     prompts = list(prompts) if prompts is not None else task.prompts(tokenizer)
     say(progress, 0.0, f"gold-solution NLL of {len(prompts)} items")
     return gold_nll(model, tokenizer, prompts, [task.target(it) for it in task.items],
-                    batch_size=max(1, batch_size // 2))
+                    batch_size=max(1, batch_size // 2), scored=scored)
 
 
 # --------------------------------------------------------------------------- running
