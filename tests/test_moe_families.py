@@ -237,3 +237,72 @@ def test_a_checkpoint_tensor_the_model_keeps_as_a_buffer_is_merged_live(tmp_path
         with torch.no_grad():
             want = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
             assert torch.equal(live.model(ids).logits, want), cfg
+
+
+# the types whose checkpoints store one tensor per expert, fused into one live parameter
+PER_EXPERT = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe")
+
+
+def test_a_single_expert_rule_writes_that_experts_slice_of_the_fused_parameter(trio, tmp_path):
+    """`{layers: '1', experts: '3'}` takes expert 3 of layer 1 (the checkpoint's names) from the
+    language expert: on the disk those tensors only; live, that expert's slice of the fused
+    parameter only, the logits those of the saved merge. A checkpoint that stores a layer's
+    experts in one tensor, or a dense model, is refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.merge.live import LiveModel
+
+    model_type, paths = trio
+    cfg = MergeConfig(partition=[{"layers": "1", "experts": "3"}], non_layer="task")
+    if model_type not in PER_EXPERT:
+        why = "no routed experts" if model_type not in MOE_TYPES else "experts in one tensor"
+        with pytest.raises(ConfigError, match=f"partition rule 1: selects experts 3, but .*{why}"):
+            merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], out=tmp_path / "m")
+        assert not (tmp_path / "m").exists()
+        return
+    out = merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], out=tmp_path / "m")
+    merged, task, lang = tensors(out), tensors(paths["task"]), tensors(paths["lang"])
+    mine = re.compile(r"^model\.layers\.1\.[a-z_.]*experts\.3\.")
+    taken = [n for n in merged if mine.match(n)]
+    assert taken
+    for n in merged:
+        assert torch.equal(merged[n], (lang if n in taken else task)[n]), n
+
+    live = LiveModel.from_refs(paths["task"], paths["lang"])
+    fused = {live.place[n] for n in taken}
+    assert all(live.place[n] != n for n in taken)   # fused into one live parameter
+    before = {p: live.params[p].clone() for p in fused}
+    live.show(cfg)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
+        assert torch.equal(live.model(ids).logits, want)
+        as_lang = AutoModelForCausalLM.from_pretrained(paths["lang"], dtype=torch.float32)
+    lang_params = dict(as_lang.named_parameters())
+    for p in fused:   # experts on the first axis: only expert 3's slice is the language expert's
+        now, was = live.params[p], before[p]
+        assert now.shape[0] == 4
+        assert torch.equal(now[3], lang_params[p][3]) and not torch.equal(was[3], now[3]), p
+        others = [0, 1, 2]
+        assert torch.equal(now[others], was[others]), p
+    live.show("task")
+    for p in fused:
+        assert torch.equal(live.params[p], before[p])
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    return make_trio(tmp_path_factory.mktemp("mixtral_only"), "mixtral")
+
+
+@pytest.mark.parametrize("rule, why", [
+    ({"layers": "1", "experts": "4"}, "has 4 experts per layer"),
+    ({"layers": "1", "experts": "3", "kinds": "attention"}, "leave out moe_experts"),
+    ({"layers": "1", "experts": "three"}, "cannot read 'three'"),
+    ({"layers": "1", "experts": "0-99999"}, "below 4096"),
+])
+def test_an_expert_rule_that_cannot_find_its_experts_is_refused(mixtral, tmp_path, rule, why):
+    paths = mixtral
+    with pytest.raises(ConfigError, match=f"partition rule 1: .*{why}"):
+        merge_to_folder(MergeConfig(partition=[rule]), task=paths["task"], lang=paths["lang"],
+                        out=tmp_path / "m")

@@ -109,6 +109,9 @@ class Family:
 
 
 _NUMBER = re.compile(r"\.\d+\.")
+# a routed expert's number in a checkpoint name: mixtral's block_sparse_moe.experts.3.w1,
+# qwen's mlp.experts.3.gate_proj (the only numbered parts of the derived table's patterns)
+_EXPERT_NUMBER = re.compile(r"\.experts\.(\d+)\.")
 
 
 FAMILIES: list[Family] = [
@@ -205,6 +208,14 @@ class Architecture:
             return ""
         active = f", {self.active_experts} active" if self.active_experts else ""
         return f"MoE: {self.experts} experts{active}"
+
+    def expert(self, name: str) -> int | None:
+        """The routed expert's number in a checkpoint name (``...experts.3.w1.weight``: 3), None
+        for any other tensor and for a tensor holding all of a layer's experts."""
+        if self.classify(name).kind != "moe_experts":
+            return None
+        m = _EXPERT_NUMBER.search(name)
+        return int(m.group(1)) if m else None
 
     def unclassified(self, names) -> list[str]:
         """The names no kind rule can address (kind "other"), in the given order."""
