@@ -306,3 +306,53 @@ def test_an_expert_rule_that_cannot_find_its_experts_is_refused(mixtral, tmp_pat
     with pytest.raises(ConfigError, match=f"partition rule 1: .*{why}"):
         merge_to_folder(MergeConfig(partition=[rule]), task=paths["task"], lang=paths["lang"],
                         out=tmp_path / "m")
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    return make_trio(tmp_path_factory.mktemp("qwen3_moe_only"), "qwen3_moe")
+
+
+def test_a_type_the_table_lacks_is_derived_from_transformers_at_run_time(qwen3_moe, tmp_path,
+                                                                          monkeypatch):
+    """qwen3_moe dropped from the shipped table: its kinds come from the installed transformers
+    when its models are opened, as the table's do (same kind for every checkpoint name, the same
+    merged bytes); the caller's random state is left alone."""
+    from layerswap_core.checkpoints import architectures
+
+    paths = qwen3_moe
+    config = CheckpointReader(paths["task"]).config()
+    table = architectures.get_architecture(config)
+    assert table.family.name == "qwen3_moe" and not table.family.run_time
+    cfg = MergeConfig(partition=[{"layers": "0-1", "kinds": "mlp"}, {"layers": "1",
+                                                                     "experts": "2", "to": "task"}],
+                      non_layer="task")
+    want = merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], out=tmp_path / "table")
+
+    monkeypatch.delitem(architectures._BY_TYPE, "qwen3_moe")
+    architectures.run_time_family.cache_clear()
+    state = torch.get_rng_state()
+    derived = architectures.get_architecture(config)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert derived.family.run_time and not derived.is_fallback
+    assert "derived from transformers' modules at run time" in derived.describe()
+    names = CheckpointReader(paths["task"]).names()
+    assert [derived.classify(n) for n in names] == [table.classify(n) for n in names]
+    assert not derived.unclassified(names)
+    got = merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], out=tmp_path / "derived")
+    for f in sorted(want.glob("*.safetensors")):
+        assert (got / f.name).read_bytes() == f.read_bytes()
+    text = "\n".join(check(str(paths["base"]), str(paths["task"]), str(paths["lang"])).lines())
+    assert "kinds derived from transformers' modules at run time" in text
+    assert "warning" not in text and "unknown family" not in text
+    monkeypatch.undo()
+    architectures.run_time_family.cache_clear()
+
+
+def test_a_type_transformers_does_not_know_falls_back_without_deriving():
+    from layerswap_core.checkpoints import architectures
+
+    family, why = architectures.run_time_family("brand_new_lm")
+    assert family is None and "does not know the model type 'brand_new_lm'" in why
+    assert architectures.get_architecture({"model_type": "brand_new_lm",
+                                           "num_hidden_layers": 2}).is_fallback
