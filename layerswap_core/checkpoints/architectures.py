@@ -163,7 +163,7 @@ FALLBACK = Family("unknown", (), r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.", 
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def run_time_family(model_type: str) -> tuple[Family | None, str]:
     """(the family of a model type the table lacks, derived from the installed transformers'
     own modules as the table is (``derive_kinds.derive_at_run_time``), "") or (None, why not).

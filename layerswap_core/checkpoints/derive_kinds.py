@@ -243,7 +243,7 @@ def derive_at_run_time(model_type: str) -> tuple[dict[str, dict[str, str]] | Non
     try:
         with torch.random.fork_rng(devices=[]):
             return derive_kinds(model_type), ""
-    except Exception as e:   # a type whose tiny model does not build or run: no kinds from it
+    except Exception as e:  # noqa: BLE001 - a tiny model that does not build or run: no kinds
         return None, f"transformers' tiny {model_type} model did not derive: {str(e)[:120]}"
     finally:
         hf_logging.set_verbosity(level)
