@@ -202,6 +202,12 @@ def derive_kinds(model_type: str, **overrides) -> dict[str, dict[str, str]]:
             continue
         i = int(lm.group(1))
         kind = _kind(layers[i], target[lm.end():], flows[i])
+        if kind.startswith("moe_") and "." not in _strip(base[m.end():]) and \
+                _is_norm(_module(layers[i], target[lm.end():])):
+            # a norm the checkpoint stores as the layer's own (axk1's post_mlp_layernorm) that
+            # transformers moves into the MoE block to normalise its output: a layer norm after
+            # the feed-forward, as the checkpoint says, not a part of the experts' block
+            kind = "norm_mlp_post"
         key = expert_pattern(base[m.end():])
         if out["layer"].setdefault(key, kind) != kind:
             raise ValueError(f"{model_type}: {key} is {out['layer'][key]} in one layer and "
@@ -249,6 +255,14 @@ def derive_at_run_time(model_type: str) -> tuple[dict[str, dict[str, str]] | Non
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def _module(layer, rest: str):
+    """The module that holds the layer's parameter ``rest`` (live name)."""
+    module = layer
+    for p in rest.split(".")[:-1]:
+        module = getattr(module, p)
+    return module
 
 
 def _strip(name: str) -> str:
