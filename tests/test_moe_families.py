@@ -356,3 +356,56 @@ def test_a_type_transformers_does_not_know_falls_back_without_deriving():
     assert family is None and "does not know the model type 'brand_new_lm'" in why
     assert architectures.get_architecture({"model_type": "brand_new_lm",
                                            "num_hidden_layers": 2}).is_fallback
+
+
+def test_mergekit_yaml_of_a_moe_merge_is_the_same_model_or_refused(trio, tmp_path):
+    """For the MoE types mergekit merges whole (``MERGEKIT_MOE``): the YAML layerswap writes,
+    run by mergekit, gives the logits of layerswap's own merge (a layer swap with a blend, a
+    soup, task arithmetic); TIES on fused experts and single-expert rules are refused. Every
+    other MoE type is refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.merge.mergekit_yaml import MERGEKIT_MOE, to_mergekit
+    from layerswap_core.testing import mergekit_yaml, run_mergekit
+
+    model_type, paths = trio
+    if model_type not in MOE_TYPES:
+        pytest.skip("dense: tests/test_mergekit_yaml.py")
+    refs = {"task": str(paths["task"]), "lang": str(paths["lang"]), "base": str(paths["base"])}
+    if model_type not in MERGEKIT_MOE:
+        with pytest.raises(ConfigError, match=f"mergekit does not merge the experts of a "
+                                              f"{model_type} model"):
+            to_mergekit(MergeConfig(method="soup"), **refs)
+        return
+    if model_type in PER_EXPERT:
+        single = MergeConfig(partition=[{"layers": "1", "kinds": "moe_experts"},
+                                        {"layers": "1", "experts": "0", "to": "task"}])
+        with pytest.raises(ConfigError, match="a rule that takes single experts"):
+            to_mergekit(single, **refs)
+    ties = MergeConfig(method="ties", ties_density=0.5)
+    if MERGEKIT_MOE[model_type]:
+        with pytest.raises(ConfigError, match="TIES on a .* fused tensor of all its experts"):
+            to_mergekit(ties, **refs)
+    if mergekit_yaml() is None:
+        pytest.skip("mergekit is not installed")
+    cfgs = {"swap": MergeConfig(bottom=1, top=0, w_task=3.0, w_lang=1.0),
+            "soup": MergeConfig(method="soup", w_task=3.0, w_lang=1.0),
+            "task_arithmetic": MergeConfig(method="task_arithmetic", lambda_task=0.5)}
+    jobs = []
+    for name, cfg in cfgs.items():
+        text, notes = to_mergekit(cfg, **refs)
+        assert any("fused" in n for n in notes) == MERGEKIT_MOE[model_type]
+        (tmp_path / f"{name}.yaml").write_text(text)
+        jobs.append((tmp_path / f"{name}.yaml", tmp_path / f"mk_{name}"))
+    run_mergekit(jobs)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    for name, cfg in cfgs.items():
+        ours = merge_to_folder(cfg, out=tmp_path / f"ours_{name}",
+                               **{r: p for r, p in refs.items() if r != "base" or cfg.needs_base})
+        with torch.no_grad():
+            want = AutoModelForCausalLM.from_pretrained(ours, dtype=torch.float32)(ids).logits
+            got = AutoModelForCausalLM.from_pretrained(tmp_path / f"mk_{name}",
+                                                       dtype=torch.float32)(ids).logits
+        assert torch.equal(got, want), name
+        assert not torch.equal(want, AutoModelForCausalLM.from_pretrained(
+            paths["task"], dtype=torch.float32)(ids).logits.detach()), name
