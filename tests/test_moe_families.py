@@ -138,6 +138,9 @@ def test_unclassified_tensors_are_said_and_a_kind_rule_over_them_is_refused(tmp_
     """A model type layerswap does not know, with a tensor no kind rule can see: `check` names
     it before anything is built, a kinds rule over its layer is refused in one line, a layer
     rule still merges by layer index."""
+    from layerswap_core.checkpoints.derive_kinds import known_to_transformers
+
+    assert not known_to_transformers("brand_new_lm")   # no kinds from transformers either
     names = {"model.embed_tokens.weight": (16, 8), "model.norm.weight": (8,),
              "model.layers.0.self_attn.q_proj.weight": (8, 8),
              "model.layers.0.ffn.wi.weight": (16, 8), "model.layers.1.ffn.wi.weight": (16, 8)}
