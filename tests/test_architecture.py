@@ -22,13 +22,13 @@ LAYERS = [
     ("layerswap_core", "checkpoints", "merge", "analysis", "inference", "evaluation", "training",
      "demos", "engines", "sweeps", "workbench",
      "checkpoints.architectures", "checkpoints.kinds_table",   # the derived kinds' table
+     "checkpoints.derive_kinds",                  # kinds from transformers' modules (run time)
      "checkpoints.quantized",                     # quantized checkpoints recognised (refused)
      "merge.methods", "merge.errors", "progress",
      "memory", "settings"),                       # the process's memory; numbers from variables
     ("checkpoints.reading", "checkpoints.tokenizers",   # tensors, headers, configs; tokenizers;
      "checkpoints.cache"),                        # the cache folder, the cached build, LRU
-    ("checkpoints.tokenizer_panel",               # what differs in tokenizers, chat templates
-     "checkpoints.derive_kinds"),                 # kinds from transformers' modules (the table)
+    ("checkpoints.tokenizer_panel",),             # what differs in tokenizers, chat templates
     ("checkpoints.writing",),                     # the sharded writer, output folders
     ("checkpoints.adapters",),                    # PEFT adapters: the reader, the applier
     ("checkpoints.embedded",),                    # the embedded models' registry (data rows)

@@ -138,6 +138,9 @@ def test_unclassified_tensors_are_said_and_a_kind_rule_over_them_is_refused(tmp_
     """A model type layerswap does not know, with a tensor no kind rule can see: `check` names
     it before anything is built, a kinds rule over its layer is refused in one line, a layer
     rule still merges by layer index."""
+    from layerswap_core.checkpoints.derive_kinds import known_to_transformers
+
+    assert not known_to_transformers("brand_new_lm")   # no kinds from transformers either
     names = {"model.embed_tokens.weight": (16, 8), "model.norm.weight": (8,),
              "model.layers.0.self_attn.q_proj.weight": (8, 8),
              "model.layers.0.ffn.wi.weight": (16, 8), "model.layers.1.ffn.wi.weight": (16, 8)}
@@ -237,3 +240,175 @@ def test_a_checkpoint_tensor_the_model_keeps_as_a_buffer_is_merged_live(tmp_path
         with torch.no_grad():
             want = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
             assert torch.equal(live.model(ids).logits, want), cfg
+
+
+# the types whose checkpoints store one tensor per expert, fused into one live parameter
+PER_EXPERT = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe")
+
+
+def test_a_single_expert_rule_writes_that_experts_slice_of_the_fused_parameter(trio, tmp_path):
+    """`{layers: '1', experts: '3'}` takes expert 3 of layer 1 (the checkpoint's names) from the
+    language expert: on the disk those tensors only; live, that expert's slice of the fused
+    parameter only, the logits those of the saved merge. A checkpoint that stores a layer's
+    experts in one tensor, or a dense model, is refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.merge.live import LiveModel
+
+    model_type, paths = trio
+    cfg = MergeConfig(partition=[{"layers": "1", "experts": "3"}], non_layer="task")
+    if model_type not in PER_EXPERT:
+        why = "no routed experts" if model_type not in MOE_TYPES else "experts in one tensor"
+        with pytest.raises(ConfigError, match=f"partition rule 1: selects experts 3, but .*{why}"):
+            merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], out=tmp_path / "m")
+        assert not (tmp_path / "m").exists()
+        return
+    out = merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], out=tmp_path / "m")
+    merged, task, lang = tensors(out), tensors(paths["task"]), tensors(paths["lang"])
+    mine = re.compile(r"^model\.layers\.1\.[a-z_.]*experts\.3\.")
+    taken = [n for n in merged if mine.match(n)]
+    assert taken
+    for n in merged:
+        assert torch.equal(merged[n], (lang if n in taken else task)[n]), n
+
+    live = LiveModel.from_refs(paths["task"], paths["lang"])
+    fused = {live.place[n] for n in taken}
+    assert all(live.place[n] != n for n in taken)   # fused into one live parameter
+    before = {p: live.params[p].clone() for p in fused}
+    live.show(cfg)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
+        assert torch.equal(live.model(ids).logits, want)
+        as_lang = AutoModelForCausalLM.from_pretrained(paths["lang"], dtype=torch.float32)
+    lang_params = dict(as_lang.named_parameters())
+    for p in fused:   # experts on the first axis: only expert 3's slice is the language expert's
+        now, was = live.params[p], before[p]
+        assert now.shape[0] == 4
+        assert torch.equal(now[3], lang_params[p][3]) and not torch.equal(was[3], now[3]), p
+        others = [0, 1, 2]
+        assert torch.equal(now[others], was[others]), p
+    live.show("task")
+    for p in fused:
+        assert torch.equal(live.params[p], before[p])
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    return make_trio(tmp_path_factory.mktemp("mixtral_only"), "mixtral")
+
+
+@pytest.mark.parametrize("rule, why", [
+    ({"layers": "1", "experts": "4"}, "has 4 experts per layer"),
+    ({"layers": "1", "experts": "3", "kinds": "attention"}, "leave out moe_experts"),
+    ({"layers": "1", "experts": "three"}, "cannot read 'three'"),
+    ({"layers": "1", "experts": "0-99999"}, "below 4096"),
+])
+def test_an_expert_rule_that_cannot_find_its_experts_is_refused(mixtral, tmp_path, rule, why):
+    paths = mixtral
+    with pytest.raises(ConfigError, match=f"partition rule 1: .*{why}"):
+        merge_to_folder(MergeConfig(partition=[rule]), task=paths["task"], lang=paths["lang"],
+                        out=tmp_path / "m")
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(tmp_path_factory):
+    return make_trio(tmp_path_factory.mktemp("qwen3_moe_only"), "qwen3_moe")
+
+
+def test_a_type_the_table_lacks_is_derived_from_transformers_at_run_time(qwen3_moe, tmp_path,
+                                                                          monkeypatch):
+    """qwen3_moe dropped from the shipped table: its kinds come from the installed transformers
+    when its models are opened, as the table's do (same kind for every checkpoint name, the same
+    merged bytes); the caller's random state is left alone."""
+    from layerswap_core.checkpoints import architectures
+
+    paths = qwen3_moe
+    config = CheckpointReader(paths["task"]).config()
+    table = architectures.get_architecture(config)
+    assert table.family.name == "qwen3_moe" and not table.family.run_time
+    cfg = MergeConfig(partition=[{"layers": "0-1", "kinds": "mlp"}, {"layers": "1",
+                                                                     "experts": "2", "to": "task"}],
+                      non_layer="task")
+    want = merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], out=tmp_path / "table")
+
+    monkeypatch.delitem(architectures._BY_TYPE, "qwen3_moe")
+    architectures.run_time_family.cache_clear()
+    state = torch.get_rng_state()
+    derived = architectures.get_architecture(config)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert derived.family.run_time and not derived.is_fallback
+    assert "derived from transformers' modules at run time" in derived.describe()
+    names = CheckpointReader(paths["task"]).names()
+    assert [derived.classify(n) for n in names] == [table.classify(n) for n in names]
+    assert not derived.unclassified(names)
+    got = merge_to_folder(cfg, task=paths["task"], lang=paths["lang"], out=tmp_path / "derived")
+    for f in sorted(want.glob("*.safetensors")):
+        assert (got / f.name).read_bytes() == f.read_bytes()
+    text = "\n".join(check(str(paths["base"]), str(paths["task"]), str(paths["lang"])).lines())
+    assert "kinds derived from transformers' modules at run time" in text
+    assert "warning" not in text and "unknown family" not in text
+    monkeypatch.undo()
+    architectures.run_time_family.cache_clear()
+
+
+def test_a_type_transformers_does_not_know_falls_back_without_deriving():
+    from layerswap_core.checkpoints import architectures
+
+    family, why = architectures.run_time_family("brand_new_lm")
+    assert family is None and "does not know the model type 'brand_new_lm'" in why
+    assert architectures.get_architecture({"model_type": "brand_new_lm",
+                                           "num_hidden_layers": 2}).is_fallback
+
+
+def test_mergekit_yaml_of_a_moe_merge_is_the_same_model_or_refused(trio, tmp_path):
+    """For the MoE types mergekit merges whole (``MERGEKIT_MOE``): the YAML layerswap writes,
+    run by mergekit, gives the logits of layerswap's own merge (a layer swap with a blend, a
+    soup, task arithmetic); TIES on fused experts and single-expert rules are refused. Every
+    other MoE type is refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from layerswap_core.merge.mergekit_yaml import MERGEKIT_MOE, to_mergekit
+    from layerswap_core.testing import mergekit_yaml, run_mergekit
+
+    model_type, paths = trio
+    if model_type not in MOE_TYPES:
+        pytest.skip("dense: tests/test_mergekit_yaml.py")
+    refs = {"task": str(paths["task"]), "lang": str(paths["lang"]), "base": str(paths["base"])}
+    if model_type not in MERGEKIT_MOE:
+        with pytest.raises(ConfigError, match=f"mergekit does not merge the experts of a "
+                                              f"{model_type} model"):
+            to_mergekit(MergeConfig(method="soup"), **refs)
+        return
+    if model_type in PER_EXPERT:
+        single = MergeConfig(partition=[{"layers": "1", "kinds": "moe_experts"},
+                                        {"layers": "1", "experts": "0", "to": "task"}])
+        with pytest.raises(ConfigError, match="a rule that takes single experts"):
+            to_mergekit(single, **refs)
+    ties = MergeConfig(method="ties", ties_density=0.5)
+    if MERGEKIT_MOE[model_type]:
+        with pytest.raises(ConfigError, match="TIES on a .* fused tensor of all its experts"):
+            to_mergekit(ties, **refs)
+    if mergekit_yaml() is None:
+        pytest.skip("mergekit is not installed")
+    cfgs = {"swap": MergeConfig(bottom=1, top=0, w_task=3.0, w_lang=1.0),
+            "soup": MergeConfig(method="soup", w_task=3.0, w_lang=1.0),
+            "task_arithmetic": MergeConfig(method="task_arithmetic", lambda_task=0.5)}
+    jobs = []
+    for name, cfg in cfgs.items():
+        text, notes = to_mergekit(cfg, **refs)
+        assert any("fused" in n for n in notes) == MERGEKIT_MOE[model_type]
+        (tmp_path / f"{name}.yaml").write_text(text)
+        jobs.append((tmp_path / f"{name}.yaml", tmp_path / f"mk_{name}"))
+    run_mergekit(jobs)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    for name, cfg in cfgs.items():
+        ours = merge_to_folder(cfg, out=tmp_path / f"ours_{name}",
+                               **{r: p for r, p in refs.items() if r != "base" or cfg.needs_base})
+        with torch.no_grad():
+            want = AutoModelForCausalLM.from_pretrained(ours, dtype=torch.float32)(ids).logits
+            got = AutoModelForCausalLM.from_pretrained(tmp_path / f"mk_{name}",
+                                                       dtype=torch.float32)(ids).logits
+        assert torch.equal(got, want), name
+        assert not torch.equal(want, AutoModelForCausalLM.from_pretrained(
+            paths["task"], dtype=torch.float32)(ids).logits.detach()), name

@@ -5,14 +5,19 @@ the per-layer suffixes and their kinds, and the non-layer names. Adding a family
 one entry here; no other module knows how parameters are named. The families of the model types
 in ``kinds_table.KINDS`` (mixture-of-experts models, starcoder2, OLMo 2) are that table, derived
 from transformers' own modules by ``derive_kinds`` (and checked against it by the tests); the
-others are written by hand.
+others are written by hand. A model type in neither but known to the installed transformers is
+derived the same way when a model of it is first opened (``run_time_family``: torch and
+transformers imported then, about 1 s per type once they are); any other falls back to a
+generic regex and says so.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .derive_kinds import derive_at_run_time
 from .kinds_table import KINDS as DERIVED_KINDS
 
 # Module kinds and the groups that merge rules and heatmaps select by. A mixture-of-experts
@@ -92,6 +97,7 @@ class Family:
     global_kinds: dict[str, str]            # full name (no .weight/.bias) -> kind
     num_layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     fallback: bool = False
+    run_time: bool = False                  # derived from transformers when first opened
     _rx: re.Pattern = field(init=False, repr=False, compare=False)
     _numbered: bool = field(init=False, repr=False, compare=False)
 
@@ -109,6 +115,9 @@ class Family:
 
 
 _NUMBER = re.compile(r"\.\d+\.")
+# a routed expert's number in a checkpoint name: mixtral's block_sparse_moe.experts.3.w1,
+# qwen's mlp.experts.3.gate_proj (the only numbered parts of the derived table's patterns)
+_EXPERT_NUMBER = re.compile(r"\.experts\.(\d+)\.")
 
 
 FAMILIES: list[Family] = [
@@ -152,6 +161,20 @@ FALLBACK = Family("unknown", (), r"(?:^|\.)(?:layers|h|blocks|layer)\.(\d+)\.", 
                   num_layers_keys=("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
                   fallback=True)
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+
+@functools.cache
+def run_time_family(model_type: str) -> tuple[Family | None, str]:
+    """(the family of a model type the table lacks, derived from the installed transformers'
+    own modules as the table is (``derive_kinds.derive_at_run_time``), "") or (None, why not).
+    Names its modules give no kind are guessed as the generic fallback guesses them."""
+    table, why = derive_at_run_time(model_type)
+    if table is None:
+        return None, why
+    known = {part: {k: v for k, v in table[part].items() if v != "other"}
+             for part in ("layer", "global")}
+    return Family(model_type, (model_type,), r"^(?:model\.)?layers\.(\d+)\.", known["layer"],
+                  {**_LLAMA_GLOBAL, **known["global"]}, run_time=True), ""
 _SUFFIXES = (".weight", ".bias")
 
 
@@ -206,6 +229,14 @@ class Architecture:
         active = f", {self.active_experts} active" if self.active_experts else ""
         return f"MoE: {self.experts} experts{active}"
 
+    def expert(self, name: str) -> int | None:
+        """The routed expert's number in a checkpoint name (``...experts.3.w1.weight``: 3), None
+        for any other tensor and for a tensor holding all of a layer's experts."""
+        if self.classify(name).kind != "moe_experts":
+            return None
+        m = _EXPERT_NUMBER.search(name)
+        return int(m.group(1)) if m else None
+
     def unclassified(self, names) -> list[str]:
         """The names no kind rule can address (kind "other"), in the given order."""
         return [n for n in names if self.classify(n).kind == "other"]
@@ -216,7 +247,8 @@ class Architecture:
 
     def describe(self) -> str:
         note = " (unknown family: layer index found by the generic `layers.N.`/`h.N.` regex)" \
-            if self.is_fallback else ""
+            if self.is_fallback else " (kinds derived from transformers' modules at run time)" \
+            if self.family.run_time else ""
         moe = f", {self.moe()}" if self.experts else ""
         return f"{self.model_type} [{self.family.name}], {self.num_layers} layers{moe}{note}"
 
@@ -230,7 +262,7 @@ def classify(name: str, family: Family = FAMILIES[0]) -> ParamInfo:
     if m:
         rest = base[m.end():]
         kind = family.layer_kind(rest)
-        if kind is None and family.fallback:
+        if kind is None and (family.fallback or family.run_time):
             kind = _guess_kind(rest)
         return ParamInfo(int(m.group(1)), kind or "other")
     kind = family.global_kinds.get(base)
@@ -266,7 +298,10 @@ def get_architecture(config: dict) -> Architecture:
     """Architecture of a model from its config.json contents (a dict)."""
     tc = text_config(config)
     model_type = tc.get("model_type") or config.get("model_type") or "unknown"
-    family = _BY_TYPE.get(model_type, FALLBACK)
+    family = _BY_TYPE.get(model_type)
+    if family is None and isinstance(model_type, str) and model_type != "unknown":
+        family = run_time_family(model_type)[0]
+    family = family or FALLBACK
     experts = next((tc[k] for k in EXPERT_KEYS if isinstance(tc.get(k), int) and tc[k] > 1), None)
     active = next((tc[k] for k in ACTIVE_EXPERT_KEYS if isinstance(tc.get(k), int)), None)
     for key in family.num_layers_keys + FALLBACK.num_layers_keys:

@@ -22,15 +22,15 @@ the kind its module says:
 The result, layer-relative names with expert numbers as ``*``, is written once into
 ``kinds_table.py`` (``python -m layerswap_core.checkpoints.derive_kinds``), which ships: the merge
 never imports torch or transformers for it. ``tests/test_model_families.py`` derives it again
-and compares.
+and compares. A model type the table lacks but the installed transformers knows is derived the
+same way when a model of it is first opened (``derive_at_run_time``, called by
+``architectures.get_architecture``; once per type and process). torch and transformers are
+imported inside the functions only: ``architectures`` imports this module at its top.
 """
 from __future__ import annotations
 
 import re
-import tempfile
 from pathlib import Path
-
-from .reading import CheckpointReader
 
 # The model types whose kinds the shipped table holds (the hand families in architectures.py
 # are checked against the same derivation in the tests).
@@ -173,6 +173,8 @@ def _kind(layer, rest: str, flow: dict[str, str]) -> str:
 def derive_kinds(model_type: str, **overrides) -> dict[str, dict[str, str]]:
     """{"layer": {pattern: kind}, "global": {name: kind}} of a model type's checkpoint names
     (no .weight/.bias; layer names relative to the layer, expert numbers as ``*``)."""
+    import tempfile
+
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.conversion_mapping import get_model_conversion_mapping
@@ -187,7 +189,7 @@ def derive_kinds(model_type: str, **overrides) -> dict[str, dict[str, str]]:
     live = dict(model.state_dict())
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        names = CheckpointReader(Path(tmp)).names()
+        names = _saved_names(Path(tmp))
     layers = model.model.layers
     flows = [_flow_kinds(model, layer) for layer in layers]
     out: dict[str, dict[str, str]] = {"layer": {}, "global": {}}
@@ -200,11 +202,67 @@ def derive_kinds(model_type: str, **overrides) -> dict[str, dict[str, str]]:
             continue
         i = int(lm.group(1))
         kind = _kind(layers[i], target[lm.end():], flows[i])
+        if kind.startswith("moe_") and "." not in _strip(base[m.end():]) and \
+                _is_norm(_module(layers[i], target[lm.end():])):
+            # a norm the checkpoint stores as the layer's own (axk1's post_mlp_layernorm) that
+            # transformers moves into the MoE block to normalise its output: a layer norm after
+            # the feed-forward, as the checkpoint says, not a part of the experts' block
+            kind = "norm_mlp_post"
         key = expert_pattern(base[m.end():])
         if out["layer"].setdefault(key, kind) != kind:
             raise ValueError(f"{model_type}: {key} is {out['layer'][key]} in one layer and "
                              f"{kind} in another")
     return out
+
+
+def _saved_names(folder: Path) -> list[str]:
+    """The tensor names of the safetensors files ``save_pretrained`` wrote (headers only)."""
+    from safetensors import safe_open
+
+    names = []
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="numpy") as st:
+            names += list(st.keys())
+    return names
+
+
+def known_to_transformers(model_type: str) -> bool:
+    """Whether the installed transformers has a config class for ``model_type``."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return model_type in CONFIG_MAPPING_NAMES
+
+
+def derive_at_run_time(model_type: str) -> tuple[dict[str, dict[str, str]] | None, str]:
+    """(``derive_kinds(model_type)``, "") for a type the installed transformers knows, else
+    (None, why not). The derivation's tiny model is seeded: the caller's random state is kept;
+    transformers' warnings and progress bars about the tiny model are not the user's."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    if not known_to_transformers(model_type):
+        return None, f"the installed transformers does not know the model type {model_type!r}"
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return derive_kinds(model_type), ""
+    except Exception as e:  # noqa: BLE001 - a tiny model that does not build or run: no kinds
+        return None, f"transformers' tiny {model_type} model did not derive: {str(e)[:120]}"
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _module(layer, rest: str):
+    """The module that holds the layer's parameter ``rest`` (live name)."""
+    module = layer
+    for p in rest.split(".")[:-1]:
+        module = getattr(module, p)
+    return module
 
 
 def _strip(name: str) -> str:

@@ -158,6 +158,7 @@ class ModelInfo:
     unclassified: tuple[str, ...] = ()     # tensors no kind rule can address (kind "other")
     vision: int = 0                        # a multimodal wrapper's vision tensors (kind "vision")
     wrapper: str = ""                      # the wrapper's own model type (gemma3 of gemma3_text)
+    run_time_kinds: bool = False           # kinds derived from transformers when first opened
 
     def vision_note(self) -> str | None:
         """What a merge does with a multimodal wrapper's vision tower and projector, or None."""
@@ -182,8 +183,11 @@ class ModelInfo:
     def architecture(self) -> str:
         """"gemma3_text (gemma2 family, dense)", "mixtral (mixtral family, MoE: 8 experts, 2
         active)": the family (whose name rules it follows) said as such, not as if it were the
-        model's type, and whether it is a mixture of experts."""
-        return f"{self.model_type} ({self.family} family, {self.moe or 'dense'})"
+        model's type, whether its kinds were derived from transformers when it was opened (a
+        type the shipped table lacks), and whether it is a mixture of experts."""
+        derived = ", kinds derived from transformers' modules at run time" \
+            if self.run_time_kinds else ""
+        return f"{self.model_type} ({self.family} family{derived}, {self.moe or 'dense'})"
 
     def summary(self) -> str:
         return (f"{self.architecture}, {self.num_layers} layers, hidden "
@@ -205,7 +209,7 @@ def describe(ref, progress: Progress | None = None) -> ModelInfo:
                      tc.get("hidden_size"), tc.get("vocab_size"), "/".join(dtypes), reader.numel(),
                      reader.nbytes(), tied_embeddings(cfg), arch.is_fallback, arch.moe(),
                      tuple(arch.unclassified(reader.names())), len(arch.vision(reader.names())),
-                     str(cfg.get("model_type") or ""))
+                     str(cfg.get("model_type") or ""), arch.family.run_time)
 
 
 

@@ -87,6 +87,7 @@ def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None,
     config = concrete(config, models.arch.num_layers)
     plan = build_plan(config, models.names, models.arch)
     notes: list[str] = []
+    _experts(plan, notes)
     paths = {}
     for role, ref in refs.items():  # mergekit reads folders and Hub ids, not embedded:NAME
         if ref.startswith("embedded:") and not folders:
@@ -118,6 +119,45 @@ def to_mergekit(config: MergeConfig, *, task=None, lang=None, base=None,
     if out_dtype != "float32":
         doc["out_dtype"] = out_dtype
     return _dump(doc, plan, notes), notes
+
+
+# Mixture-of-experts types mergekit (0.1.5, requirements-dev.txt) merges whole, each checked
+# against mergekit itself on a tiny trio (tests/test_moe_families.py): True where it writes the
+# experts fused, as transformers 5 holds them (mlp.experts.gate_up_proj / down_proj), rather than
+# as the checkpoint stores them. Any other MoE type is refused: deepseek_v3's merge leaves its
+# experts out without a word (mergekit has no architecture for it).
+MERGEKIT_MOE = {"mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "glm4_moe": True,
+                "granitemoe": True, "llama4_text": False, "gpt_oss": False}
+
+
+def _experts(plan, notes: list[str]) -> None:
+    """Refuse, in one line, a mixture-of-experts merge mergekit cannot express: a type it does
+    not merge whole, a rule that takes single experts (a slice takes whole layers), TIES where
+    mergekit trims a fused tensor of all a layer's experts and layerswap each expert's own;
+    else a note where mergekit writes the experts fused."""
+    arch = plan.arch
+    if not arch.experts:
+        return
+    if arch.model_type not in MERGEKIT_MOE:
+        raise ConfigError(f"mergekit YAML: mergekit does not merge the experts of a "
+                          f"{arch.model_type} model (mixture-of-experts types it merges whole: "
+                          f"{', '.join(MERGEKIT_MOE)})")
+    by_layer: dict[int, set] = {}
+    for name, src in plan.sources.items():
+        if arch.classify(name).kind == "moe_experts":
+            by_layer.setdefault(arch.classify(name).layer, set()).add(src)
+    split = next((layer for layer, srcs in by_layer.items() if len(srcs) > 1), None)
+    if split is not None:
+        raise ConfigError(f"mergekit cannot express a rule that takes single experts (layer "
+                          f"{split}): a mergekit slice takes whole layers")
+    if MERGEKIT_MOE[arch.model_type]:
+        if plan.config.method == "ties":
+            raise ConfigError(f"mergekit cannot express TIES on a {arch.model_type} model as "
+                              "layerswap merges it: mergekit trims each layer's fused tensor of "
+                              "all its experts, layerswap each expert's own tensor")
+        notes.append("experts: mergekit writes each layer's experts fused (one tensor per "
+                     "projection, as transformers 5 holds them), layerswap one tensor per expert "
+                     "as the checkpoint stores them; transformers loads both into the same model")
 
 
 def _torch_dtype_name(st_dtypes: set[str]) -> str:

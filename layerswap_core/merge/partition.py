@@ -25,6 +25,8 @@ REFERENCE_LAYERS = 32
 MAX_SPEC_CHARS = 1000
 MAX_SPEC_ITEMS = 256
 MAX_RULES = 256
+# Expert numbers a rule may name (more than any released MoE's experts per layer: 384).
+MAX_EXPERTS = 4096
 NON_LAYER_WORDS = ("non-layer", "non_layer")
 
 
@@ -148,6 +150,26 @@ def parse_kinds(spec) -> set[str] | None:
     return out
 
 
+def parse_experts(spec) -> set[int]:
+    """Expert numbers: "3", "0-2, 5", or a list of ints (each below ``MAX_EXPERTS``; the model's
+    own count is checked by ``Partition.check_classified``)."""
+    out: set[int] = set()
+    for item in _selection_items(spec, "expert selection"):
+        if isinstance(item, str) and re.fullmatch(r"\d+\s*-\s*\d+", item.strip()):
+            lo, hi = (int(x) for x in item.split("-"))
+        elif isinstance(item, int) and not isinstance(item, bool) or \
+                isinstance(item, str) and item.strip().isdigit():
+            lo = hi = int(item)
+        else:
+            raise ConfigError(f"expert selection: cannot read {value_text(item)} (use e.g. '3', "
+                              "'0-2, 5')")
+        if lo > hi or hi >= MAX_EXPERTS or lo < 0:
+            raise ConfigError(f"expert selection {item!r}: expert numbers run from 0 up, start "
+                              f"before end, below {MAX_EXPERTS}")
+        out.update(range(lo, hi + 1))
+    return out
+
+
 @dataclass(frozen=True)
 class Rule:
     """Parameters in ``layers`` whose kind is in ``kinds`` (None: all) go to model ``to``.
@@ -157,13 +179,18 @@ class Rule:
     when ``non_layer`` is set ('non-layer' in the selection).
     So a rule addresses the non-layer parameters with ``layers: non-layer`` (all of them, or
     some with ``kinds: embed, final_norm, lm_head``) or with kinds alone (``kinds: embed``).
+    ``experts`` (None: not a selection) keeps only the routed experts with those numbers in the
+    checkpoint's names (``model.layers.5.mlp.experts.3.*``: expert 3 of layer 5).
     """
     layers: frozenset[int] | None
     kinds: frozenset[str] | None
     to: str = "lang"
     non_layer: bool = False
+    experts: frozenset[int] | None = None
 
-    def matches(self, layer: int | None, kind: str) -> bool:
+    def matches(self, layer: int | None, kind: str, expert: int | None = None) -> bool:
+        if self.experts is not None and expert not in self.experts:
+            return False
         if self.layers is not None:
             if layer is None and not self.non_layer:
                 return False
@@ -224,8 +251,8 @@ class Partition:
     @classmethod
     def from_rules(cls, rules: Iterable[dict], num_layers: int, name: str = "custom") -> Partition:
         """Rules: mappings with 'layers' (see ``parse_layer_selection``; absent: every layer and
-        the non-layer parameters), 'kinds' (``parse_kinds``) and 'to' (task/lang/base, default
-        lang)."""
+        the non-layer parameters), 'kinds' (``parse_kinds``), 'experts' (``parse_experts``) and
+        'to' (task/lang/base, default lang)."""
         rules = _check_rules(rules)
         parsed = []
         for i, r in enumerate(rules):
@@ -233,11 +260,12 @@ class Partition:
                 layers, non_layer = (None, False) if "layers" not in r else \
                     parse_layer_selection(r["layers"], num_layers)
                 kinds = parse_kinds(r.get("kinds"))
+                experts = None if r.get("experts") is None else parse_experts(r["experts"])
             except ConfigError as e:
                 raise ConfigError(f"partition rule {i + 1}: {e}") from None
             parsed.append(Rule(None if layers is None else frozenset(layers),
                                None if kinds is None else frozenset(kinds), r.get("to", "lang"),
-                               non_layer))
+                               non_layer, None if experts is None else frozenset(experts)))
         return cls(tuple(parsed), num_layers, name)
 
     @classmethod
@@ -252,11 +280,16 @@ class Partition:
     def rule_for(self, name: str, arch: Architecture) -> str | None:
         """The model the last matching rule names, or None when no rule matches."""
         info = arch.classify(name)
+        expert = arch.expert(name) if self._by_expert else None
         out = None
         for rule in self.rules:
-            if rule.matches(info.layer, info.kind):
+            if rule.matches(info.layer, info.kind, expert):
                 out = rule.to
         return out
+
+    @property
+    def _by_expert(self) -> bool:
+        return any(r.experts is not None for r in self.rules)
 
     def model_for(self, name: str, arch: Architecture) -> str:
         """The rule's model, else "task" (training's sides; merges use ``rule_for``)."""
@@ -294,6 +327,42 @@ class Partition:
                     f"covers have no kind layerswap knows for a {arch.model_type!r} model "
                     f"({', '.join(hit[:3])}{more}); add 'other' to its kinds or select by "
                     "layers alone")
+        if self._by_expert:
+            self._check_experts(names, arch)
+
+    def _check_experts(self, names: list[str], arch: Architecture):
+        """A rule that names experts must find them: numbers below the model's experts per
+        layer, and, in the layers it covers, experts stored one per tensor (a checkpoint that
+        stores a layer's experts in one tensor, gpt-oss's, cannot give one of them)."""
+        experts = {}   # layer -> {name: expert number or None} of the layer's routed experts
+        for n in names:
+            info = arch.classify(n)
+            if info.kind == "moe_experts":
+                experts.setdefault(info.layer, {})[n] = arch.expert(n)
+        for i, rule in enumerate(self.rules):
+            if rule.experts is None:
+                continue
+            where = f"partition rule {i + 1}: selects experts {_numbers(rule.experts)}"
+            if not experts:
+                raise ConfigError(f"{where}, but this {arch.model_type!r} model has no routed "
+                                  "experts layerswap knows; select by layers and kinds")
+            if rule.kinds is not None and "moe_experts" not in rule.kinds:
+                raise ConfigError(f"{where}, but its kinds leave out moe_experts (the experts' "
+                                  "kind): add it, or leave kinds out")
+            if arch.experts and max(rule.experts) >= arch.experts:
+                raise ConfigError(f"{where}, but this {arch.model_type!r} model has "
+                                  f"{arch.experts} experts per layer (0..{arch.experts - 1})")
+            if rule.layers is not None and not rule.layers & set(experts):
+                raise ConfigError(f"{where}, but layers {_numbers(rule.layers)} of this "
+                                  f"{arch.model_type!r} model have no routed experts (layers "
+                                  f"{_numbers(experts)} have)")
+            fused = [n for layer, got in experts.items()
+                     if rule.layers is None or layer in rule.layers
+                     for n, e in got.items() if e is None]
+            if fused:
+                raise ConfigError(f"{where}, but this {arch.model_type!r} checkpoint stores a "
+                                  f"layer's experts in one tensor ({fused[0]}): a rule takes all "
+                                  "of them (kinds: moe_experts) or none")
 
     def check_tied(self, names: list[str], arch: Architecture):
         """A tied LM head is the embedding tensor: it always follows the embeddings (a rule for
@@ -309,6 +378,11 @@ class Partition:
                                   "address kinds 'embed, lm_head' together, or 'embed'")
 
 
+def _numbers(xs) -> str:
+    xs = sorted(xs)
+    return ", ".join(map(str, xs[:5])) + (f" and {len(xs) - 5} more" if len(xs) > 5 else "")
+
+
 def _check_rules(rules) -> list[dict]:
     """The rule list's shape: a list of at most MAX_RULES mappings with known keys."""
     if not isinstance(rules, (list, tuple)):
@@ -320,7 +394,7 @@ def _check_rules(rules) -> list[dict]:
         if not isinstance(r, dict):
             raise ConfigError(f"partition rule {i + 1}: expected a mapping with 'layers' and/or "
                               f"'kinds', got {value_text(r)}")
-        unknown = set(r) - {"layers", "kinds", "to"}
+        unknown = set(r) - {"layers", "kinds", "experts", "to"}
         if unknown:
             raise ConfigError(f"partition rule {i + 1}: unknown key(s) {sorted(map(str, unknown))}")
         to = r.get("to", "lang")
