@@ -160,11 +160,7 @@ def write_fold_file(path: str | Path = FOLD2_FILE, progress=None) -> Path:
         if progress and i % 10 == 0:
             progress(i / len(jobs), f"{lang} {split} template {t:04d}")
         rows[V.row_key(lang, t, split)] = V.draw(lang, t, split)
-    text = json.dumps({"stamp": V.file_stamp(), "rows": rows}, ensure_ascii=False, indent=0)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
-    tmp.replace(path)
+    path = V.write_rows_file(path, rows)
     _fold2_file.cache_clear()
     _paired.cache_clear()
     _training_numbers.cache_clear()

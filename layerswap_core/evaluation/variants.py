@@ -239,12 +239,7 @@ def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path
                                                 PER_TEMPLATE[split])
     if progress:
         progress(1.0, f"{len(jobs)} template sets drawn")
-    text = json.dumps({"stamp": _file_stamp(), "rows": rows}, ensure_ascii=False, indent=0)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
-    tmp.replace(path)
+    path = write_rows_file(path, rows)
     _shipped.cache_clear()
     _paired.cache_clear()
     training_numbers.cache_clear()
@@ -316,3 +311,15 @@ def row_key(lang: str, template: int, split: str) -> str:
 def file_stamp() -> dict:
     """What a variants file depends on (package version, seeds, counts, languages' tables)."""
     return _file_stamp()
+
+
+def write_rows_file(path: str | Path, rows: dict) -> Path:
+    """A variants file: ``rows`` (by ``row_key``) with ``file_stamp()``, as gzipped JSON with a
+    fixed timestamp (the same bytes every time), written whole or not at all."""
+    text = json.dumps({"stamp": _file_stamp(), "rows": rows}, ensure_ascii=False, indent=0)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+    tmp.replace(path)
+    return path
