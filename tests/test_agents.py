@@ -25,10 +25,10 @@ def refs(tiny) -> dict:
 
 
 # --------------------------------------------------------------------------- over MCP
-@pytest.fixture(scope="module")
-def mcp_url(tiny, tmp_path_factory):
-    """The app (local mode, saves under a temporary output root) with its MCP server on a free
-    loopback port."""
+def launched_with_mcp(tiny, tmp_path_factory, lifespan=None):
+    """The app (local mode, saves under a temporary output root) launched with its MCP server
+    on a free loopback port (``lifespan(demo)``: app.py's ``main`` passes
+    ``app_tabs.agents.cancel_on_disconnect``): yields (demo, the MCP URL)."""
     import app
 
     with pytest.MonkeyPatch.context() as mp:
@@ -37,11 +37,21 @@ def mcp_url(tiny, tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    kw = {} if lifespan is None else {"app_kwargs": {"lifespan": lifespan(demo)}}
     demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-                        quiet=True, mcp_server=True)
+                        quiet=True, mcp_server=True, **kw)
     assert demo.mcp_error is None, demo.mcp_error
-    yield f"http://127.0.0.1:{port}/gradio_api/mcp/"
-    demo.close()
+    try:
+        yield demo, f"http://127.0.0.1:{port}/gradio_api/mcp/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def mcp_url(tiny, tmp_path_factory):
+    """The app with its MCP server (``launched_with_mcp``): its URL."""
+    for _demo, url in launched_with_mcp(tiny, tmp_path_factory):
+        yield url
 
 
 def over_mcp(url: str, script, headers: dict | None = None):

@@ -6,34 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 
 import pytest
 
 from layerswap_core.workbench import session as wb
-from test_agents import over_mcp, refs
+from test_agents import launched_with_mcp, over_mcp, refs
 
 
 @pytest.fixture(scope="module")
 def mcp_app(tiny, tmp_path_factory):
-    """The app (local mode) with its MCP server on a free loopback port, launched as app.py's
-    ``main`` launches it (the disconnect watch in its lifespan)."""
-    import app
+    """The app with its MCP server, launched as app.py's ``main`` launches it (the disconnect
+    watch in its lifespan)."""
     from app_tabs.agents import cancel_on_disconnect
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LAYERSWAP_OUTPUT_DIR", str(tmp_path_factory.mktemp("outputs")))
-        demo = app.build_demo(refs(tiny), served=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True,
-                        quiet=True, mcp_server=True,
-                        app_kwargs={"lifespan": cancel_on_disconnect(demo)})
-    assert demo.mcp_error is None, demo.mcp_error
-    yield demo, f"http://127.0.0.1:{port}/gradio_api/mcp/"
-    demo.close()
+    yield from launched_with_mcp(tiny, tmp_path_factory, cancel_on_disconnect)
 
 
 @pytest.mark.timing   # measures time or races a job (docs/development.md)
