@@ -16,6 +16,7 @@ dispatcher (``engines.dispatch``), which runs them here or on ZeroGPU.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import math
 import os
@@ -408,6 +409,15 @@ def warm_up(session: Session) -> threading.Thread | None:
     _WARMING[trio] = thread
     thread.start()
     return thread
+
+
+@atexit.register
+def _join_warm_ups(timeout: float = 120.0) -> None:
+    """At exit, wait (up to ``timeout`` s each) for the warm-ups still running: the interpreter
+    ending while a daemon thread is inside torch aborts the process ("terminate called without
+    an active exception", exit status 134), e.g. a test run whose last test picked models."""
+    for thread in list(_WARMING.values()):
+        thread.join(timeout)
 
 
 def speed_probe(session: Session) -> Job:
