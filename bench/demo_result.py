@@ -12,6 +12,8 @@ unit.
                                 [--control REF | --no-control] [--no-seeds]
     python bench/demo_result.py --from-json assets/experts/demo_result.json --docs docs/demo.md
     python bench/demo_result.py --language bn --n 150 [...]   # the Bengali trio (Gemma-3-270M)
+    python bench/demo_result.py --fold 2 --rounds 2 --task DIR --lang DIR --control DIR \
+        --no-seeds --json fold2.json      # a fold of the cross-fitting (bench/demo_crossfit.py)
 
 Defaults: the embedded demo trio, its two more seeds (``embedded:smollm2-swahili-seed1``,
 ``-seed2``) and its control expert (``embedded:smollm2-english-control``). ``--language bn``:
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
                                     control=None if a.no_control else a.control,
                                     measured=measured, on_measured=keep,
                                     resamples=a.resamples, progress=progress,
-                                    lang=trio.language)
+                                    lang=trio.language, fold=a.fold, rounds=a.rounds)
     print(docs_block(res))
     if a.json:
         write_json(Path(a.json), res)
@@ -108,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-seeds", action="store_true", help="the first seed only")
     p.add_argument("--control", help="default: the trio's control expert, if it has one")
     p.add_argument("--no-control", action="store_true")
+    p.add_argument("--fold", type=int, default=1, choices=(1, 2),
+                   help="whose halves of the templates (demos.folds; fold 2: pass its experts "
+                   "with --task/--lang/--seed-expert/--control)")
+    p.add_argument("--rounds", type=int, help="measure the cross-fitted rule's eval items "
+                   "(measure.rule_items: N rounds, the r-th item of every template) instead of "
+                   "--n spread ones")
     p.add_argument("--resamples", type=int, default=10_000)
     p.add_argument("--json", help="write the result here")
     p.add_argument("--docs", help="rewrite the result block of this markdown file")

@@ -39,13 +39,14 @@ from ..progress import Progress, say
 from ..analysis.deltas import delta_stats
 from ..analysis.suggest import delta_story, suggest_config
 from ..inference.prompts import render_chat
-from ..evaluation.variants import SPLIT_SEEDS, proxy_templates, variant_items
+from ..evaluation.variants import SPLIT_SEEDS
 from ..merge.config import MergeConfig
 from ..merge.live import LiveModel
 from .measure import (FIRST_K, MATH, OTHER, PARTS, answer_is_copied, condition_label,
                       condition_means, condition_names, conditions, effect_specs, effects_table,
                       item_effects, language_name, means_table, mismatched_partners, reading_nll,
-                      reading_target, summarize_effects, template_stats)
+                      reading_target, rule_items, summarize_effects, template_stats)
+from .folds import FOLDS
 from .trios import DEMOS, DemoTrio, demo
 
 SWEEP = ((0, 0), (2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top); 0/0: no swap
@@ -139,7 +140,8 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
                           seeds: dict[str, str] | None = None, control: str | None = None,
                           measured: dict | None = None, on_measured: Callable | None = None,
                           resamples: int = 10_000, seed: int = 0, lang: str = "sw",
-                          validation_swaps: Sequence[tuple[int, int]] = SWEEP) -> dict:
+                          validation_swaps: Sequence[tuple[int, int]] = SWEEP, fold: int = 1,
+                          rounds: int | None = None) -> dict:
     """The demo result as data (module docstring). ``refs``: base, task, lang (the first seed);
     ``lang``: the question language (``"sw"``, or ``"bn"`` for the Gemma trio);
     ``seeds``: more language experts, label -> reference (the bench's other seeds);
@@ -148,7 +150,10 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
     (an engine's); default: one made here. ``measured``/``on_measured``: stored measurements by
     key and a callback for each new one (the bench's resume file). ``validation_swaps``: the
     (bottom, top) swaps validation chooses among ((0, 0): no swap), the published ``SWEEP``
-    unless a caller (a test re-measuring shipped items) needs fewer."""
+    unless a caller (a test re-measuring shipped items) needs fewer. ``fold``: whose halves of
+    the templates (``demos.folds``: fold 1 is the shipped trio's); ``rounds``: measure the
+    cross-fitted rule's eval items (``measure.rule_items``: the first ``rounds`` rounds, each
+    the r-th item of every template) instead of ``n`` spread ones."""
 
     t0 = time.time()
     common = dict(task=refs["task"], base=refs.get("base"))
@@ -158,18 +163,24 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
     L = live.arch.num_layers
     measured = {} if measured is None else measured
 
-    def sets(split: str, k: int):
+    the_fold = FOLDS[fold]
+
+    def sets(split: str, k: int, in_rounds: int | None = None):
         # validation leaves out the templates the language expert's checkpoint was chosen on
-        skip = set(proxy_templates()) if split == "validation" else set()
+        skip = set(the_fold.proxy_templates()) if split == "validation" else set()
         # the language's variants may cover fewer templates (Bengali: 41): English follows them
-        asked = [i for i in variant_items(lang, split) if template_of(i) not in skip]
-        ids = {i.id for i in asked}
-        by = {lang: spread(asked, k),
-              "en": spread([i for i in variant_items("en", split) if i.id in ids], k)}
-        assert [i.id for i in by[lang]] == [i.id for i in by["en"]], "unpaired variant sets"
+        asked = [i for i in the_fold.variant_items(lang, split) if template_of(i) not in skip]
+        if in_rounds:   # the declared rule's items: round r, the r-th item of every template
+            ids = [i.id for rnd in rule_items(asked)[:in_rounds] for i in rnd]
+        else:           # ``k`` items spread over the templates
+            ids = [i.id for i in spread(asked, k)]
+        by_id = {i.id: i for i in asked}
+        en = {i.id: i for i in the_fold.variant_items("en", split) if i.id in by_id}
+        by = {lang: [by_id[i] for i in ids], "en": [en[i] for i in ids]}
         return by, mismatched_partners(by[lang], template_of)
 
-    (val, val_pairs), (ev, ev_pairs) = sets("validation", n_validation), sets("eval", n)
+    (val, val_pairs), (ev, ev_pairs) = (sets("validation", n_validation),
+                                        sets("eval", n, rounds))
     sweep_cfgs = [(b, u) for b, u in validation_swaps if b + u < L]
     n_models = 2 + len(langs) + bool(control)          # math, a swap per seed, default, control
     work = 2 * len(sweep_cfgs) * len(val[lang]) + 4 * n_models * len(ev[lang])
@@ -253,7 +264,7 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
     specs = effect_specs(swaps, swap_name(b, u, CONTROL) if control else None,
                          swap_name(default.bottom, default.top, "language expert seed 0"),
                          what=what, lang=lang)
-    res = {"version": VERSION, "lang": lang, "n": len(records), "n_templates": len({r["template"] for r in
+    res = {"version": VERSION, "lang": lang, "fold": fold, "rounds": rounds, "n": len(records), "n_templates": len({r["template"] for r in
                                                                      records}),
            "n_validation": len(val[lang]), "validation_ids": [i.id for i in val[lang]],
            "first_k": FIRST_K, "parts": list(PARTS),
