@@ -578,28 +578,3 @@ def effects_chart(rows: Sequence[Mapping], title: str | None = None) -> go.Figur
     return _layout(fig, title or "Demo statistics (95% cluster-bootstrap intervals)",
                    max(320, 90 + 28 * len(rows)))
 
-
-def template_strip(points: Sequence[tuple[int, float]], effect: Mapping,
-                   title: str | None = None) -> go.Figure:
-    """The per-template picture of one statistic: a dot per template (its items' mean), the
-    mean over templates with its 95% interval as a band, and 0; templates below 0 are those
-    where the first model makes the gold solution more likely. ``points``:
-    ``demos.measure.template_means``; ``effect``: the statistic's row (mean, ci_low, ci_high,
-    lower, higher, n_templates, sign_p)."""
-    xs = [v for _, v in points]
-    labels = [f"{t:04d}" for t, _ in points]
-    fig = go.Figure(go.Scatter(
-        x=xs, y=labels, mode="markers", marker=dict(size=8, color=[
-            _PALETTE[1] if v < 0 else _PALETTE[0] for v in xs]),
-        hovertemplate="template %{y}: %{x:+.4f}<extra></extra>", showlegend=False))
-    fig.add_vrect(x0=effect["ci_low"], x1=effect["ci_high"], fillcolor="#888", opacity=0.15,
-                  line_width=0)
-    fig.add_vline(x=effect["mean"], line_width=2, line_color="#333",
-                  annotation_text=f"mean {effect['mean']:+.3f}", annotation_position="top")
-    fig.add_vline(x=0, line_width=1, line_color="#999", line_dash="dot")
-    fig.update_xaxes(title_text="NLL difference, per template (nats/token; negative: more likely)")
-    fig.update_yaxes(title_text="template", type="category")
-    return _layout(fig, title or (
-        f"{effect.get('label', 'the statistic')}: {effect['lower']} of {effect['n_templates']} "
-        f"templates below 0 (sign test p = {effect['sign_p']:.2g})"),
-        max(320, 60 + 16 * len(points)))
