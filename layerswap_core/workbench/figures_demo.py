@@ -11,17 +11,19 @@ folds), and every number it draws comes from ``measure.template_groups`` and
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
 from ..demos.measure import template_groups, template_stats
-from .figures import _PALETTE, _layout
+from .figures import PALETTE, layout_figure
 
 # Dots below 0 (the first model makes the gold solution more likely) and above, as the effects
 # chart colours its primary statistic; one colour per fold when the records name folds.
-BELOW, ABOVE = _PALETTE[1], _PALETTE[0]
+BELOW, ABOVE = PALETTE[1], PALETTE[0]
 FOLD_COLORS = ("#2E86AB", "#E4572E", "#3BB273", "#E1BC29")
+TITLE_WIDTH = 95      # characters a title line holds in the page's and the docs' width
 AXIS = "NLL difference per template (nats/token; negative: more likely)"
 
 
@@ -82,16 +84,18 @@ def template_strip(records: Sequence[Sequence], *, title: str | None = None,
             marker=dict(size=8, color=[BELOW if means[t] < 0 else ABOVE for t in order])))
     fig.add_vrect(x0=st["ci_low"], x1=st["ci_high"], fillcolor="#888", opacity=0.15,
                   line_width=0, name="pooled interval")
-    fig.add_vline(x=st["mean"], line_width=2, line_color="#333", name="pooled mean",
-                  annotation_text=f"mean {st['mean']:+.3f} [{st['ci_low']:+.3f}, "
-                  f"{st['ci_high']:+.3f}]", annotation_position="top")
+    fig.add_vline(x=st["mean"], line_width=2, line_color="#333", name="pooled mean")
     fig.add_vline(x=0, line_width=1, line_color="#999", line_dash="dot", name="zero")
     fig.update_xaxes(title_text=AXIS)
     fig.update_yaxes(title_text="template (sorted by its mean)", type="category",
-                     categoryorder="array", categoryarray=[labels[t] for t in order])
-    counts = (f"{st['lower']} of {st['n_templates']} templates below 0, {st['higher']} above; "
-              f"sign test p = {st['sign_p']:.2g} ({st['n_items']} items)")
-    return _layout(fig, (f"{title}<br>" if title else "") + counts,
-                   max(340, 130 + 16 * len(order)), margin=dict(t=80, b=90),
-                   showlegend=bool(folds), title_font_size=14,
-                   legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"))
+                     categoryorder="array", categoryarray=[labels[t] for t in order],
+                     dtick=1, tickfont_size=10)       # every template named
+    counts = (f"mean {st['mean']:+.3f} [95% CI {st['ci_low']:+.3f}, {st['ci_high']:+.3f}] "
+              f"(the line and band); {st['lower']} of {st['n_templates']} templates below 0, "
+              f"{st['higher']} above, sign test p = {st['sign_p']:.2g}; {st['n_items']} items")
+    lines = (textwrap.wrap(title, TITLE_WIDTH) if title else []) + [counts]
+    return layout_figure(fig, "<br>".join(lines),
+                         max(340, 110 + 20 * len(lines) + 16 * len(order)),
+                         margin=dict(t=36 + 22 * len(lines), b=90 if folds else 60),
+                         showlegend=bool(folds), title_font_size=14,
+                         legend=dict(orientation="h", yref="container", y=0, yanchor="bottom"))
