@@ -55,13 +55,15 @@ def _spec(res: dict, key: str) -> dict:
     return next(s for s in res["specs"] if s["key"] == key)
 
 
-def template_chart(res: dict, key: str = "primary", title: str | None = None):
+def template_chart(res: dict, key: str = "primary", title: str | None = None,
+                   source: str = ""):
     """The per-template picture of one statistic of a result (the primary by default): a dot
     per template with the pooled mean and its interval (``figures_demo.template_strip`` of
-    ``measure.template_records``, with the result's resamples and seed)."""
+    ``measure.template_records``, with the result's resamples and seed). The title: ``title``,
+    else ``source`` (which result) and the statistic's label."""
     spec = _spec(res, key)
     return template_strip(template_records(res["items"], spec),
-                          title=title or f"Per template: {spec['label']}",
+                          title=title or f"{source or 'Per template'}: {spec['label']}",
                           resamples=res.get("resamples", 10_000), seed=res.get("seed", 0))
 
 
@@ -82,19 +84,19 @@ def measured_template_chart(trio: DemoTrio, note: str = ""):
     """``template_chart`` of the trio's shipped result, labelled as such (``note`` after the
     label); None when none is shipped."""
     res = measured_demo_result(trio=trio.key)
-    return None if res is None else template_chart(res, title=(
-        f"The shipped result per template ({res['n']} held-out variants){note}"))
+    return None if res is None else template_chart(res, source=(
+        f"The shipped result ({res['n']} held-out variants{note}) per template"))
 
 
 def rerun_template_chart(res: dict, trio: DemoTrio):
     """After Reproduce: the rerun's picture when it measured ``MIN_STRIP_TEMPLATES`` templates
     or more, else the shipped result's, saying why."""
     if res["n_templates"] >= MIN_STRIP_TEMPLATES:
-        return template_chart(res, title=f"This rerun per template ({res['n']} held-out "
-                              "variants)")
+        return template_chart(res, source=f"This rerun ({res['n']} held-out variants) per "
+                              "template")
     return measured_template_chart(trio, note=(
-        f"; this rerun's {res['n_templates']} templates are too few for the picture (under "
-        f"{MIN_STRIP_TEMPLATES})"))
+        f"; this rerun's {res['n_templates']} templates are too few for the picture, under "
+        f"{MIN_STRIP_TEMPLATES}"))
 
 
 def measured_chart(trio: DemoTrio):
