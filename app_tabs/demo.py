@@ -7,8 +7,8 @@ import gradio as gr
 from layerswap_core.workbench import session as wb
 from layerswap_core.demos.reproduce import chosen_words, headline, sweep_markdown
 from layerswap_core.workbench.demo import (demo_story, measured_chart, measured_markdown,
-                                            measured_template_chart, result_chart,
-                                            template_chart, trio_in_use)
+                                            measured_template_chart, rerun_template_chart,
+                                            result_chart, trio_in_use)
 from layerswap_core.workbench.served import limits_for, Cancelled
 
 from .chat import ChatHandles
@@ -66,7 +66,8 @@ class DemoSection(Tab):
                                f"variants of {res['n_templates']} templates (a sample, spread "
                                f"over the templates); {chosen_words(res)}. {headline(res)}"
                                f"\n\n" + res["markdown"] + "\n\n" + sweep_markdown(res)),
-                self.demo_plot: result_chart(res), self.demo_templates: template_chart(res)}
+                self.demo_plot: result_chart(res), self.demo_templates: rerun_template_chart(
+                    res, trio_in_use(session_refs(session)))}
 
     # ---- the trio in use: its words and defaults on every tab
     def trio_views(self) -> list:

@@ -68,7 +68,8 @@ LAYERS = [
     ("sweeps.backends",),                         # the backends: one record each, one mapping
     ("sweeps.runner",),                           # run_sweep: the one entry point of a sweep
     ("workbench.figures", "workbench.spaces", "workbench.served",   # figures, the ZeroGPU shim,
-     "workbench.controls"),                       # which controls the method reads,
+     "workbench.controls"),
+    ("workbench.figures_demo",),                  # the demo result's per-template strip                       # which controls the method reads,
                                                   # limits, access and one-line errors
     ("workbench.saves", "workbench.preflight"),   # served disk: namespaces, quotas, temp files;
                                                   # the Models tab's pre-flight of a pick

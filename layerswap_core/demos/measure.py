@@ -351,18 +351,24 @@ def result_lang(items: Sequence[dict]) -> str:
 MATH = "math expert"
 
 
+def template_groups(values: Sequence[float], templates: Sequence[int]) -> dict[int, float]:
+    """Template -> the mean of its items' ``values`` (in the order templates first appear): the
+    units ``template_stats`` averages, and the dots of the per-template picture."""
+    if len(values) != len(templates):
+        raise ValueError("values and templates differ in length")
+    by: dict[int, list[float]] = {}
+    for v, t in zip(values, templates):
+        by.setdefault(t, []).append(v)
+    return {t: float(np.mean(v)) for t, v in by.items()}
+
+
 def template_stats(values: Sequence[float], templates: Sequence[int], *,
                    resamples: int = 10_000, seed: int = 0) -> dict:
     """Per-item ``values`` clustered by ``templates``: n items and templates, the mean of the
     template means with its cluster-bootstrap 95% interval (templates resampled with
     replacement, numpy's generator seeded with ``seed``), and the exact sign test over the
     template means (lower / higher than 0)."""
-    if len(values) != len(templates):
-        raise ValueError("values and templates differ in length")
-    by: dict[int, list[float]] = {}
-    for v, t in zip(values, templates):
-        by.setdefault(t, []).append(v)
-    means = np.array([np.mean(v) for v in by.values()], dtype=np.float64)
+    means = np.array(list(template_groups(values, templates).values()), dtype=np.float64)
     lo, hi = bootstrap_ci(means, resamples=resamples, seed=seed)
     lower, higher = int((means < 0).sum()), int((means > 0).sum())
     return {"n_items": len(values), "n_templates": len(means),
@@ -395,15 +401,14 @@ def item_effects(items: Sequence[dict], models: Sequence[str], vs: str, question
             for it in items]
 
 
-def template_means(items: Sequence[dict], spec: Mapping) -> list[tuple[int, float]]:
-    """(template, mean of its items' values) of one statistic, sorted by the mean: the units
-    the statistic averages (its mean is the mean of these), for the per-template picture."""
+def template_records(items: Sequence[dict], spec: Mapping,
+                     fold: int | None = None) -> list[tuple[int, float, int | None]]:
+    """One statistic's per-item values as (template, value, fold) records (``item_effects`` of
+    ``spec``, in the items' order; ``fold``: the fold whose trio measured them, None for a
+    single result): what the per-template picture plots and ``pooled_primary`` pools."""
     values = item_effects(items, spec["models"], spec["vs"], spec["question"],
                           spec.get("part", "solution"), spec["specific"])
-    by: dict[int, list[float]] = {}
-    for v, it in zip(values, items):
-        by.setdefault(it["template"], []).append(v)
-    return sorted(((t, float(np.mean(vs))) for t, vs in by.items()), key=lambda tv: tv[1])
+    return [(it["template"], v, fold) for it, v in zip(items, values)]
 
 
 def effect_specs(swaps: Sequence[str], control: str | None = None,
@@ -566,17 +571,21 @@ def rule_items(items: Sequence[Item], per_template: int = RULE_ITEMS_PER_TEMPLAT
     return [[its[r] for its in by.values() if len(its) > r] for r in range(per_template)]
 
 
+def pooled_records(folds: Mapping[int, Sequence[dict]], spec_by_fold: Mapping[int, Mapping],
+                   ) -> list[tuple[int, float, int]]:
+    """Each fold's per-item values of its own spec as (template, value, fold) records, fold
+    after fold (``template_records``): what ``pooled_primary`` pools and its picture plots."""
+    return [r for fold, items in folds.items()
+            for r in template_records(items, spec_by_fold[fold], fold)]
+
+
 def pooled_primary(folds: Mapping[int, Sequence[dict]], spec_by_fold: Mapping[int, Mapping],
                    *, resamples: int = 10_000, seed: int = 0) -> dict:
     """The declared primary: each fold's per-item values of its own primary spec, pooled, with
     templates as the unit (``template_stats``); ``folds``: fold -> its result's item records
     (a template is evaluated in one fold only, so the templates do not collide)."""
-    values, templates = [], []
-    for fold, items in folds.items():
-        spec = spec_by_fold[fold]
-        values += item_effects(items, spec["models"], spec["vs"], spec["question"],
-                               spec.get("part", "solution"), spec["specific"])
-        templates += [it["template"] for it in items]
+    records = pooled_records(folds, spec_by_fold)
+    values, templates = [v for _, v, _ in records], [t for t, _, _ in records]
     seen = [{it["template"] for it in items} for items in folds.values()]
     if len(seen) > 1 and set.intersection(*seen):
         raise ValueError("a template is evaluated in two folds")

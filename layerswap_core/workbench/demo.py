@@ -10,8 +10,13 @@ from __future__ import annotations
 from ..demos.reproduce import headline, measured_demo_result, reproduce_demo_result, sweep_markdown
 from ..demos.trios import DemoTrio, first, for_refs
 from ..engines.jobs import register_kind
-from ..demos.measure import template_means
-from .figures import effects_chart, template_strip
+from ..demos.measure import pooled_records, template_records
+from .figures import effects_chart
+from .figures_demo import template_strip
+
+# The fewest templates a rerun's per-template picture is shown with: the fewest whose sign test
+# can reach p < 0.05 (6 of 6 below 0: p = 0.031); a smaller rerun shows the shipped picture.
+MIN_STRIP_TEMPLATES = 6
 
 
 def trio_in_use(refs: dict | None) -> DemoTrio:
@@ -46,21 +51,52 @@ def result_chart(res: dict):
                          f"expert ({res['n']} held-out variants, {res['n_templates']} templates)")
 
 
-def template_chart(res: dict, key: str = "primary"):
+def _spec(res: dict, key: str) -> dict:
+    return next(s for s in res["specs"] if s["key"] == key)
+
+
+def template_chart(res: dict, key: str = "primary", title: str | None = None,
+                   source: str = ""):
     """The per-template picture of one statistic of a result (the primary by default): a dot
-    per template with the mean and its interval, not only the pooled number."""
-    spec = next(s for s in res["specs"] if s["key"] == key)
-    row = next(e for e in res["effects"] if e["key"] == key)
-    return template_strip(template_means(res["items"], spec), row,
-                          title=f"The primary statistic per template: {row['lower']} of "
-                          f"{row['n_templates']} templates below 0, sign test p = "
-                          f"{row['sign_p']:.2g}" if key == "primary" else None)
+    per template with the pooled mean and its interval (``figures_demo.template_strip`` of
+    ``measure.template_records``, with the result's resamples and seed). The title: ``title``,
+    else ``source`` (which result) and the statistic's label."""
+    spec = _spec(res, key)
+    return template_strip(template_records(res["items"], spec),
+                          title=title or f"{source or 'Per template'}: {spec['label']}",
+                          resamples=res.get("resamples", 10_000), seed=res.get("seed", 0))
 
 
-def measured_template_chart(trio: DemoTrio):
-    """``template_chart`` of the trio's shipped result; None when none is shipped."""
+def folds_template_chart(results: dict, key: str = "primary", title: str | None = None):
+    """The cross-fitting's picture: each fold's result (fold -> result) by its own statistic
+    ``key``, pooled with templates as the unit (``measure.pooled_records``, what
+    ``pooled_primary`` pools), a colour per fold."""
+    first_res = next(iter(results.values()))
+    return template_strip(pooled_records({f: r["items"] for f, r in results.items()},
+                                         {f: _spec(r, key) for f, r in results.items()}),
+                          title=title or "Per template, both folds pooled: the swap vs the "
+                          "math expert, question-specific",
+                          resamples=first_res.get("resamples", 10_000),
+                          seed=first_res.get("seed", 0))
+
+
+def measured_template_chart(trio: DemoTrio, note: str = ""):
+    """``template_chart`` of the trio's shipped result, labelled as such (``note`` after the
+    label); None when none is shipped."""
     res = measured_demo_result(trio=trio.key)
-    return None if res is None else template_chart(res)
+    return None if res is None else template_chart(res, source=(
+        f"The shipped result ({res['n']} held-out variants{note}) per template"))
+
+
+def rerun_template_chart(res: dict, trio: DemoTrio):
+    """After Reproduce: the rerun's picture when it measured ``MIN_STRIP_TEMPLATES`` templates
+    or more, else the shipped result's, saying why."""
+    if res["n_templates"] >= MIN_STRIP_TEMPLATES:
+        return template_chart(res, source=f"This rerun ({res['n']} held-out variants) per "
+                              "template")
+    return measured_template_chart(trio, note=(
+        f"; this rerun's {res['n_templates']} templates are too few for the picture, under "
+        f"{MIN_STRIP_TEMPLATES}"))
 
 
 def measured_chart(trio: DemoTrio):

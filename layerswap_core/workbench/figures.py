@@ -51,8 +51,9 @@ def _kind_label(k: str) -> str:
     return KIND_LABELS.get(k, k)
 
 
-def _layout(fig: go.Figure, title: str, height: int, margin: dict | None = None,
-            **kw) -> go.Figure:
+def layout_figure(fig: go.Figure, title: str, height: int, margin: dict | None = None,
+                  **kw) -> go.Figure:
+    """The page's style of every figure: the title at the left, the height, white template."""
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left"), height=height,
                       margin={**dict(l=60, r=20, t=60, b=60), **(margin or {})},
                       template="plotly_white", **kw)
@@ -155,7 +156,7 @@ def delta_heatmap(stats, metric: str = "frac_rows_above", tau: float | None = No
     tr.update(zmin=lo, zmax=hi, colorscale="Viridis", colorbar=_colorbar(metric, log, lo, hi))
     fig = go.Figure(tr)
     what = METRIC_TITLES.get(metric, metric) + _tau_note(metric, tau)
-    _layout(fig, title or f"{stats.label}: {what}", heatmap_height(stats.num_layers))
+    layout_figure(fig, title or f"{stats.label}: {what}", heatmap_height(stats.num_layers))
     fig.update_xaxes(title_text="module", tickangle=-35)
     fig.update_yaxes(title_text="layer", dtick=1 if stats.num_layers <= 40 else 2)
     return fig
@@ -197,8 +198,8 @@ def side_by_side_heatmaps(first, second, metric: str = "frac_rows_above",
                                      colorbar=_colorbar(metric, log, lo, hi)))
     what = METRIC_TITLES.get(metric, metric) + (_tau_note(metric, taus[0]) if taus[0] == taus[1]
                                                  else "")
-    _layout(fig, title or f"Where each expert changed: {what}",
-            heatmap_height(max(first.num_layers, second.num_layers)))
+    layout_figure(fig, title or f"Where each expert changed: {what}",
+                  heatmap_height(max(first.num_layers, second.num_layers)))
     fig.update_xaxes(title_text="module", tickangle=-35)
     fig.update_yaxes(title_text="layer", dtick=1 if first.num_layers <= 40 else 2, col=1)
     return fig
@@ -229,8 +230,10 @@ def overlap_heatmap(task, lang, tau: float | tuple[float | None, float | None] |
                        "<extra></extra>")))
     taus = (f"τ = {tau_task:.3g}" if tau_task == tau_lang else
             f"τ = {tau_task:.3g} for {task.label}, {tau_lang:.3g} for {lang.label}")
-    _layout(fig, title or f"Interference risk: rows changed by both experts<br><sup>{taus}</sup>",
-            heatmap_height(task.num_layers), margin=dict(t=80))   # the taus on a line of their own
+    # the taus on a line of their own
+    layout_figure(fig, title or
+                  f"Interference risk: rows changed by both experts<br><sup>{taus}</sup>",
+                  heatmap_height(task.num_layers), margin=dict(t=80))
     fig.update_xaxes(title_text="module", tickangle=-35)
     fig.update_yaxes(title_text="layer", dtick=1 if task.num_layers <= 40 else 2)
     return fig
@@ -301,7 +304,7 @@ def plan_heatmap(cells: Mapping[tuple[int, str], str], num_layers: int | None = 
                         hovertemplate="layer %{y}, %{x}<br>source: %{customdata}<extra></extra>")
         fig = go.Figure(tr)
         default_title = "Merge plan: source of every layer and module"
-    _layout(fig, title or default_title, heatmap_height(L))
+    layout_figure(fig, title or default_title, heatmap_height(L))
     fig.update_xaxes(title_text="module", tickangle=-35)
     fig.update_yaxes(title_text="layer", dtick=1 if L <= 40 else 2)
     return fig
@@ -435,8 +438,8 @@ def layer_stack_figure(rows: Sequence, title: str | None = None,
         ticks = [NON_LAYER_Y] + layers[::step]
         fig.update_yaxes(tickmode="array", tickvals=ticks,
                          ticktext=["non-layer"] + [str(t) for t in ticks[1:]])
-    return _layout(fig, title or "Layer stack of the merged model", heatmap_height(len(ys)),
-                   margin=dict(r=260 if extra else 200))
+    return layout_figure(fig, title or "Layer stack of the merged model", heatmap_height(len(ys)),
+                         margin=dict(r=260 if extra else 200))
 
 
 # --------------------------------------------------------------------------- profiles
@@ -479,14 +482,15 @@ def layer_profile_figure(stats: Sequence | Mapping, normalize: bool = True,
     fig.update_xaxes(title_text="layer", dtick=1 if L <= 40 else 2, range=[-0.5, L - 0.5])
     fig.update_yaxes(title_text="share of the expert's total Σ|Δ|" if normalize else "Σ|Δ|",
                      tickformat=".0%" if normalize else None, rangemode="tozero")
-    return _layout(fig, title or "Delta mass per layer", 380, hovermode="x unified",
-                   legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+    return layout_figure(fig, title or "Delta mass per layer", 380, hovermode="x unified",
+                         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1,
+                                     xanchor="right"))
 
 
 # --------------------------------------------------------------------------- results
 _ROLE_WORDS = (("base", ("base",)), ("task", ("task", "math")), ("lang", ("lang", "language")),
                ("blend", ("merge", "swap", "soup", "ties", "arithmetic")))
-_PALETTE = ("#3BB273", "#7768AE", "#E1BC29", "#4D9DE0", "#E15554")
+PALETTE = ("#3BB273", "#7768AE", "#E1BC29", "#4D9DE0", "#E15554")
 
 
 def _model_color(row: Mapping, index: int) -> str:
@@ -501,7 +505,7 @@ def _model_color(row: Mapping, index: int) -> str:
     for key, words in _ROLE_WORDS:
         if any(w in name for w in words):
             return COLORS[key]
-    return _PALETTE[index % len(_PALETTE)]
+    return PALETTE[index % len(PALETTE)]
 
 
 def accuracy_bars(summary: Sequence[Mapping], title: str | None = None,
@@ -528,7 +532,8 @@ def accuracy_bars(summary: Sequence[Mapping], title: str | None = None,
     top = float(max(hi.max() if len(hi) else 0, acc.max() if len(acc) else 0))
     fig.update_yaxes(title_text=ylabel, tickformat=".0%", range=[0, min(1.0, top * 1.15 + 0.05)])
     fig.update_xaxes(title_text="model")
-    return _layout(fig, title or "Accuracy with 95% confidence intervals", 400, showlegend=False)
+    return layout_figure(fig, title or "Accuracy with 95% confidence intervals", 400,
+                         showlegend=False)
 
 
 def sweep_heatmap(x_values: Sequence, y_values: Sequence, scores, x_label: str = "top layers u",
@@ -546,8 +551,8 @@ def sweep_heatmap(x_values: Sequence, y_values: Sequence, scores, x_label: str =
     outline_best(fig, best)
     fig.update_xaxes(title_text=x_label, type="category")
     fig.update_yaxes(title_text=y_label, type="category")
-    return _layout(fig, title or f"Sweep: {score_label} by {y_label} and {x_label}",
-                   max(320, 120 + 40 * len(y_values)))
+    return layout_figure(fig, title or f"Sweep: {score_label} by {y_label} and {x_label}",
+                         max(320, 120 + 40 * len(y_values)))
 
 
 def effects_chart(rows: Sequence[Mapping], title: str | None = None) -> go.Figure:
@@ -563,7 +568,7 @@ def effects_chart(rows: Sequence[Mapping], title: str | None = None) -> go.Figur
     labels = [("PRIMARY: " if r["primary"] else "") + r["label"] for r in rows]
     fig = go.Figure(go.Bar(
         x=mean, y=labels, orientation="h",
-        marker_color=[_PALETTE[1] if r["primary"] else _PALETTE[0] for r in rows],
+        marker_color=[PALETTE[1] if r["primary"] else PALETTE[0] for r in rows],
         error_x=dict(type="data", symmetric=False, array=np.maximum(hi - mean, 0),
                      arrayminus=np.maximum(mean - lo, 0), thickness=1.5, width=4),
         customdata=np.stack([lo, hi, [r["n_templates"] for r in rows],
@@ -575,31 +580,6 @@ def effects_chart(rows: Sequence[Mapping], title: str | None = None) -> go.Figur
     fig.add_vline(x=0, line_width=1, line_color="#555")
     fig.update_xaxes(title_text="NLL difference (nats/token; negative: more likely)")
     fig.update_yaxes(automargin=True)
-    return _layout(fig, title or "Demo statistics (95% cluster-bootstrap intervals)",
-                   max(320, 90 + 28 * len(rows)))
+    return layout_figure(fig, title or "Demo statistics (95% cluster-bootstrap intervals)",
+                         max(320, 90 + 28 * len(rows)))
 
-
-def template_strip(points: Sequence[tuple[int, float]], effect: Mapping,
-                   title: str | None = None) -> go.Figure:
-    """The per-template picture of one statistic: a dot per template (its items' mean), the
-    mean over templates with its 95% interval as a band, and 0; templates below 0 are those
-    where the first model makes the gold solution more likely. ``points``:
-    ``demos.measure.template_means``; ``effect``: the statistic's row (mean, ci_low, ci_high,
-    lower, higher, n_templates, sign_p)."""
-    xs = [v for _, v in points]
-    labels = [f"{t:04d}" for t, _ in points]
-    fig = go.Figure(go.Scatter(
-        x=xs, y=labels, mode="markers", marker=dict(size=8, color=[
-            _PALETTE[1] if v < 0 else _PALETTE[0] for v in xs]),
-        hovertemplate="template %{y}: %{x:+.4f}<extra></extra>", showlegend=False))
-    fig.add_vrect(x0=effect["ci_low"], x1=effect["ci_high"], fillcolor="#888", opacity=0.15,
-                  line_width=0)
-    fig.add_vline(x=effect["mean"], line_width=2, line_color="#333",
-                  annotation_text=f"mean {effect['mean']:+.3f}", annotation_position="top")
-    fig.add_vline(x=0, line_width=1, line_color="#999", line_dash="dot")
-    fig.update_xaxes(title_text="NLL difference, per template (nats/token; negative: more likely)")
-    fig.update_yaxes(title_text="template", type="category")
-    return _layout(fig, title or (
-        f"{effect.get('label', 'the statistic')}: {effect['lower']} of {effect['n_templates']} "
-        f"templates below 0 (sign test p = {effect['sign_p']:.2g})"),
-        max(320, 60 + 16 * len(points)))
