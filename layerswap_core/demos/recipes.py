@@ -1,5 +1,7 @@
-"""Data recipes for the embedded demo experts (chat JSONL for ``layerswap train``), registered
-by name into the training registry (``training.recipes.register_recipe``).
+"""Data recipes for the embedded demo experts (chat JSONL for ``layerswap train``).
+
+Each is registered by name into the training registry (``training.recipes.register_recipe``),
+where ``layerswap demo-data`` and the cross-fitting's trainings (``demos.folds``) look it up.
 
 Two recipes, both deterministic (fixed seeds, fixed template lists):
 
