@@ -32,6 +32,7 @@ from app_tabs.evaluate import EvaluateTab
 from app_tabs.models import ModelsTab
 from app_tabs.sweep import SweepTab
 from layerswap_core.workbench import session as wb
+from layerswap_core.demos import variants as _demo_task  # noqa: F401  (registers demo-variants)
 from layerswap_core.workbench.served import LIMITS, Access, served_mode
 
 TITLE = "layerswap: compose math and language experts by swapping layers"

@@ -3,7 +3,7 @@ on evaluated items:
 
 * a math expert (``--math RUN``): the lowest mean NLL per response token of the 13 original
   English statements, with their worked solutions, of the templates that have no variants
-  (``evaluation.variants.SLOW_TEMPLATES | UNPAIRED_TEMPLATES``: no fold trains on or
+  (``demos.variants.SLOW_TEMPLATES | UNPAIRED_TEMPLATES``: no fold trains on or
   evaluates them, none is an MGSM item), i.e. math on unseen templates (the shipped math
   expert's card: base 1.478, its checkpoint 28 1.068);
 * a language expert (``--lang RUN``): the lowest reading proxy the trainer measured
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def unseen_rows() -> list[dict]:
-    from layerswap_core.evaluation.variants import SLOW_TEMPLATES, UNPAIRED_TEMPLATES
+    from layerswap_core.demos.variants import SLOW_TEMPLATES, UNPAIRED_TEMPLATES
     from layerswap_core.training.recipes import chat_row, read_template
 
     rows = []

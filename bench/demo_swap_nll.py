@@ -36,7 +36,7 @@ def main(argv=None) -> int:
 
     from layerswap_core.inference.prompts import render_chat
     from layerswap_core.evaluation.runner import gold_nll
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.merge.live import LiveModel
     from layerswap_core.demos.heldout import DEMO_BASE, DEMO_LANG, DEMO_TASK

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     import torch
 
     from layerswap_core.demos.measure import markdown_table, paired, score
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.merge.live import LiveModel
     from layerswap_core.demos.heldout import DEMO_BASE, DEMO_LANG, DEMO_TASK

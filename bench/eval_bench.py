@@ -31,6 +31,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def bench_prompts(n: int = 32, shots: int = 2, cot: bool = False) -> list[str]:
     from layerswap_core.evaluation import runner as ev
     from layerswap_core.evaluation.registry import load_items
+    from layerswap_core.demos import variants as _demo_task  # noqa: F401  (registers demo-variants)
 
     prompts = []
     for lang in ("sw", "en"):
@@ -136,6 +137,7 @@ def nll_bench(model, tok, args) -> int:
     """Gold NLL as the sweep computes it: shared few-shot prefix vs the plain padded batch."""
     from layerswap_core.evaluation import runner as ev
     from layerswap_core.evaluation.registry import load_items
+    from layerswap_core.demos import variants as _demo_task  # noqa: F401  (registers demo-variants)
 
     items = load_items("gsm-symbolic", "sw", 32)
     ex = ev.select_exemplars(ev.exemplar_pool("sw", cot=args.cot, source="gsm-symbolic"), items,

@@ -158,6 +158,7 @@ def check_evaluate_and_chat(refs: dict) -> dict:
     from layerswap_core.engines.dispatch import Dispatcher
     from layerswap_core.engines.pool import EnginePool
     from layerswap_core.evaluation.registry import load_items
+    from layerswap_core.demos import variants as _demo_task  # noqa: F401  (registers demo-variants)
     from layerswap_core.merge.config import MergeConfig
 
     items = load_items(ITEMS["source"], "sw", 4, data_dir=ITEMS["data_dir"])

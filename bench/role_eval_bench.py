@@ -40,6 +40,7 @@ def question_sets(n: int, shots: int) -> list[tuple[str, list, list]]:
     """(lang, items, exemplars) for the first ``n`` MGSM questions in Swahili and in English."""
     from layerswap_core.evaluation import runner as ev
     from layerswap_core.evaluation.registry import load_items
+    from layerswap_core.demos import variants as _demo_task  # noqa: F401  (registers demo-variants)
 
     out = []
     for lang in ("sw", "en"):

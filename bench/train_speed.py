@@ -12,7 +12,7 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from layerswap_core.training import recipes as expert_data  # noqa: E402
+from layerswap_core.demos import recipes as expert_data  # noqa: E402
 from layerswap_core.training.config import TrainConfig  # noqa: E402
 from layerswap_core.training.trainer import Trainer  # noqa: E402
 

@@ -117,7 +117,7 @@ def tiny_lm(tiny):
 def freedict():
     """Debian's FreeDict Swahili<->English dictionaries (the Swahili reading recipe's
     exercises): not on PyPI; `.ci/run` installs them, elsewhere the test skips saying so."""
-    from layerswap_core.training import recipes
+    from layerswap_core.demos import recipes
     missing = [f"{stem}{ext}" for stem in recipes.FREEDICT_FILES.values()
                for ext in (".index", ".dict.dz") if not (recipes.FREEDICT_DIR / f"{stem}{ext}").exists()]
     if missing:

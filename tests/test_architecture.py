@@ -50,16 +50,19 @@ LAYERS = [
     ("inference.decoding",),                      # the refilled greedy loop
     ("inference.generation", "inference.chat"),   # batched generation; streaming and chat
     ("evaluation.languages",),                    # the one table of languages
-    ("evaluation.mgsm_hub", "evaluation.data", "evaluation.bengali", "evaluation.variants",
+    ("evaluation.mgsm_hub", "evaluation.data",
      "evaluation.registry",                       # every evaluation task registered once
      "evaluation.mgsm_task", "evaluation.runner", "evaluation.lmeval",   # evaluation
      "evaluation.tasks"),                         # task records and their one scorer
     ("training.config", "training.sft_data", "training.trainer",   # training: config, SFT data,
-     "training.recipes"),                         # trainer; the demo experts' data recipes
-    ("demos.trios",),                             # the demo: one record per demo trio
+     "training.recipes"),                         # trainer; the data recipes' registry
+    ("demos.bengali",),                           # the demo: Bengali's variants (fill-ins)
+    ("demos.variants",),                          # its variant sets; the demo-variants task
+    ("demos.recipes", "demos.trios"),             # its experts' recipes; one record per trio
     ("demos.folds",),                             # the cross-fitting's halves and trainings
     ("demos.measure", "demos.heldout"),           # its measure and statistics; experts' NLL
     ("demos.reproduce",),                         # the demo result reproduced
+    ("demos.crossfit",),                          # both folds pooled by the declared rule
     ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs
     ("engines.dispatch",),                        # the one dispatcher (local, ZeroGPU)
     ("sweeps.grid", "sweeps.order", "sweeps.store"),   # sweeps: the grid, orders, results file

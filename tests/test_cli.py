@@ -209,7 +209,7 @@ def test_demo_data_writes_a_recipe_as_chat_jsonl(tmp_path, capsys):
     split as chat JSONL; a missing source is one line and exit code 2."""
     import json
 
-    from layerswap_core.training import recipes
+    from layerswap_core.demos import recipes
 
     out = tmp_path / "math_eval.jsonl"
     assert main(["demo-data", "math", "--split", "eval", "--out", str(out)]) == 0

@@ -212,7 +212,7 @@ def test_card_without_statement_or_with_a_bad_one(tmp_path):
 
 
 def test_expert_recipes_card_front_matter_round_trips(tmp_path):
-    from layerswap_core.training import recipes as expert_data
+    from layerswap_core.demos import recipes as expert_data
     (tmp_path / "README.md").write_text(expert_data.card_front_matter() + "# expert\n", encoding="utf-8")
     trained = data.card_templates(tmp_path)
     assert trained == set(expert_data.TRAIN_TEMPLATES)

@@ -41,7 +41,7 @@ def test_the_bengali_result_recomputes_and_is_the_docs_block():
 
 
 def test_the_bengali_items_are_held_out_eval_variants_spread_over_the_templates():
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
     from layerswap_core.demos.reproduce import spread, template_of
 
     res = _shipped()

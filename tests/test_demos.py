@@ -98,15 +98,29 @@ def _per_trio_literals() -> set[str]:
     return out
 
 
+def _demo_data_literals() -> set[str]:
+    """The names of the demo's data: the recipes its trios and the cross-fitting's trainings
+    were trained on, and the files its variants ship in."""
+    from layerswap_core.demos import folds, variants
+
+    out = {name for trio in trios.DEMOS.values() for name in trio.recipes.values()}
+    out |= {t.recipe for t in folds.TRAININGS}
+    return out | {variants.VARIANTS_FILE.name, folds.FOLD2_FILE.name}
+
+
 def test_no_per_trio_literal_below_the_demo_room_or_in_the_workbench():
     literals = _per_trio_literals()
     assert {"smollm2-swahili", "gemma3-bengali", "demo_result.json", "demo_result_bn.json",
             "Swahili demo (SmolLM2-135M)"} <= literals
+    data = _demo_data_literals()
+    assert {"math-variants", "swahili-reading", "english-control", "english-prose-control",
+            "bengali-reading", "demo_variants.json.gz", "fold2_variants.json.gz"} <= data
     found = []
     for room in ("checkpoints", "evaluation", "training", "workbench"):
         for path in sorted((ROOT / "layerswap_core" / room).rglob("*.py")):
             text = path.read_text(encoding="utf-8")
-            found += [f"{path.relative_to(ROOT)}: {word!r}" for word in literals if word in text]
+            found += [f"{path.relative_to(ROOT)}: {word!r}" for word in literals | data
+                      if word in text]
     assert found == []
 
 

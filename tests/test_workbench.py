@@ -648,7 +648,7 @@ def test_chat_examples_follow_the_language_expert():
 def test_swahili_chat_examples_are_validation_variants_never_evaluated():
     """The demo's Swahili chat examples are problems like the evaluated ones: variants of the
     validation seed set (never of the eval set the headline is measured on)."""
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
     from layerswap_core.evaluation.languages import LANGUAGES
     CHAT_EXAMPLES = {c: list(row.chat_examples) for c, row in LANGUAGES.items()}
 
@@ -661,7 +661,7 @@ def test_swahili_chat_examples_are_validation_variants_never_evaluated():
 def test_english_twins_are_the_same_validation_variants_in_english():
     """The English control examples are the Swahili examples' own variants (same id, same gold)
     in English, one for one; so are the Bengali ones (issue #52)."""
-    from layerswap_core.evaluation.variants import variant_items
+    from layerswap_core.demos.variants import variant_items
     from layerswap_core.workbench.chat import english_twins
     from layerswap_core.evaluation.languages import LANGUAGES
     CHAT_EXAMPLES = {c: list(row.chat_examples) for c, row in LANGUAGES.items()}

@@ -418,7 +418,7 @@ def _adapter_base(folder: Path) -> str | None:
 
 # Every adapter shipped under assets/experts/ over an embedded base is an embedded expert, a
 # generic row named after its folder: the demo's experts (``demos.trios`` says which trio each
-# belongs to; their cards give the exact training commands; the recipes are training.recipes).
+# belongs to; their cards give the exact training commands; the recipes are ``demos.recipes``).
 SHIPPED_EXPERTS: dict[str, Path] = {}   # name -> adapter folder
 for _folder in adapter_folders():
     if (_base := _adapter_base(_folder)) is not None:

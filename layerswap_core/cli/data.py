@@ -2,14 +2,15 @@
 `layerswap demo-variants`: regenerate the demo's held-out variants file that ships in the package."""
 from __future__ import annotations
 
-from ..evaluation import variants
+from ..demos import recipes as demo_recipes   # registers the demo's recipes (and its variants)
+from ..demos import variants
 from ..training import recipes
 from .progress import progress_bar
 from . import HELP
 
 
 def _demo_data(args) -> int:
-    rows = recipes.RECIPES[args.recipe](args.split, seed=args.seed)
+    rows = recipes.recipe(args.recipe)(args.split, seed=args.seed)
     recipes.write_jsonl(rows, args.out)
     print(f"{len(rows)} examples -> {args.out}")
     return 0
@@ -17,7 +18,7 @@ def _demo_data(args) -> int:
 
 def add_cli(sub):
     s = sub.add_parser("demo-data", help=HELP["demo-data"],
-                       description=recipes.__doc__.split("\n\n")[0])
+                       description=demo_recipes.__doc__.split("\n\n")[0])
     s.add_argument("recipe", choices=sorted(recipes.RECIPES))
     s.add_argument("--split", choices=sorted(recipes.SPLITS), default="train")
     s.add_argument("--seed", type=int, default=recipes.SEED)

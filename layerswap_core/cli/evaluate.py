@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..evaluation.data import MGSM_HUB_ID, DataError
 from ..evaluation.registry import choices, load_items, task_spec, training_overlap
+from ..demos import variants as _demo_task  # noqa: F401  (registers the demo-variants task)
 from ..checkpoints.references import ModelLoadError, resolve
 from ..checkpoints.loading import load_model
 from .progress import progress_bar

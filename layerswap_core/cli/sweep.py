@@ -8,6 +8,7 @@ from ..sweeps.order import ORDERS
 from ..sweeps.backends import BACKENDS
 from ..sweeps.runner import SweepRequest, run_sweep
 from ..evaluation.registry import choices
+from ..demos import variants as _demo_task  # noqa: F401  (registers the demo-variants task)
 from ..sweeps.scoring import METRICS, EvalSettings
 from .merge import MODEL_FIELDS, add_config_flags, config_from_args
 from . import HELP

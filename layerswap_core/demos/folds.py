@@ -1,19 +1,19 @@
 """Cross-fitting: the demo's usable templates in two folds, so that every one is evaluated.
 
-``evaluation.variants`` splits the usable templates (66) into two halves by a fixed rule (the
+``demos.variants`` splits the usable templates (66) into two halves by a fixed rule (the
 1st, 3rd, 5th, ... evaluated; the others trained on). That is fold 1, the shipped trio's.
 Fold 2 swaps the halves: its experts train (the math expert's ``train`` variants, the
 ``validation`` variants that choose its checkpoint, the reading expert's statements and its
 proxy) on the templates fold 1 evaluates, and it is evaluated on fold 1's training templates.
 Each template is then evaluated by the trio that never saw it (issue #62).
 
-A ``Fold`` answers what ``evaluation.variants`` answers for fold 1 (``split_templates``,
+A ``Fold`` answers what ``demos.variants`` answers for fold 1 (``split_templates``,
 ``proxy_templates``, ``language_templates``, ``variant_items``, ``training_numbers``) with the
 same rules: the same seeds per template and split (``SPLIT_SEEDS[split] + template``), the same
 counts, English-text disjointness against the fold's earlier splits of the template, and no
 evaluated variant with the numbers of an item its fold's experts train on or are chosen with.
-``FOLDS[1]`` gives exactly ``evaluation.variants``' sets (a test holds them equal); the recipes
-of ``training.recipes`` take a fold (``fold=``), so fold 2's data is the same code on the other
+``FOLDS[1]`` gives exactly ``demos.variants``' sets (a test holds them equal); the recipes
+of ``demos.recipes`` take a fold (``fold=``), so fold 2's data is the same code on the other
 half. Fold 2's variants are drawn by the package's engine (minutes) and kept in
 ``FOLD2_FILE`` (``write_fold_file``), read back when its stamp is the installed package's.
 """
@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoints.embedded import ASSETS
-from ..evaluation import variants as V
 from ..evaluation.data import DataError, Item
 from ..evaluation.languages import mgsm_lang, symbolic_lang
 from ..training.config import train_command
-from ..training.recipes import RECIPES, write_jsonl
+from ..training.recipes import recipe, write_jsonl
+from . import recipes  # noqa: F401  (registers the demo's recipes, looked up by name here)
+from . import variants as V
 
 FOLD2_FILE = Path(__file__).resolve().parent / "fold2_variants.json.gz"
 FOLD2_LANGS = ("eng", "swh")      # the Swahili trio's languages: what fold 2's experts read
@@ -39,7 +40,7 @@ FOLD2_LANGS = ("eng", "swh")      # the Swahili trio's languages: what fold 2's 
 @dataclass(frozen=True)
 class Fold:
     """One half of the cross-fitting (module docstring): ``number`` 1 evaluates the 1st, 3rd,
-    5th, ... usable template (``evaluation.variants``' split), 2 the others."""
+    5th, ... usable template (``demos.variants``' split), 2 the others."""
     number: int
 
     def split_templates(self, split: str) -> tuple[int, ...]:
@@ -76,7 +77,7 @@ class Fold:
 
     def variant_items(self, lang: str, split: str = "eval",
                       templates_: tuple[int, ...] | None = None) -> list[Item]:
-        """``evaluation.variants.variant_items`` for this fold: the same ids, text and order
+        """``demos.variants.variant_items`` for this fold: the same ids, text and order
         rules (an item's id names its split and template, so the folds' ids never meet: a
         template is evaluated in one fold and trained on in the other)."""
         language = V.variant_language(lang)
@@ -98,7 +99,7 @@ class Fold:
 
 @functools.cache
 def _training_numbers(fold: Fold) -> frozenset[tuple[str, ...]]:
-    """``evaluation.variants.training_numbers`` for the fold: the numbers of its ``train`` and
+    """``demos.variants.training_numbers`` for the fold: the numbers of its ``train`` and
     ``validation`` variants and of the original statements of its language-data templates."""
     out = set()
     for split in ("train", "validation"):
@@ -111,7 +112,7 @@ def _training_numbers(fold: Fold) -> frozenset[tuple[str, ...]]:
 
 @functools.cache
 def _paired(fold: Fold, template: int, split: str) -> tuple[int, ...]:
-    """``evaluation.variants._paired`` for the fold: indices surviving disjointness by English
+    """``demos.variants._paired`` for the fold: indices surviving disjointness by English
     text (the fold's earlier splits of the template, and within the split) and, for ``eval``,
     by numbers against the fold's training items."""
     seen = set()
@@ -140,8 +141,8 @@ def _fold2_jobs() -> list[tuple[str, str, int]]:
 
 @functools.lru_cache(maxsize=1)
 def _fold2_file() -> dict[str, tuple[tuple[str, str, str], ...]]:
-    """Fold 2's drawn variants by ``evaluation.variants._key``, when the file was made with the
-    installed package, these seeds and counts (``evaluation.variants._file_stamp``); else
+    """Fold 2's drawn variants by ``demos.variants._key``, when the file was made with the
+    installed package, these seeds and counts (``demos.variants._file_stamp``); else
     empty (then they are drawn again)."""
     if not FOLD2_FILE.is_file():
         return {}
@@ -170,7 +171,7 @@ def write_fold_file(path: str | Path = FOLD2_FILE, progress=None) -> Path:
 # --------------------------------------------------------------------------- the fold trainings
 @dataclass(frozen=True)
 class FoldTraining:
-    """One expert to train for the cross-fitting: ``recipe`` (a ``training.recipes`` recipe
+    """One expert to train for the cross-fitting: ``recipe`` (a recipe of ``demos.recipes``
     that takes a fold) on ``fold``'s halves, with the flags of the shipped expert ``like``
     (its ``training_log.json``: the same rank, layers, steps, rate, seed, checkpoints)."""
     name: str
@@ -180,7 +181,7 @@ class FoldTraining:
     role: str
 
     def data(self, split: str) -> list[dict]:
-        return RECIPES[self.recipe](split, fold=FOLDS[self.fold])
+        return recipe(self.recipe)(split, fold=FOLDS[self.fold])
 
     def config(self) -> dict:
         return json.loads((ASSETS / self.like / "training_log.json").read_text())["config"]

@@ -28,8 +28,8 @@ from __future__ import annotations
 from ..checkpoints.loading import load_model
 from ..merge.config import MergeConfig
 from ..merge.live import LiveModel
-from ..training import recipes as D
 from ..training.sft_data import heldout_nll
+from . import recipes as D
 from .folds import FOLDS
 from .measure import template_stats
 from .trios import DEMO_BASE, DEMO_LANG, DEMO_TASK   # the Swahili trio's, which this measures

@@ -16,7 +16,7 @@ Models: the math expert; the swap chosen on the *validation* variants (the same 
 measure, the math expert itself, "no swap", among the choices) with each seed's language
 expert; the app's default swap (first seed); and a control for the outer layers that can fail:
 the chosen swap with the outer layers of an expert trained the same way on English text
-(``training.recipes.english_control_examples``), its change scaled to the language expert's
+(``demos.recipes.english_control_examples``), its change scaled to the language expert's
 norm. The bench passes the seeds and the control; the app's Reproduce button runs the first
 seed alone on a few items.
 
@@ -39,7 +39,6 @@ from ..progress import Progress, say
 from ..analysis.deltas import delta_stats
 from ..analysis.suggest import delta_story, suggest_config
 from ..inference.prompts import render_chat
-from ..evaluation.variants import SPLIT_SEEDS
 from ..merge.config import MergeConfig
 from ..merge.live import LiveModel
 from .measure import (FIRST_K, MATH, OTHER, PARTS, answer_is_copied, condition_label,
@@ -48,6 +47,7 @@ from .measure import (FIRST_K, MATH, OTHER, PARTS, answer_is_copied, condition_l
                       reading_target, rule_items, summarize_effects, template_stats)
 from .folds import FOLDS
 from .trios import DEMOS, DemoTrio, demo
+from .variants import SPLIT_SEEDS
 
 SWEEP = ((0, 0), (2, 1), (3, 1), (4, 2), (5, 2), (6, 2), (8, 2))   # (bottom, top); 0/0: no swap
 VERSION = 3

@@ -27,7 +27,7 @@ from ..evaluation.languages import LANGUAGES, language_of
 class DemoTrio:
     """One demo trio (module docstring). ``key``: its id (the button's, ``--language``'s);
     ``language``: the code of its questions in ``evaluation.languages``; ``seeds``: more
-    language experts, label -> reference; ``recipes``: role -> the ``training.recipes`` recipe
+    language experts, label -> reference; ``recipes``: role -> the ``demos.recipes`` recipe
     it was trained on; ``variants``/``split``/``validation``: the item source and the splits
     of the measure; ``result_file``: the shipped result under ``assets/experts/``; the prose
     is Markdown, ``reproduce_story``'s ``{result}`` the shipped result's headline."""

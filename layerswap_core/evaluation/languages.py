@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Variants:
-    """How the demo's held-out variants (``evaluation.variants``) are drawn in a language:
+    """How the demo's held-out variants (``demos.variants``) are drawn in a language:
     ``templates``: the demo templates it has (None: all); ``template(t)``: the package's
     ``AnnotatedQuestion`` to run (None: the package's TOML as it is), with ``replacements()``
     as its named lists (None: the package's); ``fingerprint()``: what its shipped rows depend
@@ -101,11 +101,11 @@ def language_of(ref: str | None, *, with_examples: bool = True) -> str | None:
 
 # Chat examples: short problems like the evaluated ones; a language's show only when the language
 # expert is in that language. Swahili: held-out *validation* variants of the demo's templates
-# (evaluation.variants; never the eval set), the kind of problem the demo is measured on, and
+# (demos.variants; never the eval set), the kind of problem the demo is measured on, and
 # their English versions (the math expert's language; the numbers are paired item by item, the
 # names are the English template's): the control a visitor can compare with. Bengali: the same
-# validation variants in Bengali (``evaluation.bengali``) and their English twins. English and
-# Swahili have every demo template's variants; Bengali's ``Variants`` are ``evaluation.bengali``'s
+# validation variants in Bengali (``demos.bengali``) and their English twins. English and
+# Swahili have every demo template's variants; Bengali's ``Variants`` are ``demos.bengali``'s
 # (its fill-ins and fixes), set there.
 for _row in (
     Language("sw", "Swahili", "Latin", "swh", True,

@@ -25,7 +25,6 @@ from .data import (DataError, Item, card_templates, find_mgsm_dir, gsm_symbolic_
                    mgsm_overlap, symbolic_language_names)
 from .languages import LANGUAGES
 from .mgsm_hub import LICENCE
-from .variants import LANGS as VARIANT_LANGS, variant_items
 
 PLACES = ("eval", "sweep")   # the CLI's `eval` and the Evaluate tab; the sweeps
 
@@ -300,10 +299,6 @@ def _symbolic_templates(item: Item) -> dict[int, str]:
     return {t: f"{t:04d}"}
 
 
-def _variants(lang: str, *, data_dir=None, hub: bool = False) -> list[Item]:
-    return variant_items(lang, "validation")   # chosen on validation, as the demo's sweep is
-
-
 register_task(TaskSpec(
     "mgsm", "MGSM", _mgsm, lambda: tuple(c for c, row in LANGUAGES.items() if row.mgsm),
     _mgsm_exemplars, direct_pool=lambda lang, data_dir: load_mgsm(lang, data_dir),
@@ -315,7 +310,3 @@ register_task(TaskSpec(
     "gsm-symbolic", "GSM-Symbolic", _symbolic, symbolic_language_names, pool_exemplars,
     aliases=("gsm_symbolic", "symbolic"), pool_words="GSM-Symbolic training templates",
     templates=_symbolic_templates, template_items=True))
-register_task(TaskSpec(
-    "demo-variants", "demo-variants", _variants,
-    lambda: tuple(mgsm_lang(code) for code in VARIANT_LANGS), pool_exemplars,
-    item_source="gsm-symbolic-variants", offered=("sweep",)))

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..checkpoints.loading import pick_device
 from ..evaluation.registry import choices, load_items
+from ..demos import variants as _demo_task  # noqa: F401  (registers the demo-variants task)
 from ..merge.config import MergeConfig
 
 METRICS = ("accuracy", "nll")

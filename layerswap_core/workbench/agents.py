@@ -45,6 +45,7 @@ from .preflight import preflight_gate
 from .served import HUB_ID, LIMITS, LOCAL, Access, WorkbenchError, capped, readable_error
 from ..analysis.suggest import delta_story
 from ..evaluation.registry import choices
+from ..demos import variants as _demo_task  # noqa: F401  (registers the demo-variants task)
 
 # the calling client's person (``saves.person``: its address as the Space's proxy reports it, or
 # a signed-in user), set by the app around each tool call; None: unknown (a script, local)

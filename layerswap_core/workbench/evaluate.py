@@ -15,6 +15,7 @@ from .session import ROLE_LABELS, Session, dispatcher
 from ..evaluation.data import mgsm_help, mgsm_reachable
 from ..evaluation.registry import (by_label, default_exemplars, load_items, task_spec,
                                    training_overlap)
+from ..demos import variants as _demo_task  # noqa: F401  (registers the demo-variants task)
 from ..evaluation.runner import SideBySideResult, summary_cells
 from . import figures as plots
 

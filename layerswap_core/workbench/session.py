@@ -39,6 +39,7 @@ from ..engines.dispatch import ZERO_DEVICE, Dispatcher, default as default_dispa
 from ..engines.jobs import Job, show
 from ..evaluation.languages import LANGUAGES, language_of
 from ..evaluation.registry import default_exemplars, load_items
+from ..demos import variants as _demo_task  # noqa: F401  (registers the demo-variants task)
 from ..engines.pool import Trio
 from ..demos import trios as demos
 from ..merge import mergekit_yaml, registry

