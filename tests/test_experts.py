@@ -81,6 +81,14 @@ def test_shipped_adapters_are_small_and_documented():
         assert "layerswap train" in card and "--mode partial_lora" in card
         assert "held-out" in card.lower() and "gsm_symbolic_templates" in card
     assert total <= 30 * 2**20
+    # every shipped adapter (the demo trios', their seeds and the cross-fitting's fold 2) is
+    # documented, and all of them together stay within the repository's budget for weights
+    every = 0
+    for d in experts.adapter_folders():
+        card = (d / "README.md").read_text()
+        assert "layerswap train" in card and "gsm_symbolic_templates" in card, d.name
+        every += (d / "adapter_model.safetensors").stat().st_size
+    assert every <= 90 * 2**20, f"{every / 2**20:.1f} MiB of adapters"   # 84.9 MiB in 7
 
 
 @pytest.mark.slow
@@ -117,7 +125,11 @@ def test_wheel_ships_the_demo_adapters(tmp_path):
     for name in experts.SHIPPED_EXPERTS:
         for f in sorted((root / "assets" / "experts" / name).iterdir()):
             assert any(n.endswith(f"/data/share/layerswap/experts/{name}/{f.name}") for n in names)
-    for result in ("demo_result.json", "demo_result_bn.json"):
+    results = {t.result_file for t in trios.DEMOS.values()}
+    results |= {f["result_file"] for t in trios.DEMOS.values() for f in t.folds.values()}
+    results |= {t.crossfit_file for t in trios.DEMOS.values() if t.crossfit_file}
+    assert {"demo_result.json", "demo_result_fold2.json", "demo_crossfit.json"} <= results
+    for result in results:
         assert any(n.endswith(f"/data/share/layerswap/experts/{result}") for n in names)
 
 

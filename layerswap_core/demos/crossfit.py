@@ -127,3 +127,33 @@ def crossfit_markdown(out: dict) -> str:
                      f"{r['lower']}/{r['higher']} of {r['n_templates']} | {_p(r['sign_p'])} | "
                      f"{'(primary)' if r['primary'] else _p(r['p_holm'])} |")
     return "\n".join(lines)
+
+
+def measured_crossfit(trio) -> tuple[dict, dict[int, dict]] | None:
+    """The shipped cross-fitted result of a demo trio (``trios.DemoTrio.crossfit_file``) and
+    each fold's shipped result (fold -> result); None when the trio has none shipped."""
+    import json
+
+    from .reproduce import measured_demo_result
+
+    path = trio.crossfit_path
+    if path is None or not path.is_file():
+        return None
+    out = json.loads(path.read_text())
+    if out.get("version") != VERSION:
+        return None
+    folds = {}
+    for f in [1, *trio.folds]:
+        res = measured_demo_result(trio.fold_result_path(f), trio=trio.key)
+        if res is None:
+            return None
+        folds[f] = res
+    return out, folds
+
+
+def crossfit_headline(out: dict) -> str:
+    """One sentence: what the declared rule says, on how many templates."""
+    return (f"Cross-fitted over {out['n_templates']} templates ({out['n']} held-out variants, "
+            f"each measured by the fold whose experts never saw its template; the rule declared "
+            f"before fold 2 was evaluated), the swap minus the math expert after the item's own "
+            f"Swahili question minus after another item's: {out['verdict']}.")

@@ -141,7 +141,7 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
                           measured: dict | None = None, on_measured: Callable | None = None,
                           resamples: int = 10_000, seed: int = 0, lang: str = "sw",
                           validation_swaps: Sequence[tuple[int, int]] = SWEEP, fold: int = 1,
-                          rounds: int | None = None) -> dict:
+                          rounds: int | None = None, limit: int | None = None) -> dict:
     """The demo result as data (module docstring). ``refs``: base, task, lang (the first seed);
     ``lang``: the question language (``"sw"``, or ``"bn"`` for the Gemma trio);
     ``seeds``: more language experts, label -> reference (the bench's other seeds);
@@ -153,7 +153,9 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
     unless a caller (a test re-measuring shipped items) needs fewer. ``fold``: whose halves of
     the templates (``demos.folds``: fold 1 is the shipped trio's); ``rounds``: measure the
     cross-fitted rule's eval items (``measure.rule_items``: the first ``rounds`` rounds, each
-    the r-th item of every template) instead of ``n`` spread ones."""
+    the r-th item of every template) instead of ``n`` spread ones; ``limit``: only the first
+    ``limit`` of those (a rerun of a few shipped items: their own-question values are the
+    shipped ones, their partners are drawn among the few)."""
 
     t0 = time.time()
     common = dict(task=refs["task"], base=refs.get("base"))
@@ -171,7 +173,7 @@ def reproduce_demo_result(refs: dict, n: int = 8, n_validation: int = 4,
         # the language's variants may cover fewer templates (Bengali: 41): English follows them
         asked = [i for i in the_fold.variant_items(lang, split) if template_of(i) not in skip]
         if in_rounds:   # the declared rule's items: round r, the r-th item of every template
-            ids = [i.id for rnd in rule_items(asked)[:in_rounds] for i in rnd]
+            ids = [i.id for rnd in rule_items(asked)[:in_rounds] for i in rnd][:limit]
         else:           # ``k`` items spread over the templates
             ids = [i.id for i in spread(asked, k)]
         by_id = {i.id: i for i in asked}

@@ -30,7 +30,10 @@ class DemoTrio:
     language experts, label -> reference; ``recipes``: role -> the ``demos.recipes`` recipe
     it was trained on; ``variants``/``split``/``validation``: the item source and the splits
     of the measure; ``result_file``: the shipped result under ``assets/experts/``; the prose
-    is Markdown, ``reproduce_story``'s ``{result}`` the shipped result's headline."""
+    is Markdown, ``reproduce_story``'s ``{result}`` the shipped result's headline. ``folds``:
+    the cross-fitting's other trios (``demos.folds``), fold -> its ``task``, ``lang`` and
+    ``result_file`` (fold 1 is the record's own models and result); ``crossfit_file``: the
+    folds pooled by the declared rule (``demos.crossfit``)."""
     key: str
     label: str
     language: str
@@ -47,6 +50,8 @@ class DemoTrio:
     chat_expectations: str = ""
     eval_note: str = ""
     reproduce_story: str = "{result}"
+    folds: dict[int, dict[str, str]] = field(default_factory=dict)
+    crossfit_file: str = ""
     eval_language: str | None = None     # the Evaluate tab's Language when picked (its language)
     sweep_language: str | None = None    # the Sweep tab's
 
@@ -76,8 +81,17 @@ class DemoTrio:
 
     def experts(self) -> tuple[str, ...]:
         """Every expert reference of the trio (task, language, seeds, control)."""
+        folds = [ref for f in self.folds.values() for ref in (f["task"], f["lang"])]
         return (self.task, self.lang, *self.seeds.values(), *((self.control,) if self.control
-                                                               else ()))
+                                                               else ()), *folds)
+
+    def fold_result_path(self, fold: int) -> Path:
+        """The shipped result of fold ``fold`` (1: ``result_file``)."""
+        return ASSETS / (self.result_file if fold == 1 else self.folds[fold]["result_file"])
+
+    @property
+    def crossfit_path(self) -> Path | None:
+        return ASSETS / self.crossfit_file if self.crossfit_file else None
 
 
 DEMOS: dict[str, DemoTrio] = {}   # every demo trio by key, in the page's order
@@ -131,9 +145,11 @@ register_demo(DemoTrio(
     key="sw", label="Swahili demo (SmolLM2-135M)", language="sw",
     base=_E + "smollm2-135m-instruct", task=_E + "smollm2-math-en", lang=_E + "smollm2-swahili",
     seeds={"seed 1": _E + "smollm2-swahili-seed1", "seed 2": _E + "smollm2-swahili-seed2"},
-    control=_E + "smollm2-english-control",
-    recipes={"task": "math-variants", "lang": "swahili-reading", "control": "english-control"},
+    recipes={"task": "math-variants", "lang": "swahili-reading"},
     result_file="demo_result.json",
+    folds={2: {"task": _E + "smollm2-math-en-fold2", "lang": _E + "smollm2-swahili-fold2",
+               "result_file": "demo_result_fold2.json"}},
+    crossfit_file="demo_crossfit.json",
     chat_expectations=(
         "**What to expect.** The demo's math expert learned English worked solutions of a family "
         "of word problems (GSM-Symbolic templates), in its middle layers only; its language "

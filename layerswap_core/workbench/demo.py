@@ -8,6 +8,7 @@ the engines (the job kind) or the figures (the chart), which sit above that room
 from __future__ import annotations
 
 from ..demos.reproduce import headline, measured_demo_result, reproduce_demo_result, sweep_markdown
+from ..demos.crossfit import crossfit_headline, crossfit_markdown, measured_crossfit
 from ..demos.trios import DemoTrio, first, for_refs
 from ..engines.jobs import register_kind
 from ..demos.measure import pooled_records, template_records
@@ -26,23 +27,32 @@ def trio_in_use(refs: dict | None) -> DemoTrio:
 
 
 def demo_story(trio: DemoTrio) -> str:
-    """The Reproduce accordion's text: what the trio's shipped result shows, in its record's
-    words."""
+    """The Reproduce accordion's text: what the trio's shipped result shows (its cross-fitted
+    result where it has one), in its record's words."""
+    crossed = measured_crossfit(trio)
     res = measured_demo_result(trio=trio.key)
-    shown = headline(res) if res else "No measured demo result is shipped with this install."
+    shown = (crossfit_headline(crossed[0]) if crossed else headline(res) if res else
+             "No measured demo result is shipped with this install.")
     return trio.reproduce_story.replace("{result}", shown)
 
 
 def measured_markdown(trio: DemoTrio) -> str:
-    """The Evaluate tab's account of the trio's shipped measurement."""
+    """The Evaluate tab's account of the trio's shipped measurement: the cross-fitted result
+    where the trio has one, then its first fold's own."""
     res = measured_demo_result(trio=trio.key)
     if res is None:
         return "No measured demo result is shipped with this install."
     language = "" if trio == first() else f" --language {trio.key}"   # the bench's default
-    return (f"**Measured** with `python bench/demo_result.py{language} --n {res['n']} "
-            f"--n-validation {res['n_validation']}` on a 2-core CPU, {res['dtype']} (docs/demo.md "
-            f"gives the times). " + headline(res) + "\n\n" + res["markdown"] + "\n\n"
-            + sweep_markdown(res))
+    rounds = f"--rounds {res['rounds']}" if res.get("rounds") else f"--n {res['n']}"
+    own = (f"**Measured** with `python bench/demo_result.py{language} {rounds} "
+           f"--n-validation {res['n_validation']}` on a 2-core CPU, {res['dtype']} (docs/demo.md "
+           f"gives the times). " + headline(res) + "\n\n" + res["markdown"] + "\n\n"
+           + sweep_markdown(res))
+    crossed = measured_crossfit(trio)
+    if crossed is None:
+        return own
+    return (crossfit_markdown(crossed[0]) + "\n\n**Fold 1 alone** (the trio above; fold 2's "
+            "experts are `" + "`, `".join(trio.folds[2].values()) + "`). " + own)
 
 
 def result_chart(res: dict):
@@ -82,7 +92,14 @@ def folds_template_chart(results: dict, key: str = "primary", title: str | None 
 
 def measured_template_chart(trio: DemoTrio, note: str = ""):
     """``template_chart`` of the trio's shipped result, labelled as such (``note`` after the
-    label); None when none is shipped."""
+    label); both folds pooled where the trio has a cross-fitted result; None when none is
+    shipped."""
+    crossed = measured_crossfit(trio)
+    if crossed is not None:
+        out, folds = crossed
+        return folds_template_chart(folds, title=(
+            f"The shipped cross-fitted result ({out['n']} held-out variants{note}) per template: "
+            "each fold's swap vs its math expert, question-specific"))
     res = measured_demo_result(trio=trio.key)
     return None if res is None else template_chart(res, source=(
         f"The shipped result ({res['n']} held-out variants{note}) per template"))
