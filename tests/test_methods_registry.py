@@ -17,7 +17,7 @@ from layerswap_core.merge.executor import merge_to_folder
 from layerswap_core.merge.mergekit_yaml import from_mergekit, to_mergekit
 from layerswap_core.merge.plan import build_plan
 from layerswap_core.merge.registry import MergeMethod, Source
-from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import configure as wb_configure
 
 from test_plan import llama
 
@@ -51,8 +51,8 @@ def test_a_method_registered_in_one_place_reaches_plan_cli_workbench_and_lora(la
     args = build_parser().parse_args(["plan", "--method", "lang_only", "--w-lang", "3"])
     cfg = config_from_args(args)
     assert (cfg.method, cfg.w_lang) == ("lang_only", 3.0)
-    assert wb.METHOD_LABELS["language only"] == "lang_only"
-    assert "language only" in list(wb.METHOD_LABELS)
+    assert wb_configure.METHOD_LABELS["language only"] == "lang_only"
+    assert "language only" in list(wb_configure.METHOD_LABELS)
     assert "lang_only" in registry.linear_methods()
     assert not cfg.needs_base and not cfg.has_blends
 
@@ -60,7 +60,7 @@ def test_a_method_registered_in_one_place_reaches_plan_cli_workbench_and_lora(la
 def test_an_unregistered_method_is_gone_everywhere(lang_only):
     registry.unregister_method("lang_only")
     assert "lang_only" not in _merge_parser_choices("method")
-    assert "language only" not in list(wb.METHOD_LABELS)
+    assert "language only" not in list(wb_configure.METHOD_LABELS)
     with pytest.raises(ConfigError, match="method: unknown 'lang_only'; choose one of layer_swap"):
         MergeConfig(method="lang_only").check_fields()
     with pytest.raises(SystemExit):
@@ -321,7 +321,7 @@ def test_a_method_declared_in_one_place_reaches_config_plan_cli_controls_and_lor
         swap = controls.control_states("layer swap")
         assert swap["toy_alpha"] == "not used by layer swap"
         assert "alpha, toy flag (not used by layer swap)" in controls.ignored_text(swap)
-        assert wb.METHOD_LABELS["toy scale"] == "toy"
+        assert wb_configure.METHOD_LABELS["toy scale"] == "toy"
     finally:
         registry.unregister_method("toy")
     # gone everywhere, the knobs and the arithmetic with it; the shared knob stays
