@@ -54,7 +54,7 @@ def make_config(session: Session, method: str = "layer swap", bottom: int | None
     custom_rules = capped("custom rules", custom_rules, LIMITS.rules_chars)
     method_id = METHOD_LABELS.get(method, method)
     part: Any = None
-    if method_id == "layer_swap" and partition and partition != PARTITION_CHOICES[0]:
+    if registry.takes_partition(method_id) and partition and partition != PARTITION_CHOICES[0]:
         part = parse_custom_rules(custom_rules) if partition == "custom" else partition
         transition_bottom = transition_top = 0  # a partition replaces the sliders
     numbers = {}
