@@ -172,7 +172,6 @@ def unchecked_rows(base, task, lang) -> list[list[str]]:
             for role, ref in given.items() if str(ref or "").strip()]
 
 
-
 def open_session(base: str, task: str, lang: str, progress: Progress | None = None,
                  access: Access = LOCAL, visitor: str | None = None
                  ) -> tuple[Session | None, ModelsReport]:

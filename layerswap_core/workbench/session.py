@@ -166,7 +166,6 @@ def showing(session: Session, role: str, progress: Progress | None = None):
         yield engine.live.model, engine.live.tokenizer
 
 
-
 def close_session(session: Session | None) -> None:
     """The visitor left (their page closed, their session expired): their jobs are cancelled,
     their place in the queue given up, their results dropped."""
