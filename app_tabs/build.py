@@ -11,6 +11,7 @@ import gradio as gr
 
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import build as wb_build
 from layerswap_core.workbench.served import LIMITS
 
 from .common import LABELS, Tab, gr_progress, guarded, heavy_slots, light_slots, ok, warn
@@ -46,7 +47,7 @@ class BuildTab(Tab):
     def build(self, v, progress=gr.Progress()):
         session = wb.require(v[self.page.session])
         config = self.configure.config(v, session)
-        result = wb.build(session, config, gr_progress(progress))
+        result = wb_build.build(session, config, gr_progress(progress))
         # the other tabs' "build first" lines go
         return {self.build_md: ok(result.markdown()), self.config_yaml: config.to_yaml(),
                 **self.page.banner(session), self.evaluate.eval_md: "", self.chat.chat_md: "",
@@ -57,8 +58,8 @@ class BuildTab(Tab):
              progress=gr.Progress()):
         session = wb.require(v[self.page.session])
         config = session.built()   # what the page shows built, whatever Configure shows now
-        out = wb.save(session, config, v[self.folder], v[self.overwrite],
-                      gr_progress(progress), access=self.page.visitor(request, profile))
+        out = wb_build.save(session, config, v[self.folder], v[self.overwrite],
+                            gr_progress(progress), access=self.page.visitor(request, profile))
         # served: by its name (the server's folders are not the visitor's business)
         where = f"as `{out.name}`" if self.page.access.served else f"to `{out}`"
         return {self.build_md: ok(f"Saved {where}: the built merge "
@@ -72,7 +73,7 @@ class BuildTab(Tab):
             namespace = self.page.visitor(request).namespace
             config = session.built()
             with saves.temp_folder(namespace) as tmp:
-                path = wb.export_zip(session, config, tmp)
+                path = wb_build.export_zip(session, config, tmp)
                 yield {self.build_md: ok("Config and model card of the built merge ("
                                          f"{config.describe(session.num_layers)}) zipped."),
                        self.zip_file: str(path)}
@@ -89,10 +90,10 @@ class BuildTab(Tab):
              progress=gr.Progress()):
         session = wb.require(v[self.page.session])
         config = session.built()
-        url = wb.push_to_hub(session, config, v[self.repo_id], v[self.private],
-                             gr_progress(progress),
-                             visitor_token=getattr(token, "token", None),
-                             visitor=getattr(profile, "username", None))
+        url = wb_build.push_to_hub(session, config, v[self.repo_id], v[self.private],
+                                   gr_progress(progress),
+                                   visitor_token=getattr(token, "token", None),
+                                   visitor=getattr(profile, "username", None))
         return {self.build_md: ok(f"Pushed the built merge "
                                   f"({config.describe(session.num_layers)}) to {url}")}
 

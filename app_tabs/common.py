@@ -13,6 +13,7 @@ from layerswap_core.evaluation import languages
 from layerswap_core.progress import with_eta
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import build as wb_build
 from layerswap_core.workbench import spaces
 from layerswap_core.workbench.controls import acts_on
 from layerswap_core.workbench.served import LIMITS, Access, as_text, readable_error
@@ -113,7 +114,7 @@ class PageBase:
                       and importlib.util.find_spec("itsdangerous") is not None)
         # only with a token and the network, and never with the server's token for visitors
         # (served: with the signed-in visitor's own token, into their own namespace)
-        self.can_push = self.oauth or (wb.hub_token() is not None and not access.served)
+        self.can_push = self.oauth or (wb_build.hub_token() is not None and not access.served)
         self.views: dict[str, tuple] = {}   # name -> (component, its empty value)
         self.label_lines: dict[str, gr.Markdown] = {}   # LABELS' name -> its line
 

@@ -9,6 +9,7 @@ import gradio as gr
 from layerswap_core.merge import registry
 from layerswap_core.merge.config import validated_ranges
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import configure as wb_configure
 from layerswap_core.workbench import controls
 from layerswap_core.workbench.controls import CONTROLS, control_states, ignored_text, since_build
 from layerswap_core.workbench.served import LIMITS, as_text
@@ -22,7 +23,7 @@ SLIDERS = ("bottom", "top", "transition_bottom", "transition_top")
 # each the widget its declaration asks for: ``controls.control_spec``)
 METHOD_KNOBS = controls.method_controls()
 NUMBER_KNOBS = tuple(k for knobs in METHOD_KNOBS.values() for k in knobs)
-# Configure-tab controls beyond the sliders, as MergeConfig fields (wb.make_config keywords)
+# Configure-tab controls beyond the sliders, as MergeConfig fields (make_config's keywords)
 MORE_CONFIG = ("non_layer", "scale_partition", *NUMBER_KNOBS)
 SWAP_LABEL = registry.MERGE_METHODS["layer_swap"].label
 KNOB = registry.KNOBS  # the knobs' labels, defaults and bounds
@@ -66,14 +67,14 @@ class ConfigureTab(Tab):
     def config(self, v: dict, session):
         """The MergeConfig on the Configure tab (validated)."""
         c = self.controls
-        return wb.make_config(session, v[self.method], *(v[c[s]] for s in SLIDERS),
-                              v[self.w_task], v[self.w_lang], v[self.magnitude], v[self.partition],
-                              v[self.rules], **{f: v[c[f]] for f in MORE_CONFIG})
+        return wb_configure.make_config(session, v[self.method], *(v[c[s]] for s in SLIDERS),
+                                        v[self.w_task], v[self.w_lang], v[self.magnitude], v[self.partition],
+                                        v[self.rules], **{f: v[c[f]] for f in MORE_CONFIG})
 
     def slider_updates(self, session) -> dict:
         """Every layer slider bounded by the model's depth, at the scaled defaults, with the
         paper's validated range beside it."""
-        counts = wb.default_config(session).layer_counts(session.num_layers)
+        counts = wb_configure.default_config(session).layer_counts(session.num_layers)
         r = validated_ranges(session.num_layers)
         ranges = (r.bottom, r.top, r.transition, r.transition)
         note = "" if r.published else " (scaled by layerswap's own rule)"
@@ -84,11 +85,12 @@ class ConfigureTab(Tab):
     def show_models(self, session) -> dict:
         """Models just picked: the sliders bounded by their depth, the default merge's plan
         drawn, and the lines naming it."""
-        config = wb.default_config(session)
-        fig, text = wb.plan_view(session, config)
+        config = wb_configure.default_config(session)
+        fig, text = wb_configure.plan_view(session, config)
         return {**self.slider_updates(session),
                 self.config_md: ok(config.describe(session.num_layers)), self.diagram: fig,
-                self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config),
+                self.plan_text: text,
+                self.plan_cells: wb_configure.plan_cells_figure(session, config),
                 **self.page.labels(session, config)}
 
     @guarded("config_md")
@@ -101,14 +103,15 @@ class ConfigureTab(Tab):
             still = (f" The diagram and plan still show {shown.describe(session.num_layers)}."
                      if shown is not None else "")
             return {self.config_md: warn(e) + still, **self.page.labels(session, None)}
-        fig, text = wb.plan_view(session, config)
+        fig, text = wb_configure.plan_view(session, config)
         changed = since_build(session.built_config, config, session.num_layers)
         out = {self.config_md: ok(config.describe(session.num_layers))
                + (f"\n\n⚠ {changed}" if changed else ""), self.diagram: fig,
-               self.plan_text: text, self.plan_cells: wb.plan_cells_figure(session, config),
+               self.plan_text: text,
+               self.plan_cells: wb_configure.plan_cells_figure(session, config),
                **self.page.labels(session, config)}
         if "lang" in session.stats:  # analyzed: the plan over the deltas follows the sliders too
-            out[self.plan_overlay] = wb.plan_cells_figure(session, config, over="lang")
+            out[self.plan_overlay] = wb_configure.plan_cells_figure(session, config, over="lang")
         return out
 
     def control_components(self) -> dict:
@@ -147,7 +150,7 @@ class ConfigureTab(Tab):
         with gr.Tab("Configure", id="configure"):
             with gr.Row():
                 with gr.Column(scale=2):
-                    self.method = gr.Radio(list(wb.METHOD_LABELS), value=SWAP_LABEL,
+                    self.method = gr.Radio(list(wb_configure.METHOD_LABELS), value=SWAP_LABEL,
                                            label="Method")
                     self.bottom = gr.Slider(0, L0, value=5, step=1,
                                             label=KNOB["bottom"].label, elem_id="bottom")
@@ -163,8 +166,8 @@ class ConfigureTab(Tab):
                         self.w_task = gr.Slider(0, 1, value=1, step=0.05, label="w_task")
                         self.w_lang = gr.Slider(0, 1, value=1, step=0.05, label="w_lang")
                     self.magnitude = gr.Checkbox(False, label=KNOB["magnitude_weights"].label)
-                    self.partition = gr.Radio(list(wb.PARTITION_CHOICES),
-                                              value=wb.PARTITION_CHOICES[0],
+                    self.partition = gr.Radio(list(wb_configure.PARTITION_CHOICES),
+                                              value=wb_configure.PARTITION_CHOICES[0],
                                               label=KNOB["partition"].label)
                     self.rules = gr.Textbox("first 6, last 2 : mlp\nall : attention", lines=3,
                                             max_length=LIMITS.rules_chars,
@@ -176,7 +179,8 @@ class ConfigureTab(Tab):
                     with gr.Accordion("More: non-layer parameters, scaling presets",
                                       open=False):
                         self.non_layer = gr.Radio(
-                            list(wb.NON_LAYER_CHOICES), value=next(iter(wb.NON_LAYER_CHOICES)),
+                            list(wb_configure.NON_LAYER_CHOICES),
+                            value=next(iter(wb_configure.NON_LAYER_CHOICES)),
                             label=KNOB["non_layer"].label,
                             info="Algorithm 1 averages them (weights above); or take them from "
                                  "one expert", elem_id="non-layer")

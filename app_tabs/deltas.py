@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import configure as wb_configure
 from layerswap_core.workbench.controls import outside_validated
 from layerswap_core.workbench.deltas import delta_views, slider_taus, slider_value, suggest
 
@@ -34,8 +35,8 @@ class DeltasTab(Tab):
 
     def delta_outputs(self, session, views, v, msg: str) -> dict:
         try:
-            overlay = wb.plan_cells_figure(session, self.configure.config(v, session),
-                                           over="lang")
+            overlay = wb_configure.plan_cells_figure(session, self.configure.config(v, session),
+                                                     over="lang")
         except ValueError:  # the configuration is invalid: the Configure tab says why
             overlay = None
         return {self.deltas_md: ok(msg), self.heatmaps: views.heatmaps,
@@ -80,7 +81,8 @@ class DeltasTab(Tab):
             if outside else "")
         return {self.deltas_md: msg,
                 **{self.configure.sliders[n]: gr.update(value=c) for n, c in zip(SLIDERS, counts)},
-                self.configure.partition: gr.update(value=s.partition or wb.PARTITION_CHOICES[0])}
+                self.configure.partition: gr.update(
+                    value=s.partition or wb_configure.PARTITION_CHOICES[0])}
 
     # ---- layout
     def layout(self) -> DeltasHandles:

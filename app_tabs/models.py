@@ -10,6 +10,7 @@ import gradio as gr
 
 from layerswap_core.workbench import saves
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import models as wb_models
 from layerswap_core.workbench.preflight import (download_gate, download_line, preflight_gate,
                                                  preflight_markdown)
 from layerswap_core.workbench.served import LIMITS, offered_models
@@ -72,17 +73,17 @@ class ModelsTab(Tab):
             if not pf.ok:   # the table names these references, never an earlier pick's
                 gr.Warning("These models cannot be merged; see the Models tab.")
                 return {self.models_md: "⚠ " + md + still,
-                        self.models_table: wb.unchecked_rows(*refs),
+                        self.models_table: wb_models.unchecked_rows(*refs),
                         self.download_btn: gr.update(visible=False)}
             return {self.models_md: ok(md + "\n\n" + download_line(pf, missing)) + still,
                     self.download_btn: gr.update(visible=True)}
         hidden = {self.download_btn: gr.update(visible=False)}
         try:
-            session, report = wb.open_session(*refs, gr_progress(progress), access,
-                                              visitor=self.page.page_id(request))
+            session, report = wb_models.open_session(*refs, gr_progress(progress), access,
+                                                     visitor=self.page.page_id(request))
         except Exception as e:  # noqa: BLE001 - a reference that cannot be used at all
             return {**kept, **hidden, self.models_md: warn(e) + still,
-                    self.models_table: getattr(e, "rows", None) or wb.unchecked_rows(*refs)}
+                    self.models_table: getattr(e, "rows", None) or wb_models.unchecked_rows(*refs)}
         if session is None:
             gr.Warning("These models cannot be merged; see the list on the Models tab.")
             return {**kept, **hidden, self.models_md: "⚠ " + report.markdown() + still,
@@ -138,7 +139,7 @@ class ModelsTab(Tab):
         mine = [os.path.basename(p) for p in saves.own_saves(self.page.visitor(request, profile))]
         offered = offered_models(self.page.access)
         return [gr.update(choices=[*first, *mine, *offered]) for first in
-                (list(wb.EMBEDDED_BASES), EXPERT_CHOICES, EXPERT_CHOICES)]
+                (list(wb_models.EMBEDDED_BASES), EXPERT_CHOICES, EXPERT_CHOICES)]
 
     def hub_status(self, request: gr.Request, profile: gr.OAuthProfile | None):
         """The visitor's Hub downloads in words (nothing changes when there are none)."""
@@ -167,7 +168,7 @@ class ModelsTab(Tab):
                 self.trio_btns = {lang: gr.Button(label, size="sm", elem_id=f"trio-{lang}")
                                   for lang, label in wb.demo_trio_choices().items()}
             with gr.Row():
-                self.base = gr.Dropdown([*wb.EMBEDDED_BASES, *offered], value=refs["base"],
+                self.base = gr.Dropdown([*wb_models.EMBEDDED_BASES, *offered], value=refs["base"],
                                         allow_custom_value=True, label="Base model",
                                         elem_id="base-ref")
                 self.task = gr.Dropdown([*EXPERT_CHOICES, *offered], value=refs["task"],
@@ -184,7 +185,7 @@ class ModelsTab(Tab):
             # served: Hub downloads run in the background; their progress shows above
             self.hub_cancel = gr.Button("Cancel download", size="sm", visible=access.served)
             self.hub_timer = gr.Timer(3, active=access.served)
-            self.models_table = gr.Dataframe(headers=list(wb.ModelsReport.HEADERS),
+            self.models_table = gr.Dataframe(headers=list(wb_models.ModelsReport.HEADERS),
                                              interactive=False, elem_id="models-table",
                                              label="Models (read from headers, no weights loaded)")
         return ModelsHandles(self.base, self.task, self.lang, self.pick_btn, self.own_saves)

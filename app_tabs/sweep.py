@@ -11,6 +11,7 @@ import pandas as pd
 from layerswap_core.evaluation import registry
 from layerswap_core.merge.config import validated_ranges
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import configure as wb_configure
 from layerswap_core.workbench.evaluate import data_default
 from layerswap_core.workbench.served import LIMITS, limits_for, as_text
 from layerswap_core.workbench.sweep import SWEEP_AXES, sweep_grid
@@ -75,7 +76,7 @@ class SweepTab(Tab):
                 self.configure.sliders[fx]: gr.update(value=x),
                 self.configure.sliders[fy]: gr.update(value=y),
                 self.configure.method: gr.update(value=SWAP_LABEL),
-                self.configure.partition: gr.update(value=wb.PARTITION_CHOICES[0])}
+                self.configure.partition: gr.update(value=wb_configure.PARTITION_CHOICES[0])}
 
     def show_models(self, session) -> dict:
         """Models just picked: the default grid is the paper's validated range at their

@@ -33,7 +33,7 @@ package's bytecode is compiled first (``compile_bytecode``), as installing it do
 PYTHONDONTWRITEBYTECODE is set (this project's machines) every run would otherwise compile
 layerswap's sources again, about 0.1 s of start-up a user's installed command never pays.
 Targets (issue #30): default layer swap <= 1.3x cp -r and peak RSS <= 300 MiB; transitions 2+2
-<= 2x cp -r. Then the Models check (``workbench.session.check_models``: what the Models tab
+<= 2x cp -r. Then the Models check (``workbench.models.check_models``: what the Models tab
 runs on a pick) of the trio, three times in one process (issue #51: < 1 s after the first), and
 twice with the language expert's tokenizer.json re-serialised (other bytes, the same tokenizer:
 the files are parsed and compared).
@@ -209,7 +209,7 @@ print(json.dumps({"params": r.numel(), "bytes": r.nbytes(), "layers": L, "b": b,
 # trio, then twice with a language expert whose tokenizer.json has other bytes (same content).
 MODELS_CHECK = """
 import json, sys, time
-from layerswap_core.workbench.session import check_models
+from layerswap_core.workbench.models import check_models
 base, task, lang, resaved = sys.argv[1:5]
 out = []
 for refs in [(base, task, lang)] * 3 + [(base, task, resaved)] * 2:

@@ -307,8 +307,10 @@ def reproduce_running(tiny):
 
     from app_tabs.demo import run_demo_result
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
-    session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    session, report = wb_models.open_session(str(tiny["base"]), str(tiny["task"]),
+                                             str(tiny["lang"]))
     assert session is not None, report.problems
     out = {}
 

@@ -9,20 +9,21 @@ import pytest
 
 from layerswap_core.sweeps.runner import run_sweep, sweep_request
 from layerswap_core.sweeps.scoring import EvalSettings
-from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import configure as wb_configure
+from layerswap_core.workbench import models as wb_models
 from layerswap_core.workbench.sweep import sweep_grid
 
 
 @pytest.fixture(scope="module")
 def session(tiny):
-    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    s, report = wb_models.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert report.ok, report.problems
     return s
 
 
 def test_the_sweep_tab_gets_the_clis_scores(session, tiny, tmp_path, one_thread):
     seen, fractions = [], []
-    config = wb.make_config(session, "layer swap", 2, 1, 0, 0)
+    config = wb_configure.make_config(session, "layer swap", 2, 1, 0, 0)
     res = sweep_grid(session, config, "bottom / top", "0,2", "1,7", "gsm-symbolic", "sw", n=2,
                      metric="nll", progress=lambda f, m: (seen.append(m), fractions.append(f)))
     # one bar over the whole sweep: it never goes back (it restarted at 0 per configuration)

@@ -76,7 +76,9 @@ LAYERS = [
                                                   # limits, access and one-line errors
     ("workbench.saves", "workbench.preflight"),   # served disk: namespaces, quotas, temp files;
                                                   # the Models tab's pre-flight of a pick
-    ("workbench.session",),                       # the session: models, configure, build tabs
+    ("workbench.session",),                       # the session, its dispatcher, warm-ups
+    ("workbench.models", "workbench.configure",   # the Models, Configure and Build tabs
+     "workbench.build"),
     ("workbench.deltas", "workbench.evaluate", "workbench.sweep", "workbench.chat",
      "workbench.demo"),                          # the other tabs; the demo result
     ("workbench.agents",),                        # the tabs' steps as agent (MCP) tools

@@ -49,9 +49,10 @@ def browser_page(width: int = 1400, height: int = 1000):
 def demo_refs(tiny) -> dict[str, str]:
     """The embedded demo when it opens here (its experts shipped), else the tiny family."""
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
     try:
-        if wb.check_models(**wb.DEMO_REFS).ok:
+        if wb_models.check_models(**wb.DEMO_REFS).ok:
             return dict(wb.DEMO_REFS)
     except ValueError:
         pass
@@ -303,9 +304,9 @@ def test_save_writes_the_built_merge_not_the_changed_configure_tab(served, tmp_p
     is the language expert's, bit for bit)."""
     url, refs = served
     from layerswap_core.merge.config import MergeConfig
-    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
-    session, _ = wb.open_session(refs["base"], refs["task"], refs["lang"])
+    session, _ = wb_models.open_session(refs["base"], refs["task"], refs["lang"])
     L = session.num_layers
     b, u = MergeConfig.default_for(L).layer_counts(L)[:2]
     assert u >= 1, "the default keeps no top layer of the language expert"

@@ -44,7 +44,7 @@ def set_slider(page, elem_id: str, value: int) -> None:
 
 
 def test_the_sliders_offer_what_the_budget_runs_and_the_estimate_shows(tiny_page, tiny):
-    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
     from layerswap_core.workbench.evaluate import (evaluation_caps, evaluation_line,
                                                    session_roles)
     from layerswap_core.workbench.served import LIMITS, Access
@@ -59,7 +59,7 @@ def test_the_sliders_offer_what_the_budget_runs_and_the_estimate_shows(tiny_page
         expect(line).to_contain_text("tokens/s, measured on these models here",
                                      timeout=180_000)
         refs = [str(tiny[r]) for r in ("base", "task", "lang")]
-        session, _ = wb.open_session(*refs, access=Access.from_env(True, trusted=refs))
+        session, _ = wb_models.open_session(*refs, access=Access.from_env(True, trusted=refs))
         n, t = evaluation_caps(session)
         assert (n, t) < (LIMITS.eval_questions, LIMITS.new_tokens)   # the budget binds
         questions = page.locator("#n-items input[type=range]")

@@ -26,8 +26,9 @@ def demo_page(one_thread):
         pytest.skip(reason)
     from app import serve_locally
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
-    if not wb.check_models(**wb.DEMO_REFS).ok:
+    if not wb_models.check_models(**wb.DEMO_REFS).ok:
         pytest.skip("the embedded demo's experts are not installed")
     demo, url = serve_locally(dict(wb.DEMO_REFS))
     yield url
@@ -124,8 +125,9 @@ def test_cancel_while_evaluate_scores_the_worked_solutions_ends_within_5_s(demo_
 def warmed(refs: dict) -> None:
     """Wait for the warm-up the page started on these models (``settled``'s, for any trio)."""
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
-    session, _ = wb.open_session(**refs)
+    session, _ = wb_models.open_session(**refs)
     wb.measured_speed(session, wait=300)
 
 

@@ -80,8 +80,9 @@ def demo_page(one_thread):
         pytest.skip(reason)
     from app import serve_locally
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
-    if not wb.check_models(**wb.DEMO_REFS).ok:
+    if not wb_models.check_models(**wb.DEMO_REFS).ok:
         pytest.skip("the embedded demo's experts are not installed")
     demo, url = serve_locally(dict(wb.DEMO_REFS))
     yield url
@@ -92,8 +93,9 @@ def settled():
     """Wait for the warm-up's speed measurement on the demo models (the server's own short
     job, run once when they are first picked): the CPU measured below is then the visitor's."""
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
-    session, _ = wb.open_session(**wb.DEMO_REFS)
+    session, _ = wb_models.open_session(**wb.DEMO_REFS)
     wb.measured_speed(session, wait=300)
 
 

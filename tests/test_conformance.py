@@ -120,7 +120,7 @@ def test_gemma3_wrapper_merges_its_decoder_and_keeps_its_vision_tower(tmp_path):
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.merge.executor import merge_to_folder, plan_for
     from layerswap_core.merge.plan import VISION_TEXT
-    from layerswap_core.workbench.session import check_models
+    from layerswap_core.workbench.models import check_models
 
     paths = make_trio(tmp_path, "gemma3")
     reader = CheckpointReader(paths["task"])

@@ -413,6 +413,9 @@ def test_zerogpu_emulation_runs_the_apps_jobs_like_the_cpu(tiny, tmp_path, one_t
     from pathlib import Path
 
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import build as wb_build
+    from layerswap_core.workbench import configure as wb_configure
+    from layerswap_core.workbench import models as wb_models
     from layerswap_core.workbench.chat import chat_turn
     from layerswap_core.workbench.evaluate import evaluate_roles
 
@@ -429,8 +432,8 @@ def test_zerogpu_emulation_runs_the_apps_jobs_like_the_cpu(tiny, tmp_path, one_t
     zero = json.loads(out.read_text())
 
     wb.dispatcher().pool.clear()   # a fresh engine here too: the count of rewritten tensors
-    session, _ = wb.open_session(*refs)   # depends on what an engine showed before
-    build = wb.build(session, wb.make_config(session, "layer swap", 2, 1))
+    session, _ = wb_models.open_session(*refs)   # depends on what an engine showed before
+    build = wb_build.build(session, wb_configure.make_config(session, "layer swap", 2, 1))
     cpu = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False, ("base", "merged"), 8)
     chat = list(chat_turn(session, "Habari?", [], "merged", max_new_tokens=12))[-1]
 

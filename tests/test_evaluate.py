@@ -350,6 +350,7 @@ def test_the_cli_and_the_app_say_the_same_about_the_demo_math_experts_templates(
     from layerswap_core.cli import main
     from layerswap_core.evaluation.data import card_templates
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
     from layerswap_core.workbench.evaluate import evaluate_roles, evaluation_note
 
     task = wb.DEMO_REFS["task"]
@@ -366,7 +367,7 @@ def test_the_cli_and_the_app_say_the_same_about_the_demo_math_experts_templates(
     cli = [line for line in capsys.readouterr().err.splitlines() if "card" in line]
     assert cli == [f"warning: {task}: {said}"]
 
-    session, report = wb.open_session(**wb.DEMO_REFS)
+    session, report = wb_models.open_session(**wb.DEMO_REFS)
     assert report.ok, report.problems
     res = evaluate_roles(session, "gsm-symbolic", "sw", 5, 0, False, ("task",), 8)
     app = [line for line in evaluation_note(res).splitlines() if "card" in line]

@@ -68,9 +68,11 @@ def test_the_cards_say_what_the_data_is(ref):
 def test_the_bengali_trio_checks_builds_and_answers_in_bengali():
     from layerswap_core.merge.config import MergeConfig
     from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import build as wb_build
+    from layerswap_core.workbench import models as wb_models
     from layerswap_core.workbench.chat import chat_examples, chat_turn
 
-    session, report = wb.open_session(TRIO["base"], TRIO["task"], TRIO["lang"])
+    session, report = wb_models.open_session(TRIO["base"], TRIO["task"], TRIO["lang"])
     assert session is not None and not report.problems and report.num_layers == LAYERS
     try:
         name, examples = chat_examples(TRIO["lang"])
@@ -78,7 +80,7 @@ def test_the_bengali_trio_checks_builds_and_answers_in_bengali():
         assert all(any("\u0980" <= c <= "\u09ff" for c in q) for q in examples)
         cfg = MergeConfig.default_for(LAYERS, task=TRIO["task"], lang=TRIO["lang"],
                                       base=TRIO["base"])
-        wb.build(session, cfg)
+        wb_build.build(session, cfg)
         assert session.built_config == cfg
         reply = list(chat_turn(session, examples[1], [], "merged", max_new_tokens=12))[-1]
         answer = reply.history[-1]["content"]
@@ -126,20 +128,20 @@ def test_the_recipe_reproduces_its_first_steps(ref, tmp_path):
 def test_a_base_that_reads_the_language_badly_gets_a_warning(embedded_base):
     """SmolLM2's tokenizer spends several times the tokens per Bengali word that it spends per
     English word: the Models check says so for a Bengali expert, not for the Swahili one."""
-    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
-    note = wb.reading_note(embedded_base, TRIO["lang"])
+    note = wb_models.reading_note(embedded_base, TRIO["lang"])
     assert note and "Bengali" in note and "tokens per word" in note
     lang, en = (float(x) for x in re.findall(r"([\d.]+) ", note)[:2])
-    assert lang >= wb.READING_RATIO * en
-    assert wb.reading_note(embedded_base, "embedded:smollm2-swahili") is None
-    assert wb.reading_note(embedded_base, "my-expert") is None      # no language named
+    assert lang >= wb_models.READING_RATIO * en
+    assert wb_models.reading_note(embedded_base, "embedded:smollm2-swahili") is None
+    assert wb_models.reading_note(embedded_base, "my-expert") is None      # no language named
 
 
 @pytest.mark.slow
 @needs_gemma
 def test_gemma_reads_bengali_without_the_warning():
     from layerswap_core.checkpoints.references import resolve
-    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
 
-    assert wb.reading_note(resolve(TRIO["base"]), TRIO["lang"]) is None
+    assert wb_models.reading_note(resolve(TRIO["base"]), TRIO["lang"]) is None

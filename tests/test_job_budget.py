@@ -7,6 +7,7 @@ import pytest
 
 from layerswap_core.engines.dispatch import TooLong, _zero_duration
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import models as wb_models
 from layerswap_core.workbench.evaluate import (HEADROOM, evaluation_caps, evaluation_line,
                                                evaluation_seconds, session_roles)
 from layerswap_core.workbench.served import LIMITS, LOCAL_LIMITS, Access
@@ -20,7 +21,7 @@ SLOW = 6.3
 def session(tiny):
     """A served visitor's session: the caps and the job budget are a shared server's."""
     refs = [str(tiny[r]) for r in ("base", "task", "lang")]
-    s, report = wb.open_session(*refs, access=Access.from_env(True, trusted=refs))
+    s, report = wb_models.open_session(*refs, access=Access.from_env(True, trusted=refs))
     assert report.ok, report.problems
     return s
 
@@ -28,7 +29,7 @@ def session(tiny):
 def test_local_mode_is_the_users_own(tiny, speed):
     """On one's own machine the sliders go to what the data and the model allow (no served
     caps, no job budget); the estimate is shown, without a server's allowance."""
-    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    s, report = wb_models.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert report.ok and not s.access.served
     speeds = wb.dispatcher().speeds
     speeds[s.trio] = SLOW

@@ -24,6 +24,8 @@ from layerswap_core.progress import Cancelled
 from layerswap_core.evaluation.registry import load_items
 from layerswap_core.workbench import demo  # noqa: F401  (registers the "demo_result" kind)
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import configure as wb_configure
+from layerswap_core.workbench import models as wb_models
 from layerswap_core.workbench.sweep import sweep_grid, sweep_line, sweep_seconds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
@@ -34,7 +36,7 @@ BASE, TASK, LANG = ("embedded:smollm2-135m-instruct", "embedded:smollm2-math-en"
 
 @pytest.fixture(scope="module")
 def session():
-    s, report = wb.open_session(BASE, TASK, LANG)
+    s, report = wb_models.open_session(BASE, TASK, LANG)
     assert report.ok, report.problems
     thread = wb.warm_up(s)
     if thread is not None:
@@ -51,7 +53,7 @@ def test_a_gold_nll_sweeps_estimate_is_within_2x_of_its_run(session, xs, ys, one
     line = sweep_line(session, "bottom / top", xs, ys, n, "nll")
     assert line.startswith(f"{cells} configurations. About ") and "s per scored item" in line
     assert sweep_seconds(session, 2 * cells, n, "nll") > estimate   # grows with the grid
-    config = wb.make_config(session, "layer swap", 5, 2, 0, 0)
+    config = wb_configure.make_config(session, "layer swap", 5, 2, 0, 0)
     t0 = time.perf_counter()
     res = sweep_grid(session, config, "bottom / top", xs, ys, "gsm-symbolic", "sw", n=n,
                      metric="nll")
@@ -141,7 +143,7 @@ def test_cancel_while_loading_the_model_ends_within_5_s(session, one_thread):
 def test_cancel_while_setting_up_the_model_ends_within_5_s(session, one_thread):
     items = load_items("gsm-symbolic", "sw")[:4]
     wb.dispatcher().run(session.job("nll", "lang", items[:1], shots=0))   # another model shown
-    config = wb.make_config(session, "layer swap", 5, 2, 0, 0).to_dict()
+    config = wb_configure.make_config(session, "layer swap", 5, 2, 0, 0).to_dict()
     out = cancel_in_phase(session, session.job("nll", config, items, shots=0),
                           "setting up the model")
     assert_cancelled(out)
@@ -167,7 +169,7 @@ def test_cancel_while_scoring_worked_solutions_ends_within_5_s(session, one_thre
 
 def test_cancel_between_sweep_configurations_ends_within_5_s(session, one_thread):
     """Cancel as a configuration's job ends: the next configuration never starts."""
-    config = wb.make_config(session, "layer swap", 5, 2, 0, 0)
+    config = wb_configure.make_config(session, "layer swap", 5, 2, 0, 0)
     seen, out = [], {}
 
     def progress(fraction, message):

@@ -17,7 +17,7 @@ from layerswap_core.merge.executor import merge_to_folder
 from layerswap_core.merge.mergekit_yaml import from_mergekit, to_mergekit
 from layerswap_core.merge.plan import build_plan
 from layerswap_core.merge.registry import MergeMethod, Source
-from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import configure as wb_configure
 
 from test_plan import llama
 
@@ -51,8 +51,8 @@ def test_a_method_registered_in_one_place_reaches_plan_cli_workbench_and_lora(la
     args = build_parser().parse_args(["plan", "--method", "lang_only", "--w-lang", "3"])
     cfg = config_from_args(args)
     assert (cfg.method, cfg.w_lang) == ("lang_only", 3.0)
-    assert wb.METHOD_LABELS["language only"] == "lang_only"
-    assert "language only" in list(wb.METHOD_LABELS)
+    assert wb_configure.METHOD_LABELS["language only"] == "lang_only"
+    assert "language only" in list(wb_configure.METHOD_LABELS)
     assert "lang_only" in registry.linear_methods()
     assert not cfg.needs_base and not cfg.has_blends
 
@@ -60,7 +60,7 @@ def test_a_method_registered_in_one_place_reaches_plan_cli_workbench_and_lora(la
 def test_an_unregistered_method_is_gone_everywhere(lang_only):
     registry.unregister_method("lang_only")
     assert "lang_only" not in _merge_parser_choices("method")
-    assert "language only" not in list(wb.METHOD_LABELS)
+    assert "language only" not in list(wb_configure.METHOD_LABELS)
     with pytest.raises(ConfigError, match="method: unknown 'lang_only'; choose one of layer_swap"):
         MergeConfig(method="lang_only").check_fields()
     with pytest.raises(SystemExit):
@@ -321,7 +321,7 @@ def test_a_method_declared_in_one_place_reaches_config_plan_cli_controls_and_lor
         swap = controls.control_states("layer swap")
         assert swap["toy_alpha"] == "not used by layer swap"
         assert "alpha, toy flag (not used by layer swap)" in controls.ignored_text(swap)
-        assert wb.METHOD_LABELS["toy scale"] == "toy"
+        assert wb_configure.METHOD_LABELS["toy scale"] == "toy"
     finally:
         registry.unregister_method("toy")
     # gone everywhere, the knobs and the arithmetic with it; the shared knob stays
@@ -439,3 +439,51 @@ def test_task_arithmetic_leaves_its_inputs_and_matches_the_formula(dtype):
     assert all(torch.equal(x, k) for x, k in zip((base, t1, t2), kept))
     b = kept[0].float()
     assert torch.equal(out, b + (0.6 * (kept[1].float() - b) + 1.3 * (kept[2].float() - b)))
+
+
+def test_what_callers_ask_of_a_method_is_its_record():
+    """Whether a method takes a partition, the knobs a partition replaces (a sweep over them is
+    refused) and why mergekit cannot express it on fused experts are fields of its record
+    (#63): a toy declaring them gets the built-ins' treatment, with no name branched on."""
+    from layerswap_core.sweeps.grid import expand
+
+    assert registry.takes_partition("layer_swap") and not registry.takes_partition("ties")
+    assert not registry.takes_partition("no such method")
+    assert registry.partition_replaces("no such method") == ()
+    assert registry.get_method("ties").mergekit_fused_experts
+    registry.merge_method(
+        "toy_part", "toy partition", knobs=("partition", "bottom", "top"),
+        sources=lambda config, names, arch, blend: dict.fromkeys(names, Source.copy("task")),
+        describe=lambda config, num_layers: "toy", partition_replaces=("bottom",),
+        mergekit_fused_experts="a toy reason")
+    try:
+        assert registry.takes_partition("toy_part")
+        part = MergeConfig(method="toy_part", partition="A")
+        with pytest.raises(ConfigError, match="layer counts do nothing with a partition"):
+            expand({"bottom": [1, 2]}, part, 32, True)
+        assert len(expand({"top": [1, 2]}, part, 32, True)[0]) == 2   # top: not replaced
+        with pytest.raises(ConfigError, match="layer counts do nothing with a partition"):
+            expand({"transition": [1]}, MergeConfig(partition="A"), 32, True)
+    finally:
+        registry.unregister_method("toy_part")
+
+
+def test_no_merge_method_is_named_in_a_branch_outside_its_file():
+    """Outside ``merge/method_*.py``, no comparison of a value with a merge method's id (``x ==
+    "ties"``, ``method_id in ("layer_swap", ...)``): callers read the method's record (#63)."""
+    import ast
+    from pathlib import Path
+
+    ids = set(registry.MERGE_METHODS)
+    root = Path(__file__).resolve().parents[1]
+    files = [p for d in ("layerswap_core", "app_tabs") for p in (root / d).rglob("*.py")
+             if not p.name.startswith("method_")] + [root / "app.py"]
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                names = {c.value for c in ast.walk(node)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+                if names & ids:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == []

@@ -124,7 +124,7 @@ def test_check_says_family_and_moe(trio):
 
 
 def test_models_tab_check_says_moe(trio):
-    from layerswap_core.workbench.session import check_models
+    from layerswap_core.workbench.models import check_models
 
     model_type, paths = trio
     report = check_models(str(paths["base"]), str(paths["task"]), str(paths["lang"]))
@@ -157,7 +157,7 @@ def test_unclassified_tensors_are_said_and_a_kind_rule_over_them_is_refused(tmp_
     lines = check(str(paths["base"]), str(paths["task"]), str(paths["lang"])).lines()
     warnings = [line for line in lines if line.startswith("warning:")]
     assert len(warnings) == 3 and all("model.layers.0.ffn.wi.weight" in w for w in warnings)
-    from layerswap_core.workbench.session import check_models
+    from layerswap_core.workbench.models import check_models
 
     report = check_models(str(paths["base"]), str(paths["task"]), str(paths["lang"]))
     assert report.ok and any("model.layers.1.ffn.wi.weight" in n for n in report.notes)

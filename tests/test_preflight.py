@@ -226,7 +226,7 @@ def test_a_hub_pick_is_preflighted_and_downloads_only_on_download_and_use(fake_h
     1 MB per model and no download starts; a compatible one shows its sizes and the memory
     estimate, no weight byte fetched; the pick past the gate ("Download and use") starts the
     download, and while it runs the gate lets the pick through."""
-    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
     from layerswap_core.workbench.preflight import (awaiting_download, download_line,
                                                     preflight_gate, preflight_markdown)
     from layerswap_core.workbench.served import Access
@@ -254,7 +254,7 @@ def test_a_hub_pick_is_preflighted_and_downloads_only_on_download_and_use(fake_h
         assert not (tmp_path / "served-hub").exists()
         # "Download and use": the pick itself, which downloads them (in the background; these
         # small ones end within the pick's wait), then checks them from their files
-        session, report = wb.open_session(base, "fake/task", "fake/lang", access=access)
+        session, report = wb_models.open_session(base, "fake/task", "fake/lang", access=access)
         assert session is not None and report.ok
         assert fake_hub.weight_bytes_fetched()
         assert cache.cached("fake/task") is not None and cache.cached("fake/lang") is not None

@@ -97,7 +97,7 @@ def test_a_quantized_trio_is_refused_everywhere_in_one_line(tmp_path, layout, sa
             "FineGrainedFP8Config(dequantize=True)") in refusal
     assert pf.lines()[-1] == f"refused: {refusal}"
 
-    from layerswap_core.workbench.session import check_models
+    from layerswap_core.workbench.models import check_models
     report = check_models(str(paths["base"]), str(paths["task"]), str(paths["lang"]))
     assert not report.ok and "quantized checkpoint" in report.markdown()
 

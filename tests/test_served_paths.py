@@ -19,6 +19,9 @@ from fake_hub import SHA, FakeHub, pointed_at
 from layerswap_core.checkpoints import hub
 from layerswap_core.workbench import agents
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import build as wb_build
+from layerswap_core.workbench import configure as wb_configure
+from layerswap_core.workbench import models as wb_models
 from layerswap_core.workbench.preflight import (awaiting_download, download_line,
                                                 preflight_gate, preflight_markdown,
                                                 preflight_models)
@@ -96,7 +99,7 @@ def test_no_server_path_reaches_a_visitor(served, tiny, fake_hub):
     pf, missing = preflight_gate(base, task, lang, access)
     texts += [preflight_markdown(pf, access), download_line(pf, missing), *missing]
     # "Download and use": the pick downloads them into the served cache and checks them
-    session, report = wb.open_session(base, task, lang, progress, access, visitor="page-a")
+    session, report = wb_models.open_session(base, task, lang, progress, access, visitor="page-a")
     assert session is not None, report.problems
     assert cache.cached(task) is not None
     assert awaiting_download([base, task, lang], access) == []
@@ -105,12 +108,12 @@ def test_no_server_path_reaches_a_visitor(served, tiny, fake_hub):
               wb.banner(session)]
     assert session.recipe == {"base": "base", "task": f"fake/task@{SHA}",
                               "lang": f"fake/lang@{SHA}"}
-    config = wb.make_config(session, "layer swap", 2, 1, partition=NO_PARTITION)
-    texts += [config.to_yaml(), *wb.plan_view(session, config)[1:]]
-    result = wb.build(session, config, progress)
+    config = wb_configure.make_config(session, "layer swap", 2, 1, partition=NO_PARTITION)
+    texts += [config.to_yaml(), *wb_configure.plan_view(session, config)[1:]]
+    result = wb_build.build(session, config, progress)
     texts.append(result.markdown())
     texts.append(wb.banner(session))
-    saved = wb.save(session, config, "mine", progress=progress, access=access)
+    saved = wb_build.save(session, config, "mine", progress=progress, access=access)
     texts.append(saved.name)                      # the page: "Saved as `mine`"
     files = {p.name: p.read_text() for p in saved.iterdir()
              if p.suffix in (".json", ".yaml", ".md", ".txt", ".jinja")}
@@ -118,20 +121,20 @@ def test_no_server_path_reaches_a_visitor(served, tiny, fake_hub):
     assert f"`fake/lang@{SHA}`" in files["README.md"] and "`base`" in files["README.md"]
     texts += files.values()
     (tmp / "zip").mkdir()
-    zipped = wb.export_zip(session, config, str(tmp / "zip"))
+    zipped = wb_build.export_zip(session, config, str(tmp / "zip"))
     with zipfile.ZipFile(zipped) as z:
         members = {n: z.read(n).decode() for n in z.namelist()}
     assert f"model: fake/task@{SHA}" in members["mergekit.yaml"]
     texts += members.values()
-    for push in (lambda: wb.push_to_hub(session, config, "alice/merged"),   # no sign-in
-                 lambda: wb.save(session, config, "../x", access=access),
-                 lambda: wb.save(session, config, "mine", access=access)):
+    for push in (lambda: wb_build.push_to_hub(session, config, "alice/merged"),   # no sign-in
+                 lambda: wb_build.save(session, config, "../x", access=access),
+                 lambda: wb_build.save(session, config, "mine", access=access)):
         with pytest.raises(ValueError) as e:
             push()
         texts.append(readable_error(e.value))
     # a corrupt Hub model: one line, in the visitor's words
     with pytest.raises(WorkbenchError) as e:
-        wb.open_session(base, "fake/badheader", lang, access=access)
+        wb_models.open_session(base, "fake/badheader", lang, access=access)
     corrupt = readable_error(e.value)
     assert "fake/badheader" in corrupt and "cannot be read as a model" in corrupt, corrupt
     texts += [corrupt, *(c for row in e.value.rows for c in row)]
@@ -242,6 +245,7 @@ def test_unreadable_downloads_are_not_kept(served, fake_hub, tiny):
     for name, data in fake_hub.repos["fake/badheader"].items():
         (snapshot / name).write_bytes(data)
     with pytest.raises(WorkbenchError, match="fake/badheader"):
-        wb.open_session(str(tiny["base"]), "fake/badheader", str(tiny["lang"]), access=access)
+        wb_models.open_session(str(tiny["base"]), "fake/badheader", str(tiny["lang"]),
+                               access=access)
     assert not snapshot.exists() and cache.cached("fake/badheader") is None
     shutil.rmtree(cache.repo_dir("fake/badheader"))

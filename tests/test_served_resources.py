@@ -25,7 +25,9 @@ import pytest
 from layerswap_core.checkpoints.reading import CheckpointReader
 from layerswap_core.checkpoints import hub
 from layerswap_core.workbench import saves
-from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import build as wb_build
+from layerswap_core.workbench import configure as wb_configure
+from layerswap_core.workbench import models as wb_models
 from layerswap_core.workbench.served import REFUSED, Access, WorkbenchError, vet_reference
 from fake_hub import FakeHub, pointed_at
 from served_client import download, launch, pick, visitor
@@ -265,8 +267,8 @@ def test_the_cache_evicts_the_least_recently_used_model_nobody_holds(tmp_path, f
 def served_session(tiny, out_root: Path, namespace: str):
     access = Access(served=True, output_root=out_root,
                     model_roots=(tiny["base"].parent, out_root)).for_visitor(namespace)
-    session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]),
-                                      access=access)
+    session, report = wb_models.open_session(str(tiny["base"]), str(tiny["task"]),
+                                             str(tiny["lang"]), access=access)
     assert session is not None, report.problems
     return session, access
 
@@ -275,45 +277,45 @@ def served_session(tiny, out_root: Path, namespace: str):
 def test_quotas_refuse_before_anything_is_written(tiny, tmp_path, monkeypatch):
     out = tmp_path / "outputs"
     s, a = served_session(tiny, out, "session-a")
-    cfg = wb.default_config(s)
+    cfg = wb_configure.default_config(s)
     n = s.checkpoint_bytes                       # what a save reserves (test below)
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", str(1.5 * n / 1e9))
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB", str(2.5 * n / 1e9))
-    assert wb.save(s, cfg, "one") == out / "session-a" / "one"
+    assert wb_build.save(s, cfg, "one") == out / "session-a" / "one"
     with pytest.raises(WorkbenchError, match="LAYERSWAP_MAX_SAVES_GB_PER_VISITOR"):
-        wb.save(s, cfg, "two")
+        wb_build.save(s, cfg, "two")
     assert not (out / "session-a" / "two").exists()
-    assert wb.save(s, cfg, "one", overwrite=True).exists()   # replacing frees its own size
+    assert wb_build.save(s, cfg, "one", overwrite=True).exists()   # replacing frees its own size
     b = a.for_visitor("session-b")
-    wb.save(s, cfg, "one", access=b)
+    wb_build.save(s, cfg, "one", access=b)
     time.sleep(0.05)
     # a third anonymous visitor at the total is refused in one line: nobody's unexpired save
     # is evicted for an anonymous one
     with pytest.raises(WorkbenchError, match=r"other visitors' saves are kept until they "
                                              r"expire: overwrite one of yours"):
-        wb.save(s, cfg, "one", access=a.for_visitor("session-c"))
+        wb_build.save(s, cfg, "one", access=a.for_visitor("session-c"))
     assert (out / "session-a" / "one").exists() and (out / "session-b" / "one").exists()
     assert not (out / "session-c" / "one").exists()
     # a signed-in user at the total: the oldest anonymous save (a's) goes first ...
-    wb.save(s, cfg, "one", access=a.for_visitor("hf-carol"))
+    wb_build.save(s, cfg, "one", access=a.for_visitor("hf-carol"))
     assert not (out / "session-a" / "one").exists() and (out / "session-b" / "one").exists()
     time.sleep(0.05)
-    wb.save(s, cfg, "one", access=a.for_visitor("hf-dave"))
+    wb_build.save(s, cfg, "one", access=a.for_visitor("hf-dave"))
     assert not (out / "session-b" / "one").exists()
     # ... never another signed-in user's
     with pytest.raises(WorkbenchError, match=r"LAYERSWAP_MAX_SAVES_GB\): overwrite one of"):
-        wb.save(s, cfg, "one", access=a.for_visitor("hf-erin"))
+        wb_build.save(s, cfg, "one", access=a.for_visitor("hf-erin"))
     assert (out / "hf-carol" / "one").exists() and (out / "hf-dave" / "one").exists()
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB", str(0.5 * n / 1e9))
     with pytest.raises(WorkbenchError, match=r"more than the .* MB this server keeps for all saves \(LAYERSWAP_MAX_SAVES_GB\)"):
-        wb.save(s, cfg, "big", access=a.for_visitor("session-d"))
+        wb_build.save(s, cfg, "big", access=a.for_visitor("session-d"))
     assert not (out / "session-d" / "big").exists()
     # saves expire after LAYERSWAP_SAVES_HOURS
     monkeypatch.delenv("LAYERSWAP_MAX_SAVES_GB")
     monkeypatch.setenv("LAYERSWAP_SAVES_HOURS", "1")
     old = time.time() - 2 * 3600
     os.utime(out / "hf-carol" / "one", (old, old))
-    wb.save(s, cfg, "fresh", access=a.for_visitor("session-e"))
+    wb_build.save(s, cfg, "fresh", access=a.for_visitor("session-e"))
     assert not (out / "hf-carol" / "one").exists() and (out / "hf-dave" / "one").exists()
 
 
@@ -352,28 +354,28 @@ def test_one_clients_tabs_and_agent_sessions_share_one_quota_and_one_heavy_job(
 
     sessions = []
     for access in (tab1, tab2):
-        session, report = wb.open_session(str(tiny["base"]), str(tiny["task"]),
-                                          str(tiny["lang"]), access=access)
+        session, report = wb_models.open_session(str(tiny["base"]), str(tiny["task"]),
+                                                 str(tiny["lang"]), access=access)
         assert session is not None, report.problems
         sessions.append(session)
     s1, s2 = sessions
-    cfg = wb.default_config(s1)
+    cfg = wb_configure.default_config(s1)
     n = s1.checkpoint_bytes
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", str(1.5 * n / 1e9))
-    assert wb.save(s1, cfg, "one").parent == out / tab1.namespace
+    assert wb_build.save(s1, cfg, "one").parent == out / tab1.namespace
     with pytest.raises(WorkbenchError, match=r"in your 2 tabs and agent sessions together\) .*"
                                              r"LAYERSWAP_MAX_SAVES_GB_PER_VISITOR"):
-        wb.save(s2, cfg, "one")
+        wb_build.save(s2, cfg, "one")
     assert not (out / tab2.namespace / "one").exists()
-    assert wb.save(s1, cfg, "one", access=other).parent == out / other.namespace
+    assert wb_build.save(s1, cfg, "one", access=other).parent == out / other.namespace
     # one heavy job for both tabs; another client's job runs beside it
     d = Dispatcher(max_waiting=4)
     with d.claim(s1.job("save")):
         with pytest.raises(Busy, match="another of yours"):
             with d.claim(s2.job("save")):
                 pass
-        third, _ = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]),
-                                   access=other)
+        third, _ = wb_models.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]),
+                                          access=other)
         with d.claim(third.job("save")):
             pass
     with d.claim(s2.job("save")):
@@ -391,7 +393,7 @@ def test_a_save_reserves_all_it_writes_and_little_more(tiny, tmp_path, monkeypat
     s, _ = served_session(tiny, tmp_path / "outputs", "session-a")
     with CheckpointReader(s.paths["task"]) as reader:
         weights = reader.nbytes()
-    saved = wb.save(s, wb.default_config(s), "one")
+    saved = wb_build.save(s, wb_configure.default_config(s), "one")
     written = folder_bytes(saved)
     side = sum(f.stat().st_size for f in saved.iterdir() if f.suffix != ".safetensors")
     assert side > 0.05 * written                  # the tiny models' tokenizer: not negligible
@@ -401,13 +403,13 @@ def test_a_save_reserves_all_it_writes_and_little_more(tiny, tmp_path, monkeypat
         + 256 * len(s.param_names)
     inputs = open_models({r: s.paths[r] for r in ("task", "lang", "base")})
     cap = weights // 40
-    small = merge_to_folder(wb.default_config(s), s.paths["task"], s.paths["lang"],
+    small = merge_to_folder(wb_configure.default_config(s), s.paths["task"], s.paths["lang"],
                             s.paths["base"], tmp_path / "sharded", shard_size=cap)
     assert len(list(small.glob("*.safetensors"))) >= 4
     assert folder_bytes(small) <= most_output_bytes(inputs, shard_size=cap)
     # another output dtype than the task model's (float32) changes every tensor's bytes; the
     # save reserves for the dtype it writes, as closely as for the model's own
-    half = wb.save(s, replace(wb.default_config(s), dtype="bfloat16"), "half")
+    half = wb_build.save(s, replace(wb_configure.default_config(s), dtype="bfloat16"), "half")
     with CheckpointReader(half) as reader:
         assert {reader.dtype(n) for n in reader.names()} == {"BF16"}
     assert folder_bytes(half) <= s.save_bytes["bfloat16"] <= s.checkpoint_bytes - 0.45 * weights
@@ -418,7 +420,8 @@ def test_locally_no_quota_applies(tiny, tmp_path, monkeypatch):
     s, _ = served_session(tiny, tmp_path / "o", "session-a")
     monkeypatch.setenv("LAYERSWAP_MAX_SAVES_GB_PER_VISITOR", "0.000001")
     local = Access()
-    assert wb.save(s, wb.default_config(s), str(tmp_path / "mine"), access=local).is_dir()
+    assert wb_build.save(s, wb_configure.default_config(s), str(tmp_path / "mine"),
+                         access=local).is_dir()
 
 
 def test_a_visitor_cannot_overwrite_list_or_pick_anothers_save(served, tiny):
@@ -458,13 +461,13 @@ def test_a_signed_in_visitor_keeps_one_folder():
 # --------------------------------------------------------------------------- push
 def test_push_uses_the_visitors_token_and_needs_sign_in(tiny, tmp_path, fake_hub):
     s, _ = served_session(tiny, tmp_path / "o", "hf-alice")
-    cfg = wb.default_config(s)
+    cfg = wb_configure.default_config(s)
     with pytest.raises(WorkbenchError, match="sign in with Hugging Face"):
-        wb.push_to_hub(s, cfg, "alice/merged")
+        wb_build.push_to_hub(s, cfg, "alice/merged")
     with pytest.raises(WorkbenchError, match="only to your own namespace: alice/merged"):
-        wb.push_to_hub(s, cfg, "bob/merged", visitor_token=VISITOR_TOKEN, visitor="alice")
+        wb_build.push_to_hub(s, cfg, "bob/merged", visitor_token=VISITOR_TOKEN, visitor="alice")
     before = len(fake_hub.requests)
-    url = wb.push_to_hub(s, cfg, "merged", visitor_token=VISITOR_TOKEN, visitor="alice")
+    url = wb_build.push_to_hub(s, cfg, "merged", visitor_token=VISITOR_TOKEN, visitor="alice")
     assert url.endswith("alice/merged")
     pushed = fake_hub.pushed["alice/merged"]
     assert "layerswap.yaml" in pushed and any(p.endswith(".safetensors") for p in pushed)

@@ -16,6 +16,7 @@ from layerswap_core.inference import prompts
 from layerswap_core.progress import Cancelled, pausing
 from layerswap_core.workbench import chat as wb_chat
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import models as wb_models
 
 NESTED_LOOPS = ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
                 "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
@@ -57,7 +58,7 @@ def test_cancel_stops_a_chat_whose_template_is_rendering(tiny, tmp_path, unbound
     tok = AutoTokenizer.from_pretrained(task)
     tok.chat_template = NESTED_LOOPS
     tok.save_pretrained(task)
-    s, report = wb.open_session(str(tiny["base"]), str(task), str(tiny["lang"]))
+    s, report = wb_models.open_session(str(tiny["base"]), str(task), str(tiny["lang"]))
     assert report.ok, report.problems
     try:
         with wb.showing(s, "task"):   # the engine loaded first: the chat's render starts at once

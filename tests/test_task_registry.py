@@ -104,10 +104,10 @@ def test_the_cli_evaluates_a_registered_task(toy, tiny, tmp_path, capsys):
 
 
 def test_the_evaluate_tab_runs_a_registered_task_as_an_engine_job(toy, tiny):
-    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import models as wb_models
     from layerswap_core.workbench.evaluate import evaluate_roles, evaluation_note
 
-    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    s, report = wb_models.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert report.ok, report.problems
     res = evaluate_roles(s, "toy", "tq", n=3, shots=0, roles=("task", "lang"), max_new_tokens=2)
     assert len(res.raw.models) == 2

@@ -102,7 +102,7 @@ def test_an_added_tokens_specialness_is_a_warning(source, tmp_path):
 def test_the_models_check_shows_the_panel_where_something_differs(tiny, tmp_path):
     """The Models tab's check (``check_models``) carries the panel: nothing where the three
     tokenizers are the same, the difference where the language expert's EOS token differs."""
-    from layerswap_core.workbench.session import check_models
+    from layerswap_core.workbench.models import check_models
 
     report = check_models(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert report.ok and report.tokenizers.identical

@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from layerswap_core.workbench import session as wb
+from layerswap_core.workbench import build as wb_build
+from layerswap_core.workbench import configure as wb_configure
+from layerswap_core.workbench import models as wb_models
 from layerswap_core.workbench.chat import chat_turn, context_tokens, fit_context, plain_history
 from layerswap_core.workbench.deltas import delta_views
 from layerswap_core.workbench.evaluate import evaluate_roles, evaluation_note
@@ -24,18 +27,18 @@ from layerswap_core.merge.mergekit_yaml import from_mergekit
 
 @pytest.fixture(scope="module")
 def session(tiny):
-    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    s, report = wb_models.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert report.ok, report.problems
     return s
 
 
 def swap(session, b, u, tb=0, tu=0, **kw):
-    return wb.make_config(session, "layer swap", b, u, tb, tu, **kw)
+    return wb_configure.make_config(session, "layer swap", b, u, tb, tu, **kw)
 
 
 # --------------------------------------------------------------------------- models
 def test_check_models_reads_headers(tiny):
-    report = wb.check_models(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    report = wb_models.check_models(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert report.ok and report.num_layers == 8
     assert [r[0] for r in report.rows] == ["base", "task expert", "language expert"]
     assert all(r[3] == "8" and r[4] == "64" for r in report.rows)
@@ -43,7 +46,8 @@ def test_check_models_reads_headers(tiny):
 
 
 def test_incompatible_models_are_reported_not_opened(tiny, embedded_base):
-    session, report = wb.open_session(str(tiny["base"]), str(embedded_base), str(tiny["lang"]))
+    session, report = wb_models.open_session(str(tiny["base"]), str(embedded_base),
+                                             str(tiny["lang"]))
     assert session is None and not report.ok
     assert "30 layers" in report.markdown() and "8 layers" in report.markdown()
 
@@ -54,37 +58,38 @@ def test_incompatible_models_are_reported_not_opened(tiny, embedded_base):
 ])
 def test_bad_references_give_readable_errors(tiny, ref, words):
     with pytest.raises(WorkbenchError) as e:
-        wb.open_session(str(tiny["base"]), ref, str(tiny["lang"]))
+        wb_models.open_session(str(tiny["base"]), ref, str(tiny["lang"]))
     msg = readable_error(e.value)
     assert words in msg and "Traceback" not in msg and "task expert" in msg
 
 
 def test_missing_expert_is_a_readable_error(tiny):
     with pytest.raises(WorkbenchError, match="language expert"):
-        wb.check_models(str(tiny["base"]), str(tiny["task"]), "  ")
+        wb_models.check_models(str(tiny["base"]), str(tiny["task"]), "  ")
 
 
 # --------------------------------------------------------------------------- configure
 def test_config_validation_messages(session):
     with pytest.raises(ConfigError, match="exceeds the model's 8 layers"):
         swap(session, 5, 3, 1, 0)
-    cfg = wb.make_config(session, "layer swap", 2, 1, 0, 0, partition="custom",
-                         custom_rules="first 2 : mlp\n# comment\nall : attention")
+    cfg = wb_configure.make_config(session, "layer swap", 2, 1, 0, 0, partition="custom",
+                                   custom_rules="first 2 : mlp\n# comment\nall : attention")
     assert cfg.partition == [{"layers": "first 2", "kinds": "mlp"},
                              {"layers": "all", "kinds": "attention"}]
     with pytest.raises(WorkbenchError, match="at least one rule"):
-        wb.make_config(session, "layer swap", 2, 1, partition="custom", custom_rules="# none")
-    assert wb.make_config(session, "TIES").method == "ties"
+        wb_configure.make_config(session, "layer swap", 2, 1, partition="custom",
+                                 custom_rules="# none")
+    assert wb_configure.make_config(session, "TIES").method == "ties"
 
 
 def test_plan_view_follows_the_sliders_without_reading_tensors(session, monkeypatch):
     reads = []
     monkeypatch.setattr(CheckpointReader, "get", lambda self, n, *a, **k: reads.append(n))
-    fig_a, text_a = wb.plan_view(session, swap(session, 2, 1))
-    fig_b, text_b = wb.plan_view(session, swap(session, 3, 2, 1, 0))
-    cells_a = wb.plan_cells_figure(session, swap(session, 2, 1))
-    cells_b = wb.plan_cells_figure(session, wb.make_config(session, "layer swap", partition="A",
-                                                            scale_partition=True))
+    fig_a, text_a = wb_configure.plan_view(session, swap(session, 2, 1))
+    fig_b, text_b = wb_configure.plan_view(session, swap(session, 3, 2, 1, 0))
+    cells_a = wb_configure.plan_cells_figure(session, swap(session, 2, 1))
+    cells_b = wb_configure.plan_cells_figure(session, wb_configure.make_config(
+        session, "layer swap", partition="A", scale_partition=True))
     assert reads == []
     assert cells_a.to_json() != cells_b.to_json()
     assert text_a != text_b and "0-1       lang" in text_a and "0-2       lang" in text_b
@@ -98,8 +103,9 @@ def test_layer_diagram_splits_a_mixed_layer_by_parameter_count(session):
 
     from layerswap_core.checkpoints.architectures import ATTENTION_KINDS
 
-    cfg = wb.make_config(session, "layer swap", partition="custom", custom_rules="all : attention")
-    fig, _ = wb.plan_view(session, cfg)
+    cfg = wb_configure.make_config(session, "layer swap", partition="custom",
+                                   custom_rules="all : attention")
+    fig, _ = wb_configure.plan_view(session, cfg)
     attention, total = {}, {}
     with CheckpointReader(session.paths["task"]) as reader:
         for name in session.param_names:
@@ -132,10 +138,10 @@ def merged_state(session):
 def test_build_in_memory_then_only_changed_layers(session, tiny):
     with wb.showing(session, "task"):    # the engine shows the task expert
         pass
-    first = wb.build(session, swap(session, 2, 1))
+    first = wb_build.build(session, swap(session, 2, 1))
     # from the task expert: only tensors from elsewhere are rewritten
-    not_task = [n for n, src in wb.merge_plan(session, swap(session, 2, 1)).sources.items()
-                if src.model != "task"]
+    plan = wb_configure.merge_plan(session, swap(session, 2, 1))
+    not_task = [n for n, src in plan.sources.items() if src.model != "task"]
     assert first.changed == len(not_task) < first.total
     state = merged_state(session)
     q = "model.layers.{}.self_attn.q_proj.weight"
@@ -143,7 +149,7 @@ def test_build_in_memory_then_only_changed_layers(session, tiny):
     assert torch.equal(state[q.format(3)], _tensor(tiny["task"], q.format(3)))
     assert torch.equal(state[q.format(7)], _tensor(tiny["lang"], q.format(7)))
     t0 = time.perf_counter()
-    second = wb.build(session, swap(session, 3, 1))     # only layer 2 changes source
+    second = wb_build.build(session, swap(session, 3, 1))     # only layer 2 changes source
     assert time.perf_counter() - t0 < 5
     assert 0 < second.changed < first.total / 4
     state = merged_state(session)
@@ -153,19 +159,20 @@ def test_build_in_memory_then_only_changed_layers(session, tiny):
 
 def test_save_and_zip(session, tmp_path):
     cfg = swap(session, 2, 1)
-    out = wb.save(session, cfg, str(tmp_path / "merged"))
+    out = wb_build.save(session, cfg, str(tmp_path / "merged"))
     assert (out / "config.json").exists() and (out / "layerswap.yaml").exists()
     with pytest.raises(Exception) as e:
-        wb.save(session, cfg, str(tmp_path / "merged"))
+        wb_build.save(session, cfg, str(tmp_path / "merged"))
     assert "exists" in readable_error(e.value)
-    z = wb.export_zip(session, cfg, str(tmp_path))
+    z = wb_build.export_zip(session, cfg, str(tmp_path))
     with zipfile.ZipFile(z) as f:
         assert set(f.namelist()) == {"layerswap.yaml", "README.md", "mergekit.yaml"}
         again = MergeConfig.from_yaml(f.read("layerswap.yaml").decode())
         mk = from_mergekit(f.read("mergekit.yaml").decode())
     assert again.layer_counts(8) == cfg.layer_counts(8) == mk.layer_counts(8)
     assert mk.task == session.refs["task"] and mk.non_layer == cfg.non_layer
-    z = wb.export_zip(session, replace(cfg, magnitude_weights=True, transition_top=1), str(tmp_path))
+    z = wb_build.export_zip(session, replace(cfg, magnitude_weights=True, transition_top=1),
+                            str(tmp_path))
     with zipfile.ZipFile(z) as f:
         assert "magnitude-adjusted" in f.read("mergekit-not-expressible.txt").decode()
 
@@ -181,11 +188,11 @@ def test_zip_and_save_reuse_the_models_the_models_tab_checked(session, tiny, tmp
     from layerswap_core.merge.executor import merge_to_folder
 
     cfg = swap(session, 2, 1)
-    wb.build(session, cfg)
+    wb_build.build(session, cfg)
     before = FILE_READS.copy()
-    wb.export_zip(session, cfg, str(tmp_path))
+    wb_build.export_zip(session, cfg, str(tmp_path))
     assert FILE_READS == before
-    out = wb.save(session, cfg, str(tmp_path / "saved"))
+    out = wb_build.save(session, cfg, str(tmp_path / "saved"))
     assert FILE_READS["config"] == before["config"]
     assert FILE_READS["header"] > before["header"]     # the counter counts: the weights were read
     fresh = merge_to_folder(cfg, session.refs["task"], session.refs["lang"],
@@ -199,10 +206,10 @@ def test_zip_and_save_reuse_the_models_the_models_tab_checked(session, tiny, tmp
 
     lang = tmp_path / "lang"                          # a copy, changed after the check
     shutil.copytree(tiny["lang"], lang)
-    s, report = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(lang))
+    s, report = wb_models.open_session(str(tiny["base"]), str(tiny["task"]), str(lang))
     os.utime(lang / "config.json", ns=(1, 1))
     before = FILE_READS.copy()
-    wb.save(s, cfg, str(tmp_path / "after-change"))
+    wb_build.save(s, cfg, str(tmp_path / "after-change"))
     assert FILE_READS["config"] > before["config"]
 
 
@@ -216,15 +223,15 @@ def test_local_saves_take_paths_but_replace_only_layerswap_outputs(session, tiny
     before = sorted((p.name, p.stat().st_mtime_ns) for p in model.iterdir())
     for folder in (victim, model):
         with pytest.raises(WorkbenchError, match="not a layerswap output .* not replacing it"):
-            wb.save(session, cfg, str(folder), overwrite=True)
+            wb_build.save(session, cfg, str(folder), overwrite=True)
     assert (victim / "MARKER").read_text() == "mine"
     assert sorted((p.name, p.stat().st_mtime_ns) for p in model.iterdir()) == before
-    out = wb.save(session, cfg, str(tmp_path / "sub" / "merged"))   # local: any path
+    out = wb_build.save(session, cfg, str(tmp_path / "sub" / "merged"))   # local: any path
     assert (out / "layerswap.yaml").exists()
-    assert wb.save(session, swap(session, 3, 1), str(out), overwrite=True) == out
+    assert wb_build.save(session, swap(session, 3, 1), str(out), overwrite=True) == out
     assert "bottom: 3" in (out / "layerswap.yaml").read_text()
     with pytest.raises(WorkbenchError, match="give an output folder"):
-        wb.save(session, cfg, "  ")
+        wb_build.save(session, cfg, "  ")
 
 
 def test_served_output_folder_is_a_name_under_the_root(tmp_path):
@@ -266,7 +273,8 @@ def test_references_are_vetted_only_when_served(tmp_path):
 @pytest.mark.timing   # measures time or races a job (docs/development.md)
 def test_text_inputs_are_capped_before_parsing(session):
     with pytest.raises(WorkbenchError, match="custom rules: at most 2000 characters"):
-        wb.make_config(session, "layer swap", partition="custom", custom_rules="0 : mlp\n" * 300)
+        wb_configure.make_config(session, "layer swap", partition="custom",
+                                 custom_rules="0 : mlp\n" * 300)
     t0 = time.perf_counter()
     with pytest.raises(WorkbenchError, match="'0-1000000000' is not a value or range within 0..8"):
         parse_values("0-1000000000", "x", 8)       # bounds checked before the range is built
@@ -300,7 +308,7 @@ def test_delta_views_and_suggestion(session):
     assert tau > 0 and v.thresholds[1] > 0
     # the tiny language expert changed layers 0, 1 and 7: the suggestion swaps the bottom ones
     assert v.suggestion.bottom >= 1 and "bottom" in v.suggestion_text
-    assert wb.plan_cells_figure(session, swap(session, 2, 1), over="lang").data
+    assert wb_configure.plan_cells_figure(session, swap(session, 2, 1), over="lang").data
     w = delta_views(session, tau * 10)
     assert w.heatmaps.to_json() != v.heatmaps.to_json()
 
@@ -338,7 +346,7 @@ def test_both_default_heatmaps_show_contrast_on_the_embedded_demo():
     from layerswap_core.demos import trios
     if not (experts.demo_adapter_dir(trios.DEMO_LANG) / "adapter_model.safetensors").exists():
         pytest.skip("demo expert adapters not shipped in assets/experts")
-    demo, report = wb.open_session(**wb.DEMO_REFS)
+    demo, report = wb_models.open_session(**wb.DEMO_REFS)
     assert report.ok, report.problems
     views, frac, mav = _contrast_at_defaults(demo)
     assert min(frac) > 0.2, (views.thresholds, frac)
@@ -361,7 +369,7 @@ def test_the_deltas_tab_tells_the_story_in_one_sentence(session):
 
 # --------------------------------------------------------------------------- evaluate / sweep
 def test_evaluate_side_by_side(session):
-    wb.build(session, swap(session, 2, 1))
+    wb_build.build(session, swap(session, 2, 1))
     res = evaluate_roles(session, "mgsm", "sw", n=2, shots=1, roles=("task", "merged"),
                          max_new_tokens=8)
     assert len(res.rows) == 2 and len(res.rows[0]) == len(res.headers)
@@ -376,7 +384,7 @@ def test_evaluate_side_by_side(session):
 
 
 def test_sweep_grid(session):
-    wb.build(session, swap(session, 3, 2))
+    wb_build.build(session, swap(session, 3, 2))
     res = sweep_grid(session, swap(session, 2, 1), "bottom / top", "0,2", "1,7",
                      "gsm-symbolic", "sw", n=2, metric="nll")
     assert res.xs == [0, 2] and res.ys == [1, 7]
@@ -398,7 +406,7 @@ def test_sweep_grid(session):
 
 # --------------------------------------------------------------------------- chat
 def test_chat_streams_and_rejects_empty(session):
-    wb.build(session, swap(session, 2, 1))
+    wb_build.build(session, swap(session, 2, 1))
     steps = [[dict(m) for m in r.history]
              for r in chat_turn(session, "Habari?", [], "merged", max_new_tokens=12)]
     assert steps and all(len(h) == 2 for h in steps)
@@ -463,7 +471,7 @@ def test_chat_stops_at_its_deadline(session):
 
 def test_banner_follows_the_session(session):
     assert "No models in use" in wb.banner(None)
-    wb.build(session, swap(session, 2, 1))
+    wb_build.build(session, swap(session, 2, 1))
     assert "Merged model: built in memory (layer swap: bottom 2, top 1" in wb.banner(session)
 
 
@@ -486,19 +494,19 @@ def test_cancel_stops_the_job_between_steps(session):
 def test_push_needs_token_and_network(session, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_dummy")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert wb.hub_token() is None
+    assert wb_build.hub_token() is None
     with pytest.raises(WorkbenchError, match="network and a token"):
-        wb.push_to_hub(session, swap(session, 2, 1), "me/merged")
+        wb_build.push_to_hub(session, swap(session, 2, 1), "me/merged")
 
 
 def test_sessions_do_not_share_merged_models(session, tiny):
     """Two visitors on the same models share one engine, each seeing their own build on it."""
-    other, _ = wb.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
+    other, _ = wb_models.open_session(str(tiny["base"]), str(tiny["task"]), str(tiny["lang"]))
     assert other.id != session.id and other.trio == session.trio
-    wb.build(session, swap(session, 2, 1))
+    wb_build.build(session, swap(session, 2, 1))
     with pytest.raises(WorkbenchError, match="build the merged model first"):
         other.what("merged")
-    wb.build(other, swap(other, 0, 0))
+    wb_build.build(other, swap(other, 0, 0))
     q = "model.layers.0.self_attn.q_proj.weight"
     mine, theirs = merged_state(session)[q], merged_state(other)[q]
     assert torch.equal(mine, _tensor(tiny["lang"], q)) and torch.equal(theirs, _tensor(tiny["task"], q))
@@ -510,7 +518,7 @@ def test_sessions_do_not_share_merged_models(session, tiny):
 def test_a_session_is_small_plain_data(session):
     import pickle
 
-    wb.build(session, swap(session, 2, 1))
+    wb_build.build(session, swap(session, 2, 1))
     again = pickle.loads(pickle.dumps(session))
     assert again.refs == session.refs and again.built_config == session.built_config
     data = pickle.dumps(session)      # the delta statistics are most of it
@@ -527,13 +535,14 @@ def test_peft_adapter_is_picked_as_a_dense_expert(tiny, tmp_path, monkeypatch):
                                            init_lora_weights=False))
     lora.save_pretrained(tmp_path / "adapter")
     expected = lora.merge_and_unload().state_dict()
-    session, report = wb.open_session(str(tiny["base"]), str(tmp_path / "adapter"), str(tiny["lang"]))
+    session, report = wb_models.open_session(str(tiny["base"]), str(tmp_path / "adapter"),
+                                             str(tiny["lang"]))
     assert report.ok and session is not None
     q = "model.layers.3.self_attn.q_proj.weight"
     dense = _tensor(session.paths["task"], q)
     assert torch.equal(dense, expected[q]) and not torch.equal(dense, _tensor(tiny["base"], q))
     with pytest.raises(WorkbenchError, match="give its base model"):
-        wb.check_models("", str(tmp_path / "adapter"), str(tiny["lang"]))
+        wb_models.check_models("", str(tmp_path / "adapter"), str(tiny["lang"]))
 
 
 def test_warm_up_loads_the_one_live_model(session):
@@ -555,7 +564,7 @@ def test_every_role_is_the_one_live_model_and_matches_its_checkpoint(session, ti
     directly with transformers, token for token."""
     from layerswap_core.checkpoints.loading import load_model
 
-    wb.build(session, swap(session, 2, 1))
+    wb_build.build(session, swap(session, 2, 1))
     (engine,) = [e for e in wb.dispatcher().pool.engines if e.trio == session.trio]
     live = engine.live
     ptrs = [p.data_ptr() for p in live.model.parameters()]
@@ -581,7 +590,7 @@ def test_side_by_side_evaluation_runs_each_role_on_the_live_model(session, tiny)
     from layerswap_core.evaluation.runner import run_side_by_side
     from layerswap_core.checkpoints.loading import load_model
 
-    wb.build(session, swap(session, 2, 1))
+    wb_build.build(session, swap(session, 2, 1))
     res = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False,
                          ("base", "task", "lang", "merged"), 8)
     items = load_items("gsm-symbolic", "sw", 2)
@@ -602,7 +611,7 @@ def test_the_embedded_demo_is_preselected_and_compatible():
         pytest.skip(f"demo expert adapters not shipped in assets/experts: {missing}")
     assert wb.DEMO_REFS == {"base": trios.DEMO_BASE, "task": trios.DEMO_TASK,
                             "lang": trios.DEMO_LANG}
-    report = wb.check_models(**wb.DEMO_REFS)
+    report = wb_models.check_models(**wb.DEMO_REFS)
     assert report.ok, report.problems
     assert report.num_layers == 30
 
@@ -626,7 +635,7 @@ def test_delta_views_take_a_threshold_per_expert_and_the_papers_matrices(session
 
 
 def test_evaluation_says_it_is_a_sample(session):
-    wb.build(session, swap(session, 2, 1))
+    wb_build.build(session, swap(session, 2, 1))
     res = evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False, ("merged",), 4)
     note = evaluation_note(res)
     assert "first 2 of 48 items: a sample" in note and "0-shot" in note
@@ -714,7 +723,7 @@ def test_the_configure_tab_says_when_it_changed_since_build(session):
     from layerswap_core.workbench.controls import since_build
 
     built = swap(session, 2, 1)
-    wb.build(session, built)
+    wb_build.build(session, built)
     assert since_build(session.built_config, swap(session, 2, 1), session.num_layers) == ""
     note = since_build(session.built_config, swap(session, 3, 1), session.num_layers)
     assert note.startswith("Changed since build") and "bottom 2, top 1" in note
@@ -731,7 +740,7 @@ def test_a_local_save_with_a_bare_name_goes_to_the_output_folder(session, tmp_pa
     assert output_folder(Access(), "my-merge") == root / "my-merge"
     assert output_folder(Access(), "sub/m") == root / "sub" / "m"
     assert output_folder(Access(), str(tmp_path / "abs")) == tmp_path / "abs"
-    out = wb.save(session, swap(session, 2, 1), "bare-merge")
+    out = wb_build.save(session, swap(session, 2, 1), "bare-merge")
     assert out == root / "bare-merge" and (out / "layerswap.yaml").exists()
     assert list(cwd.iterdir()) == []
 
@@ -740,7 +749,7 @@ def test_one_bad_reference_keeps_the_other_rows(tiny):
     """A bad reference is named; the models that can be read are still described (not shown as
     '(not read)')."""
     with pytest.raises(WorkbenchError) as e:
-        wb.check_models(str(tiny["base"]), "/no/such/folder", str(tiny["lang"]))
+        wb_models.check_models(str(tiny["base"]), "/no/such/folder", str(tiny["lang"]))
     assert "task expert" in str(e.value) and "language expert" not in str(e.value)
     rows = {r[0]: r for r in e.value.rows}
     assert rows["base"][3] == "8" and rows["language expert"][3] == "8"      # read
@@ -749,21 +758,21 @@ def test_one_bad_reference_keeps_the_other_rows(tiny):
     # status line has the whole reason
     typo = "/no/such/" + "x" * 300
     with pytest.raises(WorkbenchError) as e:
-        wb.check_models(str(tiny["base"]), typo, str(tiny["lang"]))
+        wb_models.check_models(str(tiny["base"]), typo, str(tiny["lang"]))
     cells = {r[0]: r for r in e.value.rows}["task expert"]
-    assert all(len(c) <= wb.TABLE_CELL_CHARS for c in cells) and cells[1].endswith("…")
+    assert all(len(c) <= wb_models.TABLE_CELL_CHARS for c in cells) and cells[1].endswith("…")
     assert typo in str(e.value)
     with pytest.raises(WorkbenchError) as e:                                  # two bad ones
-        wb.check_models(str(tiny["base"]), "/no/such/a", "/no/such/b")
+        wb_models.check_models(str(tiny["base"]), "/no/such/a", "/no/such/b")
     assert "task expert" in str(e.value) and "language expert" in str(e.value)
 
 
 def test_the_embedded_bases_are_offered():
     from layerswap_core.checkpoints.embedded import EMBEDDED_PREFIX, embedded
 
-    assert wb.EMBEDDED_BASES[0] == wb.DEMO_REFS["base"]
-    assert all(ref[len(EMBEDDED_PREFIX):] in embedded() for ref in wb.EMBEDDED_BASES)
-    assert "embedded:gemma3-270m" in wb.EMBEDDED_BASES
+    assert wb_models.EMBEDDED_BASES[0] == wb.DEMO_REFS["base"]
+    assert all(ref[len(EMBEDDED_PREFIX):] in embedded() for ref in wb_models.EMBEDDED_BASES)
+    assert "embedded:gemma3-270m" in wb_models.EMBEDDED_BASES
 
 
 # --------------------------------------------------------------------------- docs/app.md
@@ -779,7 +788,7 @@ def test_the_demo_taus_in_the_docs_are_the_ones_analyze_reports():
     from layerswap_core.demos import trios
     if not (experts.demo_adapter_dir(trios.DEMO_LANG) / "adapter_model.safetensors").exists():
         pytest.skip("demo expert adapters not shipped in assets/experts")
-    demo, report = wb.open_session(**wb.DEMO_REFS)
+    demo, report = wb_models.open_session(**wb.DEMO_REFS)
     assert report.ok, report.problems
     tau_task, tau_lang = delta_views(demo).thresholds
     text = " ".join(APP_DOC.read_text(encoding="utf-8").split())

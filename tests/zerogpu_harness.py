@@ -77,7 +77,9 @@ def weights_digest(model) -> str:
 def main(base: str, task: str, lang: str, out: str) -> None:
     emulate()
     from layerswap_core.engines import dispatch
-    from layerswap_core.workbench import session as wb
+    from layerswap_core.workbench import build as wb_build
+    from layerswap_core.workbench import configure as wb_configure
+    from layerswap_core.workbench import models as wb_models
     from layerswap_core.workbench import spaces as ws
     from layerswap_core.workbench.chat import chat_turn
     from layerswap_core.workbench.evaluate import evaluate_roles
@@ -86,10 +88,10 @@ def main(base: str, task: str, lang: str, out: str) -> None:
     line = ws.start({"base": base, "task": task, "lang": lang})     # preload in this process
     (main_engine,) = dispatch._ZERO_POOL.engines
     before = weights_digest(main_engine.live.model)
-    session, report = wb.open_session(base, task, lang)
+    session, report = wb_models.open_session(base, task, lang)
     assert report.ok, report.problems
-    cfg = wb.make_config(session, "layer swap", 2, 1)
-    build = wb.build(session, cfg)
+    cfg = wb_configure.make_config(session, "layer swap", 2, 1)
+    build = wb_build.build(session, cfg)
     evals = [evaluate_roles(session, "gsm-symbolic", "sw", 2, 0, False, ("base", "merged"), 8)
              for _ in range(2)]
     chat = list(chat_turn(session, "Habari?", [], "merged", max_new_tokens=12))[-1]

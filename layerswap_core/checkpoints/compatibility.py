@@ -4,7 +4,7 @@
 keeps them from being used together, one sentence per problem naming the models: architecture
 and depth, vocabulary size, tensor names and shapes, tokenizer identity. The merge
 (``merge.executor.open_inputs``), the analysis (``analysis.deltas.delta_stats``) and the app
-(``workbench.session.check_models``, through ``compatibility``) all ask it.
+(``workbench.models.check_models``, through ``compatibility``) all ask it.
 """
 from __future__ import annotations
 

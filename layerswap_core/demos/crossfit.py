@@ -10,11 +10,13 @@ Each fold's own statistics stay in its result and decide nothing.
 """
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 
 from .measure import (RULE_ID, RULE_ITEMS_PER_TEMPLATE, cross_fit_verdict, holm, item_effects,
                       pooled_primary, template_stats)
+from .reproduce import measured_demo_result
 
 VERSION = 1
 
@@ -132,10 +134,6 @@ def crossfit_markdown(out: dict) -> str:
 def measured_crossfit(trio) -> tuple[dict, dict[int, dict]] | None:
     """The shipped cross-fitted result of a demo trio (``trios.DemoTrio.crossfit_file``) and
     each fold's shipped result (fold -> result); None when the trio has none shipped."""
-    import json
-
-    from .reproduce import measured_demo_result
-
     path = trio.crossfit_path
     if path is None or not path.is_file():
         return None

@@ -132,9 +132,11 @@ MERGEKIT_MOE = {"mixtral": True, "qwen2_moe": True, "qwen3_moe": True, "glm4_moe
 
 def _experts(plan, notes: list[str]) -> None:
     """Refuse, in one line, a mixture-of-experts merge mergekit cannot express: a type it does
-    not merge whole, a rule that takes single experts (a slice takes whole layers), TIES where
-    mergekit trims a fused tensor of all a layer's experts and layerswap each expert's own;
-    else a note where mergekit writes the experts fused."""
+    not merge whole, a rule that takes single experts (a slice takes whole layers), a method
+    whose record says why mergekit cannot express it on experts it writes fused
+    (``MergeMethod.mergekit_fused_experts``: TIES, where mergekit trims a fused tensor of all a
+    layer's experts and layerswap each expert's own); else a note where mergekit writes the
+    experts fused."""
     arch = plan.arch
     if not arch.experts:
         return
@@ -151,10 +153,10 @@ def _experts(plan, notes: list[str]) -> None:
         raise ConfigError(f"mergekit cannot express a rule that takes single experts (layer "
                           f"{split}): a mergekit slice takes whole layers")
     if MERGEKIT_MOE[arch.model_type]:
-        if plan.config.method == "ties":
-            raise ConfigError(f"mergekit cannot express TIES on a {arch.model_type} model as "
-                              "layerswap merges it: mergekit trims each layer's fused tensor of "
-                              "all its experts, layerswap each expert's own tensor")
+        method = get_method(plan.config.method)
+        if method.mergekit_fused_experts:   # e.g. TIES (``MergeMethod.mergekit_fused_experts``)
+            raise ConfigError(f"mergekit cannot express {method.label} on a {arch.model_type} "
+                              f"model as layerswap merges it: {method.mergekit_fused_experts}")
         notes.append("experts: mergekit writes each layer's experts fused (one tensor per "
                      "projection, as transformers 5 holds them), layerswap one tensor per expert "
                      "as the checkpoint stores them; transformers loads both into the same model")

@@ -289,4 +289,5 @@ DECLARED = (declare_method(
            SCALE_PARTITION),
     sources=_swap_sources, describe=_swap_describe, linear=True, blends=_swap_blends,
     check=_swap_check, concrete=_swap_concrete, to_mergekit=_to_mergekit,
-    from_mergekit=_from_mergekit, mergekit_reads="passthrough/linear slices"),)
+    from_mergekit=_from_mergekit, mergekit_reads="passthrough/linear slices",
+    partition_replaces=(BOTTOM.name, TOP.name, TRANSITION_BOTTOM.name, TRANSITION_TOP.name)),)

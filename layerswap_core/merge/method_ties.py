@@ -155,4 +155,6 @@ DECLARED = (declare_method(
     describe=lambda config, num_layers: f"TIES: density {config.ties_density:g}, "
                                         f"lambda {config.ties_lambda:g}",
     needs_base=True, to_mergekit=_to_mergekit, from_mergekit=_from_mergekit,
-    mergekit_reads="ties"),)
+    mergekit_reads="ties",
+    mergekit_fused_experts="mergekit trims each layer's fused tensor of all its experts, "
+                           "layerswap each expert's own tensor"),)

@@ -217,7 +217,10 @@ class MergeMethod:
     mergekit YAML ``doc`` (a mapping, its ``dtype`` already read) this method reads, None for a
     YAML that is not its kind (another method's, tried in declaration order), ConfigError for
     its kind that it cannot map; ``mergekit_reads``: what it reads, for the refusal of a YAML
-    no method reads (e.g. "task_arithmetic")."""
+    no method reads (e.g. "task_arithmetic"); ``mergekit_fused_experts``: why mergekit cannot
+    express it on a mixture-of-experts model whose experts mergekit writes fused ("": it can).
+    A method that lists the ``partition`` knob takes a partition (``takes_partition``);
+    ``partition_replaces``: the knobs a partition takes the place of (set, they do nothing)."""
     id: str
     label: str
     knobs: tuple[str, ...]
@@ -233,6 +236,8 @@ class MergeMethod:
     to_mergekit: Callable[..., dict] | None = None
     from_mergekit: Callable[..., dict | None] | None = None
     mergekit_reads: str = ""
+    mergekit_fused_experts: str = ""
+    partition_replaces: tuple[str, ...] = ()
 
 
 MERGE_METHODS: dict[str, MergeMethod] = {}
@@ -254,7 +259,8 @@ def declare_method(id: str, label: str, *, knobs: Sequence[Knob | str] = (),
     lists one another method declared), the per-tensor ``arithmetic`` it brings
     (``methods.tensor_method`` records), ``sources``, ``describe`` and the other ``MergeMethod``
     fields (``needs_base``, ``linear``, ``blends``, ``magnitude``, ``check``, ``concrete``,
-    ``to_mergekit``, ``from_mergekit``, ``mergekit_reads``). Registered by ``register_method``:
+    ``to_mergekit``, ``from_mergekit``, ``mergekit_reads``, ``mergekit_fused_experts``,
+    ``partition_replaces``). Registered by ``register_method``:
     a built-in's file declares it and ``config.py`` registers the built-ins in their order, so
     the order (the CLI's choices, the app's radio, ``FIELDS``) never depends on which module was
     imported first."""
@@ -329,6 +335,19 @@ def concrete(config, num_layers: int):
     """``config`` as its method merges it at ``num_layers`` layers (``MergeMethod.concrete``)."""
     fix = get_method(config.method).concrete
     return config if fix is None else fix(config, num_layers)
+
+
+def takes_partition(method_id: str) -> bool:
+    """Whether ``method_id`` is a registered method that lists the ``partition`` knob."""
+    method = MERGE_METHODS.get(method_id)
+    return method is not None and "partition" in method.knobs
+
+
+def partition_replaces(method_id: str) -> tuple[str, ...]:
+    """The knobs a partition takes the place of in ``method_id`` (``MergeMethod``); () for a
+    method that takes none, or is not registered."""
+    method = MERGE_METHODS.get(method_id)
+    return () if method is None else method.partition_replaces
 
 
 def linear_methods() -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from ..merge.config import FIELDS, MergeConfig
 from ..merge.partition import ConfigError, parse_layers
-from ..merge.registry import get_method
+from ..merge.registry import get_method, partition_replaces
 
 ALIASES = {"b": "bottom", "u": "top", "t": "transition", "t_b": "transition_bottom",
            "t_u": "transition_top"}
@@ -135,6 +135,11 @@ def parse_grid(specs: list[str] | str, method: str = "layer_swap") -> dict[str, 
     return grid
 
 
+def _axes_of(fields: tuple[str, ...]) -> set[str]:
+    """The grid axes that set any of ``fields`` ("transition" sets both transitions)."""
+    return set(fields) | ({"transition"} if set(fields) & set(BOTH_TRANSITIONS) else set())
+
+
 def _with(config: MergeConfig, field: str, value) -> MergeConfig:
     if field == "transition":
         return replace(config, transition_bottom=value, transition_top=value)
@@ -153,8 +158,8 @@ def expand(grid: dict[str, list], base: MergeConfig, num_layers: int,
         config = base
         for a, v in zip(axes, values):
             config = _with(config, a, v)
-        if config.partition is not None and config.method == "layer_swap" and \
-                set(axes) & {"bottom", "top", "transition", *BOTH_TRANSITIONS}:
+        if config.partition is not None and \
+                set(axes) & _axes_of(partition_replaces(config.method)):
             raise ConfigError("grid: layer counts do nothing with a partition; drop --partition")
         cell = Cell(tuple(zip(axes, values)), config, index)
         try:

@@ -38,6 +38,9 @@ from ..checkpoints import hub
 from ..merge.config import FIELDS, MergeConfig, load_yaml
 from . import saves
 from . import session as wb
+from . import build as wb_build
+from . import configure as wb_configure
+from . import models as wb_models
 from .controls import outside_validated
 from .deltas import analyze_deltas, auto_thresholds, suggest, suggestion_text
 from .evaluate import evaluate_roles, evaluation_note
@@ -229,8 +232,8 @@ class AgentTools:
                     self.sessions[token] = AgentSession(None, access, client=client)
             return _json({"session": token, "compatible": True, "layers": None,
                           "models": [], "problems": [], "downloading": pending})
-        opened, report = wb.open_session(base, task, lang, access=access)
-        rows = [dict(zip(wb.ModelsReport.HEADERS, row)) for row in report.rows]
+        opened, report = wb_models.open_session(base, task, lang, access=access)
+        rows = [dict(zip(wb_models.ModelsReport.HEADERS, row)) for row in report.rows]
         out = {"session": None, "compatible": report.ok, "layers": report.num_layers,
                "models": rows, "problems": report.problems}
         if session:   # the old models are no longer used, whatever the check found
@@ -247,7 +250,7 @@ class AgentTools:
                     raise WorkbenchError(full)
                 self.sessions[token] = AgentSession(opened, access, client=client)
             out["session"] = token
-        out["default_config"] = _plain_config(wb.default_config(opened))
+        out["default_config"] = _plain_config(wb_configure.default_config(opened))
         return _json(out)
 
     @staticmethod
@@ -338,7 +341,7 @@ class AgentTools:
         """
         entry, s = self._models(session)
         cfg = self._config(entry, config)
-        plan = wb.merge_plan(s, cfg)
+        plan = wb_configure.merge_plan(s, cfg)
         return _json({"config": _plain_config(cfg), "describe": cfg.describe(s.num_layers),
                       "layers": [{"layer": r.layer, "source": r.text()}
                                  for r in plan.layer_rows()],
@@ -361,8 +364,8 @@ class AgentTools:
         cfg = self._config(entry, config)
         folder = capped("folder", folder, LIMITS.ref_chars).strip()
         with self._working(entry, "build_and_save") as progress:
-            res = wb.build(s, cfg, progress)
-            out = (wb.save(s, cfg, folder, bool(overwrite), progress, access=entry.access)
+            res = wb_build.build(s, cfg, progress)
+            out = (wb_build.save(s, cfg, folder, bool(overwrite), progress, access=entry.access)
                    if folder else None)
         return _json({"built": cfg.describe(s.num_layers), "seconds": round(res.seconds, 2),
                       "tensors_recomputed": res.changed, "tensors": res.total,
