@@ -2,8 +2,9 @@
 
     python bench/demo_strip.py [--languages sw,bn] [--out docs/img] [--width 820] [--scale 1]
 
-For each demo trio (``demos.trios``) with a shipped result file, the page's own figure
-(``workbench.demo.template_chart``: the primary statistic per template, the pooled mean with
+For each demo trio (``demos.trios``) with a shipped result file, the page's own figure (its
+cross-fitted result's, both folds pooled, where it has one: ``workbench.demo.folds_template_chart``;
+else ``workbench.demo.template_chart``: the primary statistic per template, the pooled mean with
 its 95% cluster-bootstrap interval, the counts and the sign test, all from ``demos.measure``)
 rendered by headless Debian Chromium through Playwright (plotly.js inlined, nothing fetched;
 kaleido is not a dependency) to ``OUT/demo_strip_<language>.png`` (scale 1: about 100 dpi).
@@ -46,7 +47,8 @@ def render(fig, png: Path, width: int, scale: float) -> Path:
 def main(argv=None) -> int:
     from layerswap_core.demos.reproduce import measured_demo_result
     from layerswap_core.demos.trios import DEMOS
-    from layerswap_core.workbench.demo import template_chart
+    from layerswap_core.demos.crossfit import measured_crossfit
+    from layerswap_core.workbench.demo import folds_template_chart, template_chart
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--languages", default=",".join(t.language for t in DEMOS.values()),
@@ -63,9 +65,17 @@ def main(argv=None) -> int:
         if res is None:
             print(f"{trio.key}: no shipped result, skipped")
             continue
-        fig = template_chart(res, title=f"{trio.label}, the shipped result ({res['n']} "
-                             "held-out variants): the swap minus the math expert, "
-                             "question-specific, per template")
+        crossed = measured_crossfit(trio)
+        if crossed:     # both folds pooled, a colour per fold
+            out, folds = crossed
+            fig = folds_template_chart(folds, title=(
+                f"{trio.label}, the shipped cross-fitted result ({out['n']} held-out variants, "
+                f"{out['n_templates']} templates): each fold's swap minus its math expert, "
+                "question-specific, per template"))
+        else:
+            fig = template_chart(res, title=f"{trio.label}, the shipped result ({res['n']} "
+                                 "held-out variants): the swap minus the math expert, "
+                                 "question-specific, per template")
         png = render(fig, Path(a.out) / f"demo_strip_{trio.language}.png", a.width, a.scale)
         print(f"{png} ({png.stat().st_size / 1024:.0f} KiB)")
     return 0
