@@ -161,16 +161,16 @@ register_demo(DemoTrio(
         "problem in English (the second row of examples), and compare the merged model with an "
         "expert (Compare with)."),
     eval_note=(
-        "**What to expect.** The embedded demo models have 135M parameters. On MGSM, the "
-        "standard benchmark, every one of them scores about 0%: its problems are beyond a model "
-        "this size in any language. The demo's measure is graded instead (*The demo result* "
-        "below): how likely each model finds the English worked solution of a held-out problem "
-        "after the Swahili question, with two controls. The demo's math expert was trained on "
+        "**What to expect.** The embedded demo models have 135M parameters. MGSM, the standard "
+        "benchmark, is beyond a model this size in any language: the demo's math expert solves "
+        "0 of 33 English held-out variants, the base 2 of 33 (its card). The demo's measure is "
+        "graded instead (*The demo result* below): how likely each model finds the English "
+        "worked solution of a held-out problem after the Swahili question, against the same "
+        "after another problem's question. The demo's math expert was trained on "
         "English variants of GSM-Symbolic templates (its card lists them); the GSM-Symbolic "
         "data here scores the original problems of templates 0050-0099, some of them among "
         "those (the note under the results names them after each run: not a clean test), while "
-        "the demo result uses only templates it never saw. At this size accuracy on problems a "
-        "model never saw is near 0%. All demo models decode with the GSM8K calculator (the "
+        "the demo result uses only templates it never saw. All demo models decode with the GSM8K calculator (the "
         "result of each `<<expr=` note is filled in). With your own 1B-8B experts, MGSM "
         "accuracy with its 95% interval is the number to watch."),
     reproduce_story=(
