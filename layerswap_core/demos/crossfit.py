@@ -14,8 +14,8 @@ import json
 import re
 from collections.abc import Mapping
 
-from .measure import (RULE_ID, RULE_ITEMS_PER_TEMPLATE, cross_fit_verdict, holm, item_effects,
-                      pooled_primary, template_stats)
+from .measure import (RULE_ID, RULE_ITEMS_PER_TEMPLATE, cross_fit_verdict, holm_secondaries,
+                      pooled_primary, pooled_records, template_stats)
 from .reproduce import measured_demo_result
 
 VERSION = 1
@@ -34,31 +34,22 @@ def pooled_effects(results: Mapping[int, dict], *, resamples: int = 10_000,
     specs = {f: {s["key"]: s for s in res["specs"]} for f, res in results.items()}
     measured = {f: {e["key"] for e in res["effects"]} for f, res in results.items()}
     keys = [k for k in specs[min(specs)] if all(k in measured[f] for f in results)]
+    items = {f: r["items"] for f, r in results.items()}
     rows = []
     for key in keys:
+        by_fold = {f: specs[f][key] for f in results}
         if key == "primary":
-            st = pooled_primary({f: r["items"] for f, r in results.items()},
-                                {f: specs[f][key] for f in results},
-                                resamples=resamples, seed=seed)
+            st = pooled_primary(items, by_fold, resamples=resamples, seed=seed)
         else:
-            values, templates = [], []
-            for f, res in results.items():
-                s = specs[f][key]
-                values += item_effects(res["items"], s["models"], s["vs"], s["question"],
-                                       s.get("part", "solution"), s["specific"])
-                templates += [it["template"] for it in res["items"]]
-            st = template_stats(values, templates, resamples=resamples, seed=seed)
+            records = pooled_records(items, by_fold)
+            st = template_stats([v for _, v, _ in records], [t for t, _, _ in records],
+                                resamples=resamples, seed=seed)
         first = specs[min(specs)][key]
         rows.append({"key": key, "label": pooled_label(key, results), "question":
                      first["question"], "part": first.get("part", "solution"),
                      "specific": first["specific"], "primary": key == "primary",
                      **{k: v for k, v in st.items() if k not in ("rule", "folds")}})
-    secondary = [r for r in rows if not r["primary"]]
-    for r, p in zip(secondary, holm([r["sign_p"] for r in secondary])):
-        r["p_holm"] = p
-    for r in rows:
-        r.setdefault("p_holm", r["sign_p"])
-    return rows
+    return holm_secondaries(rows)
 
 
 def pooled_label(key: str, results: Mapping[int, dict]) -> str:

@@ -469,6 +469,12 @@ def summarize_effects(items: Sequence[dict], specs: Sequence[dict], *, resamples
                      spec["key"] == "primary", **template_stats(
                          values, [it["template"] for it in items], resamples=resamples,
                          seed=seed)})
+    return holm_secondaries(rows)
+
+
+def holm_secondaries(rows: list[dict]) -> list[dict]:
+    """Each secondary row's sign-test p Holm-adjusted with the others' (``p_holm``); the
+    primary's ``p_holm`` is its own sign p. The rows, changed in place."""
     secondary = [r for r in rows if not r["primary"]]
     for r, p in zip(secondary, holm([r["sign_p"] for r in secondary])):
         r["p_holm"] = p
