@@ -51,8 +51,10 @@ def measured_markdown(trio: DemoTrio) -> str:
     crossed = measured_crossfit(trio)
     if crossed is None:
         return own
-    return (crossfit_markdown(crossed[0]) + "\n\n**Fold 1 alone** (the trio above; fold 2's "
-            "experts are `" + "`, `".join(trio.folds[2].values()) + "`). " + own)
+    others = "; ".join(f"fold {f}'s experts are `{m['task']}` and `{m['lang']}`"
+                       for f, m in trio.folds.items())
+    return (crossfit_markdown(crossed[0]) + f"\n\n**Fold 1 alone** (the trio above; {others}). "
+            + own)
 
 
 def result_chart(res: dict):
