@@ -41,13 +41,18 @@ def test_an_agents_evaluation_stops_when_its_client_goes(mcp_app, tiny):
             questions=20, shots=8, max_new_tokens=256, chain_of_thought=True))
         await asyncio.sleep(3.0)
         assert not task.done()
+        # the evaluation is running as the client leaves (checked before it leaves: once it
+        # has left, the job may stop before this thread looks again)
+        entry = tools.sessions[session]
+        assert entry.running, entry.last
+        assert wb.dispatcher().visitors.get(entry.session.id) is not None
         return task
     task = over_mcp(url, evaluate_then_leave)   # the client's session closes with its task
     t0 = time.monotonic()
     assert task.cancelled() or task.done()
     entry = tools.sessions[session]
     visitor = wb.dispatcher().visitors.get(entry.session.id)
-    assert visitor is not None and entry.running   # the evaluation was running when it left
+    assert visitor is not None
     # the request's end reaches the session at once: its job is asked to stop
     while not visitor.cancel.is_set() and time.monotonic() - t0 < 5:
         time.sleep(0.05)
