@@ -105,8 +105,8 @@ def _training_numbers(fold: Fold) -> frozenset[tuple[str, ...]]:
     for split in ("train", "validation"):
         for t in fold.split_templates(split):
             rows = fold._rows("eng", t, split)
-            out |= {V.numbers_of(rows[i][0]) for i in fold.paired(t, split)}
-    out |= {V.numbers_of(V.original_question("eng", t)) for t in fold.language_templates()}
+            out |= {V.number_key(rows[i][0]) for i in fold.paired(t, split)}
+    out |= {V.number_key(V.original_question("eng", t)) for t in fold.language_templates()}
     return frozenset(out)
 
 
@@ -123,7 +123,7 @@ def _paired(fold: Fold, template: int, split: str) -> tuple[int, ...]:
     banned = fold.training_numbers() if split == "eval" else frozenset()
     keep = []
     for i, (q, _, _) in enumerate(fold._rows("eng", template, split)):
-        if q not in seen and V.numbers_of(q) not in banned:
+        if q not in seen and V.number_key(q) not in banned:
             seen.add(q)
             keep.append(i)
     return tuple(keep)

@@ -52,7 +52,8 @@ from ..training.recipes import (SEED, DataRecipeError, chat_row, read_template, 
                                 register_recipe, strip_calculator, templates_dir, write_jsonl)
 from . import bengali
 from . import variants as fold_1
-from .variants import NOT_VALIDATED, original_question, proxy_templates, templates, unused_templates
+from .variants import (NOT_VALIDATED, english_number, original_question, proxy_templates,
+                       templates, unused_templates)
 
 # Training templates: 0000-0049 minus the MGSM items among them.
 TRAIN_TEMPLATES = tuple(i for i in range(0, 50) if i not in mgsm_overlap_templates())
@@ -330,25 +331,6 @@ ENG_WRITE_PROMPT = "Write a math question in English."
 ENG_WORDS_PROMPT = "Put these English words in alphabetical order: "
 ENG_NUMERAL_WORDS = "Write this number in English words: "
 ENG_NUMERAL_DIGITS = "Write this number in digits: "
-_EN_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-            "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
-            "eighteen", "nineteen")
-_EN_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-
-
-def english_number(n: int) -> str:
-    """A number 0..999,999 in English words (``345`` -> ``three hundred forty-five``)."""
-    if not 0 <= n < 1_000_000:
-        raise ValueError(f"{n} is outside 0..999999")
-    if n < 20:
-        return _EN_ONES[n]
-    if n < 100:
-        return _EN_TENS[n // 10] + (f"-{_EN_ONES[n % 10]}" if n % 10 else "")
-    if n < 1000:
-        head = f"{_EN_ONES[n // 100]} hundred"
-        return head + (f" {english_number(n % 100)}" if n % 100 else "")
-    head = f"{english_number(n // 1000)} thousand"
-    return head + (f" {english_number(n % 1000)}" if n % 1000 else "")
 
 
 def english_control_examples(split: str = "train", seed: int = SEED, fold=fold_1) -> list[dict]:
