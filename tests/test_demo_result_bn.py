@@ -41,11 +41,18 @@ def test_the_bengali_result_recomputes_and_is_the_docs_block():
 
 
 def test_the_bengali_items_are_held_out_eval_variants_spread_over_the_templates():
-    from layerswap_core.demos.variants import variant_items
+    from layerswap_core.demos.variants import numbers_of, variant_items
     from layerswap_core.demos.reproduce import spread, template_of
 
     res = _shipped()
-    bn = spread(variant_items("bn", "eval"), res["n"])
+    # drawn before cross-fit rule 2 (issue #62) let the numbers check compare number words:
+    # the pool it was spread over is today's less the eval variants that write no digits
+    # (0055-2, admitted since; docs/bengali.md)
+    question = {it.id: it.question for it in variant_items("en", "eval")}
+    pool = variant_items("bn", "eval")
+    then = [it for it in pool if numbers_of(question[it.id])]
+    assert 0 < len(pool) - len(then) <= 1
+    bn = spread(then, res["n"])
     assert [it["id"] for it in res["items"]] == [it.id for it in bn]
     english = {it.id: it.answer for it in variant_items("en", "eval")}
     assert [it["gold"] for it in res["items"]] == [english[it.id] for it in bn]

@@ -469,17 +469,24 @@ def test_the_rule_was_declared_in_a_commit_before_the_result():
         pytest.skip("not a git checkout")
     assert out["rule_commit"] == D.rule_commit()
 
-    def added(path: str) -> str:
-        log = subprocess.run(["git", "-C", str(ROOT), "log", "--diff-filter=A", "--format=%H",
-                              "--", path], capture_output=True, text=True, check=True)
-        return log.stdout.split()[-1]
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
 
     for path in ("assets/experts/demo_crossfit.json", "assets/experts/demo_result_fold2.json"):
-        commit = added(path)
-        assert commit != out["rule_commit"]
-        ancestor = subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor",
-                                   out["rule_commit"], commit])
+        # the commit that wrote the file as it is now (its last change) follows the rule's,
+        # and the file as the rule's commit had it is not this result
+        commit = git("log", "-1", "--format=%H", "--", path).stdout.strip()
+        assert commit and commit != out["rule_commit"], path
+        ancestor = git("merge-base", "--is-ancestor", out["rule_commit"], commit)
         assert ancestor.returncode == 0, f"the rule's commit precedes {path}'s"
+        then = git("show", f"{out['rule_commit']}:{path}").stdout
+        assert then != (ROOT / path).read_text(), f"{path} was there before the rule"
+    # rule 1's record (its outcome, quoted beside rule 2's) was declared before its result too
+    import json
+    rule1 = json.loads((ROOT / "assets" / "experts" / "demo_crossfit_rule1.json").read_text())
+    assert rule1["rule"].startswith("cross-fit-rule-1") and rule1["n_templates"] == 65
+    assert git("merge-base", "--is-ancestor", rule1["rule_commit"], out["rule_commit"]
+               ).returncode == 0 and rule1["rule_commit"] != out["rule_commit"]
 
 
 # effect key -> how its p is named, for every pooled comparison README.md's paragraph quotes
@@ -491,6 +498,7 @@ def test_the_readme_and_docs_quote_the_cross_fitted_result_field_by_field():
     """Every interval README.md's and docs/demo.md's demo prose quotes is a named field of the
     shipped files, number and field together (mean, interval, templates lower, p); the docs
     carry the pooled table as generated."""
+    import json
     import re
 
     from layerswap_core.demos.crossfit import crossfit_markdown
@@ -508,9 +516,11 @@ def test_the_readme_and_docs_quote_the_cross_fitted_result_field_by_field():
     docs = (ROOT / "docs" / "demo.md").read_text()
     assert crossfit_markdown(out) in docs
     assert all(r["markdown"] in docs for r in folds.values()), "each fold's own block"
-    # any interval quoted in the prose is one of the files' fields
-    known = {quoted(e, t)[:32] for e in [*out["effects"], *(x for r in folds.values()
-                                                              for x in r["effects"])]
+    # any interval quoted in the prose is one of the files' fields (rule 1's record too: the
+    # docs quote its outcome beside rule 2's)
+    rule1 = json.loads((ROOT / "assets" / "experts" / "demo_crossfit_rule1.json").read_text())
+    known = {quoted(e, t)[:32] for e in [*out["effects"], *rule1["effects"],
+                                         *(x for r in folds.values() for x in r["effects"])]
              for t in ("sign test p", "Holm p")}
     for text in (para, docs):
         for m in re.finditer(r"[+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\], \d+ of \d+ "
