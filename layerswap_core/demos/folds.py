@@ -7,9 +7,9 @@ Fold 2 swaps the halves: its experts train (the math expert's ``train`` variants
 proxy) on the templates fold 1 evaluates, and it is evaluated on fold 1's training templates.
 Each template is then evaluated by the trio that never saw it (issue #62).
 
-A ``Fold`` answers what ``demos.variants`` answers for fold 1 (``split_templates``,
-``proxy_templates``, ``language_templates``, ``variant_items``, ``training_numbers``) with the
-same rules: the same seeds per template and split (``SPLIT_SEEDS[split] + template``), the same
+A ``Fold`` (``demos.variants.Fold``, where the rules live) answers what ``demos.variants``
+answers for fold 1 (``split_templates``, ``proxy_templates``, ``language_templates``,
+``variant_items``, ``training_numbers``) with the same rules: the same seeds per template and split (``SPLIT_SEEDS[split] + template``), the same
 counts, English-text disjointness against the fold's earlier splits of the template, and no
 evaluated variant with the numbers of an item its fold's experts train on or are chosen with.
 ``FOLDS[1]`` gives exactly ``demos.variants``' sets (a test holds them equal); the recipes
@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoints.embedded import ASSETS
-from ..evaluation.data import DataError, Item
-from ..evaluation.languages import mgsm_lang, symbolic_lang
 from ..training.config import train_command
 from ..training.recipes import recipe, write_jsonl
 from . import recipes  # noqa: F401  (registers the demo's recipes, looked up by name here)
@@ -38,95 +36,16 @@ FOLD2_LANGS = ("eng", "swh")      # the Swahili trio's languages: what fold 2's 
 
 
 @dataclass(frozen=True)
-class Fold:
-    """One half of the cross-fitting (module docstring): ``number`` 1 evaluates the 1st, 3rd,
-    5th, ... usable template (``demos.variants``' split), 2 the others."""
-    number: int
+class Fold(V.Fold):
+    """One half of the cross-fitting (``demos.variants.Fold``, its rules), whose fold-2
+    variants come from ``FOLD2_FILE`` when it is current (else they are drawn again)."""
 
-    def split_templates(self, split: str) -> tuple[int, ...]:
-        usable = V.templates()
-        first = usable[0::2] if self.number == 1 else usable[1::2]
-        second = usable[1::2] if self.number == 1 else usable[0::2]
-        return first if split == "eval" else second
-
-    def proxy_templates(self) -> tuple[int, ...]:
-        """The reading proxy's templates: every fourth training template of the fold."""
-        return self.split_templates("train")[::4]
-
-    def unused_templates(self) -> tuple[int, ...]:
-        return V.unused_templates()
-
-    def language_templates(self) -> tuple[int, ...]:
-        """Templates whose questions the fold's language expert may read: its training
-        templates and the unused ones (never its evaluated ones)."""
-        return tuple(sorted(self.split_templates("train") + V.unused_templates()))
-
-    # ---------------------------------------------------------------- the fold's variants
-    def _rows(self, lang: str, template: int, split: str) -> tuple[tuple[str, str, str], ...]:
+    def rows(self, lang: str, template: int, split: str) -> tuple[tuple[str, str, str], ...]:
         if self.number == 2:
             found = _fold2_file().get(V.row_key(lang, template, split))
             if found is not None:
                 return found
-        return V.drawn_rows(lang, template, split)
-
-    def training_numbers(self) -> frozenset[tuple[str, ...]]:
-        return _training_numbers(self)
-
-    def paired(self, template: int, split: str) -> tuple[int, ...]:
-        return _paired(self, template, split)
-
-    def variant_items(self, lang: str, split: str = "eval",
-                      templates_: tuple[int, ...] | None = None) -> list[Item]:
-        """``demos.variants.variant_items`` for this fold: the same ids, text and order
-        rules (an item's id names its split and template, so the folds' ids never meet: a
-        template is evaluated in one fold and trained on in the other)."""
-        language = V.variant_language(lang)
-        code, short = symbolic_lang(lang), mgsm_lang(lang)
-        if split not in V.SPLITS:
-            raise DataError(f"split must be one of {', '.join(V.SPLITS)}, not {split!r}")
-        own = self.split_templates(split)
-        out = []
-        for t in own if templates_ is None else [t for t in templates_ if t in own]:
-            if not language.has(t):
-                continue
-            rows = self._rows(code, t, split)
-            for k in self.paired(t, split):
-                question, solution, gold = rows[k]
-                out.append(Item(f"variant-{split}-{t:04d}-{k}", "gsm-symbolic-variants",
-                                short, question, gold, solution, None))
-        return out
-
-
-@functools.cache
-def _training_numbers(fold: Fold) -> frozenset[tuple[str, ...]]:
-    """``demos.variants.training_numbers`` for the fold: the numbers of its ``train`` and
-    ``validation`` variants and of the original statements of its language-data templates."""
-    out = set()
-    for split in ("train", "validation"):
-        for t in fold.split_templates(split):
-            rows = fold._rows("eng", t, split)
-            out |= {V.number_key(rows[i][0]) for i in fold.paired(t, split)}
-    out |= {V.number_key(V.original_question("eng", t)) for t in fold.language_templates()}
-    return frozenset(out)
-
-
-@functools.cache
-def _paired(fold: Fold, template: int, split: str) -> tuple[int, ...]:
-    """``demos.variants._paired`` for the fold: indices surviving disjointness by English
-    text (the fold's earlier splits of the template, and within the split) and, for ``eval``,
-    by numbers against the fold's training items."""
-    seen = set()
-    for s in V.SPLITS[:V.SPLITS.index(split)]:
-        if template in fold.split_templates(s):
-            earlier = fold._rows("eng", template, s)
-            seen |= {earlier[i][0] for i in fold.paired(template, s)}
-    banned = fold.training_numbers() if split == "eval" else frozenset()
-    keep = []
-    for i, (q, _, _) in enumerate(fold._rows("eng", template, split)):
-        if q not in seen and V.number_key(q) not in banned:
-            seen.add(q)
-            keep.append(i)
-    return tuple(keep)
+        return super().rows(lang, template, split)
 
 
 FOLDS = {1: Fold(1), 2: Fold(2)}
@@ -163,8 +82,7 @@ def write_fold_file(path: str | Path = FOLD2_FILE, progress=None) -> Path:
         rows[V.row_key(lang, t, split)] = V.draw(lang, t, split)
     path = V.write_rows_file(path, rows)
     _fold2_file.cache_clear()
-    _paired.cache_clear()
-    _training_numbers.cache_clear()
+    V.clear_fold_caches()
     return path
 
 

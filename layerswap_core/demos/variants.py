@@ -57,6 +57,7 @@ import json
 import re
 import tomllib
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import bengali  # noqa: F401  (sets Bengali's Variants in the table of languages)
@@ -103,15 +104,14 @@ def templates() -> tuple[int, ...]:
 def split_templates(split: str) -> tuple[int, ...]:
     """The templates a split draws from: ``eval`` the evaluated ones (every other usable
     template, starting with the first), ``train`` and ``validation`` the others."""
-    usable = templates()
-    return usable[0::2] if split == "eval" else usable[1::2]
+    return FOLD1.split_templates(split)
 
 
 def proxy_templates() -> tuple[int, ...]:
     """The language expert's reading proxy's templates: every fourth training template (never
     in the reading recipe's training split, never evaluated). The expert's checkpoint was chosen
     on them, so the demo's validation sweep leaves them out."""
-    return split_templates("train")[::4]
+    return FOLD1.proxy_templates()
 
 
 def unused_templates() -> tuple[int, ...]:
@@ -124,7 +124,7 @@ def unused_templates() -> tuple[int, ...]:
 def language_templates() -> tuple[int, ...]:
     """Templates whose questions (never solutions) the language expert may read: every
     non-evaluated template that is not an MGSM item (the training templates and the unused)."""
-    return tuple(sorted(split_templates("train") + unused_templates()))
+    return FOLD1.language_templates()
 
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -181,17 +181,11 @@ def original_question(lang: str, template: int) -> str:
         return tomllib.load(f)["question"].strip()
 
 
-@functools.lru_cache(maxsize=1)
 def training_numbers() -> frozenset[tuple[str, ...]]:
     """The number tuples of every item a demo expert may train on or be chosen with: the
     ``train`` and ``validation`` variants and the original statements of the language-data
     templates (English)."""
-    out = set()
-    for split in ("train", "validation"):
-        for t in split_templates(split):
-            out |= {number_key(_rows("eng", t, split)[i][0]) for i in _paired(t, split)}
-    out |= {number_key(original_question("eng", t)) for t in language_templates()}
-    return frozenset(out)
+    return FOLD1.training_numbers()
 
 
 def _answer(text: str) -> tuple[str, str]:
@@ -283,52 +277,118 @@ def write_variants_file(path: str | Path = VARIANTS_FILE, progress=None) -> Path
         progress(1.0, f"{len(jobs)} template sets drawn")
     path = write_rows_file(path, rows)
     _shipped.cache_clear()
-    _paired.cache_clear()
-    training_numbers.cache_clear()
+    clear_fold_caches()
     return path
 
 
+# --------------------------------------------------------------------------- a fold's sets
+@dataclass(frozen=True)
+class Fold:
+    """One half of the cross-fitting (``demos.folds``): ``number`` 1 evaluates the 1st, 3rd,
+    5th, ... usable template and trains on the others (this module's split, ``FOLD1``), 2 the
+    reverse. Its sets follow one set of rules: the split's seed and count per template, English
+    text disjoint from the fold's earlier splits of the template and within the split, and no
+    evaluated variant with the numbers of an item the fold's experts train on or are chosen
+    with. ``rows`` gives a template's drawn variants (``demos.folds`` reads fold 2's file)."""
+    number: int = 1
+
+    def split_templates(self, split: str) -> tuple[int, ...]:
+        usable = templates()
+        evaluated, trained = usable[0::2], usable[1::2]
+        if self.number == 2:
+            evaluated, trained = trained, evaluated
+        return evaluated if split == "eval" else trained
+
+    def proxy_templates(self) -> tuple[int, ...]:
+        """The reading proxy's templates: every fourth training template of the fold."""
+        return self.split_templates("train")[::4]
+
+    def unused_templates(self) -> tuple[int, ...]:
+        return unused_templates()
+
+    def language_templates(self) -> tuple[int, ...]:
+        """Templates whose questions the fold's language expert may read: its training
+        templates and the unused ones (never its evaluated ones)."""
+        return tuple(sorted(self.split_templates("train") + unused_templates()))
+
+    def rows(self, lang: str, template: int, split: str) -> tuple[tuple[str, str, str], ...]:
+        """Every variant drawn for one template and split, before disjointness."""
+        return drawn_rows(lang, template, split)
+
+    def training_numbers(self) -> frozenset[tuple[str, ...]]:
+        return _training_numbers(self)
+
+    def paired(self, template: int, split: str) -> tuple[int, ...]:
+        return _paired(self, template, split)
+
+    def variant_items(self, lang: str, split: str = "eval",
+                      templates_: tuple[int, ...] | None = None) -> list[Item]:
+        """The ``split`` set of variants in ``lang`` ("eng", "swh", "ben"; or "en", "sw",
+        "bn") as Items, in template order then variant order: the same problems, in the same
+        order, in every language that has the template. ``id`` =
+        ``variant-<split>-<template>-<k>`` (equal across languages; the folds' ids never meet,
+        a template being evaluated in one fold and trained on in the other). ``templates_``:
+        draw only from these of the split's templates."""
+        language = variant_language(lang)
+        code, short = symbolic_lang(lang), mgsm_lang(lang)
+        if split not in SPLITS:
+            raise DataError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
+        own = self.split_templates(split)
+        out = []
+        for t in own if templates_ is None else [t for t in templates_ if t in own]:
+            if not language.has(t):
+                continue
+            rows = self.rows(code, t, split)
+            for k in self.paired(t, split):
+                question, solution, gold = rows[k]
+                out.append(Item(f"variant-{split}-{t:04d}-{k}", "gsm-symbolic-variants",
+                                short, question, gold, solution, None))
+        return out
+
+
 @functools.cache
-def _paired(template: int, split: str) -> tuple[int, ...]:
+def _training_numbers(fold: Fold) -> frozenset[tuple[str, ...]]:
+    out = set()
+    for split in ("train", "validation"):
+        for t in fold.split_templates(split):
+            rows = fold.rows("eng", t, split)
+            out |= {number_key(rows[i][0]) for i in fold.paired(t, split)}
+    out |= {number_key(original_question("eng", t)) for t in fold.language_templates()}
+    return frozenset(out)
+
+
+@functools.cache
+def _paired(fold: Fold, template: int, split: str) -> tuple[int, ...]:
     """Indices of the template's variants in ``split`` that survive disjointness (by English
-    question text against the earlier splits of the same template and within the split; for
+    question text against the fold's earlier splits of the template and within the split; for
     ``eval``, also by numbers against every training item: ``training_numbers``)."""
     seen = set()
     for s in SPLITS[:SPLITS.index(split)]:
-        if template in split_templates(s):
-            earlier = _rows("eng", template, s)
-            seen |= {earlier[i][0] for i in _paired(template, s)}
-    banned = training_numbers() if split == "eval" else frozenset()
+        if template in fold.split_templates(s):
+            earlier = fold.rows("eng", template, s)
+            seen |= {earlier[i][0] for i in fold.paired(template, s)}
+    banned = fold.training_numbers() if split == "eval" else frozenset()
     keep = []
-    for i, (q, _, _) in enumerate(_rows("eng", template, split)):
+    for i, (q, _, _) in enumerate(fold.rows("eng", template, split)):
         if q not in seen and number_key(q) not in banned:
             seen.add(q)
             keep.append(i)
     return tuple(keep)
 
 
+def clear_fold_caches() -> None:
+    """Forget every fold's disjoint sets (after a variants file is written again)."""
+    _paired.cache_clear()
+    _training_numbers.cache_clear()
+
+
+FOLD1 = Fold(1)
+
+
 def variant_items(lang: str, split: str = "eval", templates_: tuple[int, ...] | None = None,
                   ) -> list[Item]:
-    """The ``split`` set of variants in ``lang`` ("eng", "swh", "ben"; or "en", "sw", "bn")
-    as Items, in template order then variant order: the same problems, in the same order, in
-    every language of ``LANGS`` that has the template (``Language.templates``). ``id`` =
-    ``variant-<split>-<template>-<k>`` (equal across languages). ``templates_``: draw only
-    from these of the split's templates (``split_templates``)."""
-    language = variant_language(lang)
-    code, short = symbolic_lang(lang), mgsm_lang(lang)
-    if split not in SPLITS:
-        raise DataError(f"split must be one of {', '.join(SPLITS)}, not {split!r}")
-    out = []
-    own = split_templates(split)
-    for t in own if templates_ is None else [t for t in templates_ if t in own]:
-        if not language.has(t):
-            continue
-        rows = _rows(code, t, split)
-        for k in _paired(t, split):
-            question, solution, gold = rows[k]
-            out.append(Item(f"variant-{split}-{t:04d}-{k}", "gsm-symbolic-variants",
-                            short, question, gold, solution, None))
-    return out
+    """Fold 1's ``split`` set of variants in ``lang`` (``Fold.variant_items``)."""
+    return FOLD1.variant_items(lang, split, templates_)
 
 
 # what the cross-fitting's second fold (``demos.folds``) draws with the same rules
