@@ -413,6 +413,44 @@ def test_performance_page_is_short_and_bench_readme_names_every_script():
     assert not missing, f"bench/README.md does not name {missing}"
 
 
+def test_the_documents_name_files_that_exist():
+    """Every source file a document names in backticks (``room/module.py``, with a folder) is
+    there: under the repository, under layerswap_core/, or in the installed package it names
+    (``gradio/mcp.py``); and "Recipe `name` of `file`" names the file that registers that recipe.
+    The history (CHANGELOG*.md) keeps the paths of its day. Files moved between rooms left the
+    expert cards naming the old ones."""
+    import importlib.util
+    import re
+
+    docs = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "bench" / "README.md",
+            *sorted((ROOT / "docs").glob("*.md")),
+            *sorted((ROOT / "assets" / "experts").glob("*/README.md"))]
+    docs = [d for d in docs if not d.name.startswith("CHANGELOG")]
+    assert len(docs) > 10
+
+    def exists(path: str) -> bool:
+        if (ROOT / path).is_file() or (ROOT / "layerswap_core" / path).is_file():
+            return True
+        spec = importlib.util.find_spec(path.split("/")[0])
+        places = list(spec.submodule_search_locations or []) if spec else []
+        return any(Path(place).parent.joinpath(path).is_file() for place in places)
+
+    named, missing, recipes = 0, [], []
+    for doc in docs:
+        text = doc.read_text(encoding="utf-8")
+        for path in re.findall(r"`([\w./-]+/[\w.-]+\.py)[`:]", text):
+            named += 1
+            if not exists(path):
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+        for name, path in re.findall(r"[Rr]ecipe `([\w-]+)` of `([\w./-]+\.py)`", text):
+            source = ROOT / path
+            if not source.is_file() or f'"{name}"' not in source.read_text(encoding="utf-8"):
+                recipes.append(f"{doc.relative_to(ROOT)}: {name} in {path}")
+    assert named > 20
+    assert not missing, missing
+    assert not recipes, recipes
+
+
 def test_architecture_md_names_every_module_of_each_room_once():
     """ARCHITECTURE.md's table has one row per room of layerswap_core (every package but the
     CLI face), and its modules column lists exactly the room's modules, each once."""
