@@ -62,7 +62,7 @@ LAYERS = [
     ("demos.folds",),                             # the cross-fitting's halves and trainings
     ("demos.measure", "demos.heldout"),           # its measure and statistics; experts' NLL
     ("demos.reproduce",),                         # the demo result reproduced
-    ("demos.crossfit",),                          # both folds pooled by the declared rule
+    ("demos.crossfit", "demos.control"),          # both folds pooled; the outer-layer control
     ("engines.pool",), ("engines.jobs",),          # engines over live models; plain-data jobs
     ("engines.dispatch",),                        # the one dispatcher (local, ZeroGPU)
     ("sweeps.grid", "sweeps.order", "sweeps.store"),   # sweeps: the grid, orders, results file

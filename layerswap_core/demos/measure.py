@@ -636,13 +636,13 @@ def cross_fit_verdict(stats: dict | None, rounds: int = RULE_ITEMS_PER_TEMPLATE,
     return f"no question-specific reading effect the declared rule can tell from zero: {said}{cut}"
 
 
-def rule_commit(root: str | None = None) -> str | None:
-    """The first commit whose tree has ``RULE_ID`` (the declaration's), from git; None outside
-    a git checkout. The result file records it."""
+def rule_commit(root: str | None = None, rule: str = RULE_ID, module: str = "measure") -> str | None:
+    """The first commit whose ``demos/<module>.py`` has ``rule`` (the declaration's), from git;
+    None outside a git checkout. The result file records it."""
     root = root or str(Path(__file__).resolve().parents[2])
     try:
-        out = subprocess.run(["git", "-C", root, "log", "--format=%H", "--reverse", "-S", RULE_ID,
-                              "--", "layerswap_core/demos/measure.py"],
+        out = subprocess.run(["git", "-C", root, "log", "--format=%H", "--reverse", "-S", rule,
+                              "--", f"layerswap_core/demos/{module}.py"],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
