@@ -57,7 +57,9 @@ def test_s1_and_s2_pool_each_folds_paired_differences_with_templates_as_the_unit
 def test_each_control_outcome_prints_its_declared_sentence(ci, p_holm, told):
     s1 = {"mean": -0.02, "ci_low": ci[0], "ci_high": ci[1], "lower": 40, "higher": 26,
           "n_templates": 66, "p_holm": p_holm}
-    said = C.control_verdict(s1)
-    assert "40/66 templates lower" in said
-    assert ("give a question-specific gain" in said) == told
-    assert ("cannot be told apart" in said) == (not told)
+    for control, words in (("scaled", "of the same norms"),
+                           ("unscaled", "that raise the math expert's English NLL no more")):
+        said = C.control_verdict(s1, control)
+        assert "40/66 templates lower" in said and words in said
+        assert ("give a question-specific gain" in said) == told
+        assert ("cannot be told apart" in said) == (not told)

@@ -32,6 +32,18 @@ no demo statistic of any control.
 * **Sentences** (``control_verdict``): S1 supports "Swahili outer layers, not any outer-layer
   training" only when its interval excludes 0 and its Holm p < 0.05; otherwise the control
   cannot be told apart from the Swahili expert by this measure, and the words say so.
+
+Amendment (rule 2), declared in its own commit after rule 1's outcome was seen and before the
+unscaled control was measured on the eval items. Rule 1's outcome: S1 -0.051 [-0.065, -0.038],
+56 of 66 templates lower, Holm p = 1.4e-08; S2 +0.035 [+0.019, +0.053], 24 of 66, Holm p =
+0.036; and the scaled control of fold 1, once scaled (each module's change x2.3-7.4, median
+3.5), raises the math expert's English held-out NLL by +1.24 (the Swahili expert's: +0.078): a
+broken model, so S1 cannot tell Swahili from "not broken". Added, with everything else as in
+rule 1: the same chosen checkpoint *unscaled* (the control that passed the criterion as it
+was trained), measured the same way (S3: the measured swap minus the same swap with the
+unscaled control; S4: the unscaled control swap minus the math expert), a family of its own
+(Holm over S3 and S4; rule 1's S1 and S2 stay as computed), with the same sentences
+(``control_verdict(..., "unscaled")``). Both are reported; neither replaces the other.
 """
 from __future__ import annotations
 
@@ -39,7 +51,7 @@ from collections.abc import Mapping
 
 from .measure import holm, pooled_records, template_stats
 
-CONTROL_RULE_ID = "control-rule-1 (issue 62)"
+CONTROL_RULE_ID = "control-rule-2 (issue 62)"
 CONTROL_ALPHA = 0.05
 VERSION = 1
 STATISTICS = (
@@ -47,6 +59,9 @@ STATISTICS = (
                    "layers, Swahili question, question-specific"),
     ("control", "the control swap minus the math expert, Swahili question, question-specific"),
 )
+# the two controls measured: rule 1's (scaled to the language expert's norms), rule 2's (not)
+CONTROLS = {"scaled": "scaled to the Swahili expert's norms (rule 1)",
+            "unscaled": "as trained, unscaled (rule 2)"}
 
 
 def choose_checkpoint(passes: Mapping[int, bool]) -> int | None:
@@ -79,51 +94,64 @@ def control_effects(results: Mapping[int, dict], *, resamples: int = 10_000,
     return rows
 
 
-def control_verdict(s1: dict) -> str:
-    """The declared sentence for S1."""
+def control_verdict(s1: dict, control: str = "scaled") -> str:
+    """The declared sentence for S1 (``control`` "scaled") or S3 ("unscaled")."""
     said = (f"{s1['mean']:+.3f} [{s1['ci_low']:+.3f}, {s1['ci_high']:+.3f}], {s1['lower']}/"
             f"{s1['n_templates']} templates lower, Holm p = {s1['p_holm']:.2g}")
     if (s1["ci_high"] < 0 or s1["ci_low"] > 0) and s1["p_holm"] < CONTROL_ALPHA:
         way = "gain" if s1["mean"] < 0 else "loss"
         return (f"the Swahili expert's outer layers give a question-specific {way} that an "
-                f"English-prose control's of the same norms do not: {said}")
+                f"English-prose control's {_WHICH[control]} do not: {said}")
     return (f"the Swahili expert's outer layers cannot be told apart from an English-prose "
-            f"control's of the same norms by this measure: {said}")
+            f"control's {_WHICH[control]} by this measure: {said}")
 
 
-def control_result(results: Mapping[int, dict], checks: Mapping[int, Mapping[int, dict]], *,
-                   rule_commit: str | None, resamples: int = 10_000, seed: int = 0) -> dict:
-    """The control's result as data: per fold the checks (step -> ``control_check``'s
-    statistics), the chosen checkpoint, the refs, and per item the values S1 and S2 are made
-    of (the math expert's, the seed-0 swap's and the control swap's NLL under the Swahili
-    question and another item's); the pooled S1 and S2 and the declared sentence."""
-    folds = {}
-    for f, res in sorted(results.items()):
-        specs = {s["key"]: s for s in res["specs"]}
-        models = sorted({*specs["vs-control"]["models"], specs["vs-control"]["vs"],
-                         specs["control"]["vs"]})
-        conds = ("sw", "sw-other")
-        chosen = choose_checkpoint({s: c["passes"] for s, c in checks[f].items()})
-        folds[str(f)] = {
-            "checks": {str(s): c for s, c in sorted(checks[f].items())}, "checkpoint": chosen,
-            "refs": {"task": res["refs"]["task"], "lang": res["refs"]["lang"],
-                     "control": res["refs"]["control"]},
-            "swap": res["swap"], "specs": [specs["vs-control"], specs["control"]],
-            "items": [{"id": it["id"], "template": it["template"], "other": it["other"],
-                       "nll": {c: {m: it["nll"][c][m] for m in models} for c in conds}}
-                      for it in res["items"]]}
-    effects = control_effects({int(f): {"items": v["items"], "specs": v["specs"]}
-                               for f, v in folds.items()}, resamples=resamples, seed=seed)
-    return {"version": VERSION, "rule": CONTROL_RULE_ID, "rule_commit": rule_commit,
-            "folds": folds, "effects": effects, "verdict": control_verdict(effects[0]),
-            "resamples": resamples, "seed": seed}
+_WHICH = {"scaled": "of the same norms",
+          "unscaled": "that raise the math expert's English NLL no more"}
+
+
+def control_result(results: Mapping[str, Mapping[int, dict]],
+                   checks: Mapping[int, Mapping[int, dict]], *, rule_commits: Mapping[str, str | None],
+                   scaled_checks: Mapping[int, dict] | None = None, resamples: int = 10_000,
+                   seed: int = 0) -> dict:
+    """The controls' result as data. ``results``: per control of ``CONTROLS`` ("scaled",
+    "unscaled"), each fold's result measured with it. Per fold: the checks (step ->
+    ``control_check``'s statistics), the chosen checkpoint and the scaled control's own check
+    (``scaled_checks``: reported, decides nothing). Per control: per fold its ref, the specs
+    and per item the values its pair is made of (the math expert's, the seed-0 swap's and the
+    control swap's NLL under the Swahili question and another item's), the pooled pair (S1 and
+    S2, or S3 and S4) and the declared sentence. ``rule_commits``: rule -> its commit."""
+    first = results[next(iter(results))]
+    folds = {str(f): {"checks": {str(s): c for s, c in sorted(checks[f].items())},
+                      "checkpoint": choose_checkpoint({s: c["passes"] for s, c in checks[f].items()}),
+                      "scaled_check": (scaled_checks or {}).get(f),
+                      "refs": {"task": res["refs"]["task"], "lang": res["refs"]["lang"]},
+                      "swap": res["swap"]} for f, res in sorted(first.items())}
+    controls = {}
+    for name, by_fold in results.items():
+        measured = {}
+        for f, res in sorted(by_fold.items()):
+            specs = {s["key"]: s for s in res["specs"]}
+            models = sorted({*specs["vs-control"]["models"], specs["vs-control"]["vs"],
+                             specs["control"]["vs"]})
+            measured[str(f)] = {
+                "control": res["refs"]["control"], "specs": [specs["vs-control"], specs["control"]],
+                "items": [{"id": it["id"], "template": it["template"], "other": it["other"],
+                           "nll": {c: {m: it["nll"][c][m] for m in models}
+                                   for c in ("sw", "sw-other")}} for it in res["items"]]}
+        effects = control_effects({int(f): v for f, v in measured.items()},
+                                  resamples=resamples, seed=seed)
+        controls[name] = {"what": CONTROLS[name], "folds": measured, "effects": effects,
+                          "verdict": control_verdict(effects[0], name)}
+    return {"version": VERSION, "rule": CONTROL_RULE_ID, "rule_commits": dict(rule_commits),
+            "folds": folds, "controls": controls, "resamples": resamples, "seed": seed}
 
 
 def control_markdown(out: dict) -> str:
-    """The declared sentence, each fold's checks and checkpoint, and S1 and S2."""
-    lines = [f"**Outer-layer control** ({out['rule']}; declared in commit "
-             f"`{(out['rule_commit'] or 'unknown')[:10]}`, before any control was measured on "
-             f"the eval items): {out['verdict']}.", ""]
+    """Each fold's checks and checkpoint, then per control its declared sentence and pair."""
+    commits = ", ".join(f"{r} in `{(c or 'unknown')[:10]}`" for r, c in out["rule_commits"].items())
+    lines = [f"**Outer-layer controls** ({commits}; each declared before the control it adds was "
+             "measured on the eval items).", ""]
     for f, fold in out["folds"].items():
         checks = ", ".join(
             f"step {s} {c['raise']['control']['mean']:+.3f} "
@@ -131,12 +159,23 @@ def control_markdown(out: dict) -> str:
         lang = next(iter(fold["checks"].values()))["raise"]["language expert"]["mean"]
         lines.append(f"- Fold {f}: the control's raise of the math expert's English held-out "
                      f"NLL, before scaling, against the language expert's {lang:+.3f}: {checks}; "
-                     f"checkpoint {fold['checkpoint']} chosen, scaled to the language expert's "
-                     f"norms, measured with swap {fold['swap']['bottom']}/{fold['swap']['top']}.")
-    lines += ["", "| statistic (both folds pooled, templates as the unit) | mean over templates "
-              "[95% CI] | templates lower / higher | sign p | Holm p |", "|---|---:|---:|---:|---:|"]
-    for r in out["effects"]:
-        lines.append(f"| {r['label']} | {r['mean']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] "
-                     f"| {r['lower']}/{r['higher']} of {r['n_templates']} | {r['sign_p']:.2g} | "
-                     f"{r['p_holm']:.2g} |")
+                     f"checkpoint {fold['checkpoint']} chosen{_scaled(fold.get('scaled_check'))}; "
+                     f"measured with swap {fold['swap']['bottom']}/{fold['swap']['top']}.")
+    for c in out["controls"].values():
+        lines += ["", f"The control {c['what']}: {c['verdict']}.", "",
+                  "| statistic (both folds pooled, templates as the unit) | mean over templates "
+                  "[95% CI] | templates lower / higher | sign p | Holm p |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in c["effects"]:
+            lines.append(f"| {r['label']} | {r['mean']:+.4f} [{r['ci_low']:+.4f}, "
+                         f"{r['ci_high']:+.4f}] | {r['lower']}/{r['higher']} of {r['n_templates']}"
+                         f" | {r['sign_p']:.2g} | {r['p_holm']:.2g} |")
     return "\n".join(lines)
+
+
+def _scaled(check: dict | None) -> str:
+    if not check:
+        return ""
+    st = check["raise"]["control"]
+    return (f"; scaled to the language expert's norms, it raises that NLL by {st['mean']:+.3f} "
+            f"[{st['ci_low']:+.3f}, {st['ci_high']:+.3f}] (reported, decides nothing)")
