@@ -16,8 +16,8 @@ unit.
         --no-seeds --json fold2.json      # a fold of the cross-fitting (bench/demo_crossfit.py)
 
 Defaults: the embedded demo trio and its two more seeds (``embedded:smollm2-swahili-seed1``,
-``-seed2``); a control expert only with ``--control REF`` (none ships: issue #62's check
-failed both control recipes tried, docs/demo.md). ``--language bn``:
+``-seed2``); a control expert only with ``--control REF`` (none ships: ``bench/demo_control.py``
+names the controls measured and how they are trained again). ``--language bn``:
 the Bengali questions and the Bengali demo trio (``embedded:gemma3-270m``, ``gemma3-math-en``,
 ``gemma3-bengali``; one seed, no control expert is trained for it), written by default to
 ``assets/experts/demo_result_bn.json``. Prints the headline

@@ -63,3 +63,88 @@ def test_each_control_outcome_prints_its_declared_sentence(ci, p_holm, told):
         assert "40/66 templates lower" in said and words in said
         assert ("give a question-specific gain" in said) == told
         assert ("cannot be told apart" in said) == (not told)
+
+
+# --------------------------------------------------------------------------- the shipped controls
+def _shipped() -> dict:
+    return json.loads((ROOT / "assets" / "experts" / "demo_control.json").read_text())
+
+
+def test_the_shipped_controls_follow_their_rule_and_recompute_from_their_items():
+    """Each fold's checkpoint is the rule's over its recorded checks (each check passes exactly
+    when the control's raise is at most the language expert's); each control's pair and
+    sentence recompute from its per-item values; the math expert's and the swap's values are
+    the shipped fold results' to the last digit (only the control was measured again)."""
+    out = _shipped()
+    assert out["rule"] == C.CONTROL_RULE_ID and set(out["controls"]) == set(C.CONTROLS)
+    for fold in out["folds"].values():
+        for check in fold["checks"].values():
+            r = check["raise"]
+            assert check["passes"] == (r["control"]["mean"] <= r["language expert"]["mean"])
+        assert fold["checkpoint"] == C.choose_checkpoint(
+            {int(s): c["passes"] for s, c in fold["checks"].items()})
+        assert fold["checkpoint"] is not None
+    shipped = {1: "demo_result.json", 2: "demo_result_fold2.json"}
+    for name, control in out["controls"].items():
+        again = C.control_effects({int(f): v for f, v in control["folds"].items()},
+                                  resamples=out["resamples"], seed=out["seed"])
+        for a, b in zip(again, control["effects"], strict=True):
+            for k in ("mean", "ci_low", "ci_high", "lower", "higher", "n_templates", "sign_p",
+                      "p_holm"):
+                assert a[k] == pytest.approx(b[k]), (name, a["key"], k)
+        assert control["verdict"] == C.control_verdict(again[0], name)
+        for f, file in shipped.items():
+            res = json.loads((ROOT / "assets" / "experts" / file).read_text())
+            by_id = {it["id"]: it for it in res["items"]}
+            items = control["folds"][str(f)]["items"]
+            assert [it["id"] for it in items] == [it["id"] for it in res["items"]]
+            for it in items:
+                for cond, row in it["nll"].items():
+                    for model, values in row.items():
+                        if "English-control" not in model:
+                            assert values == by_id[it["id"]]["nll"][cond][model], (f, model)
+
+
+def test_each_control_rule_was_declared_before_the_result():
+    """Rule 1 and its amendment (rule 2) each precede the commit that shipped the controls'
+    result, rule 1 before rule 2, and the file was not there when either was declared."""
+    import shutil
+    import subprocess
+
+    from layerswap_core.demos.measure import rule_commit
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    out = _shipped()
+    rules = out["rule_commits"]
+    assert rules["control-rule-1"] == rule_commit(rule="control-rule-1 (issue 62)",
+                                                  module="control")
+    assert rules["control-rule-2"] == rule_commit(rule=C.CONTROL_RULE_ID, module="control")
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+
+    path = "assets/experts/demo_control.json"
+    commit = git("log", "-1", "--format=%H", "--", path).stdout.strip()
+    assert commit
+    assert git("merge-base", "--is-ancestor", rules["control-rule-1"],
+               rules["control-rule-2"]).returncode == 0
+    assert rules["control-rule-1"] != rules["control-rule-2"]
+    for rule in rules.values():
+        assert commit != rule and git("merge-base", "--is-ancestor", rule, commit).returncode == 0
+        assert git("cat-file", "-e", f"{rule}:{path}").returncode != 0, "there before the rule"
+
+
+def test_the_docs_carry_the_controls_and_the_readme_quotes_them_field_by_field():
+    from test_demo_result_stats import quoted
+
+    out = _shipped()
+    docs = (ROOT / "docs" / "demo.md").read_text()
+    assert C.control_markdown(out) in docs
+    readme = (ROOT / "README.md").read_text()
+    para = readme[readme.index("**What the demo shows"):].split("\n\n", 1)[0]
+    for control in out["controls"].values():
+        for row in control["effects"]:
+            assert quoted(row) in para, quoted(row)
+    for fold in out["folds"].values():
+        assert f"{fold['scaled_check']['raise']['control']['mean']:+.2f}" in para

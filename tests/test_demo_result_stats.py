@@ -517,10 +517,13 @@ def test_the_readme_and_docs_quote_the_cross_fitted_result_field_by_field():
     assert crossfit_markdown(out) in docs
     assert all(r["markdown"] in docs for r in folds.values()), "each fold's own block"
     # any interval quoted in the prose is one of the files' fields (rule 1's record too: the
-    # docs quote its outcome beside rule 2's)
+    # docs quote its outcome beside rule 2's; and the outer-layer controls' pairs)
     rule1 = json.loads((ROOT / "assets" / "experts" / "demo_crossfit_rule1.json").read_text())
+    control = json.loads((ROOT / "assets" / "experts" / "demo_control.json").read_text())
     known = {quoted(e, t)[:32] for e in [*out["effects"], *rule1["effects"],
-                                         *(x for r in folds.values() for x in r["effects"])]
+                                         *(x for r in folds.values() for x in r["effects"]),
+                                         *(x for c in control["controls"].values()
+                                           for x in c["effects"])]
              for t in ("sign test p", "Holm p")}
     for text in (para, docs):
         for m in re.finditer(r"[+-]\d\.\d{3} \[[+-]\d\.\d{3}, [+-]\d\.\d{3}\], \d+ of \d+ "
