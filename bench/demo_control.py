@@ -24,13 +24,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-START, END = "<!-- control-result -->", "<!-- /control-result -->"
-
 
 def main(argv=None) -> int:
     from layerswap_core.demos.control import (CONTROL_RULE_ID, control_markdown,
                                               control_result)
     from layerswap_core.demos.measure import rule_commit
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from demo_result import publish   # the demo result's own writers
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", metavar="CONTROL=FILE",
@@ -63,19 +64,7 @@ def main(argv=None) -> int:
              "control-rule-2": rule_commit(rule=CONTROL_RULE_ID, module="control")}
     out = control_result(results, checks, scaled_checks=scaled, resamples=a.resamples,
                          rule_commits=rules)
-    text = control_markdown(out)
-    print(text)
-    if a.json:
-        tmp = a.json.with_name(a.json.name + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
-        tmp.replace(a.json)
-    if a.docs:
-        doc = a.docs.read_text()
-        if START not in doc or END not in doc:
-            raise SystemExit(f"{a.docs}: no {START} ... {END} block to rewrite")
-        head, rest = doc.split(START, 1)
-        a.docs.write_text(head + START + "\n" + text + "\n" + END + rest.split(END, 1)[1])
-    return 0
+    return publish(control_markdown(out), out, a.json, a.docs, "control-result")
 
 
 if __name__ == "__main__":

@@ -21,12 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-START, END = "<!-- crossfit-result -->", "<!-- /crossfit-result -->"
-
 
 def main(argv=None) -> int:
     from layerswap_core.demos.crossfit import crossfit_markdown, crossfit_result
     from layerswap_core.demos.measure import rule_commit
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from demo_result import publish   # the demo result's own writers
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", type=Path, help="each fold's result (demo_result.py "
@@ -40,19 +41,7 @@ def main(argv=None) -> int:
         res = json.loads(path.read_text())
         results[int(res.get("fold") or 1)] = res
     out = crossfit_result(results, rule_commit=rule_commit(), resamples=a.resamples)
-    text = crossfit_markdown(out)
-    print(text)
-    if a.json:
-        tmp = a.json.with_name(a.json.name + ".tmp")
-        tmp.write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
-        tmp.replace(a.json)
-    if a.docs:
-        doc = a.docs.read_text()
-        if START not in doc or END not in doc:
-            raise SystemExit(f"{a.docs}: no {START} ... {END} block to rewrite")
-        head, rest = doc.split(START, 1)
-        a.docs.write_text(head + START + "\n" + text + "\n" + END + rest.split(END, 1)[1])
-    return 0
+    return publish(crossfit_markdown(out), out, a.json, a.docs, "crossfit-result")
 
 
 if __name__ == "__main__":

@@ -155,5 +155,16 @@ def write_docs(path: Path, block: str, name: str = "demo-result") -> None:
     path.write_text(head + START + "\n" + block + "\n" + END + rest.split(END, 1)[1])
 
 
+def publish(text: str, out: dict, json_path: Path | None, docs: Path | None, block: str) -> int:
+    """Print ``text``, write ``out`` to ``json_path`` and ``text`` into ``docs``' ``block``
+    (the cross-fitted result's and the controls' scripts end this way)."""
+    print(text)
+    if json_path:
+        write_json(json_path, out)
+    if docs:
+        write_docs(docs, text, block)
+    return 0
+
+
 if __name__ == "__main__":
     raise SystemExit(main())
