@@ -50,6 +50,7 @@ def main(argv=None) -> int:
         name, _, file = spec.partition("=")
         res = json.loads(Path(file).read_text())
         results.setdefault(name, {})[int(res.get("fold") or 1)] = res
+
     def read(file: str) -> dict:
         c = json.loads(Path(file).read_text())
         return {k: c[k] for k in ("raise", "passes", "n_items", "control")}

@@ -59,9 +59,11 @@ STATISTICS = (
                    "layers, Swahili question, question-specific"),
     ("control", "the control swap minus the math expert, Swahili question, question-specific"),
 )
-# the two controls measured: rule 1's (scaled to the language expert's norms), rule 2's (not)
-CONTROLS = {"scaled": "scaled to the Swahili expert's norms (rule 1)",
-            "unscaled": "as trained, unscaled (rule 2)"}
+# the two controls measured, rule 1's (scaled to the language expert's norms) and rule 2's
+# (not): how the result names each, and how its declared sentence describes it
+CONTROLS = {"scaled": ("scaled to the Swahili expert's norms (rule 1)", "of the same norms"),
+            "unscaled": ("as trained, unscaled (rule 2)",
+                         "that raise the math expert's English NLL no more")}
 
 
 def choose_checkpoint(passes: Mapping[int, bool]) -> int | None:
@@ -101,13 +103,10 @@ def control_verdict(s1: dict, control: str = "scaled") -> str:
     if (s1["ci_high"] < 0 or s1["ci_low"] > 0) and s1["p_holm"] < CONTROL_ALPHA:
         way = "gain" if s1["mean"] < 0 else "loss"
         return (f"the Swahili expert's outer layers give a question-specific {way} that an "
-                f"English-prose control's {_WHICH[control]} do not: {said}")
+                f"English-prose control's {CONTROLS[control][1]} do not: {said}")
     return (f"the Swahili expert's outer layers cannot be told apart from an English-prose "
-            f"control's {_WHICH[control]} by this measure: {said}")
+            f"control's {CONTROLS[control][1]} by this measure: {said}")
 
-
-_WHICH = {"scaled": "of the same norms",
-          "unscaled": "that raise the math expert's English NLL no more"}
 
 
 def control_result(results: Mapping[str, Mapping[int, dict]],
@@ -141,7 +140,7 @@ def control_result(results: Mapping[str, Mapping[int, dict]],
                                    for c in ("sw", "sw-other")}} for it in res["items"]]}
         effects = control_effects({int(f): v for f, v in measured.items()},
                                   resamples=resamples, seed=seed)
-        controls[name] = {"what": CONTROLS[name], "folds": measured, "effects": effects,
+        controls[name] = {"what": CONTROLS[name][0], "folds": measured, "effects": effects,
                           "verdict": control_verdict(effects[0], name)}
     return {"version": VERSION, "rule": CONTROL_RULE_ID, "rule_commits": dict(rule_commits),
             "folds": folds, "controls": controls, "resamples": resamples, "seed": seed}

@@ -9,8 +9,8 @@ Each template is then evaluated by the trio that never saw it (issue #62).
 
 A ``Fold`` (``demos.variants.Fold``, where the rules live) answers what ``demos.variants``
 answers for fold 1 (``split_templates``, ``proxy_templates``, ``language_templates``,
-``variant_items``, ``training_numbers``) with the same rules: the same seeds per template and split (``SPLIT_SEEDS[split] + template``), the same
-counts, English-text disjointness against the fold's earlier splits of the template, and no
+``variant_items``, ``training_numbers``) with the same rules: the same seeds per template and
+split (``SPLIT_SEEDS[split] + template``), the same counts, English-text disjointness against the fold's earlier splits of the template, and no
 evaluated variant with the numbers of an item its fold's experts train on or are chosen with.
 ``FOLDS[1]`` gives exactly ``demos.variants``' sets (a test holds them equal); the recipes
 of ``demos.recipes`` take a fold (``fold=``), so fold 2's data is the same code on the other
@@ -48,7 +48,7 @@ class Fold(V.Fold):
         return super().rows(lang, template, split)
 
 
-FOLDS = {1: Fold(1), 2: Fold(2)}
+FOLDS = {1: V.FOLD1, 2: Fold(2)}   # fold 1 is variants' own (one cache of its sets, not two)
 
 
 # --------------------------------------------------------------------------- fold 2's file
